@@ -1,0 +1,103 @@
+"""``jetlake`` command line: ``jetlake serve`` runs the gateway (and, by default, its nats-server)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from gateway import settings as settings_mod
+from gateway.embedded import EmbeddedServer
+from gateway.service import Gateway
+
+log = logging.getLogger("jetlake")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jetlake", description="NATS JetStream served from a Delta Lake")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--conf", help="configuration file (default conf/jetlake.toml)")
+    serve.add_argument("--nats-url", help="leafnode URL of an existing nats-server (nats-leaf://host:port)")
+    serve.add_argument("--data-root", help="store root: a directory or an object-store URI")
+    serve.add_argument("--client-port", type=int, help="embedded nats-server client port")
+    serve.add_argument("--leaf-port", type=int, help="embedded nats-server leafnode port")
+    serve.add_argument("--domain", help="JetStream domain served ($JS.<domain>.API.>)")
+    serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
+    serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
+    return p
+
+
+async def serve(settings: settings_mod.Settings) -> int:
+    embedded: EmbeddedServer | None = None
+    if settings.embedded:
+        workdir = Path(settings.data_root if "://" not in settings.data_root else ".") / ".nats-server"
+        embedded = EmbeddedServer(
+            str(workdir), settings.host, settings.client_port, settings.leaf_port, settings.domain
+        )
+        await embedded.start()
+        settings = settings_mod.replace(settings, nats_url=embedded.leaf_url)
+        log.info("embedded nats-server: clients connect to %s", embedded.client_url)
+    gateway = Gateway(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    monitor_task: asyncio.Task[None] | None = None
+    uv_server = None
+    try:
+        await gateway.start()
+        if settings.monitor_port:
+            import uvicorn
+
+            from gateway.monitor import build_app
+
+            config = uvicorn.Config(
+                build_app(gateway),
+                host=settings.monitor_host,
+                port=settings.monitor_port,
+                log_level="warning",
+                lifespan="off",
+            )
+            uv_server = uvicorn.Server(config)
+            uv_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+            monitor_task = asyncio.create_task(uv_server.serve(), name="monitor")
+        print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
+        await stop.wait()
+    finally:
+        if uv_server is not None and monitor_task is not None:
+            uv_server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor_task
+        await gateway.close()
+        if embedded is not None:
+            await embedded.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        settings = settings_mod.load(
+            args.conf,
+            {
+                "nats_url": args.nats_url,
+                "data_root": args.data_root,
+                "client_port": args.client_port,
+                "leaf_port": args.leaf_port,
+                "domain": args.domain,
+                "monitor_port": args.monitor_port,
+                "creds_file": args.creds_file,
+            },
+        )
+        return asyncio.run(serve(settings))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

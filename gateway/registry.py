@@ -1,0 +1,65 @@
+"""The gateway's live streams and consumers, and the durable changes that create them.
+
+Every change is committed to the catalog table before it is visible, so an answer the API gave
+survives a crash; the leaf is told of new stream subjects only after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from gateway.consumer import Consumer
+from gateway.stream import Stream
+from storage_delta.catalog import CatalogTable
+
+
+class Registry:
+    def __init__(
+        self,
+        catalog: CatalogTable,
+        executor: Executor,
+        tail_cache_bytes: int,
+        on_stream_added: Callable[[Stream], None],
+    ) -> None:
+        self._catalog = catalog
+        self._executor = executor
+        self._tail_cache_bytes = tail_cache_bytes
+        self._on_stream_added = on_stream_added
+        self.streams: dict[str, Stream] = {}
+        self.consumers: dict[str, dict[str, Consumer]] = {}
+        self.server_version = "2.15.1"
+        self.api_total = 0
+        self.api_errors = 0
+        self._lock = asyncio.Lock()
+
+    async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            await loop.run_in_executor(self._executor, self._catalog.put, kind, stream, name, body)
+
+    def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
+        stream = Stream(config, created_ns, self._tail_cache_bytes)
+        self.streams[stream.name] = stream
+        self.consumers.setdefault(stream.name, {})
+        return stream
+
+    def install_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
+        consumer = Consumer(stream, config, created_ns)
+        self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
+        return consumer
+
+    async def add_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
+        await self._persist(
+            "stream", config["name"], config["name"], {"config": config, "created": created_ns}
+        )
+        stream = self.install_stream(config, created_ns)
+        self._on_stream_added(stream)
+        return stream
+
+    async def add_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
+        name = config.get("name") or config["durable_name"]
+        await self._persist("consumer", stream.name, name, {"config": config, "created": created_ns})
+        return self.install_consumer(stream, config, created_ns)

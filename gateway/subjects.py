@@ -1,0 +1,54 @@
+"""NATS subject rules as pure functions: validity, wildcard matching, overlap."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+def tokens(subject: str) -> list[str]:
+    return subject.split(".")
+
+
+def is_valid_subject(subject: str, allow_wildcards: bool = True) -> bool:
+    """A subject of non-empty tokens without whitespace; ``>`` only last, wildcards alone in a token."""
+    if not subject or any(c in subject for c in " \t\r\n"):
+        return False
+    toks = subject.split(".")
+    for i, tok in enumerate(toks):
+        if not tok:
+            return False
+        if tok in ("*", ">") and (not allow_wildcards or (tok == ">" and i != len(toks) - 1)):
+            return False
+    return True
+
+
+@lru_cache(maxsize=65536)
+def subject_matches(filter_subject: str, subject: str) -> bool:
+    """Whether a literal ``subject`` is matched by ``filter_subject`` (which may hold wildcards)."""
+    if filter_subject == subject or filter_subject == ">":
+        return True
+    ftoks = filter_subject.split(".")
+    stoks = subject.split(".")
+    for i, ft in enumerate(ftoks):
+        if ft == ">":
+            return len(stoks) > i
+        if i >= len(stoks):
+            return False
+        if ft != "*" and ft != stoks[i]:
+            return False
+    return len(ftoks) == len(stoks)
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some literal subject is matched by both ``a`` and ``b``."""
+    at, bt = a.split("."), b.split(".")
+    for i in range(max(len(at), len(bt))):
+        x = at[i] if i < len(at) else None
+        y = bt[i] if i < len(bt) else None
+        if x == ">" or y == ">":
+            return x is not None and y is not None
+        if x is None or y is None:
+            return False
+        if x != y and x != "*" and y != "*":
+            return False
+    return True

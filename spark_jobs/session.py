@@ -1,0 +1,101 @@
+"""The one way jetlake code gets a SparkSession, so jobs, notebooks and tests run alike.
+
+Defaults come from ``conf/spark.toml`` (read when a session is built, never at import, so a test
+or notebook can change the file or the arguments without re-importing); arguments win over it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from spark_jobs.datasource import JetlakeDataSource
+
+CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "spark.toml"
+DEFAULT_MASTER = "local[*]"
+MIN_JAVA = 17
+
+_JAVA_HINT = f"Spark needs Java {MIN_JAVA}+: install it (e.g. apt-get install openjdk-17-jre-headless)"
+
+
+def build_spark_session(
+    master: str | None = None,
+    app_name: str = "jetlake",
+    conf: dict[str, str] | None = None,
+    quiet: bool = False,
+) -> SparkSession:
+    """A SparkSession with jetlake's settings and the ``jetlake`` data source registered.
+
+    ``quiet`` is for tests: no UI (no port to collide on), no progress bars, only errors logged.
+    If a session is already running it is returned, and settings that only apply at JVM start
+    (master, UI) keep their old values: that is Spark's ``getOrCreate``.
+    """
+    check_java()
+    file_master, settings = _load_config(CONFIG_FILE)
+    settings.update(conf or {})
+    # Executors must run the interpreter (and so the venv) we run in, not whatever "python3" is.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    settings["spark.pyspark.python"] = sys.executable
+    if quiet:
+        settings["spark.ui.enabled"] = "false"
+        settings["spark.ui.showConsoleProgress"] = "false"
+    builder = SparkSession.builder.master(master or file_master or DEFAULT_MASTER).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if quiet:
+        spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(JetlakeDataSource)
+    return spark
+
+
+def check_java() -> None:
+    """Fail with one line that says what to install, instead of PySpark's gateway traceback."""
+    home = os.environ.get("JAVA_HOME")
+    # Where bin/spark-class looks: $JAVA_HOME first, then PATH.
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        raise RuntimeError(f"java not found. {_JAVA_HINT}")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"{java} -version failed ({exc}). {_JAVA_HINT}") from None
+    version = java_major_version(out.stderr + out.stdout)
+    if version is None or version < MIN_JAVA:
+        raise RuntimeError(f"{java} is Java {version or 'of unknown version'}. {_JAVA_HINT}")
+
+
+def java_major_version(version_output: str) -> int | None:
+    """The major version in ``java -version`` output; old releases say ``1.8`` for 8."""
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def _load_config(path: Path) -> tuple[str | None, dict[str, str]]:
+    """``[spark] master`` and the ``[spark.conf]`` table; TOML numbers and booleans become the
+    strings Spark expects (``true``, not Python's ``True``)."""
+    if not path.is_file():
+        return None, {}
+    with path.open("rb") as f:
+        doc = tomllib.load(f)
+    spark: dict[str, Any] = doc.get("spark", {})
+    master = spark.get("master")
+    settings = {key: _conf_value(value) for key, value in spark.get("conf", {}).items()}
+    return (str(master) if master else None), settings
+
+
+def _conf_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,63 @@
+"""Arrow schemas of jetlake's Delta tables and the block arithmetic they share.
+
+The tables are the durable truth, so their layout is a contract with every other Delta reader
+(Spark, DuckDB, Polars): it is written down in docs/storage.md and must change only with it.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+MESSAGES = "messages"
+CATALOG = "catalog"
+
+#: Partition columns of ``messages``: a stream's rows never share a file with another stream's, and a
+#: block bounds the work of every read and every retention step.
+MESSAGE_PARTITIONS = ["stream", "block"]
+
+#: Columns written into the parquet files (partition columns live in the paths only).
+MESSAGE_FILE_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        # Unix nanoseconds: JetStream's stored time is nanosecond-exact and clients see it in the
+        # ack reply token, so a microsecond Delta timestamp would lose information.
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("subject", pa.string(), nullable=False),
+        # The raw NATS header block (``NATS/1.0\r\n...``), byte for byte as published, or null.
+        pa.field("hdrs", pa.binary(), nullable=True),
+        pa.field("data", pa.binary(), nullable=False),
+    ]
+)
+
+MESSAGE_TABLE_SCHEMA = pa.schema(
+    [pa.field("stream", pa.string(), nullable=False), pa.field("block", pa.int64(), nullable=False), *list(MESSAGE_FILE_SCHEMA)]
+)
+
+CATALOG_PARTITIONS: list[str] = []
+
+#: One row per change of a stream or consumer definition; the newest ``rev`` per (kind, stream, name)
+#: wins, and a row with ``deleted`` set ends the entity.
+CATALOG_SCHEMA = pa.schema(
+    [
+        pa.field("rev", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("deleted", pa.bool_(), nullable=False),
+        pa.field("body", pa.string(), nullable=False),
+    ]
+)
+
+DEFAULT_BLOCK_SIZE = 100_000
+
+
+def block_of(seq: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The block a stream sequence belongs to."""
+    return seq // block_size
+
+
+def stored_size(subject: str, hdrs: bytes | None, data: bytes) -> int:
+    """Bytes a message counts for in stream state, as JetStream's file store counts a
+    record (a header block adds its own 4-byte length)."""
+    return 30 + len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data)

@@ -1,0 +1,196 @@
+"""The group-commit writer: everything that arrived while a commit was in flight forms the next one.
+
+Invariants (docs/storage.md):
+* a message is acknowledged only after the Delta version holding it is committed;
+* every commit carries the txn ``(app_id, version)``; before retrying a failed commit the writer
+  reloads the table and checks ``transaction_version``, so a commit that reported an error but
+  landed is never stored twice;
+* memory is bounded: past ``max_pending_bytes`` a submit is refused (:class:`WriterOverloaded`) and
+  the publisher gets an error instead of a queue that grows without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from storage_delta import schema as sch
+from storage_delta.tables import CommitConflict, StoreRoot, commit_adds, open_or_create, write_data_file
+
+log = logging.getLogger(__name__)
+
+APP_ID = "jetlake-gateway"
+
+
+class WriterOverloaded(Exception):
+    """More bytes are waiting for a commit than the writer may hold."""
+
+
+class WriterClosed(Exception):
+    """The writer is shutting down or has failed; nothing more is accepted."""
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One message as it is stored: what a publish becomes once its stream gave it a sequence."""
+
+    stream: str
+    block_size: int
+    seq: int
+    ts: int
+    subject: str
+    hdrs: bytes | None
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.subject) + len(self.data) + (len(self.hdrs) if self.hdrs else 0) + 48
+
+
+class MessageTable:
+    """The ``messages`` table and its commit routine; runs on a worker thread, never the event loop."""
+
+    def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
+        self.root = root
+        self.dt = open_or_create(root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+        self._checkpoint_every = checkpoint_every
+        self._commits = 0
+
+    def last_txn_version(self) -> int:
+        return self.dt.transaction_version(APP_ID) or 0
+
+    def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
+        groups: dict[tuple[str, int], list[StoredMessage]] = defaultdict(list)
+        for m in batch:
+            groups[(m.stream, sch.block_of(m.seq, m.block_size))].append(m)
+        actions = []
+        for (stream, block), rows in groups.items():
+            table = pa.table(
+                {
+                    "seq": pa.array([r.seq for r in rows], pa.int64()),
+                    "ts": pa.array([r.ts for r in rows], pa.int64()),
+                    "subject": pa.array([r.subject for r in rows], pa.string()),
+                    "hdrs": pa.array([r.hdrs for r in rows], pa.binary()),
+                    "data": pa.array([r.data for r in rows], pa.binary()),
+                },
+                schema=sch.MESSAGE_FILE_SCHEMA,
+            )
+            actions.append(
+                write_data_file(self.root, sch.MESSAGES, {"stream": stream, "block": str(block)}, table)
+            )
+        for attempt in range(retries + 1):
+            try:
+                commit_adds(
+                    self.dt, actions, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, (APP_ID, version)
+                )
+                break
+            except CommitConflict:
+                self.dt.update_incremental()
+                if self.last_txn_version() >= version:
+                    break  # it landed although the call reported an error
+                if attempt == retries:
+                    raise
+        self._commits += 1
+        if self._commits % self._checkpoint_every == 0:
+            self._hygiene()
+
+    def _hygiene(self) -> None:
+        """Checkpoint and drop expired log files, and start over with a fresh handle: a long-lived
+        ``DeltaTable`` grows slower with every commit made through it."""
+        try:
+            self.dt.create_checkpoint()
+            self.dt.cleanup_metadata()
+        except Exception:  # hygiene is best effort; the next interval tries again
+            log.exception("checkpoint of messages failed")
+        self.dt = open_or_create(self.root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+
+
+class GroupCommitWriter:
+    """Owns the commit loop task; publishers ``await submit(...)`` and are answered after the commit."""
+
+    def __init__(
+        self,
+        table: MessageTable,
+        executor: Executor,
+        max_pending_bytes: int,
+        on_failure: Callable[[set[str]], None],
+    ) -> None:
+        self._table = table
+        self._on_failure = on_failure
+        self._executor = executor
+        self._max_pending_bytes = max_pending_bytes
+        self._pending: list[StoredMessage] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._pending_bytes = 0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._version = 0
+        self.commits = 0
+        self.messages_committed = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
+        self._task = asyncio.create_task(self._run(), name="group-commit")
+
+    def submit(self, messages: list[StoredMessage]) -> asyncio.Future[None]:
+        """Queue messages for the next commit; the future resolves once they are durable."""
+        if self._closed:
+            raise WriterClosed("writer closed")
+        size = sum(m.nbytes for m in messages)
+        if self._pending_bytes + size > self._max_pending_bytes and self._pending:
+            raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.extend(messages)
+        self._pending_bytes += size
+        self._waiters.append(fut)
+        self._wakeup.set()
+        return fut
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._pending:
+                if self._closed:
+                    return
+                continue
+            batch, waiters = self._pending, self._waiters
+            self._pending, self._waiters, self._pending_bytes = [], [], 0
+            self._version += 1
+            try:
+                await loop.run_in_executor(self._executor, self._table.commit, batch, self._version)
+            except Exception as exc:
+                log.exception("commit of %d messages failed", len(batch))
+                # What was queued behind the failed batch holds later sequences of the same streams:
+                # storing it would leave a gap, so it fails too and the streams fall back to what is
+                # durable.
+                batch.extend(self._pending)
+                waiters.extend(self._waiters)
+                self._pending, self._waiters, self._pending_bytes = [], [], 0
+                self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
+                self._on_failure({m.stream for m in batch})
+                for w in waiters:
+                    if not w.done():
+                        w.set_exception(exc)
+                continue
+            self.commits += 1
+            self.messages_committed += len(batch)
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    async def close(self) -> None:
+        """Finish what was submitted, then stop."""
+        self._closed = True
+        self._wakeup.set()
+        if self._task:
+            await self._task
