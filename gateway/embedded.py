@@ -54,16 +54,16 @@ class EmbeddedServer:
     def client_url(self) -> str:
         return f"nats://{self.host}:{self.client_port}"
 
-    async def start(self, timeout: float = 10.0) -> None:
+    async def start(self, wait_s: float = 10.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "nats-server.conf"
         conf.write_text(server_config(self.host, self.client_port, "127.0.0.1", self.leaf_port, self.domain))
-        log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115 - the child owns it
+        log = await asyncio.to_thread(open, self.workdir / "nats-server.log", "ab")
         self.proc = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-c", str(conf), stdout=log, stderr=log, env=os.environ.copy()
         )
         log.close()
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + wait_s
         for port in (self.client_port, self.leaf_port):
             while not await _port_open("127.0.0.1" if self.host in ("0.0.0.0", "") else self.host, port):
                 if self.proc.returncode is not None:

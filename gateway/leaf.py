@@ -13,6 +13,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from gateway import protocol as proto
@@ -111,9 +112,9 @@ class LeafConnection:
     def connected(self) -> bool:
         return self._connected.is_set()
 
-    async def start(self, timeout: float = 10.0) -> None:
+    async def start(self, wait_s: float = 10.0) -> None:
         self._task = asyncio.create_task(self._run(), name="leaf-connection")
-        await asyncio.wait_for(self._connected.wait(), timeout)
+        await asyncio.wait_for(self._connected.wait(), wait_s)
 
     async def _run(self) -> None:
         delay = 0.05
@@ -233,7 +234,7 @@ def _creds_auth(path: str, nonce: str) -> dict[str, object]:
     """JWT and nonce signature from a ``.creds`` file (needs ``nkeys``, which nats-py brings)."""
     import nkeys  # type: ignore[import-not-found]
 
-    text = open(path).read()
+    text = Path(path).read_text()
     blocks = [b.strip() for b in text.split("-----") if b.strip() and "BEGIN" not in b and "END" not in b]
     jwt, seed = blocks[0], blocks[1]
     kp = nkeys.from_seed(seed.encode())

@@ -16,6 +16,7 @@ micro-batches from sequence offsets with the same two calls.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -139,6 +140,10 @@ class ReadOptions:
         stream = options.get("stream")
         if not root or not stream:
             raise ValueError("the jetlake data source needs the options 'root' and 'stream'")
+        if "://" not in root:
+            # Parsed on the driver's node: executors elsewhere would resolve a relative path against
+            # their own working directory.
+            root = os.path.abspath(root)
         return cls(
             root=StoreRoot(root, storage or None),
             stream=stream,

@@ -44,10 +44,15 @@ def build_spark_session(
     # Executors must run the interpreter (and so the venv) we run in, not whatever "python3" is.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     settings["spark.pyspark.python"] = sys.executable
+    resolved_master = master or file_master or DEFAULT_MASTER
+    if resolved_master.startswith("local"):
+        # A local session has no other node to talk to: binding to loopback avoids Spark guessing an
+        # interface (and warning about it) on machines whose hostname resolves oddly.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if quiet:
         settings["spark.ui.enabled"] = "false"
         settings["spark.ui.showConsoleProgress"] = "false"
-    builder = SparkSession.builder.master(master or file_master or DEFAULT_MASTER).appName(app_name)
+    builder = SparkSession.builder.master(resolved_master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -30,7 +30,11 @@ MESSAGE_FILE_SCHEMA = pa.schema(
 )
 
 MESSAGE_TABLE_SCHEMA = pa.schema(
-    [pa.field("stream", pa.string(), nullable=False), pa.field("block", pa.int64(), nullable=False), *list(MESSAGE_FILE_SCHEMA)]
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("block", pa.int64(), nullable=False),
+        *list(MESSAGE_FILE_SCHEMA),
+    ]
 )
 
 CATALOG_PARTITIONS: list[str] = []

@@ -1,9 +1,5 @@
 """Spark reads the messages table through the ``jetlake`` data source, without delta-spark."""
 
-# The imported ``spark`` fixture is shadowed by every test's parameter of that name, which is how
-# pytest fixtures work; ruff cannot take that F811 from the import line, only file-wide.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import pickle
@@ -16,10 +12,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.datasource import MESSAGE_SCHEMA, list_blocks, parse_headers, subject_matches
-from spark_jobs.session import java_major_version
+from spark_jobs.session import check_java, java_major_version
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import MessageTable, StoredMessage
-from tests.spark_fixtures import spark  # noqa: F401
 
 STREAM = "ORDERS"
 BLOCK_SIZE = 400
@@ -220,3 +215,9 @@ def test_parse_headers() -> None:
 )
 def test_java_major_version(output: str, major: int | None) -> None:
     assert java_major_version(output) == major
+
+
+def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(RuntimeError, match="openjdk-17-jre-headless"):
+        check_java()

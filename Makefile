@@ -1,0 +1,32 @@
+# The two commands: `make run` and `make test`. Both create .venv and install on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+NODE_MODULES := tests/node/node_modules/.package-lock.json
+
+.PHONY: run test check lint java
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+$(NODE_MODULES): tests/node/package.json tests/node/package-lock.json
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+
+java:
+	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || \
+	  { echo "jetlake needs Java 17+ for Spark: install it, e.g. apt-get install openjdk-17-jre-headless"; exit 1; }
+
+run: $(STAMP) java
+	$(VENV)/bin/jetlake serve
+
+test: $(STAMP) java $(NODE_MODULES)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+check: lint test

@@ -1,0 +1,44 @@
+"""Session fixtures: one reference JetStream, one jetlake, one SparkSession for the whole run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Jetlake, ReferenceJetStream
+from tests.spark_fixtures import spark  # noqa: F401  (session fixture)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceJetStream]:
+    server = ReferenceJetStream(Path(tmp_path_factory.mktemp("reference")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def jetlake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jetlake]:
+    target = Jetlake(Path(tmp_path_factory.mktemp("jetlake")))
+    target.start()
+    yield target
+    target.stop()
+
+
+@pytest.fixture(scope="session")
+def targets(reference: ReferenceJetStream, jetlake: Jetlake) -> dict[str, str]:
+    """Both servers by name: every differential case runs against each and compares."""
+    return {"jetstream": reference.url, "jetlake": jetlake.url}
+
+
+_names: dict[str, int] = {}
+
+
+@pytest.fixture
+def unique(request: pytest.FixtureRequest) -> str:
+    """A stream name no other test uses (tests share the session's servers)."""
+    base = "".join(c for c in request.node.name.upper() if c.isalnum())[:40]
+    _names[base] = _names.get(base, 0) + 1
+    return f"{base}{_names[base]}"

@@ -1,0 +1,199 @@
+"""The real parts tests run against: a reference ``nats-server -js`` and jetlake (nats-server plus
+the gateway as its own process), each on free loopback ports with a temporary store."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from gateway.embedded import nats_server_binary, server_config
+
+ROOT = Path(__file__).resolve().parent.parent
+VOLATILE = {"ts", "created", "first_ts", "last_ts", "last_active", "cluster", "_nats.ver"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class ReferenceJetStream:
+    """The oracle: the same nats-server binary with JetStream on and a file store."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                nats_server_binary(),
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-sd",
+                str(self.workdir / "js"),
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        wait_port(self.port, self.proc)
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+class Jetlake:
+    """nats-server (JetStream off, leafnode listener, the domain mappings) and ``jetlake serve``
+    attached to it as a separate process, so a test can ``kill -9`` the gateway alone."""
+
+    def __init__(self, workdir: Path, domain: str = "jetlake") -> None:
+        self.workdir = workdir
+        self.data_root = workdir / "data"
+        self.domain = domain
+        self.port = free_port()
+        self.leaf_port = free_port()
+        self.monitor_port = free_port()
+        self.server: subprocess.Popen[bytes] | None = None
+        self.gateway: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.start_server()
+        self.start_gateway()
+
+    def start_server(self) -> None:
+        conf = self.workdir / "nats-server.conf"
+        conf.write_text(server_config("127.0.0.1", self.port, "127.0.0.1", self.leaf_port, self.domain))
+        log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
+        self.server = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log)
+        wait_port(self.port, self.server)
+        wait_port(self.leaf_port, self.server)
+
+    def start_gateway(self, extra_env: dict[str, str] | None = None) -> None:
+        log = open(self.workdir / "gateway.log", "ab")  # noqa: SIM115
+        env = {**os.environ, **(extra_env or {})}
+        self.gateway = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--nats-url",
+                f"nats-leaf://127.0.0.1:{self.leaf_port}",
+                "--data-root",
+                str(self.data_root),
+                "--domain",
+                self.domain,
+                "--monitor-port",
+                str(self.monitor_port),
+            ],
+            stdout=log,
+            stderr=log,
+            cwd=ROOT,
+            env=env,
+        )
+        asyncio.run(self._wait_ready())
+
+    async def _wait_ready(self, wait_s: float = 60.0) -> None:
+        """Ready when the API answers through the server (the leaf is up and subscribed)."""
+        nc = await nats.connect(self.url)
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                assert self.gateway is not None
+                if self.gateway.poll() is not None:
+                    raise RuntimeError(
+                        f"gateway exited with {self.gateway.returncode}; see {self.workdir}/gateway.log"
+                    )
+                try:
+                    await nc.request("$JS.API.INFO", b"", timeout=0.5)
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    def kill_gateway(self) -> None:
+        """``kill -9``: no clean shutdown, whatever was in flight is cut off."""
+        stop(self.gateway, signal.SIGKILL)
+
+    def stop_gateway(self) -> int:
+        assert self.gateway is not None
+        stop(self.gateway, signal.SIGTERM)
+        return self.gateway.returncode
+
+    def stop(self) -> None:
+        stop(self.gateway)
+        stop(self.server)
+
+
+def duckdb_connection() -> Any:
+    """DuckDB with the delta extension from the ``duckdb-extension-delta`` wheel (no download)."""
+    import duckdb
+    import duckdb_extension_delta
+
+    pkg = Path(duckdb_extension_delta.__file__).parent
+    ext = glob.glob(str(pkg / "extensions" / "*" / "delta.duckdb_extension"))[0]
+    con = duckdb.connect(config={"allow_unsigned_extensions": True})
+    con.execute(f"LOAD '{ext}'")
+    return con
+
+
+def scrub(value: Any) -> Any:
+    """An API answer without the fields that differ between any two runs (times, server ids)."""
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
