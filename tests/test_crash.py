@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 
-from tests.harness import Jetlake, duckdb_connection, scrub
+from tests.harness import Jetlake, duckdb_connection, scrub, stop
 
 
 async def publish_until_killed(gw: Jetlake, stream: str, kill_after_s: float) -> list[int]:
@@ -81,3 +82,45 @@ def test_kill_9_loses_no_acked_message(tmp_path: Path, trial: int) -> None:
         assert scrub(asyncio.run(stream_info(gw.url, stream))) == before
     finally:
         gw.stop()
+
+
+async def account_info(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    msg = await nc.request("$JS.API.INFO", b"", timeout=5)
+    await nc.close()
+    return json.loads(msg.data)
+
+
+@pytest.mark.slow
+def test_leaf_reconnects_after_server_restart(tmp_path: Path) -> None:
+    """The nats-server restarts: the gateway's leaf link comes back by itself and serves again."""
+    gw = Jetlake(tmp_path)
+    gw.start()
+    try:
+        assert asyncio.run(account_info(gw.url))["streams"] == 0
+        asyncio.run(publish_n(gw.url, "RECON", 5))
+        stop(gw.server)
+        gw.start_server()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                info = asyncio.run(stream_info(gw.url, "RECON"))
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert info["state"]["messages"] == 5
+        assert asyncio.run(publish_n(gw.url, "RECON", 1, create=False)) == [6]
+    finally:
+        gw.stop()
+
+
+async def publish_n(url: str, stream: str, n: int, create: bool = True) -> list[int]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    if create:
+        await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+    seqs = [(await js.publish(f"{stream.lower()}.x", b"m")).seq for _ in range(n)]
+    await nc.close()
+    return seqs

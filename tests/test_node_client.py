@@ -105,7 +105,7 @@ def check_thin_slice_report(report: dict, stream: str, prefix: str, count: int) 
 def test_thin_slice_with_nats_js(targets: dict[str, str]) -> None:
     """nats.js (jetstreamManager, js.publish, consumer.fetch, m.ack) against both servers: each
     message arrives under its stored subject, and the reports agree."""
-    stream, prefix, count = "NJS_THIN", "njs.thin", 50
+    stream, prefix, count = "NJS_THIN", "njs.thin", 1000
     reports = {}
     for name, url in targets.items():
         report = run_thin_slice(url, stream, prefix, count)
