@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -93,9 +92,3 @@ async def _port_open(host: str, port: int) -> bool:
     writer.close()
     await writer.wait_closed()
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

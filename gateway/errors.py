@@ -27,18 +27,14 @@ class ApiError(Exception):
         return ApiError(self.code, self.err_code, text)
 
 
-BAD_REQUEST = ApiError(400, 10003, "bad request")
 INVALID_JSON = ApiError(400, 10025, "invalid JSON: {err}")
 STREAM_NOT_FOUND = ApiError(404, 10059, "stream not found")
 STREAM_NAME_EXISTS = ApiError(400, 10058, "stream name already in use with a different configuration")
 STREAM_MISMATCH = ApiError(400, 10056, "stream name in subject does not match request")
 STREAM_SUBJECT_OVERLAP = ApiError(400, 10065, "subjects overlap with an existing stream")
 STREAM_INVALID_CONFIG = ApiError(500, 10052, "{err}")
-STREAM_MESSAGE_EXCEEDS_MAXIMUM = ApiError(400, 10054, "message size exceeds maximum allowed")
 STREAM_STORE_FAILED = ApiError(503, 10077, "{err}")
-INSUFFICIENT_RESOURCES = ApiError(503, 10023, "insufficient resources")
 CONSUMER_NOT_FOUND = ApiError(404, 10014, "consumer not found")
-CONSUMER_NAME_EXISTS = ApiError(400, 10013, "consumer name already in use")
 CONSUMER_ALREADY_EXISTS = ApiError(400, 10148, "consumer already exists")
 CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT = ApiError(
     400, 10017, "consumer name in subject does not match durable name in request"

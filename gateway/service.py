@@ -12,7 +12,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gateway import acks
+from gateway import acks, errors
 from gateway.api import Api, split_api_subject
 from gateway.consumer import Consumer, PullRequest, Status
 from gateway.headers import status_block
@@ -193,7 +193,7 @@ class Gateway:
             fut = self.writer.submit([stored])
         except (WriterOverloaded, WriterClosed) as exc:
             stream.rollback()
-            self._reply_error(msg.reply, 503, 10077, f"message not stored: {exc}")
+            self._reply_error(msg.reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}"))
             return
         reply = msg.reply
         fut.add_done_callback(lambda f: self._committed(stream, stored, reply, f))
@@ -203,7 +203,9 @@ class Gateway:
     ) -> None:
         assert self.leaf is not None
         if fut.cancelled() or fut.exception() is not None:
-            self._reply_error(reply, 503, 10077, f"message not stored: {fut.exception()}")
+            self._reply_error(
+                reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {fut.exception()}")
+            )
             return
         stream.committed(stored.seq)
         if reply:
@@ -218,10 +220,9 @@ class Gateway:
             if stream is not None:
                 stream.rollback()
 
-    def _reply_error(self, reply: str, code: int, err_code: int, description: str) -> None:
+    def _reply_error(self, reply: str, err: errors.ApiError) -> None:
         if reply and self.leaf is not None:
-            err = {"error": {"code": code, "err_code": err_code, "description": description}}
-            self.leaf.publish(reply, json.dumps(err).encode())
+            self.leaf.publish(reply, json.dumps({"error": err.render()}).encode())
 
     # ---- pull delivery ----------------------------------------------------------------------
 

@@ -119,13 +119,6 @@ class Stream:
     def committed(self, seq: int) -> None:
         self.durable_last_seq = max(self.durable_last_seq, seq)
 
-    def subject_at(self, seq: int) -> str | None:
-        i = seq - self._base
-        if i < 0 or i >= len(self._subject_of):
-            return None
-        sid = self._subject_of[i]
-        return self._subject_names[sid] if sid else None
-
     def next_matching(self, after: int, filters: list[str]) -> int | None:
         """The first durable sequence above ``after`` whose subject a filter matches (any subject
         when there are no filters); consumers never see a message that is not committed yet."""

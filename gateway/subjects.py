@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from storage_delta.natsfmt import subject_matches
+
+__all__ = ["is_valid_subject", "subject_matches", "subjects_overlap"]
 
 
 def tokens(subject: str) -> list[str]:
@@ -20,23 +22,6 @@ def is_valid_subject(subject: str, allow_wildcards: bool = True) -> bool:
         if tok in ("*", ">") and (not allow_wildcards or (tok == ">" and i != len(toks) - 1)):
             return False
     return True
-
-
-@lru_cache(maxsize=65536)
-def subject_matches(filter_subject: str, subject: str) -> bool:
-    """Whether a literal ``subject`` is matched by ``filter_subject`` (which may hold wildcards)."""
-    if filter_subject == subject or filter_subject == ">":
-        return True
-    ftoks = filter_subject.split(".")
-    stoks = subject.split(".")
-    for i, ft in enumerate(ftoks):
-        if ft == ">":
-            return len(stoks) > i
-        if i >= len(stoks):
-            return False
-        if ft != "*" and ft != stoks[i]:
-            return False
-    return len(ftoks) == len(stoks)
 
 
 def subjects_overlap(a: str, b: str) -> bool:

@@ -11,8 +11,9 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.datasource import MESSAGE_SCHEMA, list_blocks, parse_headers, subject_matches
+from spark_jobs.datasource import MESSAGE_SCHEMA, list_blocks
 from spark_jobs.session import check_java, java_major_version
+from storage_delta.natsfmt import parse_headers, subject_matches
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import MessageTable, StoredMessage
 
