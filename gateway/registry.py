@@ -63,3 +63,10 @@ class Registry:
         name = config.get("name") or config["durable_name"]
         await self._persist("consumer", stream.name, name, {"config": config, "created": created_ns})
         return self.install_consumer(stream, config, created_ns)
+
+    def rollback(self, stream_names: set[str]) -> None:
+        """A commit failed: these streams go back to what is durable."""
+        for name in stream_names:
+            stream = self.streams.get(name)
+            if stream is not None:
+                stream.rollback()

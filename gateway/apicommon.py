@@ -1,0 +1,24 @@
+"""What every API handler shares: the response type prefix, paging size and request decoding."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway import errors
+
+T = "io.nats.jetstream.api.v1."
+NAMES_PAGE = 1024
+
+
+def load_request(body: bytes) -> dict[str, Any]:
+    """A request body as the real server reads it: empty is ``{}``, anything but an object is bad."""
+    if not body.strip():
+        return {}
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise errors.INVALID_JSON.format(err=exc.msg) from exc
+    if not isinstance(value, dict):
+        raise errors.INVALID_JSON.format(err="json: cannot unmarshal into Go value of type object")
+    return value
