@@ -95,19 +95,28 @@ def commit_latency(versions: list[int], sample: int) -> Result:
     out: Result = {"workload": "delta_commit_latency", "sample": sample}
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-commit-") as tmp:
         table = MessageTable(StoreRoot(str(Path(tmp) / "root")))
-        version = table.last_txn_version()
         p50s: dict[int, float] = {}
-        for target in versions:
-            lat: list[float] = []
-            while version < target:
-                version += 1
-                msg = StoredMessage("BCOMMIT", 100_000, version, time.time_ns(), "bcommit.x", None, b"m" * 64)
-                t0 = time.perf_counter()
-                table.commit([msg], version)
-                if target - version < sample:
-                    lat.append((time.perf_counter() - t0) * 1000)
-            p50s[target] = round(statistics.median(lat), 2)
-            out[f"p50_ms_at_{target}"] = p50s[target]
-            out[f"p99_ms_at_{target}"] = round(statistics.quantiles(lat, n=100)[98], 2)
+        try:
+            _commit_until(table, versions, sample, p50s, out)
+        finally:
+            table.close()
     out["ratio"] = _ratio(p50s[versions[-1]], p50s[versions[0]])
     return out
+
+
+def _commit_until(
+    table: MessageTable, versions: list[int], sample: int, p50s: dict[int, float], out: Result
+) -> None:
+    version = table.last_txn_version()
+    for target in versions:
+        lat: list[float] = []
+        while version < target:
+            version += 1
+            msg = StoredMessage("BCOMMIT", 100_000, version, time.time_ns(), "bcommit.x", None, b"m" * 64)
+            t0 = time.perf_counter()
+            table.commit([msg], version)
+            if target - version < sample:
+                lat.append((time.perf_counter() - t0) * 1000)
+        p50s[target] = round(statistics.median(lat), 2)
+        out[f"p50_ms_at_{target}"] = p50s[target]
+        out[f"p99_ms_at_{target}"] = round(statistics.quantiles(lat, n=100)[98], 2)

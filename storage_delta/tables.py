@@ -8,6 +8,7 @@ actions through one live table handle (``create_write_transaction``) rather than
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -37,11 +38,15 @@ class StoreRoot:
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
 
+    def local_path(self) -> str | None:
+        """The root as an absolute local path, or None for an object store."""
+        if "://" in self.uri and not self.uri.startswith("file://"):
+            return None
+        return os.path.abspath(self.uri.removeprefix("file://"))
+
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path within it, for writing parquet ourselves."""
         if "://" not in self.uri:
-            import os
-
             path = os.path.abspath(self.uri)
             os.makedirs(path, exist_ok=True)
             return pafs.LocalFileSystem(), path
@@ -73,6 +78,13 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         configuration={"delta.checkpointInterval": "100"},
     )
     return DeltaTable(uri, storage_options=opts)
+
+
+def blind_appends_allowed(dt: DeltaTable) -> bool:
+    """Whether the table's protocol asks nothing of a writer beyond what
+    :class:`storage_delta.deltalog.LocalLogAppender` does (writer version 2, no writer features)."""
+    protocol = dt.protocol()
+    return protocol.min_writer_version <= 2 and not protocol.writer_features
 
 
 def open_existing(root: StoreRoot, name: str) -> DeltaTable | None:

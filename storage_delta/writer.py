@@ -15,13 +15,22 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
+from deltalake.transaction import AddAction
 
 from storage_delta import schema as sch
-from storage_delta.tables import CommitConflict, StoreRoot, commit_adds, open_or_create, write_data_file
+from storage_delta.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.tables import (
+    CommitConflict,
+    StoreRoot,
+    blind_appends_allowed,
+    commit_adds,
+    open_or_create,
+    write_data_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +63,31 @@ class StoredMessage:
 
 
 class MessageTable:
-    """The ``messages`` table and its commit routine; runs on a worker thread, never the event loop."""
+    """The ``messages`` table and its commit routine; runs on a worker thread, never the event loop.
+
+    On a local store root commits go through :class:`LocalLogAppender` (a blind append, no table
+    state: its cost does not grow with the table); on an object store through one live delta-rs
+    handle. Checkpoints and log cleanup run every ``checkpoint_every`` commits on a thread of their
+    own, so a commit never waits for one.
+    """
 
     def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
         self.root = root
         self.dt = open_or_create(root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+        local = root.local_path()
+        self._appender = (
+            LocalLogAppender(f"{local}/{sch.MESSAGES}", self.dt.version() + 1)
+            if local is not None and blind_appends_allowed(self.dt)
+            else None
+        )
         self._checkpoint_every = checkpoint_every
         self._commits = 0
+        self._hygiene_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetlake-hygiene")
+        self._hygiene_running: Future[None] | None = None
 
     def last_txn_version(self) -> int:
+        if self._appender is not None:
+            self.dt.update_incremental()
         return self.dt.transaction_version(APP_ID) or 0
 
     def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
@@ -84,31 +109,62 @@ class MessageTable:
             actions.append(
                 write_data_file(self.root, sch.MESSAGES, {"stream": stream, "block": str(block)}, table)
             )
+        if self._appender is not None:
+            self._append_local(actions, version)
+        else:
+            self._commit_delta_rs(actions, version, retries)
+        self._commits += 1
+        if self._commits % self._checkpoint_every == 0:
+            self._start_hygiene()
+
+    def _append_local(self, actions: list[AddAction], version: int) -> None:
+        assert self._appender is not None
+        try:
+            self._appender.append(actions, (APP_ID, version))
+        except UnsupportedTable:
+            # Someone changed the table's metadata: look again before appending blindly again.
+            self.dt.update_incremental()
+            if not blind_appends_allowed(self.dt):
+                raise
+            self._appender.append(actions, (APP_ID, version))
+
+    def _commit_delta_rs(self, actions: list[AddAction], version: int, retries: int) -> None:
         for attempt in range(retries + 1):
             try:
                 commit_adds(
                     self.dt, actions, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, (APP_ID, version)
                 )
-                break
+                # The handle does not advance past its own commit; without this the next commit
+                # would conflict with this one (same app id) and pay for a reload and a retry.
+                self.dt.update_incremental()
+                return
             except CommitConflict:
                 self.dt.update_incremental()
                 if self.last_txn_version() >= version:
-                    break  # it landed although the call reported an error
+                    return  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == retries:
                     raise
-        self._commits += 1
-        if self._commits % self._checkpoint_every == 0:
-            self._hygiene()
+
+    def _start_hygiene(self) -> None:
+        if self._hygiene_running is not None and not self._hygiene_running.done():
+            return  # the previous round is still at it; the next interval tries again
+        self._hygiene_running = self._hygiene_pool.submit(self._hygiene)
 
     def _hygiene(self) -> None:
-        """Checkpoint and drop expired log files, and start over with a fresh handle: a long-lived
-        ``DeltaTable`` grows slower with every commit made through it."""
+        """Checkpoint and drop expired log files through a fresh handle (a long-lived
+        ``DeltaTable`` grows slower with every commit made through it)."""
         try:
-            self.dt.create_checkpoint()
-            self.dt.cleanup_metadata()
+            dt = open_or_create(self.root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+            dt.create_checkpoint()
+            dt.cleanup_metadata()
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of messages failed")
-        self.dt = open_or_create(self.root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+            return
+        if self._appender is None:
+            self.dt = dt
+
+    def close(self) -> None:
+        self._hygiene_pool.shutdown(wait=True)
 
 
 class GroupCommitWriter:
@@ -170,6 +226,10 @@ class GroupCommitWriter:
                 await loop.run_in_executor(self._executor, self._table.commit, batch, self._version)
             except Exception as exc:
                 log.exception("commit of %d messages failed", len(batch))
+                landed = await loop.run_in_executor(self._executor, self._table.last_txn_version)
+                if landed >= self._version:  # the error came after the commit landed (delta-rs #2509)
+                    self._resolve(batch, waiters)
+                    continue
                 # What was queued behind the failed batch holds later sequences of the same streams:
                 # storing it would leave a gap, so it fails too and the streams fall back to what is
                 # durable.
@@ -182,11 +242,14 @@ class GroupCommitWriter:
                     if not w.done():
                         w.set_exception(exc)
                 continue
-            self.commits += 1
-            self.messages_committed += len(batch)
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+            self._resolve(batch, waiters)
+
+    def _resolve(self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]]) -> None:
+        self.commits += 1
+        self.messages_committed += len(batch)
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def close(self) -> None:
         """Finish what was submitted, then stop."""
@@ -194,3 +257,4 @@ class GroupCommitWriter:
         self._wakeup.set()
         if self._task:
             await self._task
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._table.close)
