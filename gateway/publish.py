@@ -49,7 +49,13 @@ class PublishPath:
         stream = self.route(msg.subject)
         if stream is None:
             return
-        stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
+        try:
+            stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
+        except errors.ApiError as err:  # refused by a limit (discard new)
+            if msg.reply:
+                body = {"error": err.render(), "stream": stream.name, "seq": 0}
+                self.leaf.publish(msg.reply, json.dumps(body, separators=(",", ":")).encode())
+            return
         try:
             fut = self.writer.submit([stored])
         except (WriterOverloaded, WriterClosed) as exc:
