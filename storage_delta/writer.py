@@ -37,6 +37,18 @@ log = logging.getLogger(__name__)
 APP_ID = "jetlake-gateway"
 
 
+#: Told the outcome of a submission: None once durable, the error if it never will be.
+OnDone = Callable[[BaseException | None], None]
+
+
+def _notify(waiters: list[OnDone], outcome: BaseException | None) -> None:
+    for w in waiters:
+        try:
+            w(outcome)
+        except Exception:  # one publisher's bookkeeping must not cost the others their answer
+            log.exception("commit callback failed")
+
+
 class WriterOverloaded(Exception):
     """More bytes are waiting for a commit than the writer may hold."""
 
@@ -182,7 +194,7 @@ class GroupCommitWriter:
         self._executor = executor
         self._max_pending_bytes = max_pending_bytes
         self._pending: list[StoredMessage] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[OnDone] = []
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -196,19 +208,23 @@ class GroupCommitWriter:
         self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
         self._task = asyncio.create_task(self._run(), name="group-commit")
 
-    def submit(self, messages: list[StoredMessage]) -> asyncio.Future[None]:
-        """Queue messages for the next commit; the future resolves once they are durable."""
+    def submit(self, messages: list[StoredMessage], on_done: OnDone) -> None:
+        """Queue messages for the next commit; ``on_done(None)`` is called once they are durable,
+        ``on_done(error)`` if they never will be. Callbacks run on the event loop in submission
+        order, straight from the commit loop: no future and no scheduled callback per message, which
+        is most of what a publish costs at high rates."""
         if self._closed:
             raise WriterClosed("writer closed")
-        size = sum(m.nbytes for m in messages)
+        size = 0
+        for m in messages:
+            size += m.nbytes
         if self._pending_bytes + size > self._max_pending_bytes and self._pending:
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.extend(messages)
         self._pending_bytes += size
-        self._waiters.append(fut)
-        self._wakeup.set()
-        return fut
+        self._waiters.append(on_done)
+        if not self._wakeup.is_set():
+            self._wakeup.set()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -238,18 +254,14 @@ class GroupCommitWriter:
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
                 self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
                 self._on_failure({m.stream for m in batch})
-                for w in waiters:
-                    if not w.done():
-                        w.set_exception(exc)
+                _notify(waiters, exc)
                 continue
             self._resolve(batch, waiters)
 
-    def _resolve(self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]]) -> None:
+    def _resolve(self, batch: list[StoredMessage], waiters: list[OnDone]) -> None:
         self.commits += 1
         self.messages_committed += len(batch)
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+        _notify(waiters, None)
 
     async def close(self) -> None:
         """Finish what was submitted, then stop."""
