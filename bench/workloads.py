@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.targets import Target, add_stream, barrier, loadgen, stream_state, tree_bytes
+from bench.targets import Target, add_stream, barrier, loadgen, stream_state, timed_restart, tree_bytes
 from storage_delta import seal
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import MessageTable, StoredMessage
@@ -67,7 +67,8 @@ def core_publish(targets: list[Target], count: int) -> Result:
 
 def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root: StoreRoot) -> Result:
     """Bytes on disk per stored message: JetStream's file store directory against the stream's
-    parquet files in the Delta table, as written and after sealing its blocks."""
+    parquet files in the Delta table, as written and after sealing its blocks; and the time a
+    restart takes until the stream answers with all its messages again."""
     stream = f"BBYTES_{payload.upper()}"
     prefix = f"bbytes{payload}"
     out: Result = {"workload": f"bytes_per_message_{payload}", "messages": count}
@@ -76,6 +77,7 @@ def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root
         loadgen("pipelined", t.url, prefix, count, payload, 512)
         state = asyncio.run(stream_state(t.url, stream))
         res: Result = {"stored": state["messages"], "state_bytes_per_msg": round(state["bytes"] / count, 1)}
+        res["restart_s"] = timed_restart(t, stream, count)
         if t.name == "jetstream":
             res["disk_bytes_per_msg"] = round(tree_bytes(t.stream_dir(stream)) / count, 1)
         else:
@@ -84,6 +86,7 @@ def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root
             seal.seal_stream(lake_root, stream)
             res["seal_seconds"] = round(time.monotonic() - t0, 2)
             res["disk_bytes_per_msg"] = round(seal.stream_bytes(lake_root, stream) / count, 1)
+            res["restart_sealed_s"] = timed_restart(t, stream, count)
         out[t.name] = res
     out["ratio"] = _ratio(out["jetlake"]["disk_bytes_per_msg"], out["jetstream"]["disk_bytes_per_msg"])
     return out
