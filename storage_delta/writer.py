@@ -202,6 +202,7 @@ class GroupCommitWriter:
         self._version = 0
         self.commits = 0
         self.messages_committed = 0
+        self.refused = 0  # messages turned away because too many bytes were waiting
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -219,6 +220,8 @@ class GroupCommitWriter:
         for m in messages:
             size += m.nbytes
         if self._pending_bytes + size > self._max_pending_bytes and self._pending:
+            # Counted here because a core publish has no reply to carry the error.
+            self.refused += len(messages)
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
         self._pending.extend(messages)
         self._pending_bytes += size
@@ -229,11 +232,11 @@ class GroupCommitWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
             if not self._pending:
                 if self._closed:
                     return
+                await self._wakeup.wait()
+                self._wakeup.clear()
                 continue
             batch, waiters = self._pending, self._waiters
             self._pending, self._waiters, self._pending_bytes = [], [], 0
