@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 
 from storage_delta import schema as sch
 from storage_delta.deltalog import commit_path
-from storage_delta.tables import StoreRoot, open_existing
+from storage_delta.tables import StoreRoot, open_existing, retry_listing
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class MessageReader:
         elif self._log_dir is None or os.path.exists(commit_path(self._log_dir, self._dt.version() + 1)):
             # Locally a look for the next commit file is enough to know nothing changed; a reload
             # costs milliseconds and grows with the table.
-            self._dt.update_incremental()
+            retry_listing(self._dt.update_incremental)
         return self._dt
 
     def stream_files(self, stream: str) -> list[DataFile]:

@@ -29,6 +29,7 @@ from storage_delta.tables import (
     blind_appends_allowed,
     commit_adds,
     open_or_create,
+    retry_listing,
     write_data_file,
 )
 
@@ -99,7 +100,7 @@ class MessageTable:
 
     def last_txn_version(self) -> int:
         if self._appender is not None:
-            self.dt.update_incremental()
+            retry_listing(self.dt.update_incremental)
         return self.dt.transaction_version(APP_ID) or 0
 
     def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
@@ -135,7 +136,7 @@ class MessageTable:
             self._appender.append(actions, (APP_ID, version))
         except UnsupportedTable:
             # Someone changed the table's metadata: look again before appending blindly again.
-            self.dt.update_incremental()
+            retry_listing(self.dt.update_incremental)
             if not blind_appends_allowed(self.dt):
                 raise
             self._appender.append(actions, (APP_ID, version))
@@ -148,10 +149,10 @@ class MessageTable:
                 )
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
-                self.dt.update_incremental()
+                retry_listing(self.dt.update_incremental)
                 return
             except CommitConflict:
-                self.dt.update_incremental()
+                retry_listing(self.dt.update_incremental)
                 if self.last_txn_version() >= version:
                     return  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == retries:
