@@ -3,6 +3,7 @@ writer, and send the PubAck only once its commit is durable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -55,19 +56,22 @@ class PublishPath:
                 body = {"error": err.render(), "stream": stream.name, "seq": 0}
                 self.leaf.publish(msg.reply, json.dumps(body, separators=(",", ":")).encode())
             return
-        reply = msg.reply
         try:
-            self.writer.submit([stored], lambda exc: self._committed(stream, stored, reply, exc))
+            fut = self.writer.submit([stored])
         except (WriterOverloaded, WriterClosed) as exc:
             stream.rollback()
             self._reply_error(msg.reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}"))
             return
+        reply = msg.reply
+        fut.add_done_callback(lambda f: self._committed(stream, stored, reply, f))
 
     def _committed(
-        self, stream: Stream, stored: StoredMessage, reply: str, exc: BaseException | None
+        self, stream: Stream, stored: StoredMessage, reply: str, fut: asyncio.Future[None]
     ) -> None:
-        if exc is not None:
-            self._reply_error(reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}"))
+        if fut.cancelled() or fut.exception() is not None:
+            self._reply_error(
+                reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {fut.exception()}")
+            )
             return
         stream.committed(stored.seq)
         if reply:

@@ -38,16 +38,14 @@ log = logging.getLogger(__name__)
 APP_ID = "jetlake-gateway"
 
 
-#: Told the outcome of a submission: None once durable, the error if it never will be.
-OnDone = Callable[[BaseException | None], None]
-
-
-def _notify(waiters: list[OnDone], outcome: BaseException | None) -> None:
+def _notify(waiters: list[asyncio.Future[None]], outcome: BaseException | None) -> None:
     for w in waiters:
-        try:
-            w(outcome)
-        except Exception:  # one publisher's bookkeeping must not cost the others their answer
-            log.exception("commit callback failed")
+        if w.done():
+            continue
+        if outcome is None:
+            w.set_result(None)
+        else:
+            w.set_exception(outcome)
 
 
 class WriterOverloaded(Exception):
@@ -195,7 +193,7 @@ class GroupCommitWriter:
         self._executor = executor
         self._max_pending_bytes = max_pending_bytes
         self._pending: list[StoredMessage] = []
-        self._waiters: list[OnDone] = []
+        self._waiters: list[asyncio.Future[None]] = []
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -210,11 +208,8 @@ class GroupCommitWriter:
         self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
         self._task = asyncio.create_task(self._run(), name="group-commit")
 
-    def submit(self, messages: list[StoredMessage], on_done: OnDone) -> None:
-        """Queue messages for the next commit; ``on_done(None)`` is called once they are durable,
-        ``on_done(error)`` if they never will be. Callbacks run on the event loop in submission
-        order, straight from the commit loop: no future and no scheduled callback per message, which
-        is most of what a publish costs at high rates."""
+    def submit(self, messages: list[StoredMessage]) -> asyncio.Future[None]:
+        """Queue messages for the next commit; the future resolves once they are durable."""
         if self._closed:
             raise WriterClosed("writer closed")
         size = 0
@@ -224,11 +219,13 @@ class GroupCommitWriter:
             # Counted here because a core publish has no reply to carry the error.
             self.refused += len(messages)
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.extend(messages)
         self._pending_bytes += size
-        self._waiters.append(on_done)
+        self._waiters.append(fut)
         if not self._wakeup.is_set():
             self._wakeup.set()
+        return fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -262,7 +259,7 @@ class GroupCommitWriter:
                 continue
             self._resolve(batch, waiters)
 
-    def _resolve(self, batch: list[StoredMessage], waiters: list[OnDone]) -> None:
+    def _resolve(self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]]) -> None:
         self.commits += 1
         self.messages_committed += len(batch)
         _notify(waiters, None)

@@ -26,14 +26,15 @@ async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> 
         for seq in range(1, 150):
             m = message("S", seq)
             try:
-                writer.submit([m], lambda exc, seq=seq: answered.append(seq) if exc is None else None)
+                fut = writer.submit([m])
             except WriterOverloaded:
                 break
+            fut.add_done_callback(lambda f, seq=seq: answered.append(seq) if f.exception() is None else None)
             queued.append(m)
         assert writer.refused == 1
         assert len(queued) == 100
         with pytest.raises(WriterOverloaded):
-            writer.submit([message("S", 999)], lambda exc: None)
+            writer.submit([message("S", 999)])
         assert writer.refused == 2
         await writer.close()
     assert answered == list(range(1, 101))
@@ -51,5 +52,5 @@ async def test_closed_writer_refuses(tmp_path: Path) -> None:
         await writer.start()
         await writer.close()
         with pytest.raises(WriterClosed):
-            writer.submit([message("S", 1)], lambda exc: None)
+            writer.submit([message("S", 1)])
     await asyncio.sleep(0)
