@@ -134,7 +134,6 @@ class StreamApi:
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
         req = load_request(body)
         subject = req.get("subject") or ""
-        offset = max(0, int(req.get("offset") or 0))
         streams = sorted(
             (
                 s
@@ -143,6 +142,7 @@ class StreamApi:
             ),
             key=lambda s: s.name,
         )
+        offset = min(max(0, int(req.get("offset") or 0)), len(streams))
         if names_only:
             page = [s.name for s in streams[offset : offset + NAMES_PAGE]]
             return {
@@ -155,7 +155,7 @@ class StreamApi:
         return {
             "type": T + "stream_list_response",
             "total": len(streams),
-            "offset": min(offset, len(streams)),
+            "offset": offset,
             "limit": LIST_PAGE,
             "streams": [self._listed(s) for s in streams[offset : offset + LIST_PAGE]],
         }
