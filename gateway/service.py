@@ -20,7 +20,9 @@ from gateway.registry import Registry
 from gateway.settings import Settings
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
+from gateway.timefmt import now_ns
 from storage_delta.catalog import CatalogTable
+from storage_delta.natsfmt import parse_headers
 from storage_delta.reader import MessageReader
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import GroupCommitWriter, MessageTable
@@ -89,10 +91,23 @@ class Gateway:
                 rows = await loop.run_in_executor(self.executor, self.reader.scan_index, stream.name)
                 for seq, ts, subject, size in rows:
                     stream.restore(seq, ts, subject, size)
+                await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 self.registry.install_consumer(
                     self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
                 )
+
+    async def _recover_dedup(self, stream: Stream) -> None:
+        """Refill the duplicate window from the ids of the messages stored within it."""
+        loop = asyncio.get_running_loop()
+        now = now_ns()
+        window = int(stream.config["duplicate_window"])
+        rows = await loop.run_in_executor(
+            self.executor, self.reader.scan_headers_since, stream.name, now - window
+        )
+        for seq, ts, hdrs in rows:
+            msg_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
+            stream.dedup.record(msg_id, seq, ts, now, window)
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):

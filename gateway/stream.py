@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.dedup import DedupWindow
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
 from storage_delta.schema import DEFAULT_BLOCK_SIZE, stored_size
@@ -62,9 +63,12 @@ class Stream:
         self.state = StreamState()
         self.durable_last_seq = 0
         self.tail = TailCache(tail_cache_bytes)
+        self.dedup = DedupWindow()
+        first_seq = int(config.get("first_seq") or 1)
+        self.state.last_seq = self.durable_last_seq = first_seq - 1
         # Subject of every sequence from ``_base``, as an index into ``_subject_names`` (0 = none):
         # four bytes a message lets filtered consumers and counts work without reading Delta.
-        self._base = 1
+        self._base = first_seq
         self._subject_of = array("I")
         self._subject_names: list[str] = [""]
         self._subject_ids: dict[str, int] = {}
@@ -77,6 +81,20 @@ class Stream:
     @property
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
+
+    @property
+    def last_seq(self) -> int:
+        return self.state.last_seq
+
+    def last_seq_for(self, subject: str) -> int:
+        """The sequence of the newest message stored under ``subject``, 0 if there is none."""
+        sid = self._subject_ids.get(subject)
+        if not sid or not self._subject_counts.get(sid):
+            return 0
+        for seq in range(self.state.last_seq, max(self.state.first_seq, self._base) - 1, -1):
+            if self._subject_of[seq - self._base] == sid:
+                return seq
+        return 0
 
     def captures(self, subject: str) -> bool:
         return any(subject_matches(f, subject) for f in self.subjects)
@@ -184,6 +202,7 @@ class Stream:
                     st.bytes -= stored_size(msg.subject, msg.hdrs, msg.data)
             st.last_seq = seq - 1
         self.tail.drop_from(st.last_seq + 1)
+        self.dedup.forget_after(st.last_seq)
         last = self.tail.get(st.last_seq)
         if last is not None:
             st.last_ts = last.ts
