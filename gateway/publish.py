@@ -68,7 +68,11 @@ class PublishPath:
             self._reply_error(reply, stream, verdict)
 
     def _store(self, stream: Stream, msg: Msg, verdict: Accepted, reply: str, now: int) -> None:
-        stored = stream.accept(msg.subject, verdict.hdrs, msg.data, now)
+        try:
+            stored = stream.accept(msg.subject, verdict.hdrs, msg.data, now)
+        except errors.ApiError as err:  # refused by a limit (discard new)
+            self._reply_error(reply, stream, err)
+            return
         stream.dedup.record(verdict.msg_id, stored.seq, stored.ts, now, stream.config["duplicate_window"])
         try:
             fut = self.writer.submit([stored])
