@@ -131,13 +131,14 @@ class Gateway:
         window = int(stream.config["duplicate_window"])
         since = max(now - window, stream.created_ns)
         rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
-        last_id = ""
+        last_id, last_seq = "", 0
         for seq, ts, hdrs in rows:
             if stream.is_live(seq):  # as nats-server, which can no longer load a removed message
                 last_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
+                last_seq = seq
                 stream.dedup.record(last_id, seq, ts, now, window)
         # Only the newest message's id counts for Nats-Expected-Last-Msg-Id.
-        stream.dedup.last_msg_id = last_id if rows and rows[-1][0] == stream.last_seq else ""
+        stream.dedup.last_msg_id = last_id if last_seq == stream.last_seq else ""
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
