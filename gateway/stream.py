@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
+from gateway.dedup import DedupWindow
 from gateway.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
@@ -54,6 +55,11 @@ class Stream:
         self.state = StreamState()
         self.durable_last_seq = 0
         self.tail = TailCache(tail_cache_bytes)
+        self.dedup = DedupWindow()
+        first_seq = int(config.get("first_seq") or 0)
+        if first_seq > 1:  # the first publish gets ``first_seq``
+            self.state.first_seq = first_seq
+            self.state.last_seq = self.durable_last_seq = first_seq - 1
         # Subject names are interned to small ids: the per-sequence index stores four bytes of
         # subject, and per-subject sequence lists answer last-by-subject and per-subject limits.
         self._index = SeqIndex()
@@ -70,6 +76,10 @@ class Stream:
     @property
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
+
+    @property
+    def last_seq(self) -> int:
+        return self.state.last_seq
 
     def captures(self, subject: str) -> bool:
         return any(subject_matches(f, subject) for f in self.subjects)
@@ -454,6 +464,7 @@ class Stream:
             st.last_seq -= 1
         st.last_seq = min(st.last_seq, max(self.durable_last_seq, 0))
         self.tail.drop_from(st.last_seq + 1)
+        self.dedup.forget_after(st.last_seq)
         self._removed = [r for r in self._removed if r[0] <= self.durable_last_seq]
         for r in self._removed:
             r[1] = min(r[1], self.durable_last_seq)

@@ -93,10 +93,12 @@ class StreamApi:
 
     async def stream_create(self, name: str, body: bytes) -> dict[str, Any]:
         raw = load_request(body)
-        if raw.get("name", name) != name or not raw:
+        req = stream_config.decode(raw)
+        if req.get("name") != name:
             raise errors.STREAM_MISMATCH
-        raw["name"] = name
-        cfg = stream_config.normalize(raw, self.reg.server_version)
+        req["name"] = name
+        stream_config.check_create(req)
+        cfg = stream_config.normalize(req, self.reg.server_version)
         existing = self.reg.streams.get(name)
         if existing is not None:
             if not stream_config.same_config(existing.config, cfg):
