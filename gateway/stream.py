@@ -367,6 +367,24 @@ class Stream:
             (self.last_seq_for(self._subject_names[sid]) for sid in self._matching_sids(subject)), default=0
         )
 
+    def last_matching(self, filters: list[str]) -> int | None:
+        """The newest live sequence a filter matches, any subject without filters
+        (``deliver_policy: last``); None when there is none."""
+        if not filters:
+            seq, idx = self.state.last_seq, self._index
+            while seq >= self.state.first_seq and not idx.subject_id(seq):
+                seq -= 1
+            return seq if self.state.messages else None
+        return max(self.last_per_subject(filters), default=None)
+
+    def last_per_subject(self, filters: list[str]) -> list[int]:
+        """The newest live sequence of each subject the filters match (every subject without
+        filters), ascending (``deliver_policy: last_per_subject``, KV watch)."""
+        sids = (
+            set(self._subject_counts) if not filters else {s for f in filters for s in self._matching_sids(f)}
+        )
+        return sorted(self.last_seq_for(self._subject_names[sid]) for sid in sids)
+
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
         last accepted) whose subject a filter matches, any subject when there are no filters."""
@@ -413,10 +431,9 @@ class Stream:
         return {self._subject_names[sid]: self._subject_counts[sid] for sid in self._matching_sids(subject)}
 
     def deleted(self) -> list[int]:
-        """The interior holes between the first and last sequence, ascending."""
+        """The holes from the first to the last sequence, ascending. Like JetStream's store, a
+        fresh stream (first and last sequence 0) reports sequence 0 as deleted."""
         st, idx = self.state, self._index
-        if not st.messages:
-            return []
         return [s for s in range(st.first_seq, st.last_seq + 1) if not idx.subject_id(s)]
 
     def info_state(
@@ -437,11 +454,13 @@ class Stream:
             counts = self.subject_counts(subjects_filter)
             if counts:
                 out["subjects"] = counts
-        num_deleted = (st.last_seq - st.first_seq + 1 - st.messages) if st.messages else 0
-        if num_deleted:
-            out["num_deleted"] = num_deleted
-            if deleted_details:
-                out["deleted"] = self.deleted()
+        if deleted_details:
+            holes = self.deleted()
+            if holes:
+                out["num_deleted"] = len(holes)
+                out["deleted"] = holes
+        elif st.messages and st.last_seq - st.first_seq + 1 > st.messages:
+            out["num_deleted"] = st.last_seq - st.first_seq + 1 - st.messages
         out["consumer_count"] = consumer_count
         return out
 
