@@ -121,9 +121,10 @@ class StreamApi:
             )
         if raw.get("name", name) != name:
             raise errors.STREAM_MISMATCH
+        req = stream_config.decode(raw)
         stream = self._stream(name)
-        raw["name"] = name
-        cfg = apply_update(stream.config, stream_config.normalize(raw, self.reg.server_version))
+        req["name"] = name
+        cfg = apply_update(stream.config, stream_config.normalize(req, self.reg.server_version))
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
