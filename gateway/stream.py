@@ -213,12 +213,16 @@ class Stream:
 
     # ---- removal -------------------------------------------------------------------------------
 
-    def _oldest_of(self, sid: int) -> int:
+    def _live_seqs(self, sid: int) -> SubjectSeqs | None:
+        """The subject's sequence list with dead ends trimmed, None when it has no message."""
         seqs = self._by_subject.get(sid)
-        if seqs is None:
-            return 0
-        seqs.trim(self._index, sid)
-        return seqs.oldest()
+        if seqs is not None:
+            seqs.trim(self._index, sid)
+        return seqs
+
+    def _oldest_of(self, sid: int) -> int:
+        seqs = self._live_seqs(sid)
+        return seqs.oldest() if seqs else 0
 
     def _size_of(self, seq: int) -> int:
         return self._index.size[seq - self._index.base]
@@ -242,17 +246,21 @@ class Stream:
         i = seq - idx.base
         sid = idx.sid[i]
         idx.sid[i] = 0
+        self._uncount(sid, idx.size[i])
+        self.tail.drop(seq)
+        return sid
+
+    def _uncount(self, sid: int, size: int) -> None:
+        """Take one message of subject ``sid`` out of the counts."""
         st = self.state
         st.messages -= 1
-        st.bytes -= idx.size[i]
+        st.bytes -= size
         left = self._subject_counts[sid] - 1
         if left:
             self._subject_counts[sid] = left
         else:
             del self._subject_counts[sid]
             del self._by_subject[sid]
-        self.tail.drop(seq)
-        return sid
 
     def _advance_first(self) -> None:
         st, idx = self.state, self._index
@@ -296,9 +304,9 @@ class Stream:
         victims: list[int] = []
         limit = (seq - 1) if seq else st.last_seq
         for sid in self._matching_sids(subject):
-            seqs = self._by_subject[sid]
-            seqs.trim(self._index, sid)
-            victims.extend(seqs.live_upto(limit, self._index, sid))
+            seqs = self._live_seqs(sid)
+            if seqs is not None:
+                victims.extend(seqs.live_upto(limit, self._index, sid))
         victims.sort()
         if keep:
             victims = victims[: max(0, len(victims) - keep)]
@@ -354,12 +362,8 @@ class Stream:
 
     def last_seq_for(self, subject: str) -> int:
         """The newest live sequence stored under this literal subject, 0 when there is none."""
-        sid = self._subject_ids.get(subject, 0)
-        seqs = self._by_subject.get(sid)
-        if seqs is None:
-            return 0
-        seqs.trim(self._index, sid)
-        return seqs.newest()
+        seqs = self._live_seqs(self._subject_ids.get(subject, 0))
+        return seqs.newest() if seqs else 0
 
     def last_seq_matching(self, subject: str) -> int:
         """The newest live sequence whose subject ``subject`` (wildcards allowed) matches, 0 if none."""
@@ -472,14 +476,7 @@ class Stream:
         while st.last_seq > self.durable_last_seq and idx.end > idx.base and idx.end - 1 == st.last_seq:
             sid, size = idx.pop()
             if sid:
-                st.messages -= 1
-                st.bytes -= size
-                left = self._subject_counts[sid] - 1
-                if left:
-                    self._subject_counts[sid] = left
-                else:
-                    del self._subject_counts[sid]
-                    del self._by_subject[sid]
+                self._uncount(sid, size)
             st.last_seq -= 1
         st.last_seq = min(st.last_seq, max(self.durable_last_seq, 0))
         self.tail.drop_from(st.last_seq + 1)

@@ -197,13 +197,18 @@ class StreamApi:
 
     # ---- removals -------------------------------------------------------------------------------
 
-    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+    def _removable(self, name: str, deny: str, refusal: errors.ApiError) -> Stream:
+        """The stream a delete or purge acts on, unless it is sealed or denies the request."""
         stream = self._stream(name)
         if stream.config.get("sealed"):
             raise errors.STREAM_SEALED
-        if stream.config.get("deny_purge"):
-            raise errors.STREAM_PURGE_NOT_PERMITTED
+        if stream.config.get(deny):
+            raise refusal
+        return stream
+
+    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_request(body)
+        stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
             raise errors.BAD_REQUEST
@@ -213,11 +218,8 @@ class StreamApi:
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body)
-        stream = self._stream(name)
-        if stream.config.get("sealed"):
-            raise errors.STREAM_SEALED
-        if stream.config.get("deny_delete"):
-            raise errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
         if seq <= 0:
             raise errors.BAD_REQUEST
