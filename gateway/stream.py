@@ -28,6 +28,34 @@ MAX_BYTES = errors.STREAM_STORE_FAILED.format(err="maximum bytes exceeded")
 MAX_MSGS_PER_SUBJECT = errors.STREAM_STORE_FAILED.format(err="maximum messages per subject exceeded")
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The config's limits as plain numbers (0: none), read once per config rather than per publish."""
+
+    max_msgs: int
+    max_bytes: int
+    max_age: int
+    per_subject: int
+    discard_new: bool
+    discard_new_per_subject: bool
+    sealed: bool
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Limits:
+        def limit(key: str) -> int:
+            return max(0, int(config.get(key) or 0))
+
+        return cls(
+            limit("max_msgs"),
+            limit("max_bytes"),
+            limit("max_age"),
+            limit("max_msgs_per_subject"),
+            config.get("discard") == "new",
+            bool(config.get("discard_new_per_subject")),
+            bool(config.get("sealed")),
+        )
+
+
 @dataclass(slots=True)
 class StreamState:
     """Live counts. ``first_seq`` is the first live sequence, ``last_seq + 1`` when the stream is
@@ -84,9 +112,14 @@ class Stream:
     def captures(self, subject: str) -> bool:
         return any(subject_matches(f, subject) for f in self.subjects)
 
-    def _limit(self, key: str) -> int:
-        value = int(self.config.get(key) or 0)
-        return value if value > 0 else 0
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._config
+
+    @config.setter
+    def config(self, config: dict[str, Any]) -> None:
+        self._config = config
+        self.limits = Limits.of(config)
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -102,7 +135,10 @@ class Stream:
         sid = self._subject_id(subject)
         self._index.append(seq, sid, size, ts)
         self._subject_counts[sid] = self._subject_counts.get(sid, 0) + 1
-        self._by_subject.setdefault(sid, SubjectSeqs()).add(seq)
+        seqs = self._by_subject.get(sid)
+        if seqs is None:
+            seqs = self._by_subject[sid] = SubjectSeqs()
+        seqs.add(seq)
         st = self.state
         if st.messages == 0:
             st.first_seq, st.first_ts = seq, ts
@@ -115,17 +151,18 @@ class Stream:
         """Refuse a message a ``discard: new`` stream has no room for, as JetStream's store does:
         a message that will replace its subject's oldest (per-subject limit) is not refused for
         MaxMsgs, and for MaxBytes only when it is larger than that oldest message."""
-        if self.config.get("discard") != "new":
+        lim = self.limits
+        if not lim.discard_new:
             return
-        per_subject = self._limit("max_msgs_per_subject")
+        per_subject = lim.per_subject
         sid = self._subject_ids.get(subject, 0)
         replaces = 0
         if per_subject and self._subject_counts.get(sid, 0) >= per_subject:
-            if self.config.get("discard_new_per_subject"):
+            if lim.discard_new_per_subject:
                 raise MAX_MSGS_PER_SUBJECT
             replaces = self._oldest_of(sid)
         st = self.state
-        max_msgs, max_bytes = self._limit("max_msgs"), self._limit("max_bytes")
+        max_msgs, max_bytes = lim.max_msgs, lim.max_bytes
         if max_msgs and st.messages >= max_msgs and not replaces:
             raise MAX_MSGS
         too_big = max_bytes and st.bytes + size > max_bytes
@@ -135,7 +172,7 @@ class Stream:
     def accept(self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> StoredMessage:
         """Give a publish the next sequence and apply the limits at once; durable only once
         committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it."""
-        if self.config.get("sealed"):
+        if self.limits.sealed:
             raise errors.STREAM_SEALED
         size = stored_size(subject, hdrs, data)
         self._check_discard_new(subject, size)
@@ -170,15 +207,16 @@ class Stream:
     # ---- limits ----------------------------------------------------------------------------------
 
     def _enforce_subject_limit(self, sid: int) -> None:
-        per_subject = self._limit("max_msgs_per_subject")
+        per_subject = self.limits.per_subject
         while per_subject and self._subject_counts.get(sid, 0) > per_subject:
             self.remove(self._oldest_of(sid))
 
     def _enforce_size_limits(self) -> None:
-        if self.config.get("discard") == "new":
+        lim = self.limits
+        if lim.discard_new:
             return
         st = self.state
-        max_msgs, max_bytes = self._limit("max_msgs"), self._limit("max_bytes")
+        max_msgs, max_bytes = lim.max_msgs, lim.max_bytes
         while max_msgs and st.messages > max_msgs:
             self.remove(st.first_seq)
         while max_bytes and st.bytes > max_bytes:
@@ -186,7 +224,7 @@ class Stream:
 
     def expire(self, now_ns: int) -> int:
         """Remove what MaxAge has expired; the number removed."""
-        max_age = self._limit("max_age")
+        max_age = self.limits.max_age
         if not max_age:
             return 0
         cutoff = now_ns - max_age
@@ -198,14 +236,14 @@ class Stream:
 
     def next_expiry_ns(self) -> int | None:
         """When the oldest message expires under MaxAge, None when nothing will."""
-        max_age = self._limit("max_age")
+        max_age = self.limits.max_age
         if not max_age or not self.state.messages:
             return None
         return self.state.first_ts + max_age
 
     def enforce_limits(self, now_ns: int) -> None:
         """Apply every limit to what is stored (after recovery, or a config update that lowered one)."""
-        if self._limit("max_msgs_per_subject"):
+        if self.limits.per_subject:
             for sid in [s for s, c in self._subject_counts.items() if c]:
                 self._enforce_subject_limit(sid)
         self._enforce_size_limits()
@@ -328,17 +366,24 @@ class Stream:
         """Remove every message below ``below``; past the last sequence the stream continues
         from ``below`` (JetStream's compact). The number removed."""
         st, idx = self.state, self._index
-        if below > st.last_seq + 1:
-            st.last_seq = below - 1
-            self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
         start = st.first_seq or 1
+        if below > start:
+            self._record(start, below - 1)
+        if below > st.last_seq:  # everything goes: no need to visit each message
+            n = st.messages
+            st.last_seq = max(st.last_seq, below - 1)
+            self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
+            st.messages = st.bytes = 0
+            self._subject_counts.clear()
+            self._by_subject.clear()
+            self.tail.clear()
+            self._advance_first()
+            return n
         n = 0
         for s in range(max(start, idx.base), min(below, idx.end)):
             if idx.subject_id(s):
                 self._drop(s)
                 n += 1
-        if below > start:
-            self._record(start, below - 1)
         self._advance_first()
         return n
 
