@@ -94,6 +94,7 @@ class Stream:
         self._subject_names: list[str] = [""]
         self._subject_ids: dict[str, int] = {}
         self._subject_counts: dict[int, int] = {}
+        self._free_sids: list[int] = []  # ids of subjects with no message left, for reuse
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
 
@@ -126,8 +127,12 @@ class Stream:
     def _subject_id(self, subject: str) -> int:
         sid = self._subject_ids.get(subject)
         if sid is None:
-            sid = len(self._subject_names)
-            self._subject_names.append(subject)
+            if self._free_sids:
+                sid = self._free_sids.pop()
+                self._subject_names[sid] = subject
+            else:
+                sid = len(self._subject_names)
+                self._subject_names.append(subject)
             self._subject_ids[subject] = sid
         return sid
 
@@ -297,8 +302,16 @@ class Stream:
         if left:
             self._subject_counts[sid] = left
         else:
-            del self._subject_counts[sid]
-            del self._by_subject[sid]
+            self._forget_subject(sid)
+
+    def _forget_subject(self, sid: int) -> None:
+        """A subject without messages gives its id back: no live sequence refers to it any more
+        (holes are id 0), so streams with ever-new subjects (ids, keys) keep memory bounded."""
+        del self._subject_counts[sid]
+        del self._by_subject[sid]
+        del self._subject_ids[self._subject_names[sid]]
+        self._subject_names[sid] = ""
+        self._free_sids.append(sid)
 
     def _advance_first(self) -> None:
         st, idx = self.state, self._index
@@ -374,8 +387,8 @@ class Stream:
             st.last_seq = max(st.last_seq, below - 1)
             self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
             st.messages = st.bytes = 0
-            self._subject_counts.clear()
-            self._by_subject.clear()
+            for sid in list(self._subject_counts):
+                self._forget_subject(sid)
             self.tail.clear()
             self._advance_first()
             return n

@@ -112,6 +112,17 @@ def test_hole_prefix_stays_bounded() -> None:
     assert stream.state.first_seq == 10 * COMPACT_MIN - 9
 
 
+def test_subjects_without_messages_are_forgotten() -> None:
+    """Ever-new subjects under a limit (order ids, expired keys) do not grow the subject table."""
+    stream = make(max_msgs=5)
+    for i in range(1000):
+        stream.accept(f"s.{i}", None, b"x", 0)
+    assert len(stream._subject_names) <= 7
+    assert stream.last_seq_for("s.999") == 1000
+    assert stream.last_seq_for("s.3") == 0
+    assert stream.subject_counts(">") == {f"s.{i}": 1 for i in range(995, 1000)}
+
+
 def test_discard_new_refusal_changes_nothing() -> None:
     stream = make(max_msgs=1, discard="new")
     stream.accept("s.a", None, b"x", 0)
