@@ -30,7 +30,7 @@ class Api:
         self.streams = streams
         self.consumers = ConsumerApi(registry)
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | RawReply | None:
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
         """Answer one API request; unknown subjects get no answer, as from the real server."""
         op = ".".join(toks[:2])
         try:

@@ -27,7 +27,8 @@ def load_request(body: bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class RawReply:
-    """An answer that is a header block and a payload rather than JSON (DIRECT.GET, statuses)."""
+    """An answer that is a header block (empty: none) and a payload rather than JSON (DIRECT.GET,
+    statuses); a handler returns a list of them when one request gets several messages."""
 
     hdrs: bytes
     data: bytes = b""

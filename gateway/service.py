@@ -13,7 +13,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.api import Api, split_api_subject
-from gateway.apicommon import RawReply
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
@@ -201,8 +200,9 @@ class Gateway:
                 continue
             if not reply:
                 continue
-            if isinstance(answer, RawReply):
-                self.leaf.publish(reply, answer.data, hdrs=answer.hdrs)
+            if isinstance(answer, list):
+                for raw in answer:
+                    self.leaf.publish(reply, raw.data, hdrs=raw.hdrs or None)
                 continue
             self.registry.api_total += 1
             if "error" in answer:

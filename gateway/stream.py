@@ -439,13 +439,21 @@ class Stream:
             return seq if self.state.messages else None
         return max(self.last_per_subject(filters), default=None)
 
-    def last_per_subject(self, filters: list[str]) -> list[int]:
-        """The newest live sequence of each subject the filters match (every subject without
-        filters), ascending (``deliver_policy: last_per_subject``, KV watch)."""
+    def last_per_subject(self, filters: list[str], upto: int | None = None) -> list[int]:
+        """The newest live sequence at or below ``upto`` (default: all) of each subject the filters
+        match (every subject without filters), ascending (``last_per_subject``, KV watch,
+        DIRECT.GET ``multi_last``)."""
         sids = (
             set(self._subject_counts) if not filters else {s for f in filters for s in self._matching_sids(f)}
         )
-        return sorted(self.last_seq_for(self._subject_names[sid]) for sid in sids)
+        found = []
+        for sid in sids:
+            seqs = self._live_seqs(sid)
+            if seqs is not None:
+                seq = seqs.newest() if upto is None else seqs.last_at_or_below(upto, self._index, sid)
+                if seq:
+                    found.append(seq)
+        return sorted(found)
 
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
