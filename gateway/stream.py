@@ -10,6 +10,7 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,8 @@ class Stream:
         self._free_sids: list[int] = []  # ids of subjects with no message left, for reuse
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
+        #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
+        self.on_removed: Callable[[int, str], None] | None = None
 
     @property
     def name(self) -> str:
@@ -289,8 +292,11 @@ class Stream:
         i = seq - idx.base
         sid = idx.sid[i]
         idx.sid[i] = 0
+        subject = self._subject_names[sid]  # before un-counting may give the id back
         self._uncount(sid, idx.size[i])
         self.tail.drop(seq)
+        if self.on_removed is not None:
+            self.on_removed(seq, subject)
         return sid
 
     def _uncount(self, sid: int, size: int) -> None:
@@ -382,8 +388,13 @@ class Stream:
         start = st.first_seq or 1
         if below > start:
             self._record(start, below - 1)
-        if below > st.last_seq:  # everything goes: no need to visit each message
+        if below > st.last_seq:  # everything goes: no need to un-count each message
             n = st.messages
+            if self.on_removed is not None:
+                names = self._subject_names
+                for s in range(max(start, idx.base), idx.end):
+                    if idx.subject_id(s):
+                        self.on_removed(s, names[idx.subject_id(s)])
             st.last_seq = max(st.last_seq, below - 1)
             self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
             st.messages = st.bytes = 0

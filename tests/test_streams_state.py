@@ -123,6 +123,18 @@ def test_subjects_without_messages_are_forgotten() -> None:
     assert stream.subject_counts(">") == {f"s.{i}": 1 for i in range(995, 1000)}
 
 
+def test_on_removed_tells_every_removal() -> None:
+    """Consumers hear of each removed message with its subject, also from a whole purge."""
+    stream = make(max_msgs_per_subject=1)
+    heard: list[tuple[int, str]] = []
+    stream.on_removed = lambda seq, subject: heard.append((seq, subject))
+    for subj in ("s.a", "s.a", "s.b", "s.c"):
+        stream.accept(subj, None, b"", 0)
+    stream.remove(3)
+    stream.purge()
+    assert heard == [(1, "s.a"), (3, "s.b"), (2, "s.a"), (4, "s.c")]
+
+
 def test_discard_new_refusal_changes_nothing() -> None:
     stream = make(max_msgs=1, discard="new")
     stream.accept("s.a", None, b"x", 0)
