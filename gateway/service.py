@@ -19,6 +19,7 @@ from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
 from gateway.protocol import Msg
 from gateway.publish import PublishPath
+from gateway.publish_state import needs_full_scan, replay_headers
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
@@ -27,7 +28,6 @@ from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
 from storage_delta.catalog import CatalogTable
-from storage_delta.natsfmt import parse_headers
 from storage_delta.reader import MessageReader
 from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
@@ -93,6 +93,7 @@ class Gateway:
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
         self.tasks.own(self.recorder.run(), "removals")
+        self.tasks.own(self.publish.marker_ticker(), "delete-markers")
         await self.leaf.start()
         self.started = True
 
@@ -117,28 +118,22 @@ class Gateway:
                     for first, last in state.removed:
                         stream.restore_removed(first, last)
                     stream.restore_last_seq(state.last_seq)
+                await self._recover_publish_state(stream)
                 stream.enforce_limits(time.time_ns())
-                await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 self.registry.install_consumer(
                     self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
                 )
 
-    async def _recover_dedup(self, stream: Stream) -> None:
-        """Refill the duplicate window from the ids of the messages stored within it."""
+    async def _recover_publish_state(self, stream: Stream) -> None:
+        """Refill the duplicate window, the TTL schedule and replay rollups (``publish_state``)."""
         loop = asyncio.get_running_loop()
         now = now_ns()
-        window = int(stream.config["duplicate_window"])
-        since = max(now - window, stream.created_ns)
+        since = stream.created_ns
+        if not needs_full_scan(stream.config):
+            since = max(since, now - int(stream.config["duplicate_window"]))
         rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
-        last_id, last_seq = "", 0
-        for seq, ts, hdrs in rows:
-            if stream.is_live(seq):  # as nats-server, which can no longer load a removed message
-                last_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
-                last_seq = seq
-                stream.dedup.record(last_id, seq, ts, now, window)
-        # Only the newest message's id counts for Nats-Expected-Last-Msg-Id.
-        stream.dedup.last_msg_id = last_id if last_seq == stream.last_seq else ""
+        replay_headers(stream, rows, now)
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):

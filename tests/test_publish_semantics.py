@@ -20,10 +20,12 @@ async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
     return dict(json.loads(msg.data))
 
 
-async def pub(nc: Client, subject: str, data: bytes = b"x", hdrs: dict[str, str] | None = None) -> Any:
+async def pub(
+    nc: Client, subject: str, data: bytes = b"x", hdrs: dict[str, str] | None = None, wait_s: float = 2
+) -> Any:
     """The raw PubAck (or error PubAck) as JSON, or "no answer"."""
     try:
-        msg = await nc.request(subject, data, timeout=2, headers=hdrs)
+        msg = await nc.request(subject, data, timeout=wait_s, headers=hdrs)
     except TimeoutError:
         return "no answer"
     return json.loads(msg.data)
@@ -184,8 +186,8 @@ async def test_no_ack_stream_answers_nothing(targets: dict[str, str], unique: st
         s = name.lower()
         await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "no_ack": True})
         answers = [
-            await pub(nc, f"{s}.a", b"1"),
-            await pub(nc, f"{s}.a", b"2", {"Nats-Expected-Stream": "OTHER"}),
+            await pub(nc, f"{s}.a", b"1", wait_s=0.5),
+            await pub(nc, f"{s}.a", b"2", {"Nats-Expected-Stream": "OTHER"}, wait_s=0.5),
         ]
         return {"answers": answers, "state": state(await api(nc, f"STREAM.INFO.{name}"))}
 
