@@ -233,3 +233,25 @@ async def test_dedup_window_survives_restart(
     assert first["jetlake"] == first["jetstream"]
     assert second["jetlake"] == second["jetstream"]
     assert second["jetstream"][0] == {"stream": unique, "seq": 1, "duplicate": True}
+
+
+async def test_rollups(targets: dict[str, str], unique: str) -> None:
+    """Nats-Rollup: sub keeps only the new message of its subject, all only the new message of the
+    stream; the removed messages leave holes the stream state counts."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"], "allow_rollup_hdrs": True}
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        for subj in ("a", "a", "b", "c", "a"):
+            await pub(nc, f"{s}.{subj}")
+        steps = [await pub(nc, f"{s}.a", b"roll", {"Nats-Rollup": "sub"})]
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        steps.append((state(info), info["state"].get("subjects"), info["state"].get("num_deleted")))
+        steps.append(await pub(nc, f"{s}.b", b"all", {"Nats-Rollup": "ALL"}))
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        steps.append((state(info), info["state"].get("subjects"), info["state"].get("num_deleted")))
+        return steps
+
+    out = await assert_same(targets, case, unique)
+    assert out[3][0]["messages"] == 1
