@@ -44,6 +44,7 @@ class Gateway:
         self.root = StoreRoot(settings.data_root, settings.storage_options or None)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.api_prefix = f"$JS.{settings.domain}.API."
+        self._kv_prefix = self.api_prefix + "$KV."
         self._api_queue: asyncio.Queue[tuple[list[str], str, bytes]] = asyncio.Queue(API_QUEUE_SIZE)
         self.tasks = TaskOwner()
         self.leaf: LeafConnection | None = None
@@ -165,6 +166,12 @@ class Gateway:
         assert self.publish is not None
         subject = msg.subject
         if subject.startswith(self.api_prefix):
+            if subject.startswith(self._kv_prefix):
+                # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
+                # domain (DESIGN); it is stored under its $KV subject.
+                msg.subject = subject[len(self.api_prefix) :]
+                self.publish.on_publish(msg)
+                return
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
                 self.delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
