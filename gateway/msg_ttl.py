@@ -92,9 +92,10 @@ def go_duration_string(ns: int) -> str:
 class TTLSchedule:
     """Which messages of a stream a ``Nats-TTL`` removes, and when; pure.
 
-    Deadlines sit in a heap keyed by time; an entry names the message by sequence *and* stored time,
-    because a failed commit can hand the same sequence to another message. ``never`` messages are
-    exempt from MaxAge; ``markers`` are the stream's own delete markers, whose removal places none.
+        Deadlines sit in a heap keyed by time; an entry names the message by sequence *and* stored time,
+        because a failed commit can hand the same sequence to another message. ``never`` messages are
+        exempt from MaxAge; ``markers`` are delete markers (the server's, or KV purges), whose expiry
+    places no new marker.
     """
 
     def __init__(self) -> None:

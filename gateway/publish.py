@@ -79,6 +79,8 @@ class PublishPath:
         stream.dedup.record(verdict.msg_id, stored.seq, stored.ts, now, stream.config["duplicate_window"])
         if verdict.ttl:
             stream.ttl.add(stored.seq, stored.ts, verdict.ttl)
+        if verdict.is_marker:
+            stream.ttl.markers.add(stored.seq)
         if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
             stream.purge(subject=msg.subject if verdict.rollup == "sub" else None, keep=1)
         fut = self._submit(stream, stored, reply)

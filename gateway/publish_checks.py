@@ -44,6 +44,8 @@ class Accepted:
     ttl: int = 0
     #: ``"sub"``, ``"all"`` or ``""``.
     rollup: str = ""
+    #: A delete marker (``Nats-Marker-Reason``, or a KV purge): its expiry places no new marker.
+    is_marker: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,12 @@ def _check_headers(
     if ttl > 0 and marker_ttl_s and cfg.get("max_msgs_per_subject") != 1 and ttl < marker_ttl_s:
         ttl = marker_ttl_s
         hdrs = set_header(hdrs, "Nats-TTL", str(ttl))
-    return Accepted(hdrs, msg_id, ttl, rollup)
+    return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
+
+
+def is_delete_marker(h: dict[str, str]) -> bool:
+    """nats-server's ``isSubjectDeleteMarker``: a server marker or a KV purge."""
+    return bool(h.get("Nats-Marker-Reason")) or h.get("KV-Operation") == "PURGE"
 
 
 def set_header(hdrs: bytes | None, key: str, value: str) -> bytes:

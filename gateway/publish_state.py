@@ -13,6 +13,7 @@ from contextlib import suppress
 from typing import Any
 
 from gateway.msg_ttl import InvalidTTL, parse_ttl
+from gateway.publish_checks import is_delete_marker
 from gateway.stream import Stream
 from storage_delta.natsfmt import parse_headers
 
@@ -38,8 +39,8 @@ def replay_headers(stream: Stream, rows: Iterable[tuple[int, int, bytes | None]]
         if ttl:
             with suppress(InvalidTTL):  # cannot be stored: refused at publish
                 stream.ttl.add(seq, ts, parse_ttl(ttl))
-            if "Nats-Marker-Reason" in h:
-                stream.ttl.markers.add(seq)
+        if is_delete_marker(h):
+            stream.ttl.markers.add(seq)
         rollup = h.get("Nats-Rollup", "").lower()
         if rollup in ("sub", "all"):
             stream.purge(subject=stream.subject_of(seq) if rollup == "sub" else None, seq=seq)

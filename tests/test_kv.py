@@ -5,6 +5,7 @@ jetlake through the hub's mapping into the API domain."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
@@ -70,30 +71,25 @@ async def test_kv_put_get_update_delete_purge(targets: dict[str, str], unique: s
     assert out[7]["error"] == "KeyWrongLastSequenceError"
 
 
-async def test_kv_history_keys_watch(targets: dict[str, str], unique: str) -> None:
-    """history, keys and a watch read the bucket through ordered consumers; entries keep their
-    ``$KV…`` subjects."""
+async def test_kv_per_key_ttl_and_limit_markers(targets: dict[str, str], unique: str) -> None:
+    """ADR-48 on ADR-43: create and purge with a TTL, and a bucket with limit_marker_ttl whose
+    expired keys leave a MaxAge marker that get() reports as a missing key."""
 
     async def case(nc: Client, name: str) -> Any:
         js = nc.jetstream()
-        kv = await js.create_key_value(bucket=name, history=3)
-        for i in range(5):
-            await kv.put("h", str(i).encode())
-        await kv.put("k2", b"v")
-        await kv.delete("k2")
-        await kv.put("k3", b"v")
-        history = [entry(e) for e in await kv.history("h")]
-        keys = sorted(await kv.keys())
-        watcher = await kv.watchall()
-        seen = []
-        async for e in watcher:
-            if e is None:
-                break
-            seen.append(entry(e))
-        await kv.put("k4", b"live")
-        live = await watcher.updates(timeout=5)
-        await watcher.stop()
-        return {"history": history, "keys": keys, "initial": seen, "live": entry(live)}
+        kv = await js.create_key_value(bucket=name, history=2, ttl=3, limit_marker_ttl=1)
+        t0 = asyncio.get_running_loop().time()
+        steps: list[Any] = [
+            await attempt(kv.create("short", b"s", msg_ttl=1)),
+            await attempt(kv.put("plain", b"p")),
+            await attempt(kv.purge("plain", msg_ttl=1)),
+        ]
+        await asyncio.sleep(max(0.0, t0 + 1.6 - asyncio.get_running_loop().time()))
+        steps += [await attempt(kv.get("short")), await attempt(kv.get("plain"))]
+        info = await js.stream_info(f"KV_{name}")
+        steps.append({"messages": info.state.messages, "last_seq": info.state.last_seq})
+        steps.append(await attempt(kv.create("short", b"again")))  # over the marker
+        return steps
 
     out = await assert_same(targets, case, unique)
-    assert [e["value"] for e in out["history"]] == ["2", "3", "4"]
+    assert out[3] == {"key": "short", "value": None, "revision": 4, "operation": None}  # the marker
