@@ -76,15 +76,48 @@ def _check_size(cfg: dict[str, Any], hdr_len: int, data: bytes) -> errors.ApiErr
     return None
 
 
+def _check_header_size(hdrs: bytes) -> errors.ApiError | None:
+    return errors.STREAM_HEADER_EXCEEDS_MAXIMUM if len(hdrs) > MAX_HEADER_BYTES else None
+
+
 def _seq_header(value: str) -> int:
     """nats-server reads these as decimal and anything else as a sequence no stream has."""
     return int(value) if value.isdigit() and value.isascii() else -1
 
 
+#: The headers any check reads; a block with none of them is checked for its size only.
+CHECKED = frozenset(
+    {
+        "Nats-Incr",
+        "Nats-Expected-Stream",
+        "Nats-TTL",
+        "Nats-Expected-Last-Subject-Sequence",
+        "Nats-Expected-Last-Subject-Sequence-Subject",
+        "Nats-Expected-Last-Sequence",
+        "Nats-Schedule",
+        "Nats-Msg-Id",
+        "Nats-Expected-Last-Msg-Id",
+        "Nats-Rollup",
+        "Nats-Marker-Reason",
+        "KV-Operation",
+    }
+)
+_ID_ONLY = frozenset({"Nats-Msg-Id"})
+
+
 def _check_headers(
     stream: StreamView, cfg: dict[str, Any], subject: str, hdrs: bytes, data: bytes, now_ns: int
 ) -> Verdict:
+    if b"Nats-" not in hdrs and b"KV-Operation" not in hdrs:  # application headers only
+        return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs)
     h = parse_headers(hdrs)
+    special = CHECKED.intersection(h)
+    if special <= _ID_ONLY:  # the common case of an idempotent producer: a msg id and nothing else
+        msg_id = h.get("Nats-Msg-Id", "")
+        seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"]) if msg_id else None
+        if seq is not None:
+            return Duplicate(seq)
+        return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs, msg_id)
     incr = h.get("Nats-Incr")
     if incr:
         try:
@@ -131,11 +164,9 @@ def _check_headers(
             return errors.STREAM_ROLLUP_FAILED.format(err="rollup not permitted")
         if rollup not in ("sub", "all"):
             return errors.STREAM_ROLLUP_FAILED.format(err=f'rollup value invalid: "{rollup}"')
-    too_big = _check_size(cfg, len(hdrs), data)
+    too_big = _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs)
     if too_big:
         return too_big
-    if len(hdrs) > MAX_HEADER_BYTES:
-        return errors.STREAM_HEADER_EXCEEDS_MAXIMUM
     if ttl_error:
         return errors.MESSAGE_TTL_INVALID
     marker_ttl_s = cfg.get("subject_delete_marker_ttl", 0) // 1_000_000_000
