@@ -33,6 +33,8 @@ class StreamView(Protocol):
 
     def last_seq_for(self, subject: str) -> int: ...
 
+    def last_seq_matching(self, subject: str) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
@@ -140,7 +142,7 @@ def _check_headers(
     subj_seq = h.get("Nats-Expected-Last-Subject-Sequence")
     subj_override = h.get("Nats-Expected-Last-Subject-Sequence-Subject")
     if subj_seq:
-        last = stream.last_seq_for(subj_override or subject)
+        last = stream.last_seq_matching(subj_override) if subj_override else stream.last_seq_for(subject)
         if _seq_header(subj_seq) != last:
             return errors.STREAM_WRONG_LAST_SEQUENCE.format(seq=last)
     elif subj_override:

@@ -65,6 +65,14 @@ EXPECT_STEPS: list[tuple[str, dict[str, str] | None]] = [
         {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.z"},
     ),
     ("a", {"Nats-Expected-Last-Subject-Sequence-Subject": "{s}.b"}),  # subject without sequence: 10193
+    (
+        "a",
+        {"Nats-Expected-Last-Subject-Sequence": "7", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.*"},
+    ),
+    (
+        "a",
+        {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.>"},
+    ),
     ("a", {"Nats-Expected-Last-Msg-Id": "a"}),  # the last message had no id: wrong last msg ID
     ("a", {"Nats-Msg-Id": "m1"}),
     ("a", {"Nats-Expected-Last-Msg-Id": "m1", "Nats-Msg-Id": "m2"}),  # right last id
