@@ -204,13 +204,27 @@ async def test_no_ack_stream_answers_nothing(targets: dict[str, str], unique: st
 
 
 async def test_sealed_stream_refuses_publish(targets: dict[str, str], unique: str) -> None:
-    """A create asking for sealed is refused (sealing is an update); see test_stream_config."""
+    """A create asking for sealed is refused; once an update seals the stream, publishes get 10109
+    (before any header check) and nothing is stored."""
 
     async def case(nc: Client, name: str) -> Any:
-        return await api(nc, f"STREAM.CREATE.{name}", {"name": name, "sealed": True})
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"]}
+        refused = await api(nc, f"STREAM.CREATE.{name}", {**cfg, "sealed": True})
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        first = await pub(nc, f"{s}.a")
+        sealed = await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "sealed": True})
+        return [
+            refused["error"],
+            first,
+            sealed["config"]["sealed"],
+            await pub(nc, f"{s}.a"),
+            await pub(nc, f"{s}.a", b"x", {"Nats-Expected-Stream": "OTHER"}),
+            state(await api(nc, f"STREAM.INFO.{name}")),
+        ]
 
     out = await assert_same(targets, case, unique)
-    assert out["error"]["err_code"] == 10052
+    assert out[3]["error"]["err_code"] == 10109
 
 
 async def test_dedup_window_survives_restart(
