@@ -121,9 +121,10 @@ class StreamApi:
             )
         if raw.get("name", name) != name:
             raise errors.STREAM_MISMATCH
+        req = stream_config.decode(raw)
         stream = self._stream(name)
-        raw["name"] = name
-        cfg = apply_update(stream.config, stream_config.normalize(raw, self.reg.server_version))
+        req["name"] = name
+        cfg = apply_update(stream.config, stream_config.normalize(req, self.reg.server_version))
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
@@ -136,7 +137,6 @@ class StreamApi:
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
         req = load_request(body)
         subject = req.get("subject") or ""
-        offset = max(0, int(req.get("offset") or 0))
         streams = sorted(
             (
                 s
@@ -145,6 +145,7 @@ class StreamApi:
             ),
             key=lambda s: s.name,
         )
+        offset = min(max(0, int(req.get("offset") or 0)), len(streams))
         if names_only:
             page = [s.name for s in streams[offset : offset + NAMES_PAGE]]
             return {
@@ -157,7 +158,7 @@ class StreamApi:
         return {
             "type": T + "stream_list_response",
             "total": len(streams),
-            "offset": min(offset, len(streams)),
+            "offset": offset,
             "limit": LIST_PAGE,
             "streams": [self._listed(s) for s in streams[offset : offset + LIST_PAGE]],
         }
@@ -196,13 +197,18 @@ class StreamApi:
 
     # ---- removals -------------------------------------------------------------------------------
 
-    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+    def _removable(self, name: str, deny: str, refusal: errors.ApiError) -> Stream:
+        """The stream a delete or purge acts on, unless it is sealed or denies the request."""
         stream = self._stream(name)
         if stream.config.get("sealed"):
             raise errors.STREAM_SEALED
-        if stream.config.get("deny_purge"):
-            raise errors.STREAM_PURGE_NOT_PERMITTED
+        if stream.config.get(deny):
+            raise refusal
+        return stream
+
+    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_request(body)
+        stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
             raise errors.BAD_REQUEST
@@ -212,11 +218,8 @@ class StreamApi:
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body)
-        stream = self._stream(name)
-        if stream.config.get("sealed"):
-            raise errors.STREAM_SEALED
-        if stream.config.get("deny_delete"):
-            raise errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
         if seq <= 0:
             raise errors.BAD_REQUEST

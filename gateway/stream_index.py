@@ -129,6 +129,10 @@ class TailCache:
         if msg is not None:
             self._bytes -= msg.nbytes
 
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
+
     def drop_from(self, seq: int) -> None:
         for s in [s for s in self._items if s >= seq]:
             self.drop(s)
