@@ -140,8 +140,10 @@ class Consumer:
         created_ns: int,
         start_after: int = 0,
         skip: list[int] | None = None,
+        name: str | None = None,
     ) -> None:
         self.stream = stream
+        self.name = str(name or config.get("name") or config.get("durable_name"))
         self.config = config
         self.created_ns = created_ns
         self.filters = filters_of(config)
@@ -166,10 +168,6 @@ class Consumer:
         self.paused_until_ns = _pause_ns(config)
 
     # ---- properties ---------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return str(self.config.get("name") or self.config.get("durable_name"))
 
     @property
     def ack_policy(self) -> str:

@@ -72,3 +72,6 @@ CONSUMER_ACK_WAIT_NEGATIVE = ApiError(400, 10183, "consumer ack wait needs to be
 CONSUMER_INVALID_SUBJECT = ApiError(500, 10052, "invalid subject")
 REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
 MAXIMUM_CONSUMERS_LIMIT = ApiError(400, 10026, "maximum consumers limit reached")
+CONSUMER_DURABLE_NAME_NOT_SET = ApiError(
+    400, 10018, "consumer expected to be durable but a durable name was not set"
+)

@@ -50,9 +50,9 @@ class Registry:
         return stream
 
     def install_consumer(
-        self, stream: Stream, config: dict[str, Any], created_ns: int, start_after: int = 0
+        self, stream: Stream, config: dict[str, Any], created_ns: int, name: str, start_after: int = 0
     ) -> Consumer:
-        consumer = Consumer(stream, config, created_ns, start_after)
+        consumer = Consumer(stream, config, created_ns, start_after, name=name)
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
@@ -65,12 +65,17 @@ class Registry:
         return stream
 
     async def add_consumer(
-        self, stream: Stream, config: dict[str, Any], created_ns: int, start_after: int, skip: list[int]
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        name: str,
+        start_after: int,
+        skip: list[int],
     ) -> Consumer:
-        name = config.get("name") or config["durable_name"]
         body = {"config": config, "created": created_ns, "start_after": start_after}
         await self._persist("consumer", stream.name, name, body)
-        consumer = Consumer(stream, config, created_ns, start_after, skip)
+        consumer = Consumer(stream, config, created_ns, start_after, skip, name)
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 

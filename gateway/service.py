@@ -100,6 +100,7 @@ class Gateway:
                     self.registry.streams[entry.stream],
                     entry.body["config"],
                     int(entry.body["created"]),
+                    entry.name,
                     int(entry.body.get("start_after") or 0),
                 )
 
