@@ -65,6 +65,8 @@ async def pull(
     try:
         while len(out) < limit:
             out.append(describe(await sub.next_msg(timeout=wait)))
+            if out[-1][0] == "status" and out[-1][1] != "100":
+                break  # the request is over
     except TimeoutError:
         out.append("quiet")
     await sub.unsubscribe()
@@ -97,5 +99,7 @@ async def same(targets: dict[str, str], case: Any, name: str) -> Any:
     """``assert_same`` that names each differing field when the servers disagree."""
     results = await run_case(targets, case, name)
     differences = _diff(results["jetstream"], results["jetlake"])
+    if differences:
+        print(json.dumps(results, indent=1, default=str))
     assert not differences, "\n".join(differences)
     return results["jetstream"]
