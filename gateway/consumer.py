@@ -229,8 +229,8 @@ class Consumer:
         return len(self._redelivered)
 
     def forget(self, seq: int, subject: str) -> None:
-        """The stream removed a message (limits, delete, retention): it is no longer pending."""
-        self._catch_up()
+        """The stream removed a message (limits, delete, retention): if it was counted as still
+        to come, it no longer is. (Not counted yet: the catch-up will find it gone.)"""
         if self.sseq < seq <= self._counted and self.matches(subject):
             self._npc -= 1
 

@@ -156,7 +156,7 @@ def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
         cfg["opt_start_time"] = raw["opt_start_time"]
     filters = _check_filters(raw)
     if int(raw.get("num_replicas") or 0) > 1:
-        raise errors.REPLICAS_NOT_SUPPORTED
+        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
     if push and any(c in raw["deliver_subject"] for c in "*>"):
         raise errors.CONSUMER_DELIVER_WILDCARDS
     if push and int(raw.get("max_waiting") or 0) > 0:

@@ -23,11 +23,13 @@ class Registry:
         executor: Executor,
         tail_cache_bytes: int,
         on_stream_added: Callable[[Stream], None],
+        on_subjects_changed: Callable[[list[str], list[str]], None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
         self._on_stream_added = on_stream_added
+        self._on_subjects_changed = on_subjects_changed
         self.streams: dict[str, Stream] = {}
         self.consumers: dict[str, dict[str, Consumer]] = {}
         self.server_version = "2.15.1"
@@ -46,7 +48,13 @@ class Registry:
     def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self.consumers.setdefault(stream.name, {})
+        consumers = self.consumers.setdefault(stream.name, {})
+
+        def removed(seq: int, subject: str) -> None:
+            for consumer in consumers.values():
+                consumer.forget(seq, subject)
+
+        stream.on_removed = removed
         return stream
 
     def install_consumer(
@@ -95,6 +103,28 @@ class Registry:
         del by_name[consumer.name]
         self.on_consumer_removed(consumer)
         return True
+
+    async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
+        """Store a stream's new config, then make it the live one (subjects re-routed)."""
+        await self._persist(
+            "stream", stream.name, stream.name, {"config": config, "created": stream.created_ns}
+        )
+        old = stream.subjects
+        stream.config = config
+        if self._on_subjects_changed is not None and old != stream.subjects:
+            self._on_subjects_changed(old, stream.subjects)
+
+    async def remove_stream(self, stream: Stream) -> None:
+        """End a stream (and its consumers) durably; its messages stay in storage until Spark
+        removes them, invisible to a stream created later under the same name (docs/storage.md)."""
+        for name in list(self.consumers.get(stream.name, {})):
+            await self._persist("consumer", stream.name, name, None)
+        await self._persist("stream", stream.name, stream.name, None)
+        del self.streams[stream.name]
+        for gone in self.consumers.pop(stream.name, {}).values():
+            self.on_consumer_removed(gone)
+        if self._on_subjects_changed is not None:
+            self._on_subjects_changed(stream.subjects, [])
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""
