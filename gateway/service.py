@@ -12,8 +12,11 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway import advisories
 from gateway.api import Api, split_api_subject
 from gateway.apicommon import RawReply
+from gateway.coldread import ColdReader
+from gateway.consumer import Consumer
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
@@ -54,6 +57,7 @@ class Gateway:
         self.delivery: Delivery | None = None
         self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
+        self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
         self.started = False
 
@@ -84,7 +88,8 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks)
+        self.delivery = Delivery(self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer)
+        self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
@@ -123,7 +128,11 @@ class Gateway:
                 stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 self.registry.install_consumer(
-                    self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
+                    self.registry.streams[entry.stream],
+                    entry.body["config"],
+                    int(entry.body["created"]),
+                    entry.name,
+                    int(entry.body.get("start_after") or 0),
                 )
 
     async def _recover_publish_state(self, stream: Stream) -> None:
@@ -191,7 +200,12 @@ class Gateway:
         assert self.leaf is not None
         assert self.recorder is not None
         loader = MessageLoader(self.reader, self.executor)
-        api = Api(self.registry, StreamApi(self.registry, loader, self.recorder))
+        api = Api(
+            self.registry,
+            StreamApi(self.registry, loader, self.recorder),
+            self.cold.first_seq_at,
+            self._publish_event,
+        )
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -210,6 +224,18 @@ class Gateway:
             if "error" in answer:
                 self.registry.api_errors += 1
             self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        if self.leaf is not None:
+            self.leaf.publish(event[0], event[1])
+
+    async def _expire_consumer(self, consumer: Consumer) -> None:
+        """A consumer past its ``inactive_threshold`` goes, as on the real server."""
+        assert self.registry is not None
+        if await self.registry.remove_consumer(consumer):
+            self._publish_event(
+                advisories.consumer_action(consumer.stream.name, consumer.name, "delete", time.time_ns())
+            )
 
     def _stream_added(self, stream: Stream) -> None:
         self._subjects_changed([], stream.subjects)

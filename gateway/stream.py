@@ -10,6 +10,7 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,8 @@ class Stream:
         self._subject_counts: dict[int, int] = {}
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
+        #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
+        self.on_removed: Callable[[int, str], None] | None = None
 
     @property
     def name(self) -> str:
@@ -318,6 +321,8 @@ class Stream:
         idx.sid[i] = 0
         self._uncount(sid, idx.size[i])
         self.tail.drop(seq)
+        if self.on_removed is not None:
+            self.on_removed(seq, self._subject_names[sid])
         return sid
 
     def _uncount(self, sid: int, size: int) -> None:
