@@ -93,3 +93,32 @@ async def test_kv_per_key_ttl_and_limit_markers(targets: dict[str, str], unique:
 
     out = await assert_same(targets, case, unique)
     assert out[3] == {"key": "short", "value": None, "revision": 4, "operation": None}  # the marker
+
+
+async def test_kv_history_keys_watch(targets: dict[str, str], unique: str) -> None:
+    """history, keys and a watch read the bucket through ordered consumers; entries keep their
+    ``$KV…`` subjects."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket=name, history=3)
+        for i in range(5):
+            await kv.put("h", str(i).encode())
+        await kv.put("k2", b"v")
+        await kv.delete("k2")
+        await kv.put("k3", b"v")
+        history = [entry(e) for e in await kv.history("h")]
+        keys = sorted(await kv.keys())
+        watcher = await kv.watchall()
+        seen = []
+        async for e in watcher:
+            if e is None:
+                break
+            seen.append(entry(e))
+        await kv.put("k4", b"live")
+        live = await watcher.updates(timeout=5)
+        await watcher.stop()
+        return {"history": history, "keys": keys, "initial": seen, "live": entry(live)}
+
+    out = await assert_same(targets, case, unique)
+    assert [e["value"] for e in out["history"]] == ["2", "3", "4"]
