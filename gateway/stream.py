@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.dedup import DedupWindow
+from gateway.msg_ttl import TTLSchedule
 from gateway.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
@@ -85,6 +86,10 @@ class Stream:
         self.durable_last_seq = 0
         self.tail = TailCache(tail_cache_bytes)
         self.dedup = DedupWindow()
+        self.ttl = TTLSchedule()
+        #: Subjects whose last message MaxAge or a TTL removed, waiting for a delete marker (ADR-43);
+        #: the publish path stores the markers.
+        self.markers_due: list[str] = []
         first_seq = int(config.get("first_seq") or 0)
         if first_seq > 1:  # the first publish gets ``first_seq``
             self.state.first_seq = first_seq
@@ -231,16 +236,43 @@ class Stream:
             self.remove(st.first_seq)
 
     def expire(self, now_ns: int) -> int:
-        """Remove what MaxAge has expired; the number removed."""
+        """Remove what per-message TTLs and MaxAge have expired; the number removed. Messages with
+        ``Nats-TTL: never`` outlive MaxAge; every other TTL is bounded by it."""
+        n = 0
+        for seq, ts in self.ttl.due(now_ns):
+            if self.is_live(seq) and self._index.ts[seq - self._index.base] == ts:
+                n += self._expire_one(seq)
         max_age = self.limits.max_age
         if not max_age:
-            return 0
+            return n
         cutoff = now_ns - max_age
-        n = 0
-        while self.state.messages and self.state.first_ts <= cutoff:
-            self.remove(self.state.first_seq)
-            n += 1
+        st = self.state
+        if not self.ttl.never:
+            while st.messages and st.first_ts <= cutoff:
+                n += self._expire_one(st.first_seq)
+            return n
+        seq = st.first_seq
+        while st.messages and seq < self._index.end:
+            idx = self._index
+            i = seq - idx.base
+            if idx.sid[i]:
+                if idx.ts[i] > cutoff:
+                    break
+                if seq not in self.ttl.never:
+                    n += self._expire_one(seq)
+            seq += 1
         return n
+
+    def _expire_one(self, seq: int) -> int:
+        """Remove a message whose time ran out; a subject left empty gets a delete marker when
+        ``subject_delete_marker_ttl`` asks for them (but a marker's own expiry places none)."""
+        subject = self.subject_of(seq)
+        self.remove(seq)
+        if seq in self.ttl.markers:
+            self.ttl.markers.discard(seq)
+        elif subject and self.config.get("subject_delete_marker_ttl") and not self.last_seq_for(subject):
+            self.markers_due.append(subject)
+        return 1
 
     def next_expiry_ns(self) -> int | None:
         """When the oldest message expires under MaxAge, None when nothing will."""
@@ -558,6 +590,7 @@ class Stream:
         st.last_seq = min(st.last_seq, max(self.durable_last_seq, 0))
         self.tail.drop_from(st.last_seq + 1)
         self.dedup.forget_after(st.last_seq)
+        self.ttl.forget_after(st.last_seq)
         self._removed = [r for r in self._removed if r[0] <= self.durable_last_seq]
         for r in self._removed:
             r[1] = min(r[1], self.durable_last_seq)
