@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import consumer_api, errors, stream_api
-from gateway.apicommon import RawReply, T
-from gateway.consumer_api import ConsumerApi, Publish, SeqAtTime
+from gateway.apicommon import Publish, RawReply, T
+from gateway.consumer_api import ConsumerApi, SeqAtTime
 from gateway.registry import Registry
 from gateway.stream_api import StreamApi
 

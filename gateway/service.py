@@ -201,7 +201,7 @@ class Gateway:
         loader = MessageLoader(self.reader, self.executor)
         api = Api(
             self.registry,
-            StreamApi(self.registry, loader, self.recorder),
+            StreamApi(self.registry, loader, self.recorder, self._publish_event),
             self.cold.first_seq_at,
             self._publish_event,
         )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from gateway import errors, stream_config
-from gateway.apicommon import NAMES_PAGE, RawReply, T, load_request
+from gateway import advisories, errors, stream_config
+from gateway.apicommon import NAMES_PAGE, Publish, RawReply, T, load_request
 from gateway.direct_get import DirectGet, find_seq
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
@@ -46,10 +46,13 @@ SUBJECT_DETAILS_LIMIT = 100_000
 
 
 class StreamApi:
-    def __init__(self, registry: Registry, loader: MessageLoader, recorder: RemovalRecorder) -> None:
+    def __init__(
+        self, registry: Registry, loader: MessageLoader, recorder: RemovalRecorder, publish: Publish
+    ) -> None:
         self.reg = registry
         self.loader = loader
         self.recorder = recorder
+        self.publish = publish
         self.direct = DirectGet(registry, loader)
 
     async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
@@ -105,6 +108,7 @@ class StreamApi:
         else:
             self._check_overlap(cfg)
             stream = await self.reg.add_stream(cfg, now_ns())
+            self.publish(advisories.stream_action(name, "create", now_ns()))
         return {
             "type": T + "stream_create_response",
             **self._stream_body(stream),
@@ -126,10 +130,12 @@ class StreamApi:
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
+        self.publish(advisories.stream_action(name, "modify", now_ns()))
         return {"type": T + "stream_update_response", **self._stream_body(stream)}
 
     async def stream_delete(self, name: str, body: bytes) -> dict[str, Any]:
         await self.reg.remove_stream(self._stream(name))
+        self.publish(advisories.stream_action(name, "delete", now_ns()))
         return {"type": T + "stream_delete_response", "success": True}
 
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:

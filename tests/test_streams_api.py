@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import NoRespondersError, TimeoutError
 
 from tests.differential import assert_same
 from tests.streams_script import run_script
@@ -295,5 +295,33 @@ async def test_direct_get_batch_and_multi_last(targets: dict[str, str], unique: 
                     break
             out.append(got)
         return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_stream_advisories(targets: dict[str, str], unique: str) -> None:
+    """STREAM.CREATED, UPDATED and DELETED advisories, and none for a repeated create or a refused
+    update."""
+
+    async def case(nc: Client, name: str) -> Any:
+        sub = await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{name}")
+        config = {"name": name, "subjects": [f"{name.lower()}.>"]}
+        await api(nc, f"STREAM.CREATE.{name}", config)
+        await api(nc, f"STREAM.CREATE.{name}", config)
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "storage": "memory"})
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "max_msgs": 3})
+        await api(nc, f"STREAM.DELETE.{name}")
+        events = []
+        for _ in range(3):
+            msg = await sub.next_msg(timeout=3)
+            body = json.loads(msg.data)
+            events.append((msg.subject, body["type"], body["stream"], body["action"], sorted(body)))
+        try:
+            extra = await sub.next_msg(timeout=0.5)
+            events.append(extra.subject)
+        except TimeoutError:
+            events.append("no more")
+        return events
 
     await assert_same(targets, case, unique)
