@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 
 from gateway import errors
+from gateway.headers import status_block
 from gateway.leaf import LeafConnection
 from gateway.msg_ttl import go_duration_string
 from gateway.protocol import Msg
@@ -25,6 +26,7 @@ from storage_delta.writer import GroupCommitWriter, StoredMessage, WriterClosed,
 
 ROUTE_CACHE_SIZE = 100_000
 MARKER_TICK_S = 0.05
+NO_RESPONDERS = status_block(503, "")
 
 
 class PublishPath:
@@ -69,6 +71,16 @@ class PublishPath:
             self._duplicate(stream, verdict.seq, reply)
         elif isinstance(verdict, errors.ApiError):
             self._reply_error(reply, stream, verdict)
+
+    def on_kv_publish(self, msg: Msg) -> None:
+        """A ``$KV`` publish, which reaches the gateway through the API domain mapping whether or
+        not a bucket captures it: without one, the requester gets the no-responders status the
+        hub would have sent (nats-py: ``NoStreamResponseError``)."""
+        if self.route(msg.subject) is None:
+            if msg.reply:
+                self.leaf.publish(msg.reply, b"", hdrs=NO_RESPONDERS)
+            return
+        self.on_publish(msg)
 
     def _store(self, stream: Stream, msg: Msg, verdict: Accepted, reply: str, now: int) -> None:
         try:

@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError
 
@@ -277,3 +278,34 @@ async def test_rollups(targets: dict[str, str], unique: str) -> None:
 
     out = await assert_same(targets, case, unique)
     assert out[3][0]["messages"] == 1
+
+
+@pytest.mark.slow
+async def test_rollup_survives_kill_9(reference: ReferenceJetStream, jetlake: Jetlake, unique: str) -> None:
+    """A rollup's purge is replayed from the stored headers on start: killing the gateway right
+    after the PubAck (before the removal log has it) changes no answer."""
+
+    async def before(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(
+            nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "allow_rollup_hdrs": True}
+        )
+        for subj in ("a", "a", "b", "a"):
+            await pub(nc, f"{s}.{subj}")
+        return [
+            await pub(nc, f"{s}.a", b"roll", {"Nats-Rollup": "sub"}),
+            await pub(nc, f"{s}.c", b"all", {"Nats-Rollup": "all"}),
+        ]
+
+    async def after(nc: Client, name: str) -> Any:
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        return (state(info), info["state"].get("subjects"), info["state"].get("num_deleted"))
+
+    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
+    first = await run_case(targets, before, unique)
+    await asyncio.to_thread(jetlake.kill_gateway)
+    await asyncio.to_thread(jetlake.start_gateway)
+    second = await run_case(targets, after, unique)
+    assert first["jetlake"] == first["jetstream"]
+    assert second["jetlake"] == second["jetstream"]
+    assert second["jetstream"][0]["messages"] == 1

@@ -154,3 +154,20 @@ async def test_ttl_survives_restart(reference: ReferenceJetStream, jetlake: Jetl
     assert first["jetlake"] == first["jetstream"]
     assert second["jetlake"] == second["jetstream"]
     assert [m[1] for m in second["jetstream"]] == [f"{unique.lower()}.b", f"{unique.lower()}.c"]
+
+
+async def test_no_markers_from_delete_and_purge(targets: dict[str, str], unique: str) -> None:
+    """ADR-43 plans Remove and Purge markers for the delete and purge APIs; 2.15.1 places none."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"], "subject_delete_marker_ttl": S}
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        for subj in ("a", "b", "c"):
+            await pub(nc, f"{s}.{subj}")
+        deleted = await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 1})
+        purged = await api(nc, f"STREAM.PURGE.{name}", {"filter": f"{s}.b"})
+        return [deleted, purged, state(await api(nc, f"STREAM.INFO.{name}")), await messages(nc, name)]
+
+    out = await assert_same(targets, case, unique)
+    assert out[2]["messages"] == 1
