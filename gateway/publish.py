@@ -93,11 +93,11 @@ class PublishPath:
             stream.ttl.add(stored.seq, stored.ts, verdict.ttl)
         if verdict.is_marker:
             stream.ttl.markers.add(stored.seq)
-        if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
-            stream.purge(subject=msg.subject if verdict.rollup == "sub" else None, keep=1)
         fut = self._submit(stream, stored, reply)
         if fut is None:
             return
+        if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
+            stream.purge(subject=msg.subject if verdict.rollup == "sub" else None, keep=1)
         if verdict.msg_id:
             key = (stream.name, stored.seq)
             self._inflight_ids[key] = fut
