@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError
 
-from tests.differential import assert_same, run_case
+from tests.differential import assert_same, assert_same_across_restart
 from tests.harness import Jetlake, ReferenceJetStream
 
 
@@ -248,14 +248,8 @@ async def test_dedup_window_survives_restart(
             state(await api(nc, f"STREAM.INFO.{name}")),
         ]
 
-    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
-    first = await run_case(targets, before, unique)
-    await asyncio.to_thread(jetlake.stop_gateway)
-    await asyncio.to_thread(jetlake.start_gateway)
-    second = await run_case(targets, after, unique)
-    assert first["jetlake"] == first["jetstream"]
-    assert second["jetlake"] == second["jetstream"]
-    assert second["jetstream"][0] == {"stream": unique, "seq": 1, "duplicate": True}
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=False)
+    assert second[0] == {"stream": unique, "seq": 1, "duplicate": True}
 
 
 async def test_rollups(targets: dict[str, str], unique: str) -> None:
@@ -301,11 +295,5 @@ async def test_rollup_survives_kill_9(reference: ReferenceJetStream, jetlake: Je
         info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
         return (state(info), info["state"].get("subjects"), info["state"].get("num_deleted"))
 
-    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
-    first = await run_case(targets, before, unique)
-    await asyncio.to_thread(jetlake.kill_gateway)
-    await asyncio.to_thread(jetlake.start_gateway)
-    second = await run_case(targets, after, unique)
-    assert first["jetlake"] == first["jetstream"]
-    assert second["jetlake"] == second["jetstream"]
-    assert second["jetstream"][0]["messages"] == 1
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=True)
+    assert second[0]["messages"] == 1
