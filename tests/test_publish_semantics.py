@@ -86,6 +86,14 @@ EXPECT_STEPS: list[tuple[str, dict[str, str] | None]] = [
     ("a", {"Nats-TTL": "bogus"}),  # an unparsable TTL is only checked later: 10165
     ("a", {"Nats-Incr": "1"}),  # counters are off: 10168
     ("a", {"Nats-Incr": "x"}),  # 10171
+    ("a", {"Nats-Schedule": "@at 2030-01-01T00:00:00Z"}),  # schedules are off: 10188
+    ("a", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "{s}.sched"}),  # 10188
+    ("a", {"Nats-Schedule-Next": "later"}),  # only a purge: 10212
+    ("a", {"Nats-Scheduler": "{s}.sched"}),  # only with Schedule-Next: 10212
+    ("a", {"Nats-Stream-Source": "X"}),  # only sourced messages carry it: 10227
+    ("a", {"Nats-Batch-Id": "b1", "Nats-Batch-Sequence": "1"}),  # atomic batches are off: 10174
+    ("a", {"Nats-Batch-Id": "b1", "Nats-Expected-Stream": "OTHER"}),  # batch refusal comes first
+    ("a", {"Nats-Required-Api-Level": "9"}),  # ignored on a publish
     ("a", {"Nats-Expected-Stream": "OTHER", "Nats-Expected-Last-Sequence": "1"}),  # stream first
     ("a", {"Nats-Expected-Last-Sequence": "1", "Nats-Expected-Last-Subject-Sequence": "1"}),
 ]
