@@ -4,6 +4,8 @@ sequence, hand it to the group-commit writer, and send the PubAck only once its 
 A duplicate (``Nats-Msg-Id`` seen within the window) stores nothing; its PubAck names the original
 sequence, and if the original is still in flight it waits for that commit, so no client is told of
 a sequence that a failed commit could take back. ``no_ack`` streams answer nothing, errors included.
+A ``Nats-TTL`` enters the stream's TTL schedule, a ``Nats-Rollup`` purges once the writer has the
+message, and the delete markers expiry asks for (ADR-43) are stored here by ``marker_ticker``.
 """
 
 from __future__ import annotations
