@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gateway import advisories
 from gateway.api import Api, split_api_subject
-from gateway.apicommon import RawReply
 from gateway.coldread import ColdReader
 from gateway.consumer import Consumer
 from gateway.delivery import Delivery
@@ -202,7 +201,7 @@ class Gateway:
         loader = MessageLoader(self.reader, self.executor)
         api = Api(
             self.registry,
-            StreamApi(self.registry, loader, self.recorder),
+            StreamApi(self.registry, loader, self.recorder, self._publish_event),
             self.cold.first_seq_at,
             self._publish_event,
         )
@@ -217,8 +216,9 @@ class Gateway:
                 continue
             if not reply:
                 continue
-            if isinstance(answer, RawReply):
-                self.leaf.publish(reply, answer.data, hdrs=answer.hdrs)
+            if isinstance(answer, list):
+                for raw in answer:
+                    self.leaf.publish(reply, raw.data, hdrs=raw.hdrs or None)
                 continue
             self.registry.api_total += 1
             if "error" in answer:

@@ -100,6 +100,7 @@ class Stream:
         self._subject_names: list[str] = [""]
         self._subject_ids: dict[str, int] = {}
         self._subject_counts: dict[int, int] = {}
+        self._free_sids: list[int] = []  # ids of subjects with no message left, for reuse
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
         #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
@@ -134,8 +135,12 @@ class Stream:
     def _subject_id(self, subject: str) -> int:
         sid = self._subject_ids.get(subject)
         if sid is None:
-            sid = len(self._subject_names)
-            self._subject_names.append(subject)
+            if self._free_sids:
+                sid = self._free_sids.pop()
+                self._subject_names[sid] = subject
+            else:
+                sid = len(self._subject_names)
+                self._subject_names.append(subject)
             self._subject_ids[subject] = sid
         return sid
 
@@ -319,10 +324,11 @@ class Stream:
         i = seq - idx.base
         sid = idx.sid[i]
         idx.sid[i] = 0
+        subject = self._subject_names[sid]  # before un-counting may give the id back
         self._uncount(sid, idx.size[i])
         self.tail.drop(seq)
         if self.on_removed is not None:
-            self.on_removed(seq, self._subject_names[sid])
+            self.on_removed(seq, subject)
         return sid
 
     def _uncount(self, sid: int, size: int) -> None:
@@ -334,8 +340,16 @@ class Stream:
         if left:
             self._subject_counts[sid] = left
         else:
-            del self._subject_counts[sid]
-            del self._by_subject[sid]
+            self._forget_subject(sid)
+
+    def _forget_subject(self, sid: int) -> None:
+        """A subject without messages gives its id back: no live sequence refers to it any more
+        (holes are id 0), so streams with ever-new subjects (ids, keys) keep memory bounded."""
+        del self._subject_counts[sid]
+        del self._by_subject[sid]
+        del self._subject_ids[self._subject_names[sid]]
+        self._subject_names[sid] = ""
+        self._free_sids.append(sid)
 
     def _advance_first(self) -> None:
         st, idx = self.state, self._index
@@ -406,13 +420,18 @@ class Stream:
         start = st.first_seq or 1
         if below > start:
             self._record(start, below - 1)
-        if below > st.last_seq:  # everything goes: no need to visit each message
+        if below > st.last_seq:  # everything goes: no need to un-count each message
             n = st.messages
+            if self.on_removed is not None:
+                names = self._subject_names
+                for s in range(max(start, idx.base), idx.end):
+                    if idx.subject_id(s):
+                        self.on_removed(s, names[idx.subject_id(s)])
             st.last_seq = max(st.last_seq, below - 1)
             self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
             st.messages = st.bytes = 0
-            self._subject_counts.clear()
-            self._by_subject.clear()
+            for sid in list(self._subject_counts):
+                self._forget_subject(sid)
             self.tail.clear()
             self._advance_first()
             return n
@@ -463,13 +482,21 @@ class Stream:
             return seq if self.state.messages else None
         return max(self.last_per_subject(filters), default=None)
 
-    def last_per_subject(self, filters: list[str]) -> list[int]:
-        """The newest live sequence of each subject the filters match (every subject without
-        filters), ascending (``deliver_policy: last_per_subject``, KV watch)."""
+    def last_per_subject(self, filters: list[str], upto: int | None = None) -> list[int]:
+        """The newest live sequence at or below ``upto`` (default: all) of each subject the filters
+        match (every subject without filters), ascending (``last_per_subject``, KV watch,
+        DIRECT.GET ``multi_last``)."""
         sids = (
             set(self._subject_counts) if not filters else {s for f in filters for s in self._matching_sids(f)}
         )
-        return sorted(self.last_seq_for(self._subject_names[sid]) for sid in sids)
+        found = []
+        for sid in sids:
+            seqs = self._live_seqs(sid)
+            if seqs is not None:
+                seq = seqs.newest() if upto is None else seqs.last_at_or_below(upto, self._index, sid)
+                if seq:
+                    found.append(seq)
+        return sorted(found)
 
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the

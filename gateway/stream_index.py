@@ -8,7 +8,7 @@ hole (subject id 0); a prefix of holes is cut off in halves so each removal cost
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 from storage_delta.writer import StoredMessage
@@ -98,6 +98,15 @@ class SubjectSeqs:
             if live.subject_id(self.seqs[i]) == sid:
                 return self.seqs[i]
             i += 1
+        return 0
+
+    def last_at_or_below(self, upto: int, live: SeqIndex, sid: int) -> int:
+        """The newest live sequence of this subject at or below ``upto``, 0 when none."""
+        i = bisect_right(self.seqs, upto, self.head) - 1
+        while i >= self.head:
+            if live.subject_id(self.seqs[i]) == sid:
+                return self.seqs[i]
+            i -= 1
         return 0
 
     def live_upto(self, upto: int, live: SeqIndex, sid: int) -> list[int]:
