@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from gateway import acks, advisories
+from gateway import acks, advisories, retention
 from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
@@ -82,6 +82,7 @@ class Delivery:
         self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
         self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
         self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
+        self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
         return self.registry.consumers.get(stream, {}).get(name)
@@ -121,7 +122,14 @@ class Delivery:
     # ---- serving ------------------------------------------------------------------------------
 
     def kick_stream(self, stream: Stream) -> None:
-        for consumer in self.registry.consumers.get(stream.name, {}).values():
+        """New messages are stored: interest streams drop what nobody wants, consumers serve."""
+        consumers = self.registry.consumers.get(stream.name, {})
+        key = (stream.name, stream.created_ns)
+        swept = self._swept.get(key, stream.state.first_seq - 1)
+        if swept < stream.durable_last_seq:
+            retention.sweep_unwanted(stream, consumers.values(), swept + 1, stream.durable_last_seq)
+            self._swept[key] = stream.durable_last_seq
+        for consumer in consumers.values():
             if len(consumer.waiting) or consumer.is_push:
                 self.kick(consumer)
 
@@ -297,6 +305,7 @@ class Delivery:
             return  # nobody listens on a deleted consumer's acks, as on the real server
         now = now_ns()
         stream, name = token.stream, token.consumer
+        floor = consumer.ack_floor_sseq
         if kind.kind in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
             rate = advisories.sample_rate(consumer.config.get("sample_freq"))
@@ -320,6 +329,9 @@ class Delivery:
                 )
         elif kind.kind == "wpi":
             consumer.progress(token.seq, now)
+        if kind.kind in ("ack", "next", "term"):
+            acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
+            retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
         if kind.kind == "next":
             if reply:
                 self.pull_request(stream, name, reply, kind.next_request)
