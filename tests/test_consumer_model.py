@@ -97,15 +97,8 @@ def test_num_pending_is_incremental_and_exact() -> None:
         {"deliver_policy": "by_start_sequence", "opt_start_seq": 30},
     ):
         stream = _stream(20)
-        consumers = {}
         c = _consumer(stream, **cfg)
-        consumers["c"] = c
-
-        def removed(seq: int, subject: str) -> None:
-            for x in consumers.values():
-                x.forget(seq, subject)
-
-        stream.on_removed = removed
+        stream.on_removed = c.forget
         for i in range(400):
             op = rng.random()
             if op < 0.35:
