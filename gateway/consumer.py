@@ -231,10 +231,15 @@ class Consumer:
     def num_redelivered(self) -> int:
         return len(self._redelivered)
 
+    def has_acked(self, seq: int) -> bool:
+        """Whether this consumer is done with ``seq`` (passed it and holds no pending ack for it);
+        what interest and work-queue retention ask."""
+        return seq <= self.sseq and seq not in self.pending and seq not in self._skip
+
     def forget(self, seq: int, subject: str) -> None:
         """The stream removed a message (limits, delete, retention): if it was counted as still
         to come, it no longer is. (Not counted yet: the catch-up will find it gone.)"""
-        if self.sseq < seq <= self._counted and self.matches(subject):
+        if max(self.sseq, self._resume) < seq <= self._counted and self.matches(subject):
             self._npc -= 1
 
     # ---- delivery -----------------------------------------------------------------------------

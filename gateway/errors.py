@@ -96,6 +96,9 @@ MESSAGE_TTL_DISABLED = ApiError(400, 10166, "per-message TTL is disabled")
 MESSAGE_INCR_DISABLED = ApiError(400, 10168, "message counters is disabled")
 MESSAGE_INCR_INVALID = ApiError(400, 10171, "message counter increment is invalid")
 MESSAGE_SCHEDULES_DISABLED = ApiError(400, 10188, "message schedules is disabled")
+MESSAGE_SCHEDULES_SCHEDULER_INVALID = ApiError(400, 10212, "message schedules invalid scheduler")
+MESSAGE_SOURCE_HEADER_NOT_ALLOWED = ApiError(400, 10227, "message stream source header is not allowed")
+ATOMIC_PUBLISH_DISABLED = ApiError(400, 10174, "atomic publish is disabled")
 MIRROR_WITH_FIRST_SEQ = ApiError(400, 10143, "stream mirrors can not have first sequence configured")
 MIRROR_WITH_SOURCES = ApiError(400, 10031, "stream mirrors can not also contain other sources")
 BAD_REQUEST = ApiError(400, 10003, "bad request")
@@ -103,3 +106,12 @@ NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")
 SEQUENCE_NOT_FOUND = ApiError(400, 10043, "sequence {seq} not found")
 STREAM_MSG_DELETE_FAILED = ApiError(500, 10057, "{err}")
 STREAM_PURGE_NOT_PERMITTED = ApiError(500, 10110, "stream purge not permitted")
+CONSUMER_WQ_PULL_EXPLICIT = ApiError(
+    400, 10084, "consumer in pull mode requires explicit ack policy on workqueue stream"
+)
+CONSUMER_WQ_EXPLICIT = ApiError(400, 10098, "workqueue stream requires explicit ack")
+CONSUMER_WQ_DELIVER_ALL = ApiError(400, 10101, "consumer must be deliver all on workqueue stream")
+CONSUMER_WQ_MULTIPLE_UNFILTERED = ApiError(
+    400, 10099, "multiple non-filtered consumers not allowed on workqueue stream"
+)
+CONSUMER_WQ_NOT_UNIQUE = ApiError(400, 10100, "filtered consumer not unique on workqueue stream")
