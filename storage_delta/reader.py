@@ -164,6 +164,20 @@ class MessageReader:
             )
         )
 
+    def scan_headers_since(self, stream: str, since_ts: int) -> list[tuple[int, int, bytes | None]]:
+        """(seq, ts, header block) of a stream's messages stored at or after ``since_ts``, in
+        sequence order: the gateway rebuilds its ``Nats-Msg-Id`` duplicate window from them."""
+        files = [f for f in self.stream_files(stream) if f.max_ts >= since_ts]
+        table = self._read(files, ["seq", "ts", "hdrs"], ds.field("ts") >= since_ts).sort_by("seq")
+        return list(
+            zip(
+                table.column("seq").to_pylist(),
+                table.column("ts").to_pylist(),
+                table.column("hdrs").to_pylist(),
+                strict=True,
+            )
+        )
+
 
 def _files_by_stream(dt: DeltaTable) -> dict[str, list[DataFile]]:
     adds = pa.table(dt.get_add_actions(flatten=True))
