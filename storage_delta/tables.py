@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -182,9 +182,13 @@ def commit_adds(
     schema: pa.Schema,
     partition_by: list[str],
     txn: tuple[str, int] | None = None,
+    mode: Literal["append", "overwrite"] = "append",
 ) -> None:
     """Commit ``add`` (and ``remove``) actions as one Delta version, tagged with an app transaction
     when given.
+
+    ``overwrite`` also removes every file of the handle's snapshot (and only those: files another
+    writer appended since stay), which is how a rewrite of what was read commits.
 
     A lost race surfaces as :class:`CommitConflict`; the caller decides whether the commit landed by
     reading the txn marker (a commit can report an error and still land, delta-rs #2509).
@@ -195,7 +199,7 @@ def commit_adds(
     try:
         dt.create_write_transaction(
             actions,
-            mode="append",
+            mode=mode,
             schema=schema,
             partition_by=partition_by or None,
             commit_properties=props,
