@@ -322,3 +322,18 @@ async def test_first_seq(targets: dict[str, str], unique: str) -> None:
 
     out = await assert_same(targets, case, unique)
     assert out[1][0]["seq"] == 100
+
+
+async def test_concurrent_expected_last_sequence(targets: dict[str, str], unique: str) -> None:
+    """Publishes racing on one Nats-Expected-Last-Sequence: the first wins, the others see its
+    sequence although its commit may still be in flight."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"]})
+        hdrs = {"Nats-Expected-Last-Sequence": "0"}
+        answers = await asyncio.gather(*[pub(nc, f"{s}.a", b"x", hdrs) for _ in range(30)])
+        return sorted(json.dumps(a, sort_keys=True) for a in answers)
+
+    out = await assert_same(targets, case, unique)
+    assert sum(1 for a in out if '"seq": 1' in a) == 1
