@@ -9,19 +9,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway import advisories
 from gateway.api import Api, split_api_subject
+from gateway.coldread import ColdReader
+from gateway.consumer import Consumer
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
+from gateway.loader import MessageLoader
 from gateway.protocol import Msg
 from gateway.publish import PublishPath
+from gateway.publish_state import needs_full_scan, replay_headers
 from gateway.registry import Registry
+from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
 from gateway.stream import Stream
+from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
+from gateway.timefmt import now_ns
 from storage_delta.catalog import CatalogTable
 from storage_delta.reader import MessageReader
+from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import GroupCommitWriter, MessageTable
 
@@ -36,6 +46,7 @@ class Gateway:
         self.root = StoreRoot(settings.data_root, settings.storage_options or None)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.api_prefix = f"$JS.{settings.domain}.API."
+        self._kv_prefix = self.api_prefix + "$KV."
         self._api_queue: asyncio.Queue[tuple[list[str], str, bytes]] = asyncio.Queue(API_QUEUE_SIZE)
         self.tasks = TaskOwner()
         self.leaf: LeafConnection | None = None
@@ -43,7 +54,9 @@ class Gateway:
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
+        self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
+        self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
         self.started = False
 
@@ -51,10 +64,18 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        table, catalog = await loop.run_in_executor(
-            self.executor, lambda: (MessageTable(self.root), CatalogTable(self.root))
+        table, catalog, removal_log = await loop.run_in_executor(
+            self.executor,
+            lambda: (MessageTable(self.root), CatalogTable(self.root), RemovalLog(self.root)),
         )
-        self.registry = Registry(catalog, self.executor, self.settings.tail_cache_bytes, self._stream_added)
+        self.registry = Registry(
+            catalog,
+            self.executor,
+            self.settings.tail_cache_bytes,
+            self._stream_added,
+            self._subjects_changed,
+        )
+        self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
         await self._recover(catalog)
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
@@ -66,7 +87,8 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks)
+        self.delivery = Delivery(self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer)
+        self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
@@ -75,24 +97,52 @@ class Gateway:
                 self.leaf.subscribe(subject)
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
+        self.tasks.own(self.recorder.run(), "removals")
+        self.tasks.own(self.publish.marker_ticker(), "delete-markers")
         await self.leaf.start()
         self.started = True
 
     async def _recover(self, catalog: CatalogTable) -> None:
-        """Rebuild streams and consumers from the catalog, and stream state from the messages table."""
+        """Rebuild streams and consumers from the catalog, and stream state from the messages and
+        removals tables; then the limits apply again (they remove what they removed before a crash
+        that came before the removal was recorded)."""
         assert self.registry is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
+        logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
         for entry in entries:
             if entry.kind == "stream":
                 stream = self.registry.install_stream(entry.body["config"], int(entry.body["created"]))
-                rows = await loop.run_in_executor(self.executor, self.reader.scan_index, stream.name)
+                rows = await loop.run_in_executor(
+                    self.executor, self.reader.scan_index, stream.name, stream.created_ns
+                )
                 for seq, ts, subject, size in rows:
                     stream.restore(seq, ts, subject, size)
+                state = logical.get(stream.name)
+                if state is not None and state.created == stream.created_ns:
+                    for first, last in state.removed:
+                        stream.restore_removed(first, last)
+                    stream.restore_last_seq(state.last_seq)
+                await self._recover_publish_state(stream)
+                stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 self.registry.install_consumer(
-                    self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
+                    self.registry.streams[entry.stream],
+                    entry.body["config"],
+                    int(entry.body["created"]),
+                    entry.name,
+                    int(entry.body.get("start_after") or 0),
                 )
+
+    async def _recover_publish_state(self, stream: Stream) -> None:
+        """Refill the duplicate window, the TTL schedule and replay rollups (``publish_state``)."""
+        loop = asyncio.get_running_loop()
+        now = now_ns()
+        since = stream.created_ns
+        if not needs_full_scan(stream.config):
+            since = max(since, now - int(stream.config["duplicate_window"]))
+        rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
+        replay_headers(stream, rows, now)
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
@@ -106,6 +156,11 @@ class Gateway:
                     self.leaf.unsubscribe(subject)
         if self.writer is not None:
             await self.writer.close()
+        if self.recorder is not None:
+            try:
+                await self.recorder.flush()  # limit removals; recovery would re-derive them anyway
+            except Exception:
+                log.exception("recording removals at shutdown failed")
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.leaf is not None:
@@ -119,6 +174,12 @@ class Gateway:
         assert self.publish is not None
         subject = msg.subject
         if subject.startswith(self.api_prefix):
+            if subject.startswith(self._kv_prefix):
+                # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
+                # domain (DESIGN); it is stored under its $KV subject.
+                msg.subject = subject[len(self.api_prefix) :]
+                self.publish.on_kv_publish(msg)
+                return
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
                 self.delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
@@ -136,7 +197,14 @@ class Gateway:
     async def _api_worker(self) -> None:
         assert self.registry is not None
         assert self.leaf is not None
-        api = Api(self.registry)
+        assert self.recorder is not None
+        loader = MessageLoader(self.reader, self.executor)
+        api = Api(
+            self.registry,
+            StreamApi(self.registry, loader, self.recorder, self._publish_event),
+            self.cold.first_seq_at,
+            self._publish_event,
+        )
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -146,15 +214,41 @@ class Gateway:
                 continue
             if answer is None:
                 continue
+            if not reply:
+                continue
+            if isinstance(answer, list):
+                for raw in answer:
+                    self.leaf.publish(reply, raw.data, hdrs=raw.hdrs or None)
+                continue
             self.registry.api_total += 1
             if "error" in answer:
                 self.registry.api_errors += 1
-            if reply:
-                self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+            self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        if self.leaf is not None:
+            self.leaf.publish(event[0], event[1])
+
+    async def _expire_consumer(self, consumer: Consumer) -> None:
+        """A consumer past its ``inactive_threshold`` goes, as on the real server."""
+        assert self.registry is not None
+        if await self.registry.remove_consumer(consumer):
+            self._publish_event(
+                advisories.consumer_action(consumer.stream.name, consumer.name, "delete", time.time_ns())
+            )
 
     def _stream_added(self, stream: Stream) -> None:
+        self._subjects_changed([], stream.subjects)
+
+    def _subjects_changed(self, old: list[str], new: list[str]) -> None:
+        """A stream was added, updated or deleted: route its subjects anew and tell the server which
+        subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
         if self.publish is not None:
             self.publish.streams_changed()
         if self.leaf is not None:
-            for subject in stream.subjects:
-                self.leaf.subscribe(subject)
+            for subject in old:
+                if subject not in new:
+                    self.leaf.unsubscribe(subject)
+            for subject in new:
+                if subject not in old:
+                    self.leaf.subscribe(subject)
