@@ -308,7 +308,8 @@ class Delivery:
         floor = consumer.ack_floor_sseq
         if kind.kind in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
-            rate = advisories.sample_rate(consumer.config.get("sample_freq"))
+            freq = consumer.config.get("sample_freq")
+            rate = advisories.sample_rate(freq) if freq else 0
             if settled is not None and rate and _sampled(rate, token.cseq):
                 self._publish_event(
                     advisories.ack_sample(
@@ -337,7 +338,9 @@ class Delivery:
                 self.pull_request(stream, name, reply, kind.next_request)
         elif reply:
             self.leaf.publish(reply, b"")
-        if len(consumer.waiting) or consumer.is_push:
+        listening = len(consumer.waiting) > 0 or consumer.is_push
+        # an ack that frees nothing to deliver starts no task
+        if listening and id(consumer) not in self._serving and consumer.has_work():
             self.kick(consumer)
 
 
