@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from nats.aio.client import Client
 
 from tests.jsapi import api, describe, publish, same, state, stream
@@ -224,3 +225,31 @@ async def test_push_flow_control(targets: dict[str, str], unique: str) -> None:
 
     out = await same(targets, case, unique)
     assert out["asked"] is True
+
+
+@pytest.mark.slow
+async def test_ephemeral_push_goes_when_interest_goes(targets: dict[str, str], unique: str) -> None:
+    """An ephemeral push consumer stays while its deliver subject has a subscriber and is deleted
+    once it has had none for inactive_threshold."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await stream(nc, name)
+        kept_sub = await nc.subscribe(f"kept.{s}")
+        gone_sub = await nc.subscribe(f"gone.{s}")
+        names = {}
+        for label in ("kept", "gone"):
+            cfg = {
+                "ack_policy": "none",
+                "deliver_subject": f"{label}.{s}",
+                "inactive_threshold": 1_000_000_000,
+            }
+            answer = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
+            names[label] = answer["name"]
+        await gone_sub.unsubscribe()
+        await asyncio.sleep(2.5)
+        left = (await api(nc, f"CONSUMER.NAMES.{name}"))["consumers"]
+        await kept_sub.unsubscribe()
+        return {label: names[label] in left for label in names}
+
+    assert await same(targets, case, unique) == {"kept": True, "gone": False}
