@@ -179,7 +179,7 @@ class Gateway:
                 # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
                 # domain (DESIGN); it is stored under its $KV subject.
                 msg.subject = subject[len(self.api_prefix) :]
-                self.publish.on_publish(msg)
+                self.publish.on_kv_publish(msg)
                 return
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
