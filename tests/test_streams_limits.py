@@ -57,6 +57,11 @@ CASES: list[tuple[str, dict[str, Any], list[Step]]] = [
             ("del", {"seq": 99}),
             ("del", {}),
             ("del", {"seq": 5, "no_erase": True}),
+            ("del", {"seq": 8}),
+            ("del", {"seq": 8}),
+            ("purge", {}),
+            ("del", {"seq": 8}),
+            ("del", {"seq": 9}),
         ],
     ),
     # purges: by filter, below a sequence, keep, the whole stream, and past the end
