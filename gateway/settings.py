@@ -30,6 +30,10 @@ class Settings:
     tail_cache_bytes: int = 32 * 1024 * 1024
     leaf_name: str = "jetlake"
     creds_file: str = ""
+    nkey_seed_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @property
