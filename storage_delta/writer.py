@@ -63,6 +63,11 @@ class MessageTable:
         self._commits = 0
 
     def last_txn_version(self) -> int:
+        """The last committed txn version, read from the table as it is now: delta-rs does not
+        advance a handle past commits made through ``create_write_transaction``, and a stale answer
+        here would reuse a version that is taken, which the retry check then mistakes for "landed"
+        (a PubAck for a message that is not stored; tests/test_faults.py, store full)."""
+        self.dt.update_incremental()
         return self.dt.transaction_version(APP_ID) or 0
 
     def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
