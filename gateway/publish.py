@@ -3,7 +3,6 @@ writer, and send the PubAck only once its commit is durable."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 
@@ -49,23 +48,26 @@ class PublishPath:
         stream = self.route(msg.subject)
         if stream is None:
             return
-        stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
         try:
-            fut = self.writer.submit([stored])
+            stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
+        except errors.ApiError as err:  # refused by a limit (discard new)
+            if msg.reply:
+                body = {"error": err.render(), "stream": stream.name, "seq": 0}
+                self.leaf.publish(msg.reply, json.dumps(body, separators=(",", ":")).encode())
+            return
+        reply = msg.reply
+        try:
+            self.writer.submit([stored], lambda exc: self._committed(stream, stored, reply, exc))
         except (WriterOverloaded, WriterClosed) as exc:
             stream.rollback()
             self._reply_error(msg.reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}"))
             return
-        reply = msg.reply
-        fut.add_done_callback(lambda f: self._committed(stream, stored, reply, f))
 
     def _committed(
-        self, stream: Stream, stored: StoredMessage, reply: str, fut: asyncio.Future[None]
+        self, stream: Stream, stored: StoredMessage, reply: str, exc: BaseException | None
     ) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            self._reply_error(
-                reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {fut.exception()}")
-            )
+        if exc is not None:
+            self._reply_error(reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}"))
             return
         stream.committed(stored.seq)
         if reply:
