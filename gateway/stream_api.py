@@ -12,7 +12,20 @@ import base64
 from typing import Any
 
 from gateway import errors, stream_config
-from gateway.apicommon import NAMES_PAGE, RawReply, T, load_request
+from gateway.apicommon import (
+    BOOL,
+    INT,
+    NAMES_PAGE,
+    STRING,
+    STRINGS,
+    TIME,
+    UINT,
+    RawReply,
+    T,
+    load_optional_request,
+    load_request,
+    require_empty_request,
+)
 from gateway.headers import status_block
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
@@ -46,6 +59,25 @@ LIST_PAGE = 256
 SUBJECT_DETAILS_LIMIT = 100_000
 #: What a requester sees when nobody listens: the server's "no responders" status.
 NO_RESPONDERS = RawReply(status_block(503, ""))
+
+
+# The fields of each request and their Go types: the real server decodes requests strictly.
+NAMES_FIELDS = {"offset": INT, "subject": STRING}
+INFO_FIELDS = {"offset": INT, "deleted_details": BOOL, "subjects_filter": STRING}
+PURGE_FIELDS = {"filter": STRING, "seq": UINT, "keep": UINT}
+MSG_GET_FIELDS = {
+    "seq": UINT,
+    "last_by_subj": STRING,
+    "next_by_subj": STRING,
+    "batch": INT,
+    "max_bytes": INT,
+    "start_time": TIME,
+    "multi_last": STRINGS,
+    "up_to_seq": UINT,
+    "up_to_time": TIME,
+    "no_hdr": BOOL,
+}
+MSG_DELETE_FIELDS = {"seq": UINT, "no_erase": BOOL}
 
 
 class StreamApi:
@@ -128,11 +160,12 @@ class StreamApi:
         return {"type": T + "stream_update_response", **self._stream_body(stream)}
 
     async def stream_delete(self, name: str, body: bytes) -> dict[str, Any]:
+        require_empty_request(body)
         await self.reg.remove_stream(self._stream(name))
         return {"type": T + "stream_delete_response", "success": True}
 
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_optional_request(body, NAMES_FIELDS)
         subject = req.get("subject") or ""
         offset = max(0, int(req.get("offset") or 0))
         streams = sorted(
@@ -172,10 +205,10 @@ class StreamApi:
         return {**body, "config": {**stream.config, "metadata": meta}}
 
     async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_optional_request(body, INFO_FIELDS)
         stream = self._stream(name)
-        subjects_filter = req.get("subjects_filter") or None
         offset = int(req.get("offset") or 0)
+        subjects_filter = req.get("subjects_filter") or None
         state = stream.info_state(
             len(self.reg.consumers.get(stream.name, {})), subjects_filter, bool(req.get("deleted_details"))
         )
@@ -195,7 +228,7 @@ class StreamApi:
     # ---- removals -------------------------------------------------------------------------------
 
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_optional_request(body, PURGE_FIELDS)
         stream = self._stream(name)
         if stream.config.get("sealed"):
             raise errors.STREAM_SEALED
@@ -209,7 +242,7 @@ class StreamApi:
         return {"type": T + "stream_purge_response", "success": True, "purged": purged}
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_request(body, MSG_DELETE_FIELDS)
         stream = self._stream(name)
         if stream.config.get("sealed"):
             raise errors.STREAM_SEALED
@@ -247,7 +280,7 @@ class StreamApi:
         return seq if stream.is_live(seq) else None
 
     async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_request(body, MSG_GET_FIELDS)
         stream = self._stream(name)
         seq = self._find(stream, req)
         msg = await self.loader.load(stream, seq) if seq else None
