@@ -5,6 +5,7 @@ NATS permissions docs/security.md gives are what a client and the gateway need."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import Callable
@@ -13,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nkeys
 import pytest
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from gateway.leafauth import CredentialsError, LeafTarget, SubscribePermissions, read_creds
 from tests.harness import Jetlake, ReferenceJetStream, wait_port
 from tests.natsauth import (
     account_jwt,
@@ -418,3 +421,71 @@ async def test_gateway_limited_to_documented_permissions(permissioned: dict[str,
     finally:
         await nc.close()
     assert await attempt(url, "admin", "$JS.API.INFO") == "ok"
+
+
+# ---- pure parts -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        # user and password, URL-encoded
+        ("nats-leaf://u:p%40ss@hub:7000", {"user": "u", "password": "p@ss", "tls": False, "port": 7000}),
+        # a lone user part is a token
+        ("nats-leaf://tok@hub", {"token": "tok", "user": None, "port": 7422}),
+        # tls:// and nats-leaf+tls:// ask for TLS
+        ("tls://hub:7422", {"tls": True}),
+        ("nats-leaf+tls://hub", {"tls": True}),
+        # no scheme: a leaf URL
+        ("hub:7001", {"host": "hub", "port": 7001, "tls": False}),
+    ],
+)
+def test_leaf_target_parse(url: str, expected: dict[str, Any]) -> None:
+    target = LeafTarget.parse(url)
+    assert {k: getattr(target, k) for k in expected} == expected
+
+
+def test_tls_when_the_server_requires_it() -> None:
+    """A plain URL still upgrades when the server's INFO says TLS is required."""
+    assert LeafTarget.parse("nats-leaf://hub").wants_tls({"tls_required": True})
+    assert not LeafTarget.parse("nats-leaf://hub").wants_tls({})
+
+
+def test_creds_file_round_trip(tmp_path: Path) -> None:
+    user = user_key()
+    path = write_creds(tmp_path / "u.creds", "header.claims.sig", user)
+    assert read_creds(str(path)) == ("header.claims.sig", user.seed)
+    auth = LeafTarget.parse("hub", creds_file=str(path)).connect_auth("nonce")
+    assert auth["jwt"] == "header.claims.sig"
+    sig = str(auth["sig"])
+    # base64url without padding, as nats-server expects; verifies against the user's public key
+    assert nkeys.from_seed(user.seed.encode()).verify(b"nonce", base64.urlsafe_b64decode(sig + "=="))
+
+
+def test_missing_credentials_file_is_a_credentials_error(tmp_path: Path) -> None:
+    with pytest.raises(CredentialsError):
+        LeafTarget.parse("hub", nkey_seed_file=str(tmp_path / "absent.nk")).connect_auth("n")
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "subject", "allowed"),
+    [
+        # no import permissions: everything
+        ((), (), "orders.>", True),
+        # a literal under an allowed wildcard
+        (("orders.>",), (), "orders.new", True),
+        # a subject outside every allow entry
+        (("orders.>",), (), "other", False),
+        # a wildcard wider than an allow entry: the hub accepts it from a leaf and prunes
+        (("orders.>",), (), ">", True),
+        # a wildcard that meets no allow entry
+        (("orders.>",), (), "other.*", False),
+        # deny wins over allow
+        (("orders.>",), ("orders.secret",), "orders.secret", False),
+    ],
+)
+def test_subscribe_permissions(
+    allow: tuple[str, ...], deny: tuple[str, ...], subject: str, allowed: bool
+) -> None:
+    perms = SubscribePermissions.from_info({"import": {"allow": list(allow), "deny": list(deny)}})
+    assert perms.allows(subject) is allowed
