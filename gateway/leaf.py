@@ -82,8 +82,14 @@ class LeafConnection:
         return self._connected.is_set()
 
     async def start(self, wait_s: float = 10.0) -> None:
+        """Start the link and give it ``wait_s`` to come up. A hub that is down or refuses the
+        credentials at start-up is not fatal: the link keeps retrying, as after any later loss."""
         self._task = asyncio.create_task(self._run(), name="leaf-connection")
-        await asyncio.wait_for(self._connected.wait(), wait_s)
+        try:
+            await asyncio.wait_for(self._connected.wait(), wait_s)
+        except TimeoutError:
+            t = self.target
+            log.warning("leaf link to %s:%d not up after %.0f s; still trying", t.host, t.port, wait_s)
 
     async def _run(self) -> None:
         delay = 0.05

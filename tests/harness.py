@@ -129,7 +129,9 @@ class Jetlake:
         wait_port(self.port, self.server)
         wait_port(self.leaf_port, self.server)
 
-    def start_gateway(self, extra_env: dict[str, str] | None = None, wait_s: float = 60.0) -> None:
+    def start_gateway(
+        self, extra_env: dict[str, str] | None = None, wait_s: float = 60.0, wait: bool = True
+    ) -> None:
         log = open(self.workdir / "gateway.log", "ab")  # noqa: SIM115
         env = {**os.environ, **self.gateway_env, **(extra_env or {})}
         self.gateway = subprocess.Popen(
@@ -152,7 +154,8 @@ class Jetlake:
             cwd=ROOT,
             env=env,
         )
-        asyncio.run(self._wait_ready(wait_s))
+        if wait:
+            asyncio.run(self._wait_ready(wait_s))
 
     async def _wait_ready(self, wait_s: float = 60.0) -> None:
         """Ready when the API answers through the server (the leaf is up and subscribed)."""

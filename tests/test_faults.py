@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -250,6 +251,28 @@ def test_nats_server_restart_under_load(tmp_path: Path) -> None:
         assert sum(load.errors.values()) > 0, "the restart went unnoticed: the test proved nothing"
         assert_no_false_puback(gw, "RESTART", load)
         print(f"restart: {len(load.acked)} acked, errors {dict(load.errors)}")
+    finally:
+        gw.stop()
+
+
+LEAF_START_WAIT_S = 10  # how long the gateway waits for its leaf link at start-up (leaf.py)
+
+
+@pytest.mark.slow
+def test_gateway_started_before_its_hub(tmp_path: Path) -> None:
+    """The hub is not up when the gateway starts, nor for a while after its start-up wait: the
+    gateway keeps trying, and serves once the hub comes."""
+    gw = Jetlake(tmp_path)
+    gw.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        gw.start_gateway(wait=False)
+        time.sleep(LEAF_START_WAIT_S + 2)
+        assert gw.gateway is not None
+        assert gw.gateway.poll() is None, "the gateway gave up on a hub that was not up yet"
+        gw.start_server()
+        asyncio.run(gw._wait_ready(30))
+        asyncio.run(create_stream(gw.url, "LATE"))
+        assert [a.get("seq") for a in asyncio.run(publish_each(gw.url, "LATE", [b"x"]))] == [1]
     finally:
         gw.stop()
 
