@@ -81,7 +81,7 @@ class LeafConnection:
     def connected(self) -> bool:
         return self._connected.is_set()
 
-    async def start(self, wait_s: float = 10.0) -> None:
+    async def start(self, wait_s: float = 3.0) -> None:
         """Start the link and give it ``wait_s`` to come up. A hub that is down or refuses the
         credentials at start-up is not fatal: the link keeps retrying, as after any later loss."""
         self._task = asyncio.create_task(self._run(), name="leaf-connection")

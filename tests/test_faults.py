@@ -255,7 +255,7 @@ def test_nats_server_restart_under_load(tmp_path: Path) -> None:
         gw.stop()
 
 
-LEAF_START_WAIT_S = 10  # how long the gateway waits for its leaf link at start-up (leaf.py)
+LEAF_START_WAIT_S = 3  # how long the gateway waits for its leaf link at start-up (leaf.py)
 
 
 @pytest.mark.slow
