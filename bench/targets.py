@@ -29,6 +29,8 @@ class Target:
     workdir: Path
     #: Stop and start the server that holds the streams (jetlake: the gateway process alone).
     restart: Callable[[], None]
+    #: The process that stores the messages (jetlake: the gateway), for profiles.
+    pid: Callable[[], int]
 
     def stream_dir(self, stream: str) -> Path:
         if self.name == "jetstream":
@@ -54,10 +56,15 @@ def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Targ
         ref,
         lake,
         [
-            Target("jetstream", ref.url, ref.workdir, restart_ref),
-            Target("jetlake", lake.url, lake.workdir, restart_lake),
+            Target("jetstream", ref.url, ref.workdir, restart_ref, lambda: _pid(ref.proc)),
+            Target("jetlake", lake.url, lake.workdir, restart_lake, lambda: _pid(lake.gateway)),
         ],
     )
+
+
+def _pid(proc: subprocess.Popen[bytes] | None) -> int:
+    assert proc is not None
+    return proc.pid
 
 
 async def wait_stream_messages(url: str, name: str, messages: int, wait_s: float = 600) -> None:

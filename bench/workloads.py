@@ -6,9 +6,11 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.profile import sampled, summarize
 from bench.targets import Target, add_stream, barrier, loadgen, stream_state, timed_restart, tree_bytes
 from storage_delta import seal
 from storage_delta.tables import StoreRoot
@@ -33,34 +35,52 @@ def sync_publish(targets: list[Target], count: int) -> Result:
     return out
 
 
-def pipelined_publish(targets: list[Target], count: int, window: int) -> Result:
+def _profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Result:
+    """Run a workload step, with py-spy on jetlake's gateway when ``profile`` names a directory."""
+    if profile is None or t.name != "jetlake":
+        return run()
+    raw = profile / f"{time.monotonic_ns()}.raw"
+    with sampled(t.pid(), raw):
+        res = run()
+    res["profile"] = summarize(raw)
+    return res
+
+
+def pipelined_publish(targets: list[Target], count: int, window: int, profile: Path | None = None) -> Result:
     """Acked publishes with ``window`` in flight: throughput when every message is confirmed."""
     out: Result = {"workload": "pipelined_publish", "messages": count, "window": window}
     for t in targets:
         asyncio.run(add_stream(t.url, "BPIPE", ["bpipe.>"]))
-        out[t.name] = loadgen("pipelined", t.url, "bpipe", count, "json", window)
+        out[t.name] = _profiled(
+            t, profile, lambda t=t: loadgen("pipelined", t.url, "bpipe", count, "json", window)
+        )
     out["ratio"] = _ratio(out["jetlake"]["acked_per_s"], out["jetstream"]["acked_per_s"])
     return out
 
 
-def core_publish(targets: list[Target], count: int) -> Result:
+def _core_load(t: Target, count: int) -> Result:
+    """Core publishes, then an acked barrier: what was stored, and by when."""
+    sent = loadgen("core", t.url, "bcore", count, "json")
+    seq, t_stored = asyncio.run(barrier(t.url, "bcore.barrier"))
+    stored = seq - 1
+    secs = t_stored - sent["t0_ms"] / 1000
+    return {
+        "sent": count,
+        "sent_per_s": round(sent["sent_per_s"]),
+        "stored": stored,
+        "dropped": count - stored,
+        "seconds": round(secs, 3),
+        "stored_per_s": round(stored / secs),
+    }
+
+
+def core_publish(targets: list[Target], count: int, profile: Path | None = None) -> Result:
     """Fire-and-forget publishes into a stream: how many the server stores per second, and how many
     it drops (JetStream drops past its ingest queue limit; jetlake must count what it refuses)."""
     out: Result = {"workload": "core_publish", "messages": count}
     for t in targets:
         asyncio.run(add_stream(t.url, "BCORE", ["bcore.>"]))
-        sent = loadgen("core", t.url, "bcore", count, "json")
-        seq, t_stored = asyncio.run(barrier(t.url, "bcore.barrier"))
-        stored = seq - 1
-        secs = t_stored - sent["t0_ms"] / 1000
-        out[t.name] = {
-            "sent": count,
-            "sent_per_s": round(sent["sent_per_s"]),
-            "stored": stored,
-            "dropped": count - stored,
-            "seconds": round(secs, 3),
-            "stored_per_s": round(stored / secs),
-        }
+        out[t.name] = _profiled(t, profile, lambda t=t: _core_load(t, count))
     out["ratio"] = _ratio(out["jetlake"]["stored_per_s"], out["jetstream"]["stored_per_s"])
     return out
 

@@ -13,6 +13,9 @@ from gateway import errors
 T = "io.nats.jetstream.api.v1."
 NAMES_PAGE = 1024
 
+#: Sends an event (advisory subject, JSON body) to the server.
+Publish = Callable[[tuple[str, bytes]], None]
+
 
 def load_request(body: bytes, fields: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A request body as the real server's ``json.Unmarshal`` into the request struct reads it:
@@ -105,7 +108,8 @@ def require_empty_request(body: bytes) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RawReply:
-    """An answer that is a header block and a payload rather than JSON (DIRECT.GET, statuses)."""
+    """An answer that is a header block (empty: none) and a payload rather than JSON (DIRECT.GET,
+    statuses); a handler returns a list of them when one request gets several messages."""
 
     hdrs: bytes
     data: bytes = b""

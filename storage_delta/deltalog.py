@@ -61,6 +61,10 @@ class LocalLogAppender:
 
     def __init__(self, table_path: str, next_version: int) -> None:
         self.log_dir = os.path.join(table_path, "_delta_log")
+        # Commits are staged beside the log, not in it: every create and unlink in ``_delta_log``
+        # is a chance for a concurrent listing to miss an entry (see ``tables.retry_listing``).
+        self.staging_dir = os.path.join(table_path, "_jetlake_staging")
+        os.makedirs(self.staging_dir, exist_ok=True)
         self.next_version = next_version
 
     def append(self, adds: Iterable[AddAction], txn: tuple[str, int]) -> int:
@@ -86,7 +90,7 @@ class LocalLogAppender:
             *(add_line(a) for a in adds),
         ]
         body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
-        tmp = os.path.join(self.log_dir, f".tmp-{uuid.uuid4().hex}.json")
+        tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
         with open(tmp, "wb") as fh:
             fh.write(body)
         try:

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 
 from storage_delta import schema as sch
 from storage_delta.deltalog import commit_path
-from storage_delta.tables import StoreRoot, open_existing
+from storage_delta.tables import StoreRoot, open_existing, retry_listing
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class MessageReader:
         elif self._log_dir is None or os.path.exists(commit_path(self._log_dir, self._dt.version() + 1)):
             # Locally a look for the next commit file is enough to know nothing changed; a reload
             # costs milliseconds and grows with the table.
-            self._dt.update_incremental()
+            retry_listing(self._dt.update_incremental)
         return self._dt
 
     def stream_files(self, stream: str) -> list[DataFile]:
@@ -137,19 +137,43 @@ class MessageReader:
         table = self._read(files, ["seq", "ts", "subject", "hdrs", "data"], ds.field("ts") >= min_ts)
         if table.num_rows == 0:
             return []
-        table = table.sort_by("seq")
-        hdrs = table.column("hdrs")
-        hdr_len = pc.add(pc.fill_null(pc.binary_length(hdrs), -4), 4)
+        hdr_len = pc.add(pc.fill_null(pc.binary_length(table.column("hdrs")), -4), 4)
         size = pc.add(
             pc.add(pc.binary_length(table.column("subject")), pc.binary_length(table.column("data"))),
             pc.add(hdr_len, 30),
         )
+        # Only the small columns go on: sorting a million payloads costs more than reading them.
+        index = pa.table(
+            {
+                "seq": table.column("seq"),
+                "ts": table.column("ts"),
+                "subject": table.column("subject"),
+                "size": size,
+            }
+        )
+        seq = index.column("seq")
+        if len(seq) > 1 and not pc.all(pc.greater(seq[1:], seq[:-1])).as_py():
+            index = index.sort_by("seq")
+        return list(
+            zip(
+                index.column("seq").to_pylist(),
+                index.column("ts").to_pylist(),
+                index.column("subject").to_pylist(),
+                index.column("size").to_pylist(),
+                strict=True,
+            )
+        )
+
+    def scan_headers_since(self, stream: str, since_ts: int) -> list[tuple[int, int, bytes | None]]:
+        """(seq, ts, header block) of a stream's messages stored at or after ``since_ts``, in
+        sequence order: the gateway rebuilds its ``Nats-Msg-Id`` duplicate window from them."""
+        files = [f for f in self.stream_files(stream) if f.max_ts >= since_ts]
+        table = self._read(files, ["seq", "ts", "hdrs"], ds.field("ts") >= since_ts).sort_by("seq")
         return list(
             zip(
                 table.column("seq").to_pylist(),
                 table.column("ts").to_pylist(),
-                table.column("subject").to_pylist(),
-                size.to_pylist(),
+                table.column("hdrs").to_pylist(),
                 strict=True,
             )
         )

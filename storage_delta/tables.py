@@ -11,9 +11,9 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,11 +64,30 @@ class StoreRoot:
         return fs, path.rstrip("/")
 
 
+T = TypeVar("T")
+
+
+def retry_listing(load: Callable[[], T], attempts: int = 5) -> T:
+    """Run a delta-rs load again when its listing of ``_delta_log`` saw a gap in the versions.
+
+    A directory listing that runs while commits are created may return a newer commit file and miss
+    an older one (``readdir`` makes no promise about entries created during the listing), and
+    delta-rs then refuses the log as non-contiguous. The next listing sees both."""
+    for attempt in range(attempts):
+        try:
+            return load()
+        except DeltaError as exc:
+            if "contiguous" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
     uri = root.table_uri(name)
     opts = dict(root.storage_options) if root.storage_options else None
     if DeltaTable.is_deltatable(uri, storage_options=opts):
-        return DeltaTable(uri, storage_options=opts)
+        return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
     write_deltalake(
         uri,
         schema.empty_table(),
@@ -92,7 +111,7 @@ def open_existing(root: StoreRoot, name: str) -> DeltaTable | None:
     opts = dict(root.storage_options) if root.storage_options else None
     if not DeltaTable.is_deltatable(uri, storage_options=opts):
         return None
-    return DeltaTable(uri, storage_options=opts)
+    return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
 
 
 def _stats(table: pa.Table) -> str:
@@ -163,9 +182,13 @@ def commit_adds(
     schema: pa.Schema,
     partition_by: list[str],
     txn: tuple[str, int] | None = None,
+    mode: Literal["append", "overwrite"] = "append",
 ) -> None:
     """Commit ``add`` (and ``remove``) actions as one Delta version, tagged with an app transaction
     when given.
+
+    ``overwrite`` also removes every file of the handle's snapshot (and only those: files another
+    writer appended since stay), which is how a rewrite of what was read commits.
 
     A lost race surfaces as :class:`CommitConflict`; the caller decides whether the commit landed by
     reading the txn marker (a commit can report an error and still land, delta-rs #2509).
@@ -176,7 +199,7 @@ def commit_adds(
     try:
         dt.create_write_transaction(
             actions,
-            mode="append",
+            mode=mode,
             schema=schema,
             partition_by=partition_by or None,
             commit_properties=props,

@@ -29,6 +29,7 @@ from storage_delta.tables import (
     blind_appends_allowed,
     commit_adds,
     open_or_create,
+    retry_listing,
     write_data_file,
 )
 
@@ -37,16 +38,14 @@ log = logging.getLogger(__name__)
 APP_ID = "jetlake-gateway"
 
 
-#: Told the outcome of a submission: None once durable, the error if it never will be.
-OnDone = Callable[[BaseException | None], None]
-
-
-def _notify(waiters: list[OnDone], outcome: BaseException | None) -> None:
+def _notify(waiters: list[asyncio.Future[None]], outcome: BaseException | None) -> None:
     for w in waiters:
-        try:
-            w(outcome)
-        except Exception:  # one publisher's bookkeeping must not cost the others their answer
-            log.exception("commit callback failed")
+        if w.done():
+            continue
+        if outcome is None:
+            w.set_result(None)
+        else:
+            w.set_exception(outcome)
 
 
 class WriterOverloaded(Exception):
@@ -99,7 +98,7 @@ class MessageTable:
 
     def last_txn_version(self) -> int:
         if self._appender is not None:
-            self.dt.update_incremental()
+            retry_listing(self.dt.update_incremental)
         return self.dt.transaction_version(APP_ID) or 0
 
     def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
@@ -135,7 +134,7 @@ class MessageTable:
             self._appender.append(actions, (APP_ID, version))
         except UnsupportedTable:
             # Someone changed the table's metadata: look again before appending blindly again.
-            self.dt.update_incremental()
+            retry_listing(self.dt.update_incremental)
             if not blind_appends_allowed(self.dt):
                 raise
             self._appender.append(actions, (APP_ID, version))
@@ -148,10 +147,10 @@ class MessageTable:
                 )
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
-                self.dt.update_incremental()
+                retry_listing(self.dt.update_incremental)
                 return
             except CommitConflict:
-                self.dt.update_incremental()
+                retry_listing(self.dt.update_incremental)
                 if self.last_txn_version() >= version:
                     return  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == retries:
@@ -194,7 +193,7 @@ class GroupCommitWriter:
         self._executor = executor
         self._max_pending_bytes = max_pending_bytes
         self._pending: list[StoredMessage] = []
-        self._waiters: list[OnDone] = []
+        self._waiters: list[asyncio.Future[None]] = []
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -202,38 +201,40 @@ class GroupCommitWriter:
         self._version = 0
         self.commits = 0
         self.messages_committed = 0
+        self.refused = 0  # messages turned away because too many bytes were waiting
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
         self._task = asyncio.create_task(self._run(), name="group-commit")
 
-    def submit(self, messages: list[StoredMessage], on_done: OnDone) -> None:
-        """Queue messages for the next commit; ``on_done(None)`` is called once they are durable,
-        ``on_done(error)`` if they never will be. Callbacks run on the event loop in submission
-        order, straight from the commit loop: no future and no scheduled callback per message, which
-        is most of what a publish costs at high rates."""
+    def submit(self, messages: list[StoredMessage]) -> asyncio.Future[None]:
+        """Queue messages for the next commit; the future resolves once they are durable."""
         if self._closed:
             raise WriterClosed("writer closed")
         size = 0
         for m in messages:
             size += m.nbytes
         if self._pending_bytes + size > self._max_pending_bytes and self._pending:
+            # Counted here because a core publish has no reply to carry the error.
+            self.refused += len(messages)
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.extend(messages)
         self._pending_bytes += size
-        self._waiters.append(on_done)
+        self._waiters.append(fut)
         if not self._wakeup.is_set():
             self._wakeup.set()
+        return fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
             if not self._pending:
                 if self._closed:
                     return
+                await self._wakeup.wait()
+                self._wakeup.clear()
                 continue
             batch, waiters = self._pending, self._waiters
             self._pending, self._waiters, self._pending_bytes = [], [], 0
@@ -258,7 +259,7 @@ class GroupCommitWriter:
                 continue
             self._resolve(batch, waiters)
 
-    def _resolve(self, batch: list[StoredMessage], waiters: list[OnDone]) -> None:
+    def _resolve(self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]]) -> None:
         self.commits += 1
         self.messages_committed += len(batch)
         _notify(waiters, None)
