@@ -15,6 +15,7 @@ from gateway.embedded import EmbeddedServer
 from gateway.service import Gateway
 
 log = logging.getLogger("jetlake")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +57,11 @@ async def serve(settings: settings_mod.Settings) -> int:
 
             from gateway.monitor import build_app
 
+            if not settings.monitor_token and settings.monitor_host not in LOOPBACK:
+                log.warning(
+                    "monitor on %s without a monitor_token: anyone who reaches it can read it",
+                    settings.monitor_host,
+                )
             config = uvicorn.Config(
                 build_app(gateway),
                 host=settings.monitor_host,

@@ -31,6 +31,8 @@ class PublishPath:
         self.leaf = leaf
         self._on_stored = on_stored
         self._route_cache: dict[str, Stream | None] = {}
+        self.received = 0  # publishes to a stream subject (the monitor reads these)
+        self.failed = 0  # publishes answered with an error
 
     def streams_changed(self) -> None:
         """Forget cached routes: a stream was added (or its subjects changed)."""
@@ -49,6 +51,7 @@ class PublishPath:
         stream = self.route(msg.subject)
         if stream is None:
             return
+        self.received += 1
         stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
         try:
             fut = self.writer.submit([stored])
@@ -74,5 +77,6 @@ class PublishPath:
         self._on_stored(stream)
 
     def _reply_error(self, reply: str, err: errors.ApiError) -> None:
+        self.failed += 1
         if reply:
             self.leaf.publish(reply, json.dumps({"error": err.render()}).encode())

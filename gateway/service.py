@@ -43,6 +43,7 @@ class Gateway:
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
+        self.api: Api | None = None
         self.reader = MessageReader(self.root)
         self.api_dropped = 0
         self.started = False
@@ -68,6 +69,7 @@ class Gateway:
         )
         self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks)
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
+        self.api = Api(self.registry)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
         for stream in self.registry.streams.values():
@@ -136,7 +138,8 @@ class Gateway:
     async def _api_worker(self) -> None:
         assert self.registry is not None
         assert self.leaf is not None
-        api = Api(self.registry)
+        assert self.api is not None
+        api = self.api
         while True:
             toks, reply, body = await self._api_queue.get()
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from storage_delta import schema as sch
+from storage_delta.stats import BATCH_SIZE_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
 from storage_delta.tables import CommitConflict, StoreRoot, commit_adds, open_or_create, write_data_file
 
 log = logging.getLogger(__name__)
@@ -134,6 +136,8 @@ class GroupCommitWriter:
         self._version = 0
         self.commits = 0
         self.messages_committed = 0
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.batch_messages = Histogram(BATCH_SIZE_BUCKETS)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -166,6 +170,7 @@ class GroupCommitWriter:
             batch, waiters = self._pending, self._waiters
             self._pending, self._waiters, self._pending_bytes = [], [], 0
             self._version += 1
+            started = time.perf_counter()
             try:
                 await loop.run_in_executor(self._executor, self._table.commit, batch, self._version)
             except Exception as exc:
@@ -184,9 +189,16 @@ class GroupCommitWriter:
                 continue
             self.commits += 1
             self.messages_committed += len(batch)
+            self.commit_seconds.observe(time.perf_counter() - started)
+            self.batch_messages.observe(len(batch))
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
+
+    @property
+    def running(self) -> bool:
+        """The commit loop is alive and takes submissions (the store is open)."""
+        return not self._closed and self._task is not None and not self._task.done()
 
     async def close(self) -> None:
         """Finish what was submitted, then stop."""

@@ -55,9 +55,10 @@ def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> Non
 class ReferenceJetStream:
     """The oracle: the same nats-server binary with JetStream on and a file store."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, monitor_port: int = 0) -> None:
         self.workdir = workdir
         self.port = free_port()
+        self.monitor_port = monitor_port  # its HTTP monitor (/jsz), when not 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -77,11 +78,14 @@ class ReferenceJetStream:
                 str(self.port),
                 "-sd",
                 str(self.workdir / "js"),
+                *(["-m", str(self.monitor_port)] if self.monitor_port else []),
             ],
             stdout=log,
             stderr=log,
         )
         wait_port(self.port, self.proc)
+        if self.monitor_port:
+            wait_port(self.monitor_port, self.proc)
 
     def stop(self) -> None:
         stop(self.proc)
