@@ -10,9 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
+from gateway import inspect_cli
 from gateway import settings as settings_mod
-from gateway.embedded import EmbeddedServer
-from gateway.service import Gateway
 
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -30,10 +29,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--domain", help="JetStream domain served ($JS.<domain>.API.>)")
     serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
     serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
+    inspect_cli.add_parsers(sub)
     return p
 
 
 async def serve(settings: settings_mod.Settings) -> int:
+    # Imported here so the inspection commands start without loading the storage engine.
+    from gateway.embedded import EmbeddedServer
+    from gateway.service import Gateway
+
     embedded: EmbeddedServer | None = None
     if settings.embedded:
         workdir = Path(settings.data_root if "://" not in settings.data_root else ".") / ".nats-server"
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         return asyncio.run(serve(settings))
-    return 2
+    return inspect_cli.run(args)
 
 
 if __name__ == "__main__":
