@@ -43,3 +43,10 @@ CONSUMER_CREATE = ApiError(500, 10012, "{err}")
 CONSUMER_FILTER_NOT_MATCH_SUBJECT = ApiError(
     400, 10131, "Consumer create request did not match filtered subject from create subject"
 )
+BAD_REQUEST = ApiError(400, 10003, "bad request")
+NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")
+SEQUENCE_NOT_FOUND = ApiError(400, 10043, "sequence {seq} not found")
+STREAM_MSG_DELETE_FAILED = ApiError(500, 10057, "{err}")
+STREAM_SEALED = ApiError(400, 10109, "invalid operation on sealed stream")
+STREAM_PURGE_NOT_PERMITTED = ApiError(500, 10110, "stream purge not permitted")
+STREAM_REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")

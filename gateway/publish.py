@@ -52,7 +52,14 @@ class PublishPath:
         if stream is None:
             return
         self.received += 1
-        stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
+        try:
+            stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
+        except errors.ApiError as err:  # refused by a limit (discard new)
+            self.failed += 1
+            if msg.reply:
+                body = {"error": err.render(), "stream": stream.name, "seq": 0}
+                self.leaf.publish(msg.reply, json.dumps(body, separators=(",", ":")).encode())
+            return
         try:
             fut = self.writer.submit([stored])
         except (WriterOverloaded, WriterClosed) as exc:
