@@ -65,22 +65,24 @@ class Snapshot:
         return sum(len(s.consumers) for s in self.streams)
 
 
+async def _ask(api: Api, toks: list[str]) -> dict[str, Any] | None:
+    """The API's JSON answer, or None for an error (e.g. a stream deleted meanwhile)."""
+    answer = await api.handle(toks, b"")
+    return answer if isinstance(answer, dict) and "error" not in answer else None
+
+
 async def take_snapshot(api: Api, stream_names: list[str], consumer_names: dict[str, list[str]]) -> Snapshot:
-    """Ask the API, in process, about every stream and consumer (answers that are errors, e.g. a
-    stream deleted meanwhile, are left out)."""
-    account = await api.handle(["INFO"], b"") or {}
+    """Ask the API, in process, about every stream and consumer."""
     views: list[StreamView] = []
     for name in sorted(stream_names):
-        info = await api.handle(["STREAM", "INFO", name], b"")
-        if not info or "error" in info:
+        info = await _ask(api, ["STREAM", "INFO", name])
+        if info is None:
             continue
-        consumers = []
-        for cname in sorted(consumer_names.get(name, [])):
-            cinfo = await api.handle(["CONSUMER", "INFO", name, cname], b"")
-            if cinfo and "error" not in cinfo:
-                consumers.append(cinfo)
-        views.append(StreamView(info, consumers))
-    return Snapshot(account, views, now_ns())
+        consumers = [
+            await _ask(api, ["CONSUMER", "INFO", name, c]) for c in sorted(consumer_names.get(name, []))
+        ]
+        views.append(StreamView(info, [c for c in consumers if c is not None]))
+    return Snapshot(await _ask(api, ["INFO"]) or {}, views, now_ns())
 
 
 @dataclass(frozen=True, slots=True)
