@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import nats
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.jsz import stored_config
@@ -208,3 +209,47 @@ async def test_readiness_follows_the_leaf_link(monitored: MonitoredJetlake) -> N
     assert http_get(monitor_url(monitored) + "/healthz", None) == (200, b'{"status":"ok"}')
     monitored.start_server()
     assert (await wait_ready(url, True))["leaf_connected"] is True
+
+
+def detail_keys(jsz: dict[str, Any], stream: str) -> dict[str, Any]:
+    """The field names /jsz shows at each level for one stream (and its first consumer)."""
+    accounts = jsz.get("account_details")
+    if accounts is None:
+        return {"top": sorted(jsz)}
+    (account,) = accounts
+    if "stream_detail" not in account:
+        return {"top": sorted(jsz), "account": sorted(account)}
+    (detail,) = [s for s in account["stream_detail"] if s["name"] == stream]
+    out = {"top": sorted(jsz), "account": sorted(account), "stream": sorted(detail)}
+    if "consumer_detail" in detail:
+        out["consumer"] = sorted(detail["consumer_detail"][0])
+    return out
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",  # totals only
+        "?accounts=true",  # the account, no streams
+        "?streams=true",  # streams with state, no config
+        "?consumers=true",  # consumers imply streams
+        "?streams=true&config=true",  # configs of streams
+        "?consumers=true&config=true",  # and of consumers
+    ],
+)
+async def test_jsz_options_shape_like_nats_server(
+    monitored: MonitoredJetlake, monitored_reference: ReferenceJetStream, unique: str, query: str
+) -> None:
+    """Each /jsz option includes the same levels and fields on jetlake as on nats-server."""
+    shapes = {}
+    for name, target in (("jetstream", monitored_reference), ("jetlake", monitored)):
+        nc = await nats.connect(target.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name=unique, subjects=[f"{unique.lower()}.>"])
+            await js.publish(f"{unique.lower()}.x", b"x")
+            await js.add_consumer(unique, durable_name="c", ack_policy="explicit")
+        finally:
+            await nc.close()
+        shapes[name] = detail_keys(get_json(monitor_url(target) + "/jsz" + query), unique)
+    assert shapes["jetlake"] == shapes["jetstream"]
