@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.consumer_config import filters_of
+from gateway.consumer_log import ConsumerState
 from gateway.stream import Stream
 from gateway.timefmt import rfc3339
 
@@ -185,6 +186,22 @@ class Consumer:
                 p.deadline_ns = now_ns + int(self.config["ack_wait"])
                 found = True
         return found
+
+    def restore(self, state: ConsumerState) -> None:
+        """Take up the state the ack log rebuilt; a pending message's ack wait runs from its
+        delivery (or last progress ack), a nak'd one is due when the nak said."""
+        self.dseq, self.sseq, self.last_active_ns = (
+            state.delivered_cseq,
+            state.delivered_sseq,
+            state.delivered_ns,
+        )
+        self.ack_floor_cseq, self.ack_floor_sseq = state.floor_cseq, state.floor_sseq
+        self.ack_floor_active_ns = state.floor_ns
+        wait = int(self.config["ack_wait"])
+        self.pending = {
+            seq: Pending(p.cseq, p.deliveries, p.due_ns if p.due_ns is not None else p.since_ns + wait)
+            for seq, p in sorted(state.pending.items())
+        }
 
     def info(self, stream_name: str, now_ns: int) -> dict[str, Any]:
         delivered: dict[str, Any] = {"consumer_seq": self.dseq, "stream_seq": self.sseq}

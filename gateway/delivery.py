@@ -11,6 +11,7 @@ import asyncio
 from concurrent.futures import Executor
 
 from gateway import acks
+from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
@@ -19,6 +20,7 @@ from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
+from storage_delta import acklog as al
 from storage_delta.reader import MessageReader
 from storage_delta.writer import StoredMessage
 
@@ -33,8 +35,10 @@ class Delivery:
         reader: MessageReader,
         executor: Executor,
         tasks: TaskOwner,
+        recorder: AckRecorder,
     ) -> None:
         self.registry = registry
+        self.recorder = recorder
         self.leaf = leaf
         self.reader = reader
         self.executor = executor
@@ -84,6 +88,9 @@ class Delivery:
                 req = consumer.waiting.peek()
                 if req is None:
                     return
+                if not self.recorder.has_room():
+                    await self.recorder.writer.flush()  # back-pressure from the ack log
+                    continue
                 now = now_ns()
                 nxt = consumer.next_delivery(now)
                 if nxt is None:
@@ -95,6 +102,7 @@ class Delivery:
                         continue
                     return
                 seq, cseq, deliveries = nxt
+                self.recorder.delivered(consumer, seq, cseq, deliveries)
                 msg = await self._load(consumer.stream, seq)
                 if msg is None:
                     continue
@@ -162,20 +170,29 @@ class Delivery:
         if token is None or kind is None:
             return
         consumer = self._consumer(token.stream, token.consumer)
-        if consumer is None:
+        if consumer is None or not self.recorder.has_room():
+            # With the ack log full the ack is not taken: the message is redelivered after ack_wait.
             return
         now = now_ns()
+        record, changed, extra = al.ACK, False, {}
         if kind.kind in ("ack", "term", "next"):
-            consumer.ack(token.seq, now)
+            changed = consumer.ack(token.seq, now)
+            record = al.TERM if kind.kind == "term" else al.ACK
         elif kind.kind == "nak":
+            changed, record = token.seq in consumer.pending, al.NAK
+            extra = {"delay": kind.delay_ns} if kind.delay_ns else {}
             consumer.nak(token.seq)
         elif kind.kind == "wpi":
             p = consumer.pending.get(token.seq)
+            changed, record = p is not None, al.WPI
             if p is not None:
                 p.deadline_ns = now + int(consumer.config["ack_wait"])
+        sync = bool(reply) and kind.kind != "next"
+        durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **extra)
         if kind.kind == "next" and reply:
             self.pull_request(token.stream, token.consumer, reply, str(kind.next_batch).encode())
-        elif reply:
-            self.leaf.publish(reply, b"")
+        elif durable is not None:
+            # An ack with a reply is answered only once its row is committed.
+            durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
         if len(consumer.waiting):
             self._kick(consumer)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer
 from gateway.stream import Stream
 from storage_delta.catalog import CatalogTable
@@ -23,7 +24,9 @@ class Registry:
         executor: Executor,
         tail_cache_bytes: int,
         on_stream_added: Callable[[Stream], None],
+        recorder: AckRecorder,
     ) -> None:
+        self.recorder = recorder
         self._catalog = catalog
         self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
@@ -62,7 +65,9 @@ class Registry:
     async def add_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
         name = config.get("name") or config["durable_name"]
         await self._persist("consumer", stream.name, name, {"config": config, "created": created_ns})
-        return self.install_consumer(stream, config, created_ns)
+        consumer = self.install_consumer(stream, config, created_ns)
+        await self.recorder.created(consumer)
+        return consumer
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

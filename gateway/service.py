@@ -11,7 +11,9 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway.ack_recorder import AckRecorder
 from gateway.api import Api, split_api_subject
+from gateway.consumer_log import reduce
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.protocol import Msg
@@ -20,6 +22,7 @@ from gateway.registry import Registry
 from gateway.settings import Settings
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
+from storage_delta.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
 from storage_delta.reader import MessageReader
 from storage_delta.tables import StoreRoot
@@ -40,6 +43,7 @@ class Gateway:
         self.tasks = TaskOwner()
         self.leaf: LeafConnection | None = None
         self.writer: GroupCommitWriter | None = None
+        self.acklog: AckLogWriter | None = None
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
@@ -51,11 +55,24 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        table, catalog = await loop.run_in_executor(
-            self.executor, lambda: (MessageTable(self.root), CatalogTable(self.root))
+        table, catalog, acks = await loop.run_in_executor(
+            self.executor, lambda: (MessageTable(self.root), CatalogTable(self.root), AckLogTable(self.root))
         )
-        self.registry = Registry(catalog, self.executor, self.settings.tail_cache_bytes, self._stream_added)
-        await self._recover(catalog)
+        history = await loop.run_in_executor(self.executor, acks.load)
+        self.acklog = AckLogWriter(
+            acks,
+            self.executor,
+            history.max_lsn,
+            self.settings.ack_flush_interval_ms / 1000,
+            self.settings.acklog_max_pending,
+            self.settings.acklog_compact_rows,
+        )
+        recorder = AckRecorder(self.acklog)
+        self.registry = Registry(
+            catalog, self.executor, self.settings.tail_cache_bytes, self._stream_added, recorder
+        )
+        await self._recover(catalog, history)
+        await self.acklog.start()
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
         )
@@ -66,7 +83,7 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks)
+        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks, recorder)
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
@@ -78,8 +95,9 @@ class Gateway:
         await self.leaf.start()
         self.started = True
 
-    async def _recover(self, catalog: CatalogTable) -> None:
-        """Rebuild streams and consumers from the catalog, and stream state from the messages table."""
+    async def _recover(self, catalog: CatalogTable, history: AckLog) -> None:
+        """Rebuild streams and consumers from the catalog, stream state from the messages table and
+        durable consumers' state from the ack log (ephemeral consumers end with the process)."""
         assert self.registry is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
@@ -90,9 +108,14 @@ class Gateway:
                 for seq, ts, subject, size in rows:
                     stream.restore(seq, ts, subject, size)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
-                self.registry.install_consumer(
-                    self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
+                if not entry.body["config"].get("durable_name"):
+                    continue
+                created = int(entry.body["created"])
+                state = reduce(history.consumers.get((entry.stream, entry.name), []), created)
+                consumer = self.registry.install_consumer(
+                    self.registry.streams[entry.stream], state.config or entry.body["config"], created
                 )
+                consumer.restore(state)
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
@@ -106,6 +129,8 @@ class Gateway:
                     self.leaf.unsubscribe(subject)
         if self.writer is not None:
             await self.writer.close()
+        if self.acklog is not None:
+            await self.acklog.close()
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.leaf is not None:
