@@ -2,9 +2,10 @@
 machines and :class:`~storage_delta.acklog.AckLogWriter`.
 
 Each method is called right after the state machine made the change, so the row carries the
-consumer's ack floor as it now stands. Lifecycle rows (create, config, delete) are awaited: the API
-answers only once they are committed. Deliveries and plain acks are committed within the writer's
-flush interval; an ack with a reply gets a future that resolves once its row is committed.
+consumer's positions (last delivered, ack floor) as they now stand. Lifecycle rows (create,
+config, delete) are awaited: the API answers only once they are committed. Deliveries and plain
+acks are committed within the writer's flush interval; an ack with a reply gets a future that
+resolves once its row is committed.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class AckRecorder:
             cseq=cseq,
             deliveries=deliveries,
             ts=ts or now_ns(),
+            delivered_seq=consumer.sseq,
+            delivered_cseq=consumer.dseq,
             floor_seq=consumer.ack_floor_sseq,
             floor_cseq=consumer.ack_floor_cseq,
             body=json.dumps(body, separators=(",", ":")) if body else None,
@@ -53,9 +56,16 @@ class AckRecorder:
         assert fut is not None
         await fut
 
-    async def created(self, consumer: Consumer) -> None:
+    async def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
         await self._durable(
-            self._row(consumer, al.CREATE, config=consumer.config, created=consumer.created_ns)
+            self._row(
+                consumer,
+                al.CREATE,
+                config=consumer.config,
+                created=consumer.created_ns,
+                start_after=start_after,
+                skip=skip,
+            )
         )
 
     async def config_changed(self, consumer: Consumer) -> None:
@@ -66,6 +76,10 @@ class AckRecorder:
 
     def delivered(self, consumer: Consumer, seq: int, cseq: int, deliveries: int) -> None:
         self.writer.submit(self._row(consumer, al.DELIVER, seq, cseq, deliveries, consumer.last_active_ns))
+
+    def dropped(self, consumer: Consumer, seq: int) -> None:
+        """``seq`` left the pending set unacknowledged (deliveries ran out, or it is gone)."""
+        self.writer.submit(self._row(consumer, al.DROP, seq))
 
     def acked(
         self, consumer: Consumer, kind: str, seq: int, changed: bool, sync: bool, **body: Any

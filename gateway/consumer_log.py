@@ -31,6 +31,10 @@ class PendingState:
 class ConsumerState:
     created_ns: int = 0
     config: dict[str, Any] | None = None
+    #: Where the consumer started (``start_after``) and the ``last_per_subject`` sequences it had
+    #: still to deliver, as its create row recorded them.
+    start_after: int = 0
+    skip: list[int] = field(default_factory=list)
     delivered_cseq: int = 0
     delivered_sseq: int = 0
     delivered_ns: int = 0
@@ -38,10 +42,11 @@ class ConsumerState:
     floor_sseq: int = 0
     floor_ns: int = 0
     pending: dict[int, PendingState] = field(default_factory=dict)
+    redelivered: set[int] = field(default_factory=set)
 
     @property
     def num_redelivered(self) -> int:
-        return sum(1 for p in self.pending.values() if p.deliveries > 1)
+        return len(self.redelivered)
 
     @property
     def paused_until(self) -> str | None:
@@ -53,13 +58,12 @@ def _apply(state: ConsumerState, r: al.AckRecord) -> None:
         body = r.body_json()
         if body.get("config") is not None:
             state.config = body["config"]
-        if r.kind != al.CONFIG:
-            state.created_ns = int(body.get("created") or state.created_ns)
-            state.delivered_ns = max(state.delivered_ns, int(body.get("delivered_ts") or 0))
-            state.floor_ns = max(state.floor_ns, int(body.get("ack_ts") or 0))
-    if r.kind in (al.DELIVER, al.STATE):
-        state.delivered_cseq = max(state.delivered_cseq, r.cseq)
-        state.delivered_sseq = max(state.delivered_sseq, r.seq)
+        state.created_ns = int(body.get("created") or state.created_ns)
+        state.start_after = int(body.get("start_after") or state.start_after)
+        state.skip = list(body.get("skip") or state.skip)
+        state.delivered_ns = max(state.delivered_ns, int(body.get("delivered_ts") or 0))
+        state.floor_ns = max(state.floor_ns, int(body.get("ack_ts") or 0))
+        state.redelivered |= set(body.get("redelivered") or ())
     if r.kind == al.DELIVER:
         state.delivered_ns = max(state.delivered_ns, r.ts)
         state.pending[r.seq] = PendingState(r.cseq, r.deliveries, r.ts)
@@ -71,6 +75,7 @@ def _apply(state: ConsumerState, r: al.AckRecord) -> None:
         state.pending[r.seq].due_ns = r.ts + int(r.body_json().get("delay") or 0)
     elif r.kind == al.WPI and r.seq in state.pending:
         state.pending[r.seq].since_ns = r.ts
+    state.delivered_sseq, state.delivered_cseq = r.delivered_seq, r.delivered_cseq
     state.floor_sseq, state.floor_cseq = r.floor_seq, r.floor_cseq
 
 
@@ -84,7 +89,12 @@ def reduce(records: list[al.AckRecord], created_ns: int) -> ConsumerState:
         _apply(state, r)
     if state.created_ns != created_ns:
         return ConsumerState(created_ns=created_ns)
+    ack_all = (state.config or {}).get("ack_policy") == "all"
+    state.redelivered = al.redelivered_after(
+        [r for r in rows if r.kind != al.STATE], state.redelivered, ack_all
+    )
     # Everything at or below the floor is acknowledged, whatever rows compaction folded.
     for seq in [s for s in state.pending if s <= state.floor_sseq]:
         del state.pending[seq]
+    state.skip = [s for s in state.skip if s > state.delivered_sseq]
     return state

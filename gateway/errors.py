@@ -43,3 +43,32 @@ CONSUMER_CREATE = ApiError(500, 10012, "{err}")
 CONSUMER_FILTER_NOT_MATCH_SUBJECT = ApiError(
     400, 10131, "Consumer create request did not match filtered subject from create subject"
 )
+CONSUMER_DOES_NOT_EXIST = ApiError(400, 10149, "consumer does not exist")
+CONSUMER_EPHEMERAL_WITH_DURABLE = ApiError(
+    400, 10020, "consumer expected to be ephemeral but a durable name was set in request"
+)
+CONSUMER_INVALID_POLICY = ApiError(400, 10094, "{err}")
+CONSUMER_BOTH_FILTERS = ApiError(
+    400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified"
+)
+CONSUMER_OVERLAPPING_FILTERS = ApiError(400, 10138, "consumer subject filters cannot overlap")
+CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
+    400, 10116, "max deliver is required to be > length of backoff values"
+)
+CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
+CONSUMER_HEARTBEAT_REQUIRES_PUSH = ApiError(
+    400, 10088, "consumer idle heartbeat requires a push based consumer"
+)
+CONSUMER_FLOW_CONTROL_REQUIRES_PUSH = ApiError(
+    400, 10089, "consumer flow control requires a push based consumer"
+)
+CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS = ApiError(
+    400, 10108, "consumer with flow control also needs heartbeats"
+)
+CONSUMER_PULL_RATE_LIMIT = ApiError(400, 10086, "consumer in pull mode can not have rate limit set")
+CONSUMER_DELIVER_WILDCARDS = ApiError(400, 10079, "consumer deliver subject has wildcards")
+CONSUMER_MAX_EXPIRES_TOO_SMALL = ApiError(400, 10115, "consumer max request expires needs to be >= 1ms")
+CONSUMER_ACK_WAIT_NEGATIVE = ApiError(400, 10183, "consumer ack wait needs to be positive")
+CONSUMER_INVALID_SUBJECT = ApiError(500, 10052, "invalid subject")
+REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
+MAXIMUM_CONSUMERS_LIMIT = ApiError(400, 10026, "maximum consumers limit reached")

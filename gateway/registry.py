@@ -37,6 +37,9 @@ class Registry:
         self.api_total = 0
         self.api_errors = 0
         self._lock = asyncio.Lock()
+        #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
+        #: waiting requests and the advisory goes out.
+        self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
 
     async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
         loop = asyncio.get_running_loop()
@@ -49,8 +52,15 @@ class Registry:
         self.consumers.setdefault(stream.name, {})
         return stream
 
-    def install_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
-        consumer = Consumer(stream, config, created_ns)
+    def install_consumer(
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        start_after: int = 0,
+        skip: list[int] | None = None,
+    ) -> Consumer:
+        consumer = Consumer(stream, config, created_ns, start_after, skip)
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
@@ -62,12 +72,34 @@ class Registry:
         self._on_stream_added(stream)
         return stream
 
-    async def add_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
+    async def add_consumer(
+        self, stream: Stream, config: dict[str, Any], created_ns: int, start_after: int, skip: list[int]
+    ) -> Consumer:
         name = config.get("name") or config["durable_name"]
-        await self._persist("consumer", stream.name, name, {"config": config, "created": created_ns})
-        consumer = self.install_consumer(stream, config, created_ns)
-        await self.recorder.created(consumer)
+        body = {"config": config, "created": created_ns, "start_after": start_after}
+        await self._persist("consumer", stream.name, name, body)
+        consumer = self.install_consumer(stream, config, created_ns, start_after, skip)
+        await self.recorder.created(consumer, start_after, skip)
         return consumer
+
+    async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
+        body = {"config": config, "created": consumer.created_ns, "start_after": consumer.ack_floor_sseq}
+        await self._persist("consumer", consumer.stream.name, consumer.name, body)
+        consumer.reconfigure(config)
+        await self.recorder.config_changed(consumer)
+
+    async def remove_consumer(self, consumer: Consumer) -> bool:
+        """Delete a consumer (durably first); False if it was already gone."""
+        by_name = self.consumers.get(consumer.stream.name, {})
+        if by_name.get(consumer.name) is not consumer:
+            return False
+        await self._persist("consumer", consumer.stream.name, consumer.name, None)
+        if by_name.get(consumer.name) is not consumer:
+            return False
+        del by_name[consumer.name]
+        self.on_consumer_removed(consumer)
+        await self.recorder.deleted(consumer)
+        return True
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

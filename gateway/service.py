@@ -9,10 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway import advisories
 from gateway.ack_recorder import AckRecorder
 from gateway.api import Api, split_api_subject
+from gateway.coldread import ColdReader
+from gateway.consumer import Consumer
 from gateway.consumer_log import reduce
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
@@ -48,6 +52,7 @@ class Gateway:
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
         self.reader = MessageReader(self.root)
+        self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
         self.started = False
 
@@ -83,7 +88,10 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks, recorder)
+        self.delivery = Delivery(
+            self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, recorder
+        )
+        self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
@@ -113,7 +121,11 @@ class Gateway:
                 created = int(entry.body["created"])
                 state = reduce(history.consumers.get((entry.stream, entry.name), []), created)
                 consumer = self.registry.install_consumer(
-                    self.registry.streams[entry.stream], state.config or entry.body["config"], created
+                    self.registry.streams[entry.stream],
+                    state.config or entry.body["config"],
+                    created,
+                    state.start_after if state.config else int(entry.body.get("start_after") or 0),
+                    state.skip,
                 )
                 consumer.restore(state)
 
@@ -161,7 +173,7 @@ class Gateway:
     async def _api_worker(self) -> None:
         assert self.registry is not None
         assert self.leaf is not None
-        api = Api(self.registry)
+        api = Api(self.registry, self.cold.first_seq_at, self._publish_event)
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -176,6 +188,18 @@ class Gateway:
                 self.registry.api_errors += 1
             if reply:
                 self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        if self.leaf is not None:
+            self.leaf.publish(event[0], event[1])
+
+    async def _expire_consumer(self, consumer: Consumer) -> None:
+        """A consumer past its ``inactive_threshold`` goes, as on the real server."""
+        assert self.registry is not None
+        if await self.registry.remove_consumer(consumer):
+            self._publish_event(
+                advisories.consumer_action(consumer.stream.name, consumer.name, "delete", time.time_ns())
+            )
 
     def _stream_added(self, stream: Stream) -> None:
         if self.publish is not None:

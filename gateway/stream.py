@@ -189,3 +189,23 @@ class Stream:
             st.last_ts = last.ts
         if st.messages == 0:
             st.first_seq = st.first_ts = 0
+
+    def last_matching(self, filters: list[str]) -> int | None:
+        """The newest sequence a filter matches (``deliver_policy: last``)."""
+        for seq in range(self._base + len(self._subject_of) - 1, self._base - 1, -1):
+            sid = self._subject_of[seq - self._base]
+            if sid and (not filters or any(subject_matches(f, self._subject_names[sid]) for f in filters)):
+                return seq
+        return None
+
+    def last_per_subject(self, filters: list[str]) -> list[int]:
+        """The newest sequence of each subject the filters match, ascending (``last_per_subject``)."""
+        newest: dict[int, int] = {}
+        for i, sid in enumerate(self._subject_of):
+            if sid:
+                newest[sid] = self._base + i
+        return sorted(
+            seq
+            for sid, seq in newest.items()
+            if not filters or any(subject_matches(f, self._subject_names[sid]) for f in filters)
+        )

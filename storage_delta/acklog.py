@@ -3,8 +3,8 @@
 Invariants (docs/storage.md):
 * rows are ordered by ``lsn``, which grows with every row the gateway submits; a commit holds a
   contiguous run of them, and commits land in submission order;
-* every row carries the consumer's ack floor after its change, so a consumer's floor is the
-  ``floor_seq``/``floor_cseq`` of its newest row;
+* every row carries the consumer's positions after its change (last delivered stream and consumer
+  sequence, ack floor), so a consumer's positions are those of its newest row;
 * an incarnation of a consumer starts at its ``create`` row and ends at a ``delete`` row; rows before
   the last ``create`` or ``delete`` belong to an earlier consumer of the same name;
 * compaction replaces a consumer's rows at or below its ack floor (and its ``create``/``config``/older
@@ -70,6 +70,8 @@ class AckRecord:
     cseq: int = 0
     deliveries: int = 0
     ts: int = 0
+    delivered_seq: int = 0
+    delivered_cseq: int = 0
     floor_seq: int = 0
     floor_cseq: int = 0
     body: str | None = None
@@ -98,13 +100,27 @@ def from_arrow(table: pa.Table) -> list[AckRecord]:
             cseq=cseq,
             deliveries=deliveries,
             ts=ts,
+            delivered_seq=delivered_seq,
+            delivered_cseq=delivered_cseq,
             floor_seq=floor_seq,
             floor_cseq=floor_cseq,
             body=body,
         )
-        for lsn, stream, consumer, kind, seq, cseq, deliveries, ts, floor_seq, floor_cseq, body in zip(
-            *cols, strict=True
-        )
+        for (
+            lsn,
+            stream,
+            consumer,
+            kind,
+            seq,
+            cseq,
+            deliveries,
+            ts,
+            delivered_seq,
+            delivered_cseq,
+            floor_seq,
+            floor_cseq,
+            body,
+        ) in zip(*cols, strict=True)
     ]
 
 
@@ -121,6 +137,25 @@ def incarnation(records: list[AckRecord]) -> list[AckRecord]:
     return records[start:]
 
 
+def redelivered_after(records: list[AckRecord], start: Iterable[int], ack_all: bool) -> set[int]:
+    """The stream sequences counted as redelivered after ``records``: delivered more than once and
+    not settled by an ack or term since (one whose deliveries ran out stays counted)."""
+    out = set(start)
+    pending: set[int] = set()
+    for r in records:
+        if r.kind == DELIVER:
+            pending.add(r.seq)
+            if r.deliveries > 1:
+                out.add(r.seq)
+        elif r.kind == DROP:
+            pending.discard(r.seq)
+        elif r.kind in (ACK, TERM):
+            settled = {s for s in pending if s <= r.seq} if ack_all else {r.seq}
+            pending -= settled
+            out -= settled
+    return out
+
+
 def fold(records: list[AckRecord]) -> list[AckRecord]:
     """One consumer's rows (lsn order) after compaction: a ``state`` row for everything at or below
     the ack floor, then the rows above it, unchanged."""
@@ -132,30 +167,31 @@ def fold(records: list[AckRecord]) -> list[AckRecord]:
     kept = [r for r in rows if r.kind in MESSAGE_KINDS and r.seq > floor_seq]
     if not folded:
         return kept
-    body: dict[str, Any] = {"created": 0, "config": None, "delivered_ts": 0, "ack_ts": 0}
-    seq = cseq = 0
+    body: dict[str, Any] = {"delivered_ts": 0, "ack_ts": 0}
+    earlier: list[int] = []
     for r in folded:
-        if r.kind in (CREATE, STATE):
-            extra = r.body_json()
-            body["created"] = extra.get("created", body["created"])
-            body["delivered_ts"] = max(body["delivered_ts"], extra.get("delivered_ts", 0))
-            body["ack_ts"] = max(body["ack_ts"], extra.get("ack_ts", 0))
-        if r.kind in (CREATE, CONFIG, STATE) and r.body_json().get("config") is not None:
-            body["config"] = r.body_json()["config"]
-        if r.kind in (DELIVER, STATE):
-            seq, cseq = max(seq, r.seq), max(cseq, r.cseq)
+        extra = r.body_json() if r.kind in (CREATE, CONFIG, STATE) else {}
+        for key in ("created", "config", "start_after", "skip"):
+            if extra.get(key) is not None:
+                body[key] = extra[key]
+        body["delivered_ts"] = max(body["delivered_ts"], extra.get("delivered_ts", 0))
+        body["ack_ts"] = max(body["ack_ts"], extra.get("ack_ts", 0))
+        earlier = extra.get("redelivered", earlier)
         if r.kind == DELIVER:
             body["delivered_ts"] = max(body["delivered_ts"], r.ts)
         if r.kind in (ACK, TERM):
             body["ack_ts"] = max(body["ack_ts"], r.ts)
     last = folded[-1]
+    ack_all = (body.get("config") or {}).get("ack_policy") == "all"
+    body["redelivered"] = sorted(redelivered_after(folded, earlier, ack_all))
+    body["skip"] = [s for s in body.get("skip") or [] if s > last.delivered_seq]
     state = AckRecord(
         stream=last.stream,
         consumer=last.consumer,
         kind=STATE,
-        seq=seq,
-        cseq=cseq,
         ts=max(r.ts for r in folded),
+        delivered_seq=last.delivered_seq,
+        delivered_cseq=last.delivered_cseq,
         floor_seq=last.floor_seq,
         floor_cseq=last.floor_cseq,
         body=json.dumps(body, separators=(",", ":")),

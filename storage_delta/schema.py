@@ -72,7 +72,8 @@ ACKS = "acks"
 ACK_PARTITIONS: list[str] = []
 
 #: The consumer ack log: one row per consumer state change, ordered by ``lsn``. Every row carries
-#: the ack floor *after* its change, so the newest row of a consumer gives its floor directly.
+#: the consumer's positions (delivered and ack floor) *after* its change, so the newest row of a
+#: consumer gives them directly.
 ACK_SCHEMA = pa.schema(
     [
         pa.field("lsn", pa.int64(), nullable=False),
@@ -83,6 +84,8 @@ ACK_SCHEMA = pa.schema(
         pa.field("cseq", pa.int64(), nullable=False),
         pa.field("deliveries", pa.int64(), nullable=False),
         pa.field("ts", pa.int64(), nullable=False),
+        pa.field("delivered_seq", pa.int64(), nullable=False),
+        pa.field("delivered_cseq", pa.int64(), nullable=False),
         pa.field("floor_seq", pa.int64(), nullable=False),
         pa.field("floor_cseq", pa.int64(), nullable=False),
         pa.field("body", pa.string(), nullable=True),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway import consumer_config
 from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer
 from gateway.consumer_log import ConsumerState, reduce
@@ -26,43 +27,51 @@ ROOT = Path(__file__).resolve().parent.parent
 CREATED = 1_700_000_000_000_000_000
 
 
-def make_consumer(name: str, ack_policy: str = "explicit", messages: int = 400) -> Consumer:
+def make_consumer(name: str, ack_policy: str = "explicit", messages: int = 400, **extra: Any) -> Consumer:
     stream = Stream({"name": "S", "subjects": ["s.>"]}, CREATED, 1 << 20)
     for seq in range(1, messages + 1):
         stream.restore(seq, CREATED + seq, f"s.{seq % 3}", 40)
-    cfg = {"durable_name": name, "name": name, "ack_policy": ack_policy, "ack_wait": 30_000_000_000}
-    return Consumer(stream, cfg, CREATED)
+    raw = {"durable_name": name, "ack_policy": ack_policy, **extra}
+    return Consumer(stream, consumer_config.normalize(raw, "2.15.1"), CREATED)
 
 
 def drive(consumer: Consumer, rng: random.Random, steps: int) -> list[al.AckRecord]:
     """Drive the real consumer state machine at random and record each change as the gateway does."""
     row = AckRecorder._row
     rows = [row(consumer, al.CREATE, config=consumer.config, created=consumer.created_ns)]
+    clock = now_ns()
     for _ in range(steps):
+        clock += rng.randrange(1, 10**9)
         op = rng.random()
-        if op < 0.45:
-            nxt = consumer.next_delivery(now_ns())
-            if nxt is not None:
-                rows.append(row(consumer, al.DELIVER, *nxt, consumer.last_active_ns))
+        seq = consumer.next_seq()
+        if op < 0.45 and seq is not None:
+            d = consumer.deliver(seq, clock)
+            assert d is not None
+            rows.append(row(consumer, al.DELIVER, d.seq, d.cseq, d.deliveries, consumer.last_active_ns))
         elif op < 0.8 and consumer.pending:
             seq = rng.choice(sorted(consumer.pending))
+            cseq = consumer.pending[seq].cseq
             kind = al.TERM if rng.random() < 0.1 else al.ACK
-            assert consumer.ack(seq, now_ns())
-            rows.append(row(consumer, kind, seq, ts=consumer.ack_floor_active_ns))
+            if consumer.ack(seq, cseq, clock) is not None:  # ack-all: None below the floor
+                rows.append(row(consumer, kind, seq, ts=consumer.ack_floor_active_ns))
         elif op < 0.9 and consumer.pending:
             seq = rng.choice(sorted(consumer.pending))
-            consumer.nak(seq)
-            rows.append(row(consumer, al.NAK, seq))
+            assert consumer.nak(seq, 0, clock)
+            rows.append(row(consumer, al.NAK, seq, ts=clock))
         elif consumer.pending:
-            # every pending message's ack wait runs out: they are queued for redelivery
-            consumer.due_redeliveries(now_ns() + 10**12)
+            # the ack waits run out: redelivery is queued, or the deliveries are used up
+            clock += 31 * 10**9
+            for seq, _ in consumer.expire(clock):
+                rows.append(row(consumer, al.DROP, seq, ts=clock))
     for i, r in enumerate(rows, start=1):
         r.lsn = i
     return rows
 
 
 def restored(consumer: Consumer, state: ConsumerState) -> Consumer:
-    fresh = Consumer(consumer.stream, state.config or consumer.config, state.created_ns)
+    fresh = Consumer(
+        consumer.stream, state.config or consumer.config, state.created_ns, state.start_after, state.skip
+    )
     fresh.restore(state)
     return fresh
 
@@ -74,18 +83,28 @@ def same_state(a: Consumer, b: Consumer) -> None:
     assert {s: (p.cseq, p.deliveries) for s, p in a.pending.items()} == {
         s: (p.cseq, p.deliveries) for s, p in b.pending.items()
     }
+    assert a.num_redelivered() == b.num_redelivered()
 
 
-# Seeds and policies: each one a different mix of deliveries, acks, naks and redeliveries.
-CASES = [(seed, "explicit") for seed in range(6)] + [(10, "none")]
+# Seeds and configs: each one a different mix of deliveries, acks, naks and redeliveries.
+CASES = [
+    *[(seed, "explicit", {}) for seed in range(4)],
+    # deliveries run out: messages leave pending, the floor stays, they stay counted redelivered
+    (4, "explicit", {"max_deliver": 2}),
+    (5, "explicit", {"max_deliver": 3, "filter_subject": "s.1"}),
+    # an ack acknowledges everything below it
+    (6, "all", {}),
+    (7, "none", {}),
+]
 
 
-@pytest.mark.parametrize(("seed", "policy"), CASES)
-def test_reducer_rebuilds_the_state_machine(seed: int, policy: str) -> None:
+@pytest.mark.parametrize(("seed", "policy", "extra"), CASES)
+def test_reducer_rebuilds_the_state_machine(seed: int, policy: str, extra: dict[str, Any]) -> None:
     """Replaying a consumer's rows gives back its delivered sequences, floor, pending set with
     delivery counts and redelivered count."""
-    consumer = make_consumer("C", policy)
+    consumer = make_consumer("C", policy, **extra)
     rows = drive(consumer, random.Random(seed), 600)
+    assert consumer.ack_floor_sseq > 0
     state = reduce(rows, CREATED)
     assert state.num_redelivered == consumer.num_redelivered()
     same_state(restored(consumer, state), consumer)
