@@ -71,6 +71,7 @@ class Gateway:
             self.settings.ack_flush_interval_ms / 1000,
             self.settings.acklog_max_pending,
             self.settings.acklog_compact_rows,
+            history.rows,
         )
         recorder = AckRecorder(self.acklog)
         self.registry = Registry(

@@ -81,6 +81,24 @@ class AckRecord:
         return json.loads(self.body) if self.body else {}
 
 
+#: AckRecord's fields in declaration order, for positional construction.
+_FIELD_ORDER = [
+    "stream",
+    "consumer",
+    "kind",
+    "seq",
+    "cseq",
+    "deliveries",
+    "ts",
+    "delivered_seq",
+    "delivered_cseq",
+    "floor_seq",
+    "floor_cseq",
+    "body",
+    "lsn",
+]
+
+
 def to_arrow(records: list[AckRecord]) -> pa.Table:
     return pa.table(
         {name: [getattr(r, name) for r in records] for name in sch.ACK_SCHEMA.names},
@@ -88,40 +106,23 @@ def to_arrow(records: list[AckRecord]) -> pa.Table:
     )
 
 
+def _column(table: pa.Table, name: str) -> list[Any]:
+    """A column as Python values, fast: numbers through numpy, the few distinct strings (stream,
+    consumer and kind names) decoded once through a dictionary."""
+    col = table.column(name).combine_chunks()
+    if pa.types.is_integer(col.type):
+        return col.to_numpy().tolist()  # type: ignore[no-any-return]
+    if name == "body":
+        return col.to_pylist()  # type: ignore[no-any-return]
+    encoded = col.dictionary_encode()
+    words = encoded.dictionary.to_pylist()
+    return [words[i] for i in encoded.indices.to_numpy().tolist()]
+
+
 def from_arrow(table: pa.Table) -> list[AckRecord]:
-    cols = [table.column(name).to_pylist() for name in sch.ACK_SCHEMA.names]
-    return [
-        AckRecord(
-            lsn=lsn,
-            stream=stream,
-            consumer=consumer,
-            kind=kind,
-            seq=seq,
-            cseq=cseq,
-            deliveries=deliveries,
-            ts=ts,
-            delivered_seq=delivered_seq,
-            delivered_cseq=delivered_cseq,
-            floor_seq=floor_seq,
-            floor_cseq=floor_cseq,
-            body=body,
-        )
-        for (
-            lsn,
-            stream,
-            consumer,
-            kind,
-            seq,
-            cseq,
-            deliveries,
-            ts,
-            delivered_seq,
-            delivered_cseq,
-            floor_seq,
-            floor_cseq,
-            body,
-        ) in zip(*cols, strict=True)
-    ]
+    cols = {name: _column(table, name) for name in sch.ACK_SCHEMA.names}
+    order = [cols[name] for name in _FIELD_ORDER]
+    return [AckRecord(*values) for values in zip(*order, strict=True)]
 
 
 def incarnation(records: list[AckRecord]) -> list[AckRecord]:
@@ -305,8 +306,9 @@ class AckLogWriter:
     A row submitted with ``sync`` is committed at once (with whatever queued before it); other rows
     wait at most ``flush_interval_s`` so that plain acks share commits. A commit that fails is
     retried with the same txn version until it lands; its rows stay queued meanwhile. Past
-    ``max_pending`` rows a submit is refused (:class:`AckLogFull`). After ``compact_every``
-    committed rows (0: never) the loop compacts the table between two commits.
+    ``max_pending`` rows a submit is refused (:class:`AckLogFull`). After ``compact_every`` rows
+    (0: never; ``backlog`` counts the rows found at start) the table is compacted through its own
+    handle, beside the commits: the overwrite keeps the files appended meanwhile.
     """
 
     def __init__(
@@ -317,6 +319,7 @@ class AckLogWriter:
         flush_interval_s: float,
         max_pending: int,
         compact_every: int,
+        backlog: int = 0,
     ) -> None:
         self._table = table
         self._executor = executor
@@ -333,7 +336,8 @@ class AckLogWriter:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._version = 0
-        self._since_compaction = 0
+        self._since_compaction = backlog
+        self._compaction: asyncio.Task[None] | None = None
         self.commits = 0
         self.rows_committed = 0
         self.compactions = 0
@@ -374,7 +378,7 @@ class AckLogWriter:
         await fut
 
     async def compact(self) -> None:
-        """Compact between two commits (the gateway's checkpoint) and wait until it is done."""
+        """Compact now (the gateway's checkpoint) and wait until it is done."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._compact_waiters.append(fut)
         self._urgent = True
@@ -417,9 +421,11 @@ class AckLogWriter:
                 if not w.done():
                     w.set_result(None)
             due = self._compact_every and self._since_compaction >= self._compact_every
-            if self._compact_waiters or due:
-                await self._compact(loop)
+            if (self._compact_waiters or due) and self._compaction is None:
+                self._compaction = asyncio.create_task(self._compact(loop), name="acklog-compact")
             if self._closed and not self._pending:
+                if self._compaction is not None:
+                    await self._compaction
                 return
 
     async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRecord]) -> None:
@@ -440,20 +446,26 @@ class AckLogWriter:
 
     async def _compact(self, loop: asyncio.AbstractEventLoop) -> None:
         waiters, self._compact_waiters = self._compact_waiters, []
+        counted = self._since_compaction
         try:
-            result = await loop.run_in_executor(self._executor, self._table.compact)
+            result = await loop.run_in_executor(self._executor, compact_store, self._table.root)
         except Exception as exc:  # the log stays correct uncompacted; a later round tries again
             log.exception("ack log compaction failed")
             for w in waiters:
                 if not w.done():
                     w.set_exception(exc)
             return
-        self._since_compaction = 0
+        finally:
+            self._compaction = None
+        self._since_compaction -= counted
         self.compactions += 1
         log.info("ack log compacted: %d rows to %d", result.rows_before, result.rows_after)
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+        if self._compact_waiters:  # asked for while this one ran: start the next
+            self._urgent = True
+            self._wakeup.set()
 
     async def close(self) -> None:
         """Commit what was submitted, then stop."""

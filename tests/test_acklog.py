@@ -147,9 +147,11 @@ def duck_floors(path: Path) -> dict[tuple[str, str], tuple[int, int]]:
     return {(s, c): (f, fc) for s, c, f, fc in duckdb_connection().execute(sql).fetchall()}
 
 
-async def write_all(table: al.AckLogTable, rows: list[al.AckRecord], sync_every: int) -> al.AckLogWriter:
+async def write_all(
+    table: al.AckLogTable, rows: list[al.AckRecord], sync_every: int, compact_every: int = 0
+) -> al.AckLogWriter:
     executor = ThreadPoolExecutor(2)
-    writer = al.AckLogWriter(table, executor, 0, 0.02, 10_000, 0)
+    writer = al.AckLogWriter(table, executor, 0, 0.02, 10_000, compact_every)
     await writer.start()
     futures: list[asyncio.Future[None]] = []
     for i, r in enumerate(rows):
@@ -251,3 +253,16 @@ def test_config_rows_carry_pause(tmp_path: Path) -> None:
         state = reduce(history, CREATED)
         assert state.paused_until == "2030-01-01T00:00:00Z"
         assert state.config == paused
+
+
+async def test_gateway_checkpoint_compacts_beside_commits(tmp_path: Path) -> None:
+    """The appender compacts after every ``compact_every`` rows while commits go on; the state read
+    back afterwards is the consumer's, from far fewer rows."""
+    root = StoreRoot(str(tmp_path))
+    consumer = make_consumer("C", messages=1500)
+    rows = drive(consumer, random.Random(9), 3000)
+    writer = await write_all(al.AckLogTable(root), rows, sync_every=11, compact_every=400)
+    assert writer.compactions >= 1
+    log = al.AckLogTable(root).load()
+    assert log.rows < len(rows)
+    same_state(restored(consumer, reduce(log.consumers[("S", "C")], CREATED)), consumer)
