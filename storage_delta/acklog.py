@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from storage_delta import schema as sch
+from storage_delta.catalog import CatalogTable
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
@@ -264,12 +265,18 @@ class AckLogTable:
         records = from_arrow(self.dt.to_pyarrow_table())
         return AckLog(group(records), max((r.lsn for r in records), default=0), len(records))
 
-    def compact(self) -> Compaction:
+    def compact(self, live: Callable[[], set[tuple[str, str]]] | None = None) -> Compaction:
         """Fold every consumer's rows at or below its ack floor into one ``state`` row (deleted
-        consumers and earlier incarnations disappear), as one Delta overwrite of the snapshot read."""
+        consumers and earlier incarnations disappear), as one Delta overwrite of the snapshot read.
+        ``live`` names the consumers that exist (read after the snapshot, so it knows every
+        consumer with rows in it); the rows of others, such as a deleted stream's, are dropped."""
         self.dt.update_incremental()
         records = from_arrow(self.dt.to_pyarrow_table())
-        out = sorted((r for rows in group(records).values() for r in fold(rows)), key=lambda r: r.lsn)
+        consumers = group(records)
+        if live is not None:
+            keep = live()
+            consumers = {key: rows for key, rows in consumers.items() if key in keep}
+        out = sorted((r for rows in consumers.values() for r in fold(rows)), key=lambda r: r.lsn)
         actions = [write_data_file(self.root, sch.ACKS, {}, to_arrow(out))] if out else []
         done = self.dt.transaction_version(COMPACT_APP_ID) or 0
         commit_adds(
@@ -293,11 +300,11 @@ class AckLogTable:
 def compact_store(root: StoreRoot) -> Compaction:
     """Compact the ack log of a store: what a scheduled (Spark) job calls. Safe beside a running
     gateway: its appends land in new files, which the overwrite leaves in place."""
-    return AckLogTable(root).compact()
 
+    def live() -> set[tuple[str, str]]:
+        return {(e.stream, e.name) for e in CatalogTable(root).load() if e.kind == "consumer"}
 
-class AckLogFull(Exception):
-    """More rows wait for a commit than the appender may hold."""
+    return AckLogTable(root).compact(live)
 
 
 class AckLogWriter:
@@ -305,10 +312,12 @@ class AckLogWriter:
 
     A row submitted with ``sync`` is committed at once (with whatever queued before it); other rows
     wait at most ``flush_interval_s`` so that plain acks share commits. A commit that fails is
-    retried with the same txn version until it lands; its rows stay queued meanwhile. Past
-    ``max_pending`` rows a submit is refused (:class:`AckLogFull`). After ``compact_every`` rows
-    (0: never; ``backlog`` counts the rows found at start) the table is compacted through its own
-    handle, beside the commits: the overwrite keeps the files appended meanwhile.
+    retried with the same txn version until it lands; its rows stay queued meanwhile. Callers of
+    the frequent rows (deliveries, acks) hold back while :meth:`has_room` says no, which bounds
+    the queue by ``max_pending``; the rare rows (lifecycle, drops) are always taken. After
+    ``compact_every`` rows (0: never; ``backlog`` counts the rows found at start) the table is
+    compacted through its own handle, beside the commits: the overwrite keeps the files appended
+    meanwhile.
     """
 
     def __init__(
@@ -329,7 +338,6 @@ class AckLogWriter:
         self._compact_every = compact_every
         self._pending: list[AckRecord] = []
         self._waiters: list[asyncio.Future[None]] = []
-        self._compact_waiters: list[asyncio.Future[None]] = []
         self._urgent = False
         self._in_flight = False
         self._wakeup = asyncio.Event()
@@ -354,8 +362,6 @@ class AckLogWriter:
         """Queue a row. With ``sync`` the returned future resolves once it (and every row queued
         before it) is committed; a ``None`` record is such a barrier alone."""
         if record is not None:
-            if not self.has_room():
-                raise AckLogFull(f"{len(self._pending)} ack log rows wait for a commit")
             self._lsn += 1
             record.lsn = self._lsn
             self._pending.append(record)
@@ -377,21 +383,8 @@ class AckLogWriter:
         assert fut is not None
         await fut
 
-    async def compact(self) -> None:
-        """Compact now (the gateway's checkpoint) and wait until it is done."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._compact_waiters.append(fut)
-        self._urgent = True
-        self._wakeup.set()
-        await fut
-
     def _ready(self) -> bool:
-        return (
-            self._urgent
-            or self._closed
-            or bool(self._compact_waiters)
-            or len(self._pending) >= self._max_pending // 2
-        )
+        return self._urgent or self._closed or len(self._pending) >= self._max_pending // 2
 
     async def _gather(self) -> None:
         """Wait for work; rows without a sync waiter wait up to the flush interval for company."""
@@ -421,7 +414,7 @@ class AckLogWriter:
                 if not w.done():
                     w.set_result(None)
             due = self._compact_every and self._since_compaction >= self._compact_every
-            if (self._compact_waiters or due) and self._compaction is None:
+            if due and self._compaction is None:
                 self._compaction = asyncio.create_task(self._compact(loop), name="acklog-compact")
             if self._closed and not self._pending:
                 if self._compaction is not None:
@@ -445,27 +438,17 @@ class AckLogWriter:
         self._since_compaction += len(batch)
 
     async def _compact(self, loop: asyncio.AbstractEventLoop) -> None:
-        waiters, self._compact_waiters = self._compact_waiters, []
         counted = self._since_compaction
         try:
             result = await loop.run_in_executor(self._executor, compact_store, self._table.root)
-        except Exception as exc:  # the log stays correct uncompacted; a later round tries again
+        except Exception:  # the log stays correct uncompacted; a later round tries again
             log.exception("ack log compaction failed")
-            for w in waiters:
-                if not w.done():
-                    w.set_exception(exc)
             return
         finally:
             self._compaction = None
         self._since_compaction -= counted
         self.compactions += 1
         log.info("ack log compacted: %d rows to %d", result.rows_before, result.rows_after)
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
-        if self._compact_waiters:  # asked for while this one ran: start the next
-            self._urgent = True
-            self._wakeup.set()
 
     async def close(self) -> None:
         """Commit what was submitted, then stop."""
