@@ -86,7 +86,7 @@ def write_history(root: StoreRoot, acks: int, rows_per_commit: int) -> int:
 def timed_start(lake: Jetlake, acks: int) -> tuple[float, dict[str, Any]]:
     """Seconds from starting the gateway to a consumer info with the whole ack floor."""
     t0 = time.monotonic()
-    lake.start_gateway()
+    lake.start_gateway(ready_s=3600)
     info = asyncio.run(api(lake.url, f"CONSUMER.INFO.{STREAM}.{CONSUMER}"))
     elapsed = time.monotonic() - t0
     assert info["ack_floor"]["stream_seq"] == acks, info
