@@ -24,7 +24,9 @@ class ColdReader:
         self._chunks: dict[tuple[str, int], dict[int, StoredMessage]] = {}
 
     async def read(self, stream: Stream, seq: int) -> StoredMessage | None:
-        """The stored message ``seq``, or None when storage no longer has it."""
+        """The stored message ``seq``, or None when it is gone (removed, or not stored)."""
+        if not stream.is_live(seq):
+            return None
         key = (stream.name, seq // CHUNK)
         chunk = self._chunks.get(key)
         if chunk is None or (seq not in chunk and seq > max(chunk, default=0)):
@@ -39,7 +41,13 @@ class ColdReader:
         last = min(first + CHUNK - 1, stream.durable_last_seq)
         loop = asyncio.get_running_loop()
         table = await loop.run_in_executor(
-            self.executor, self.reader.read_range, stream.name, max(first, 1), last, stream.block_size
+            self.executor,
+            self.reader.read_range,
+            stream.name,
+            max(first, 1),
+            last,
+            stream.block_size,
+            stream.created_ns,
         )
         return {
             row["seq"]: StoredMessage(
@@ -61,9 +69,11 @@ class ColdReader:
     async def first_seq_at(self, stream: Stream, ts_ns: int) -> int | None:
         """The first stored sequence at or after ``ts_ns`` (``deliver_policy: by_start_time``)."""
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(self.executor, self.reader.scan_index, stream.name)
+        rows = await loop.run_in_executor(
+            self.executor, self.reader.scan_index, stream.name, stream.created_ns
+        )
         for seq, ts, _subject, _size in rows:
-            if ts >= ts_ns and seq >= stream.state.first_seq:
+            if ts >= ts_ns and stream.is_live(seq):
                 return int(seq)
         for seq in range(stream.durable_last_seq + 1, stream.state.last_seq + 1):
             msg = stream.tail.get(seq)

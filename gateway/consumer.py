@@ -141,8 +141,10 @@ class Consumer:
         created_ns: int,
         start_after: int = 0,
         skip: list[int] | None = None,
+        name: str | None = None,
     ) -> None:
         self.stream = stream
+        self.name = str(name or config.get("name") or config.get("durable_name"))
         self.config = config
         self.created_ns = created_ns
         self.filters = filters_of(config)
@@ -167,10 +169,6 @@ class Consumer:
         self.paused_until_ns = _pause_ns(config)
 
     # ---- properties ---------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return str(self.config.get("name") or self.config.get("durable_name"))
 
     @property
     def ack_policy(self) -> str:
@@ -232,8 +230,8 @@ class Consumer:
         return len(self._redelivered)
 
     def forget(self, seq: int, subject: str) -> None:
-        """The stream removed a message (limits, delete, retention): it is no longer pending."""
-        self._catch_up()
+        """The stream removed a message (limits, delete, retention): if it was counted as still
+        to come, it no longer is. (Not counted yet: the catch-up will find it gone.)"""
         if self.sseq < seq <= self._counted and self.matches(subject):
             self._npc -= 1
 

@@ -35,6 +35,8 @@ RESPONSE_TYPES = {
 #: Fields the real server adds to an error answer of these requests.
 ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "CONSUMER.PAUSE": {"paused": False, "pause_until": ZERO_TIME},
+    "CONSUMER.NAMES": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
+    "CONSUMER.LIST": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
 }
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
@@ -101,20 +103,20 @@ class ConsumerApi:
             raise errors.STREAM_MISMATCH
         stream = self._stream(stream_name)
         cfg_in = dict(raw.get("config") or {})
+        consumer_config.check_enums(cfg_in)
         durable = cfg_in.get("durable_name")
         if name is None and durable:
             raise errors.CONSUMER_EPHEMERAL_WITH_DURABLE
         if name is not None and durable and durable != name:
             raise errors.CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT
-        if durable_subject:
-            cfg_in["durable_name"] = name
+        if durable_subject and not durable:
+            raise errors.CONSUMER_DURABLE_NAME_NOT_SET
         if filter_subject and cfg_in.get("filter_subject") != filter_subject:
             raise errors.CONSUMER_FILTER_NOT_MATCH_SUBJECT
         if name is not None:
             cfg_in["name"] = name
         cfg = consumer_config.normalize(cfg_in, self.reg.server_version)
         cname = cfg.get("name") or ephemeral_name()
-        cfg.setdefault("name", cname)
         existing = self.reg.consumers.get(stream_name, {}).get(cname)
         action = raw.get("action", "")
         now = now_ns()
@@ -137,7 +139,7 @@ class ConsumerApi:
                     stream, consumer_config.parse_time_ns(cfg["opt_start_time"])
                 )
             start_after, skip = start_position(stream, cfg, time_seq)
-            consumer = await self.reg.add_consumer(stream, cfg, now, start_after, skip)
+            consumer = await self.reg.add_consumer(stream, cfg, now, cname, start_after, skip)
             self.publish(advisories.consumer_action(stream_name, cname, "create", now))
         return {"type": T + "consumer_create_response", **consumer.info(stream_name, now_ns())}
 
@@ -178,16 +180,15 @@ class ConsumerApi:
             "total": len(everyone),
             "offset": offset,
             "limit": LIST_PAGE,
-            "consumers": [c.info(stream_name, now) for c in page],
+            "consumers": [
+                {**c.info(stream_name, now), "config": consumer_config.listed(c.config)} for c in page
+            ],
         }
 
     async def pause(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
         consumer = self._consumer(stream_name, name)
         until = load_request(body).get("pause_until") or ""
-        cfg = {k: v for k, v in consumer.config.items() if k != "pause_until"}
-        if until:
-            cfg["pause_until"] = until
-        await self.reg.update_consumer(consumer, cfg)
+        await self.reg.update_consumer(consumer, consumer_config.with_pause(consumer.config, until))
         now = now_ns()
         paused = consumer.paused(now)
         shown = until or ZERO_TIME

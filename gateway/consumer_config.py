@@ -99,6 +99,39 @@ def _check_filters(raw: dict[str, Any]) -> list[str]:
     return filters
 
 
+def check_enums(raw: dict[str, Any]) -> None:
+    """The policy fields are Go enums: an unknown value fails the JSON decoding (10025), before
+    any other check."""
+    for key, allowed in (
+        ("deliver_policy", DELIVER_POLICIES),
+        ("ack_policy", ACK_POLICIES),
+        ("replay_policy", REPLAY_POLICIES),
+    ):
+        _enum(raw, key, allowed, allowed[0])
+
+
+def _req_level(cfg: dict[str, Any]) -> str:
+    """``_nats.req.level``: the API level the config needs (ADR-44)."""
+    if cfg.get("pause_until"):
+        return "1"
+    return "4" if cfg.get("ack_policy") == "flow_control" else "0"
+
+
+def with_pause(cfg: dict[str, Any], until: str) -> dict[str, Any]:
+    """The config after ``CONSUMER.PAUSE``: ``pause_until`` set or cleared, the level to match."""
+    out = {k: v for k, v in cfg.items() if k != "pause_until"}
+    if until:
+        out["pause_until"] = until
+    out["metadata"] = {**cfg.get("metadata", {}), "_nats.req.level": _req_level(out)}
+    return out
+
+
+def listed(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as ``CONSUMER.LIST`` shows it: without the server's dynamic metadata."""
+    meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if k not in ("_nats.level", "_nats.ver")}
+    return {**cfg, "metadata": meta}
+
+
 def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
     """The config a create request asks for, checked and with JetStream's defaults. A raw request
     without ``ack_policy`` gets ``none`` (the JSON zero value); a consumer without a durable name
@@ -123,7 +156,7 @@ def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
         cfg["opt_start_time"] = raw["opt_start_time"]
     filters = _check_filters(raw)
     if int(raw.get("num_replicas") or 0) > 1:
-        raise errors.REPLICAS_NOT_SUPPORTED
+        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
     if push and any(c in raw["deliver_subject"] for c in "*>"):
         raise errors.CONSUMER_DELIVER_WILDCARDS
     if push and int(raw.get("max_waiting") or 0) > 0:
@@ -187,7 +220,7 @@ def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
     cfg["num_replicas"] = int(raw.get("num_replicas") or 0)
     if raw.get("mem_storage"):
         cfg["mem_storage"] = True
-    req_level = "1" if raw.get("pause_until") else "4" if ack_policy == "flow_control" else "0"
+    req_level = _req_level({"pause_until": raw.get("pause_until"), "ack_policy": ack_policy})
     metadata = {k: v for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
     metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
     cfg["metadata"] = metadata

@@ -134,11 +134,10 @@ class Delivery:
                 inbox, req = target
                 seq = consumer.next_seq()
                 if seq is None:
-                    if req is not None and req.no_wait and not req.expires_at_ns:
+                    # no_wait ends with 404 once it ran dry; with expires, an empty start waits
+                    if req is not None and req.no_wait and (req.delivered or not req.expires_at_ns):
                         consumer.waiting.pop()
-                        self._send_status(
-                            Status(req.reply, *NO_MESSAGES) if not req.delivered else timeout_status(req)
-                        )
+                        self._send_status(Status(req.reply, *NO_MESSAGES))
                         continue
                     return
                 msg = await self._load(consumer.stream, seq)

@@ -25,12 +25,14 @@ class Registry:
         tail_cache_bytes: int,
         on_stream_added: Callable[[Stream], None],
         recorder: AckRecorder,
+        on_subjects_changed: Callable[[list[str], list[str]], None] | None = None,
     ) -> None:
         self.recorder = recorder
         self._catalog = catalog
         self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
         self._on_stream_added = on_stream_added
+        self._on_subjects_changed = on_subjects_changed
         self.streams: dict[str, Stream] = {}
         self.consumers: dict[str, dict[str, Consumer]] = {}
         self.server_version = "2.15.1"
@@ -49,7 +51,13 @@ class Registry:
     def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self.consumers.setdefault(stream.name, {})
+        consumers = self.consumers.setdefault(stream.name, {})
+
+        def removed(seq: int, subject: str) -> None:
+            for consumer in consumers.values():
+                consumer.forget(seq, subject)
+
+        stream.on_removed = removed
         return stream
 
     def install_consumer(
@@ -57,10 +65,11 @@ class Registry:
         stream: Stream,
         config: dict[str, Any],
         created_ns: int,
+        name: str,
         start_after: int = 0,
         skip: list[int] | None = None,
     ) -> Consumer:
-        consumer = Consumer(stream, config, created_ns, start_after, skip)
+        consumer = Consumer(stream, config, created_ns, start_after, skip, name)
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
@@ -73,12 +82,17 @@ class Registry:
         return stream
 
     async def add_consumer(
-        self, stream: Stream, config: dict[str, Any], created_ns: int, start_after: int, skip: list[int]
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        name: str,
+        start_after: int,
+        skip: list[int],
     ) -> Consumer:
-        name = config.get("name") or config["durable_name"]
         body = {"config": config, "created": created_ns, "start_after": start_after}
         await self._persist("consumer", stream.name, name, body)
-        consumer = self.install_consumer(stream, config, created_ns, start_after, skip)
+        consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
         await self.recorder.created(consumer, start_after, skip)
         return consumer
 
@@ -100,6 +114,29 @@ class Registry:
         self.on_consumer_removed(consumer)
         await self.recorder.deleted(consumer)
         return True
+
+    async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
+        """Store a stream's new config, then make it the live one (subjects re-routed)."""
+        await self._persist(
+            "stream", stream.name, stream.name, {"config": config, "created": stream.created_ns}
+        )
+        old = stream.subjects
+        stream.config = config
+        if self._on_subjects_changed is not None and old != stream.subjects:
+            self._on_subjects_changed(old, stream.subjects)
+
+    async def remove_stream(self, stream: Stream) -> None:
+        """End a stream (and its consumers) durably; its messages stay in storage until Spark
+        removes them, invisible to a stream created later under the same name (docs/storage.md)."""
+        for name in list(self.consumers.get(stream.name, {})):
+            await self._persist("consumer", stream.name, name, None)
+        await self._persist("stream", stream.name, stream.name, None)
+        del self.streams[stream.name]
+        for gone in self.consumers.pop(stream.name, {}).values():
+            self.on_consumer_removed(gone)
+            await self.recorder.deleted(gone)
+        if self._on_subjects_changed is not None:
+            self._on_subjects_changed(stream.subjects, [])
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

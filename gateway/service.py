@@ -15,20 +15,27 @@ from concurrent.futures import ThreadPoolExecutor
 from gateway import advisories
 from gateway.ack_recorder import AckRecorder
 from gateway.api import Api, split_api_subject
+from gateway.apicommon import RawReply
 from gateway.coldread import ColdReader
 from gateway.consumer import Consumer
 from gateway.consumer_log import reduce
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
+from gateway.loader import MessageLoader
 from gateway.protocol import Msg
 from gateway.publish import PublishPath
 from gateway.registry import Registry
+from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
 from gateway.stream import Stream
+from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
+from gateway.timefmt import now_ns
 from storage_delta.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
+from storage_delta.natsfmt import parse_headers
 from storage_delta.reader import MessageReader
+from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import GroupCommitWriter, MessageTable
 
@@ -51,6 +58,7 @@ class Gateway:
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
+        self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
@@ -60,8 +68,14 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        table, catalog, acks = await loop.run_in_executor(
-            self.executor, lambda: (MessageTable(self.root), CatalogTable(self.root), AckLogTable(self.root))
+        table, catalog, removal_log, acks = await loop.run_in_executor(
+            self.executor,
+            lambda: (
+                MessageTable(self.root),
+                CatalogTable(self.root),
+                RemovalLog(self.root),
+                AckLogTable(self.root),
+            ),
         )
         history = await loop.run_in_executor(self.executor, acks.load)
         self.acklog = AckLogWriter(
@@ -73,10 +87,16 @@ class Gateway:
             self.settings.acklog_compact_rows,
             history.rows,
         )
-        recorder = AckRecorder(self.acklog)
+        ack_recorder = AckRecorder(self.acklog)
         self.registry = Registry(
-            catalog, self.executor, self.settings.tail_cache_bytes, self._stream_added, recorder
+            catalog,
+            self.executor,
+            self.settings.tail_cache_bytes,
+            self._stream_added,
+            ack_recorder,
+            self._subjects_changed,
         )
+        self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
         await self._recover(catalog, history)
         await self.acklog.start()
         self.writer = GroupCommitWriter(
@@ -90,7 +110,7 @@ class Gateway:
             on_connected=self._on_connected,
         )
         self.delivery = Delivery(
-            self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, recorder
+            self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
         )
         self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
@@ -101,34 +121,64 @@ class Gateway:
                 self.leaf.subscribe(subject)
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
+        self.tasks.own(self.recorder.run(), "removals")
         await self.leaf.start()
         self.started = True
 
     async def _recover(self, catalog: CatalogTable, history: AckLog) -> None:
-        """Rebuild streams and consumers from the catalog, stream state from the messages table and
-        durable consumers' state from the ack log (ephemeral consumers end with the process)."""
+        """Rebuild streams and consumers from the catalog, and stream state from the messages and
+        removals tables; then the limits apply again (they remove what they removed before a crash
+        that came before the removal was recorded). Durable consumers' state comes from the ack
+        log; ephemeral consumers end with the process."""
         assert self.registry is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
+        logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
         for entry in entries:
             if entry.kind == "stream":
                 stream = self.registry.install_stream(entry.body["config"], int(entry.body["created"]))
-                rows = await loop.run_in_executor(self.executor, self.reader.scan_index, stream.name)
+                rows = await loop.run_in_executor(
+                    self.executor, self.reader.scan_index, stream.name, stream.created_ns
+                )
                 for seq, ts, subject, size in rows:
                     stream.restore(seq, ts, subject, size)
+                state = logical.get(stream.name)
+                if state is not None and state.created == stream.created_ns:
+                    for first, last in state.removed:
+                        stream.restore_removed(first, last)
+                    stream.restore_last_seq(state.last_seq)
+                stream.enforce_limits(time.time_ns())
+                await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 if not entry.body["config"].get("durable_name"):
                     continue
                 created = int(entry.body["created"])
-                state = reduce(history.consumers.get((entry.stream, entry.name), []), created)
+                cstate = reduce(history.consumers.get((entry.stream, entry.name), []), created)
                 consumer = self.registry.install_consumer(
                     self.registry.streams[entry.stream],
-                    state.config or entry.body["config"],
+                    cstate.config or entry.body["config"],
                     created,
-                    state.start_after if state.config else int(entry.body.get("start_after") or 0),
-                    state.skip,
+                    entry.name,
+                    cstate.start_after if cstate.config else int(entry.body.get("start_after") or 0),
+                    cstate.skip,
                 )
-                consumer.restore(state)
+                consumer.restore(cstate)
+
+    async def _recover_dedup(self, stream: Stream) -> None:
+        """Refill the duplicate window from the ids of the messages stored within it."""
+        loop = asyncio.get_running_loop()
+        now = now_ns()
+        window = int(stream.config["duplicate_window"])
+        since = max(now - window, stream.created_ns)
+        rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
+        last_id, last_seq = "", 0
+        for seq, ts, hdrs in rows:
+            if stream.is_live(seq):  # as nats-server, which can no longer load a removed message
+                last_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
+                last_seq = seq
+                stream.dedup.record(last_id, seq, ts, now, window)
+        # Only the newest message's id counts for Nats-Expected-Last-Msg-Id.
+        stream.dedup.last_msg_id = last_id if last_seq == stream.last_seq else ""
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
@@ -142,6 +192,11 @@ class Gateway:
                     self.leaf.unsubscribe(subject)
         if self.writer is not None:
             await self.writer.close()
+        if self.recorder is not None:
+            try:
+                await self.recorder.flush()  # limit removals; recovery would re-derive them anyway
+            except Exception:
+                log.exception("recording removals at shutdown failed")
         if self.acklog is not None:
             await self.acklog.close()
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
@@ -174,7 +229,14 @@ class Gateway:
     async def _api_worker(self) -> None:
         assert self.registry is not None
         assert self.leaf is not None
-        api = Api(self.registry, self.cold.first_seq_at, self._publish_event)
+        assert self.recorder is not None
+        loader = MessageLoader(self.reader, self.executor)
+        api = Api(
+            self.registry,
+            StreamApi(self.registry, loader, self.recorder),
+            self.cold.first_seq_at,
+            self._publish_event,
+        )
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -184,11 +246,15 @@ class Gateway:
                 continue
             if answer is None:
                 continue
+            if not reply:
+                continue
+            if isinstance(answer, RawReply):
+                self.leaf.publish(reply, answer.data, hdrs=answer.hdrs)
+                continue
             self.registry.api_total += 1
             if "error" in answer:
                 self.registry.api_errors += 1
-            if reply:
-                self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+            self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
 
     def _publish_event(self, event: tuple[str, bytes]) -> None:
         if self.leaf is not None:
@@ -203,8 +269,17 @@ class Gateway:
             )
 
     def _stream_added(self, stream: Stream) -> None:
+        self._subjects_changed([], stream.subjects)
+
+    def _subjects_changed(self, old: list[str], new: list[str]) -> None:
+        """A stream was added, updated or deleted: route its subjects anew and tell the server which
+        subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
         if self.publish is not None:
             self.publish.streams_changed()
         if self.leaf is not None:
-            for subject in stream.subjects:
-                self.leaf.subscribe(subject)
+            for subject in old:
+                if subject not in new:
+                    self.leaf.unsubscribe(subject)
+            for subject in new:
+                if subject not in old:
+                    self.leaf.subscribe(subject)
