@@ -414,7 +414,7 @@ class AckLogWriter:
                 if not w.done():
                     w.set_result(None)
             due = self._compact_every and self._since_compaction >= self._compact_every
-            if due and self._compaction is None:
+            if due and self._compaction is None and not self._closed:
                 self._compaction = asyncio.create_task(self._compact(loop), name="acklog-compact")
             if self._closed and not self._pending:
                 if self._compaction is not None:
