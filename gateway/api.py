@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway import consumer_api, errors, stream_api
 from gateway.apicommon import RawReply, T
-from gateway.consumer_api import ConsumerApi
+from gateway.consumer_api import ConsumerApi, Publish, SeqAtTime
 from gateway.registry import Registry
 from gateway.stream_api import StreamApi
 
@@ -25,10 +25,12 @@ def split_api_subject(subject: str, prefix: str) -> list[str] | None:
 class Api:
     """Routes a request to the stream or consumer handlers and renders their errors."""
 
-    def __init__(self, registry: Registry, streams: StreamApi) -> None:
+    def __init__(
+        self, registry: Registry, streams: StreamApi, seq_at_time: SeqAtTime, publish: Publish
+    ) -> None:
         self.reg = registry
         self.streams = streams
-        self.consumers = ConsumerApi(registry)
+        self.consumers = ConsumerApi(registry, seq_at_time, publish)
 
     async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | RawReply | None:
         """Answer one API request; unknown subjects get no answer, as from the real server."""
@@ -43,6 +45,7 @@ class Api:
         except errors.ApiError as err:
             answer: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
             answer.update(stream_api.ERROR_EXTRAS.get(op, {}))
+            answer.update(consumer_api.ERROR_EXTRAS.get(op, {}))
             return answer
         return None
 

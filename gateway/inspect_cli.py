@@ -348,13 +348,18 @@ async def _run(args: argparse.Namespace) -> str:
         await nc.close()
 
 
-def run(args: argparse.Namespace) -> int:
+async def execute(args: argparse.Namespace) -> tuple[int, str, str]:
+    """One parsed command: exit status, standard output and standard error, as printed."""
     try:
-        print(asyncio.run(_run(args)))
+        return 0, await _run(args) + "\n", ""
     except CliError as err:
-        print(f"nats: error: {err}", file=sys.stderr)
-        return 1
+        return 1, "", f"nats: error: {err}\n"
     except (OSError, nats.errors.NoServersError) as err:
-        print(f"nats: error: cannot connect to {args.server}: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return 1, "", f"nats: error: cannot connect to {args.server}: {err}\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    status, out, err = asyncio.run(execute(args))
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return status

@@ -34,6 +34,9 @@ class Counters:
     messages_committed: int
     commit_seconds: Histogram
     batch_messages: Histogram
+    acklog_commits: int
+    acklog_rows: int
+    acklog_compactions: int
     api_dropped: int
     leaf_connected: bool
     leaf_reconnects: int
@@ -118,6 +121,9 @@ def families(snap: Snapshot, c: Counters) -> Iterator[Metric]:
     yield _counter("jetlake_messages_committed", "Messages made durable", c.messages_committed)
     yield _histogram("jetlake_commit_seconds", "Time of one group commit", c.commit_seconds)
     yield _histogram("jetlake_commit_batch_messages", "Messages per group commit", c.batch_messages)
+    yield _counter("jetlake_acklog_commits", "Delta commits of the consumer ack log", c.acklog_commits)
+    yield _counter("jetlake_acklog_rows_committed", "Ack log rows made durable", c.acklog_rows)
+    yield _counter("jetlake_acklog_compactions", "Ack log compactions", c.acklog_compactions)
     yield _gauge("jetlake_storage_bytes", "Bytes stored over all streams", snap.bytes)
     yield _gauge("jetlake_streams", "Streams", len(snap.streams))
     yield _gauge("jetlake_consumers", "Consumers", snap.consumer_count)

@@ -104,7 +104,8 @@ def _counters(gateway: Gateway) -> metrics.Counters:
     assert gateway.writer is not None
     assert gateway.publish is not None
     assert gateway.leaf is not None
-    w, leaf = gateway.writer, gateway.leaf
+    assert gateway.acklog is not None
+    w, leaf, acks = gateway.writer, gateway.leaf, gateway.acklog
     return metrics.Counters(
         publishes=gateway.publish.received,
         publish_errors=gateway.publish.failed,
@@ -112,6 +113,9 @@ def _counters(gateway: Gateway) -> metrics.Counters:
         messages_committed=w.messages_committed,
         commit_seconds=w.commit_seconds,
         batch_messages=w.batch_messages,
+        acklog_commits=acks.commits,
+        acklog_rows=acks.rows_committed,
+        acklog_compactions=acks.compactions,
         api_dropped=gateway.api_dropped,
         leaf_connected=leaf.connected,
         leaf_reconnects=leaf.reconnects,

@@ -12,8 +12,13 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway import advisories
+from gateway.ack_recorder import AckRecorder
 from gateway.api import Api, split_api_subject
 from gateway.apicommon import RawReply
+from gateway.coldread import ColdReader
+from gateway.consumer import Consumer
+from gateway.consumer_log import reduce
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
@@ -25,7 +30,10 @@ from gateway.settings import Settings
 from gateway.stream import Stream
 from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
+from gateway.timefmt import now_ns
+from storage_delta.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
+from storage_delta.natsfmt import parse_headers
 from storage_delta.reader import MessageReader
 from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
@@ -46,12 +54,14 @@ class Gateway:
         self.tasks = TaskOwner()
         self.leaf: LeafConnection | None = None
         self.writer: GroupCommitWriter | None = None
+        self.acklog: AckLogWriter | None = None
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
         self.api: Api | None = None  # the router, once the API worker runs (the monitor asks it too)
         self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
+        self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
         self.started = False
 
@@ -59,19 +69,37 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        table, catalog, removal_log = await loop.run_in_executor(
+        table, catalog, removal_log, acks = await loop.run_in_executor(
             self.executor,
-            lambda: (MessageTable(self.root), CatalogTable(self.root), RemovalLog(self.root)),
+            lambda: (
+                MessageTable(self.root),
+                CatalogTable(self.root),
+                RemovalLog(self.root),
+                AckLogTable(self.root),
+            ),
         )
+        history = await loop.run_in_executor(self.executor, acks.load)
+        self.acklog = AckLogWriter(
+            acks,
+            self.executor,
+            history.max_lsn,
+            self.settings.ack_flush_interval_ms / 1000,
+            self.settings.acklog_max_pending,
+            self.settings.acklog_compact_rows,
+            history.rows,
+        )
+        ack_recorder = AckRecorder(self.acklog)
         self.registry = Registry(
             catalog,
             self.executor,
             self.settings.tail_cache_bytes,
             self._stream_added,
+            ack_recorder,
             self._subjects_changed,
         )
         self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
-        await self._recover(catalog)
+        await self._recover(catalog, history)
+        await self.acklog.start()
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
         )
@@ -82,7 +110,10 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks)
+        self.delivery = Delivery(
+            self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
+        )
+        self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
@@ -95,10 +126,11 @@ class Gateway:
         await self.leaf.start()
         self.started = True
 
-    async def _recover(self, catalog: CatalogTable) -> None:
+    async def _recover(self, catalog: CatalogTable, history: AckLog) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
-        that came before the removal was recorded)."""
+        that came before the removal was recorded). Durable consumers' state comes from the ack
+        log; ephemeral consumers end with the process."""
         assert self.registry is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
@@ -117,10 +149,37 @@ class Gateway:
                         stream.restore_removed(first, last)
                     stream.restore_last_seq(state.last_seq)
                 stream.enforce_limits(time.time_ns())
+                await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
-                self.registry.install_consumer(
-                    self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
+                if not entry.body["config"].get("durable_name"):
+                    continue
+                created = int(entry.body["created"])
+                cstate = reduce(history.consumers.get((entry.stream, entry.name), []), created)
+                consumer = self.registry.install_consumer(
+                    self.registry.streams[entry.stream],
+                    cstate.config or entry.body["config"],
+                    created,
+                    entry.name,
+                    cstate.start_after if cstate.config else int(entry.body.get("start_after") or 0),
+                    cstate.skip,
                 )
+                consumer.restore(cstate)
+
+    async def _recover_dedup(self, stream: Stream) -> None:
+        """Refill the duplicate window from the ids of the messages stored within it."""
+        loop = asyncio.get_running_loop()
+        now = now_ns()
+        window = int(stream.config["duplicate_window"])
+        since = max(now - window, stream.created_ns)
+        rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
+        last_id, last_seq = "", 0
+        for seq, ts, hdrs in rows:
+            if stream.is_live(seq):  # as nats-server, which can no longer load a removed message
+                last_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
+                last_seq = seq
+                stream.dedup.record(last_id, seq, ts, now, window)
+        # Only the newest message's id counts for Nats-Expected-Last-Msg-Id.
+        stream.dedup.last_msg_id = last_id if last_seq == stream.last_seq else ""
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
@@ -139,6 +198,8 @@ class Gateway:
                 await self.recorder.flush()  # limit removals; recovery would re-derive them anyway
             except Exception:
                 log.exception("recording removals at shutdown failed")
+        if self.acklog is not None:
+            await self.acklog.close()
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.leaf is not None:
@@ -171,7 +232,12 @@ class Gateway:
         assert self.leaf is not None
         assert self.recorder is not None
         loader = MessageLoader(self.reader, self.executor)
-        self.api = api = Api(self.registry, StreamApi(self.registry, loader, self.recorder))
+        self.api = api = Api(
+            self.registry,
+            StreamApi(self.registry, loader, self.recorder),
+            self.cold.first_seq_at,
+            self._publish_event,
+        )
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -190,6 +256,18 @@ class Gateway:
             if "error" in answer:
                 self.registry.api_errors += 1
             self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        if self.leaf is not None:
+            self.leaf.publish(event[0], event[1])
+
+    async def _expire_consumer(self, consumer: Consumer) -> None:
+        """A consumer past its ``inactive_threshold`` goes, as on the real server."""
+        assert self.registry is not None
+        if await self.registry.remove_consumer(consumer):
+            self._publish_event(
+                advisories.consumer_action(consumer.stream.name, consumer.name, "delete", time.time_ns())
+            )
 
     def _stream_added(self, stream: Stream) -> None:
         self._subjects_changed([], stream.subjects)

@@ -10,10 +10,12 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
+from gateway.dedup import DedupWindow
 from gateway.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
@@ -54,6 +56,11 @@ class Stream:
         self.state = StreamState()
         self.durable_last_seq = 0
         self.tail = TailCache(tail_cache_bytes)
+        self.dedup = DedupWindow()
+        first_seq = int(config.get("first_seq") or 0)
+        if first_seq > 1:  # the first publish gets ``first_seq``
+            self.state.first_seq = first_seq
+            self.state.last_seq = self.durable_last_seq = first_seq - 1
         # Subject names are interned to small ids: the per-sequence index stores four bytes of
         # subject, and per-subject sequence lists answer last-by-subject and per-subject limits.
         self._index = SeqIndex()
@@ -62,6 +69,8 @@ class Stream:
         self._subject_counts: dict[int, int] = {}
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
+        #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
+        self.on_removed: Callable[[int, str], None] | None = None
 
     @property
     def name(self) -> str:
@@ -70,6 +79,10 @@ class Stream:
     @property
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
+
+    @property
+    def last_seq(self) -> int:
+        return self.state.last_seq
 
     def captures(self, subject: str) -> bool:
         return any(subject_matches(f, subject) for f in self.subjects)
@@ -203,12 +216,16 @@ class Stream:
 
     # ---- removal -------------------------------------------------------------------------------
 
-    def _oldest_of(self, sid: int) -> int:
+    def _live_seqs(self, sid: int) -> SubjectSeqs | None:
+        """The subject's sequence list with dead ends trimmed, None when it has no message."""
         seqs = self._by_subject.get(sid)
-        if seqs is None:
-            return 0
-        seqs.trim(self._index, sid)
-        return seqs.oldest()
+        if seqs is not None:
+            seqs.trim(self._index, sid)
+        return seqs
+
+    def _oldest_of(self, sid: int) -> int:
+        seqs = self._live_seqs(sid)
+        return seqs.oldest() if seqs else 0
 
     def _size_of(self, seq: int) -> int:
         return self._index.size[seq - self._index.base]
@@ -232,17 +249,23 @@ class Stream:
         i = seq - idx.base
         sid = idx.sid[i]
         idx.sid[i] = 0
+        self._uncount(sid, idx.size[i])
+        self.tail.drop(seq)
+        if self.on_removed is not None:
+            self.on_removed(seq, self._subject_names[sid])
+        return sid
+
+    def _uncount(self, sid: int, size: int) -> None:
+        """Take one message of subject ``sid`` out of the counts."""
         st = self.state
         st.messages -= 1
-        st.bytes -= idx.size[i]
+        st.bytes -= size
         left = self._subject_counts[sid] - 1
         if left:
             self._subject_counts[sid] = left
         else:
             del self._subject_counts[sid]
             del self._by_subject[sid]
-        self.tail.drop(seq)
-        return sid
 
     def _advance_first(self) -> None:
         st, idx = self.state, self._index
@@ -286,9 +309,9 @@ class Stream:
         victims: list[int] = []
         limit = (seq - 1) if seq else st.last_seq
         for sid in self._matching_sids(subject):
-            seqs = self._by_subject[sid]
-            seqs.trim(self._index, sid)
-            victims.extend(seqs.live_upto(limit, self._index, sid))
+            seqs = self._live_seqs(sid)
+            if seqs is not None:
+                victims.extend(seqs.live_upto(limit, self._index, sid))
         victims.sort()
         if keep:
             victims = victims[: max(0, len(victims) - keep)]
@@ -344,18 +367,32 @@ class Stream:
 
     def last_seq_for(self, subject: str) -> int:
         """The newest live sequence stored under this literal subject, 0 when there is none."""
-        sid = self._subject_ids.get(subject, 0)
-        seqs = self._by_subject.get(sid)
-        if seqs is None:
-            return 0
-        seqs.trim(self._index, sid)
-        return seqs.newest()
+        seqs = self._live_seqs(self._subject_ids.get(subject, 0))
+        return seqs.newest() if seqs else 0
 
     def last_seq_matching(self, subject: str) -> int:
         """The newest live sequence whose subject ``subject`` (wildcards allowed) matches, 0 if none."""
         return max(
             (self.last_seq_for(self._subject_names[sid]) for sid in self._matching_sids(subject)), default=0
         )
+
+    def last_matching(self, filters: list[str]) -> int | None:
+        """The newest live sequence a filter matches, any subject without filters
+        (``deliver_policy: last``); None when there is none."""
+        if not filters:
+            seq, idx = self.state.last_seq, self._index
+            while seq >= self.state.first_seq and not idx.subject_id(seq):
+                seq -= 1
+            return seq if self.state.messages else None
+        return max(self.last_per_subject(filters), default=None)
+
+    def last_per_subject(self, filters: list[str]) -> list[int]:
+        """The newest live sequence of each subject the filters match (every subject without
+        filters), ascending (``deliver_policy: last_per_subject``, KV watch)."""
+        sids = (
+            set(self._subject_counts) if not filters else {s for f in filters for s in self._matching_sids(f)}
+        )
+        return sorted(self.last_seq_for(self._subject_names[sid]) for sid in sids)
 
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
@@ -403,10 +440,9 @@ class Stream:
         return {self._subject_names[sid]: self._subject_counts[sid] for sid in self._matching_sids(subject)}
 
     def deleted(self) -> list[int]:
-        """The interior holes between the first and last sequence, ascending."""
+        """The holes from the first to the last sequence, ascending. Like JetStream's store, a
+        fresh stream (first and last sequence 0) reports sequence 0 as deleted."""
         st, idx = self.state, self._index
-        if not st.messages:
-            return []
         return [s for s in range(st.first_seq, st.last_seq + 1) if not idx.subject_id(s)]
 
     def info_state(
@@ -427,11 +463,13 @@ class Stream:
             counts = self.subject_counts(subjects_filter)
             if counts:
                 out["subjects"] = counts
-        num_deleted = (st.last_seq - st.first_seq + 1 - st.messages) if st.messages else 0
-        if num_deleted:
-            out["num_deleted"] = num_deleted
-            if deleted_details:
-                out["deleted"] = self.deleted()
+        if deleted_details:
+            holes = self.deleted()
+            if holes:
+                out["num_deleted"] = len(holes)
+                out["deleted"] = holes
+        elif st.messages and st.last_seq - st.first_seq + 1 > st.messages:
+            out["num_deleted"] = st.last_seq - st.first_seq + 1 - st.messages
         out["consumer_count"] = consumer_count
         return out
 
@@ -443,17 +481,11 @@ class Stream:
         while st.last_seq > self.durable_last_seq and idx.end > idx.base and idx.end - 1 == st.last_seq:
             sid, size = idx.pop()
             if sid:
-                st.messages -= 1
-                st.bytes -= size
-                left = self._subject_counts[sid] - 1
-                if left:
-                    self._subject_counts[sid] = left
-                else:
-                    del self._subject_counts[sid]
-                    del self._by_subject[sid]
+                self._uncount(sid, size)
             st.last_seq -= 1
         st.last_seq = min(st.last_seq, max(self.durable_last_seq, 0))
         self.tail.drop_from(st.last_seq + 1)
+        self.dedup.forget_after(st.last_seq)
         self._removed = [r for r in self._removed if r[0] <= self.durable_last_seq]
         for r in self._removed:
             r[1] = min(r[1], self.durable_last_seq)

@@ -93,10 +93,12 @@ class StreamApi:
 
     async def stream_create(self, name: str, body: bytes) -> dict[str, Any]:
         raw = load_request(body)
-        if raw.get("name", name) != name or not raw:
+        req = stream_config.decode(raw)
+        if req.get("name") != name:
             raise errors.STREAM_MISMATCH
-        raw["name"] = name
-        cfg = stream_config.normalize(raw, self.reg.server_version)
+        req["name"] = name
+        stream_config.check_create(req)
+        cfg = stream_config.normalize(req, self.reg.server_version)
         existing = self.reg.streams.get(name)
         if existing is not None:
             if not stream_config.same_config(existing.config, cfg):
@@ -119,9 +121,10 @@ class StreamApi:
             )
         if raw.get("name", name) != name:
             raise errors.STREAM_MISMATCH
+        req = stream_config.decode(raw)
         stream = self._stream(name)
-        raw["name"] = name
-        cfg = apply_update(stream.config, stream_config.normalize(raw, self.reg.server_version))
+        req["name"] = name
+        cfg = apply_update(stream.config, stream_config.normalize(req, self.reg.server_version))
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
@@ -194,13 +197,18 @@ class StreamApi:
 
     # ---- removals -------------------------------------------------------------------------------
 
-    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+    def _removable(self, name: str, deny: str, refusal: errors.ApiError) -> Stream:
+        """The stream a delete or purge acts on, unless it is sealed or denies the request."""
         stream = self._stream(name)
         if stream.config.get("sealed"):
             raise errors.STREAM_SEALED
-        if stream.config.get("deny_purge"):
-            raise errors.STREAM_PURGE_NOT_PERMITTED
+        if stream.config.get(deny):
+            raise refusal
+        return stream
+
+    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_request(body)
+        stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
             raise errors.BAD_REQUEST
@@ -210,11 +218,8 @@ class StreamApi:
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body)
-        stream = self._stream(name)
-        if stream.config.get("sealed"):
-            raise errors.STREAM_SEALED
-        if stream.config.get("deny_delete"):
-            raise errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
         if seq <= 0:
             raise errors.BAD_REQUEST

@@ -82,3 +82,20 @@ class MessageReader:
                 strict=True,
             )
         )
+
+    def scan_headers_since(self, stream: str, since_ts: int) -> list[tuple[int, int, bytes | None]]:
+        """(seq, ts, header block) of a stream's messages stored at or after ``since_ts``, in
+        sequence order: the gateway rebuilds its ``Nats-Msg-Id`` duplicate window from them."""
+        dset = self._dataset(stream)
+        if dset is None:
+            return []
+        table = dset.to_table(filter=ds.field("ts") >= since_ts, columns=["seq", "ts", "hdrs"])
+        table = table.sort_by("seq")
+        return list(
+            zip(
+                table.column("seq").to_pylist(),
+                table.column("ts").to_pylist(),
+                table.column("hdrs").to_pylist(),
+                strict=True,
+            )
+        )

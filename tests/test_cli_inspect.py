@@ -3,6 +3,7 @@ same commands print the same tables and numbers (times masked), and fail with th
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -11,13 +12,18 @@ from typing import Any
 
 import nats
 
+from gateway import inspect_cli
 from tests.harness import ROOT
 
 TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|^\[\d\d:\d\d:\d\d\]", re.MULTILINE)
 
 
-def jetlake_cli(url: str, *args: str) -> tuple[int, str, str]:
-    """Run ``jetlake <args> --server <url>`` as a user would; times masked (they differ per run)."""
+def masked(status: int, out: str, err: str) -> tuple[int, str, str]:
+    return status, TIME.sub("<time>", out), TIME.sub("<time>", err)
+
+
+def command_line(url: str, *args: str) -> tuple[int, str, str]:
+    """``jetlake <args> --server <url>`` as its own process, as a user runs it."""
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", *args, "--server", url],
         capture_output=True,
@@ -27,7 +33,15 @@ def jetlake_cli(url: str, *args: str) -> tuple[int, str, str]:
         timeout=60,
         check=False,
     )
-    return proc.returncode, TIME.sub("<time>", proc.stdout), TIME.sub("<time>", proc.stderr)
+    return masked(proc.returncode, proc.stdout, proc.stderr)
+
+
+async def jetlake_cli(url: str, *args: str) -> tuple[int, str, str]:
+    """The same command in this process (what the command line runs after parsing its arguments):
+    a new interpreter per step would cost seconds each on a loaded machine."""
+    parser = argparse.ArgumentParser(prog="jetlake")
+    inspect_cli.add_parsers(parser.add_subparsers(dest="command", required=True))
+    return masked(*await inspect_cli.execute(parser.parse_args([*args, "--server", url])))
 
 
 def table_row(output: str, first_cell: str) -> list[str]:
@@ -58,24 +72,25 @@ async def prepare(url: str, name: str) -> None:
 
 async def session(url: str, name: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out["add"] = jetlake_cli(
+    out["add"] = await jetlake_cli(
         url, "stream", "add", name, "--subjects", f"{name.lower()}.>", "--max-msgs", "100"
     )
     await prepare(url, name)
-    rc, text, err = jetlake_cli(url, "stream", "ls")
+    rc, text, err = await jetlake_cli(url, "stream", "ls")
     out["ls"] = (rc, table_row(text, "Name"), table_row(text, name), err)
-    out["info"] = jetlake_cli(url, "stream", "info", name)
-    out["consumer ls"] = jetlake_cli(url, "consumer", "ls", name)
-    out["next"] = jetlake_cli(url, "consumer", "next", name, "all", "--count", "3")
-    out["next odd, no ack"] = jetlake_cli(url, "consumer", "next", name, "odd", "--no-ack")
-    out["consumer info all"] = jetlake_cli(url, "consumer", "info", name, "all")
-    out["consumer info odd"] = jetlake_cli(url, "consumer", "info", name, "odd")
-    out["consumer ls after"] = jetlake_cli(url, "consumer", "ls", name)
-    out["info missing"] = jetlake_cli(url, "stream", "info", f"{name}X")
-    out["consumer missing"] = jetlake_cli(url, "consumer", "info", name, "nope")
-    out["rm without force"] = jetlake_cli(url, "stream", "rm", name)
-    out["rm"] = jetlake_cli(url, "stream", "rm", name, "--force")
-    out["info after rm"] = jetlake_cli(url, "stream", "info", name)
+    out["info"] = await jetlake_cli(url, "stream", "info", name)
+    assert command_line(url, "stream", "info", name) == out["info"]
+    out["consumer ls"] = await jetlake_cli(url, "consumer", "ls", name)
+    out["next"] = await jetlake_cli(url, "consumer", "next", name, "all", "--count", "3")
+    out["next odd, no ack"] = await jetlake_cli(url, "consumer", "next", name, "odd", "--no-ack")
+    out["consumer info all"] = await jetlake_cli(url, "consumer", "info", name, "all")
+    out["consumer info odd"] = await jetlake_cli(url, "consumer", "info", name, "odd")
+    out["consumer ls after"] = await jetlake_cli(url, "consumer", "ls", name)
+    out["info missing"] = await jetlake_cli(url, "stream", "info", f"{name}X")
+    out["consumer missing"] = await jetlake_cli(url, "consumer", "info", name, "nope")
+    out["rm without force"] = await jetlake_cli(url, "stream", "rm", name)
+    out["rm"] = await jetlake_cli(url, "stream", "rm", name, "--force")
+    out["info after rm"] = await jetlake_cli(url, "stream", "info", name)
     return out
 
 

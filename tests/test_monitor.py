@@ -136,6 +136,9 @@ async def test_metrics_parse_and_match_the_api(monitored: MonitoredJetlake, uniq
     assert delta("jetlake_commit_batch_messages_sum") == 10
     assert delta("jetlake_commits_total") == delta("jetlake_commit_seconds_count") >= 1
     assert delta("jetlake_commit_batch_messages_count") == delta("jetlake_commits_total")
+    # the ack log recorded at least the two creates, the four + one acks and the NAK
+    assert delta("jetlake_acklog_rows_committed_total") >= 8
+    assert delta("jetlake_acklog_commits_total") >= 1
     buckets = sorted(
         (float(dict(labels)["le"]), v)
         for (name, labels), v in after.items()

@@ -40,6 +40,10 @@ UPDATES: list[tuple[str, dict[str, Any]]] = [
     ("name", {"name": "OTHER"}),
     # replicas on a single server: 10074
     ("replicas", {"num_replicas": 3}),
+    # a value of the wrong type: Go's decoding error, 10025
+    ("wrong_type", {"max_msgs": "many"}),
+    # max_age below the duplicate window: 10052
+    ("max_age", {"max_age": 1_000_000_000}),
     # sealing turns on deny_delete, deny_purge and discard new
     ("seal", {"sealed": True}),
 ]

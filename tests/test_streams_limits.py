@@ -77,6 +77,8 @@ CASES: list[tuple[str, dict[str, Any], list[Step]]] = [
             P,
         ],
     ),
+    # purges of a fresh stream: a whole purge makes the first sequence 1, a filtered one does not
+    ("fresh_purge", {}, [("purge", {"filter": "{n}.a"}), ("purge", {"keep": 2}), ("purge", {}), P]),
     # lowering a limit by update trims at once
     (
         "update_lowers",
