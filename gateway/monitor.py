@@ -62,7 +62,13 @@ def build_app(gateway: Gateway) -> FastAPI:
     @app.get("/readyz", summary="Readiness: the leaf link is up and the store takes commits")
     async def readyz(response: Response) -> dict[str, Any]:
         leaf = gateway.leaf is not None and gateway.leaf.connected
-        store = gateway.writer is not None and gateway.writer.running
+        # Messages can be committed, and the ack log takes rows (its bounded queue is not full).
+        store = (
+            gateway.writer is not None
+            and gateway.writer.running
+            and gateway.acklog is not None
+            and gateway.acklog.has_room()
+        )
         ready = gateway.started and leaf and store
         if not ready:
             response.status_code = 503
