@@ -276,3 +276,30 @@ async def test_gateway_checkpoint_compacts_beside_commits(tmp_path: Path) -> Non
     log = al.AckLogTable(root).load()
     assert log.rows < len(rows)
     same_state(restored(consumer, reduce(log.consumers[("S", "C")], CREATED)), consumer)
+
+
+async def test_sync_row_is_durable_when_its_future_resolves(tmp_path: Path) -> None:
+    """An ack_sync is answered when its future resolves: by then a fresh reader finds its row and
+    every row submitted before it; a plain row alone is committed within the flush interval."""
+    root = StoreRoot(str(tmp_path))
+    executor = ThreadPoolExecutor(2)
+    writer = al.AckLogWriter(al.AckLogTable(root), executor, 0, 0.2, 1000, 0)
+    await writer.start()
+    plain = al.AckRecord("S", "C", al.DELIVER, seq=1, cseq=1, deliveries=1)
+    assert writer.submit(plain) is None
+    synced = writer.submit(al.AckRecord("S", "C", al.ACK, seq=1, floor_seq=1, floor_cseq=1), sync=True)
+    assert synced is not None
+    assert not synced.done()
+    await synced
+    rows = al.AckLogTable(root).load().consumers[("S", "C")]
+    assert [(r.kind, r.lsn) for r in rows] == [(al.DELIVER, 1), (al.ACK, 2)]
+    # a plain row with nothing behind it waits at most the flush interval
+    writer.submit(al.AckRecord("S", "C", al.DELIVER, seq=2, cseq=2, deliveries=1, floor_seq=1))
+    await asyncio.sleep(1.5)
+    assert al.AckLogTable(root).load().rows == 3
+    # a duplicate ack with a reply writes nothing and resolves once what is queued is durable
+    barrier = writer.submit(None, sync=True)
+    assert barrier is not None
+    await barrier
+    await writer.close()
+    executor.shutdown()
