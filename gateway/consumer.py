@@ -214,13 +214,16 @@ class Consumer:
     # ---- counts -------------------------------------------------------------------------------
 
     def _catch_up(self) -> None:
+        """Count the stream's messages that arrived since the last call (and only those)."""
         last = self.stream.state.last_seq
-        if last < self._counted:  # the stream rolled back what it had accepted: count afresh
-            after = max(self.sseq, self._resume)
-            self._npc = self.stream.count_matching_after(after, self.filters)
+        floor = max(self.sseq, self._resume)
+        if last < self._counted and self._counted > floor:
+            # the stream rolled back what it had accepted: count afresh
+            self._npc = self.stream.count_matching_after(floor, self.filters)
+            self._counted = max(last, floor)
         elif last > self._counted:
             self._npc += self.stream.count_matching_after(self._counted, self.filters)
-        self._counted = last
+            self._counted = last
 
     def num_pending(self) -> int:
         self._catch_up()
@@ -228,6 +231,11 @@ class Consumer:
 
     def num_redelivered(self) -> int:
         return len(self._redelivered)
+
+    def has_acked(self, seq: int) -> bool:
+        """Whether this consumer is done with ``seq`` (passed it and holds no pending ack for it);
+        what interest and work-queue retention ask."""
+        return seq <= self.sseq and seq not in self.pending and seq not in self._skip
 
     def forget(self, seq: int, subject: str) -> None:
         """The stream removed a message (limits, delete, retention): if it was counted as still

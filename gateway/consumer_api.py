@@ -13,7 +13,7 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway import advisories, consumer_config, errors
+from gateway import advisories, consumer_config, errors, retention
 from gateway.apicommon import NAMES_PAGE, T, load_request
 from gateway.consumer import Consumer, start_position
 from gateway.registry import Registry
@@ -130,6 +130,7 @@ class ConsumerApi:
         else:
             if action == "update":
                 raise errors.CONSUMER_DOES_NOT_EXIST
+            retention.check_new_consumer(stream, self.reg.consumers.get(stream_name, {}).values(), cfg)
             limit = int(stream.config.get("max_consumers") or -1)
             if 0 < limit <= len(self.reg.consumers.get(stream_name, {})):
                 raise errors.MAXIMUM_CONSUMERS_LIMIT
@@ -151,6 +152,10 @@ class ConsumerApi:
         consumer = self._consumer(stream_name, name)
         if await self.reg.remove_consumer(consumer):
             self.publish(advisories.consumer_action(stream_name, name, "delete", now_ns()))
+            stream = self._stream(stream_name)
+            others = self.reg.consumers.get(stream_name, {}).values()
+            held = range(stream.state.first_seq, consumer.sseq + 1)
+            retention.settle(stream, others, held if retention.policy(stream) == "interest" else ())
         return {"type": T + "consumer_delete_response", "success": True}
 
     def _sorted(self, stream_name: str) -> list[Consumer]:

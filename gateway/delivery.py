@@ -11,10 +11,11 @@ never waits on parquet. Interest comes from the leaf's view of the server's subs
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from gateway import acks, advisories
+from gateway import acks, advisories, retention
 from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
@@ -39,6 +40,26 @@ from storage_delta.writer import StoredMessage
 
 TICK_S = 0.05
 NS = 1_000_000_000
+RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
+
+
+class TokenBucket:
+    """``rate_limit_bps`` as a token bucket in bytes: a burst at once, then the average rate."""
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.tokens = capacity
+        self.at = 0.0
+
+    def take(self, size: int, now: float) -> float:
+        """Spend ``size`` bytes; the seconds to wait before sending them."""
+        if self.at:
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= size
+        return max(0.0, -self.tokens / self.rate)
+
 
 #: Reads one stored message of a stream from Delta (on the executor), None when it is gone.
 ColdRead = Callable[[Stream, int], Awaitable[StoredMessage | None]]
@@ -64,6 +85,8 @@ class Delivery:
         self._last_sent: dict[int, int] = {}  # push consumers: when the deliver subject last heard from us
         self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
         self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
+        self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
+        self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
         return self.registry.consumers.get(stream, {}).get(name)
@@ -97,13 +120,20 @@ class Delivery:
         """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""
         for req in consumer.waiting.clear():
             self._send_status(Status(req.reply, *CONSUMER_DELETED))
-        for table in (self._last_sent, self._last_seen, self._replay_ts):
+        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets):
             table.pop(id(consumer), None)
 
     # ---- serving ------------------------------------------------------------------------------
 
     def kick_stream(self, stream: Stream) -> None:
-        for consumer in self.registry.consumers.get(stream.name, {}).values():
+        """New messages are stored: interest streams drop what nobody wants, consumers serve."""
+        consumers = self.registry.consumers.get(stream.name, {})
+        key = (stream.name, stream.created_ns)
+        swept = self._swept.get(key, stream.state.first_seq - 1)
+        if swept < stream.durable_last_seq:
+            retention.sweep_unwanted(stream, consumers.values(), swept + 1, stream.durable_last_seq)
+            self._swept[key] = stream.durable_last_seq
+        for consumer in consumers.values():
             if len(consumer.waiting) or consumer.is_push:
                 self.kick(consumer)
 
@@ -189,7 +219,8 @@ class Delivery:
             self._replay_ts[key] = msg.ts
         bps = int(consumer.config.get("rate_limit_bps") or 0)
         if bps:
-            await asyncio.sleep(len(msg.data) * 8 / bps)
+            bucket = self._buckets.setdefault(key, TokenBucket(bps / 8, max(RATE_BURST_BYTES, bps / 8)))
+            await asyncio.sleep(bucket.take(len(msg.data), time.monotonic()))
 
     def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
         token = acks.ack_subject(
@@ -198,7 +229,10 @@ class Delivery:
         data, hdrs = msg.data, msg.hdrs
         if consumer.config.get("headers_only"):
             data, hdrs = b"", _with_size_header(hdrs, len(msg.data))
-        self.leaf.publish(inbox, data, reply=f"{token}@{msg.subject}", hdrs=hdrs)
+        group = consumer.config.get("deliver_group") if consumer.is_push else None
+        self.leaf.publish(
+            inbox, data, reply=f"{token}@{msg.subject}", hdrs=hdrs, queues=(group,) if group else ()
+        )
         if consumer.is_push:
             self._last_sent[id(consumer)] = now_ns()
         return len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
@@ -209,8 +243,9 @@ class Delivery:
             return cached
         return await self.cold_read(stream, seq)
 
-    def _send_status(self, status: Status) -> None:
-        self.leaf.publish(status.inbox, b"", hdrs=status_block(status.code, status.text, status.headers))
+    def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
+        hdrs = status_block(status.code, status.text, status.headers)
+        self.leaf.publish(status.inbox, b"", hdrs=hdrs, queues=queues)
 
     def _publish_event(self, event: tuple[str, bytes]) -> None:
         self.leaf.publish(event[0], event[1])
@@ -260,12 +295,14 @@ class Delivery:
             self.kick(consumer)
 
     def _heartbeat(self, consumer: Consumer, inbox: str) -> None:
+        group = consumer.config.get("deliver_group") if consumer.is_push else None
         self._send_status(
             Status(
                 inbox,
                 *IDLE_HEARTBEAT,
                 {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)},
-            )
+            ),
+            (group,) if group else (),
         )
 
     # ---- acks ---------------------------------------------------------------------------------
@@ -282,6 +319,7 @@ class Delivery:
             return  # the ack log is full: the ack is not taken, the message is redelivered
         now = now_ns()
         stream, name = token.stream, token.consumer
+        floor = consumer.ack_floor_sseq
         record, changed, delay = al.ACK, False, {}
         if kind.kind in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
@@ -313,6 +351,9 @@ class Delivery:
                 )
         elif kind.kind == "wpi":
             record, changed = al.WPI, consumer.progress(token.seq, now)
+        if kind.kind in ("ack", "next", "term"):
+            acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
+            retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
         sync = bool(reply) and kind.kind != "next"
         durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
         if kind.kind == "next":

@@ -103,3 +103,12 @@ NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")
 SEQUENCE_NOT_FOUND = ApiError(400, 10043, "sequence {seq} not found")
 STREAM_MSG_DELETE_FAILED = ApiError(500, 10057, "{err}")
 STREAM_PURGE_NOT_PERMITTED = ApiError(500, 10110, "stream purge not permitted")
+CONSUMER_WQ_PULL_EXPLICIT = ApiError(
+    400, 10084, "consumer in pull mode requires explicit ack policy on workqueue stream"
+)
+CONSUMER_WQ_EXPLICIT = ApiError(400, 10098, "workqueue stream requires explicit ack")
+CONSUMER_WQ_DELIVER_ALL = ApiError(400, 10101, "consumer must be deliver all on workqueue stream")
+CONSUMER_WQ_MULTIPLE_UNFILTERED = ApiError(
+    400, 10099, "multiple non-filtered consumers not allowed on workqueue stream"
+)
+CONSUMER_WQ_NOT_UNIQUE = ApiError(400, 10100, "filtered consumer not unique on workqueue stream")

@@ -98,8 +98,8 @@ class Gateway:
             self._subjects_changed,
         )
         self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
-        await self._recover(catalog, history)
         await self.acklog.start()
+        await self._recover(catalog, history)
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
         )
@@ -151,8 +151,6 @@ class Gateway:
                 stream.enforce_limits(time.time_ns())
                 await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
-                if not entry.body["config"].get("durable_name"):
-                    continue
                 created = int(entry.body["created"])
                 cstate = reduce(history.consumers.get((entry.stream, entry.name), []), created)
                 consumer = self.registry.install_consumer(
@@ -164,6 +162,8 @@ class Gateway:
                     cstate.skip,
                 )
                 consumer.restore(cstate)
+                if not entry.body["config"].get("durable_name"):
+                    await self.registry.remove_consumer(consumer)  # ephemeral: ends with the process
 
     async def _recover_dedup(self, stream: Stream) -> None:
         """Refill the duplicate window from the ids of the messages stored within it."""
