@@ -240,7 +240,7 @@ class Consumer:
     def forget(self, seq: int, subject: str) -> None:
         """The stream removed a message (limits, delete, retention): if it was counted as still
         to come, it no longer is. (Not counted yet: the catch-up will find it gone.)"""
-        if self.sseq < seq <= self._counted and self.matches(subject):
+        if max(self.sseq, self._resume) < seq <= self._counted and self.matches(subject):
             self._npc -= 1
 
     # ---- delivery -----------------------------------------------------------------------------

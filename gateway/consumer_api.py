@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import advisories, consumer_config, errors, retention
-from gateway.apicommon import NAMES_PAGE, T, load_request
+from gateway.apicommon import NAMES_PAGE, Publish, T, load_request
 from gateway.consumer import Consumer, start_position
 from gateway.registry import Registry
 from gateway.stream import Stream
@@ -42,7 +42,6 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
 SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
 #: Where advisories go (subject, body).
-Publish = Callable[[tuple[str, bytes]], None]
 
 _NAME_CHARS = string.ascii_lowercase + string.digits
 
