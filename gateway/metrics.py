@@ -32,6 +32,7 @@ class Counters:
     publish_errors: int
     commits: int
     messages_committed: int
+    refused: int
     commit_seconds: Histogram
     batch_messages: Histogram
     acklog_commits: int
@@ -119,6 +120,9 @@ def families(snap: Snapshot, c: Counters) -> Iterator[Metric]:
     yield _counter("jetlake_publish_errors", "Publishes answered with an error", c.publish_errors)
     yield _counter("jetlake_commits", "Delta commits of the messages table", c.commits)
     yield _counter("jetlake_messages_committed", "Messages made durable", c.messages_committed)
+    yield _counter(
+        "jetlake_messages_refused", "Messages turned away: too many bytes waiting for a commit", c.refused
+    )
     yield _histogram("jetlake_commit_seconds", "Time of one group commit", c.commit_seconds)
     yield _histogram("jetlake_commit_batch_messages", "Messages per group commit", c.batch_messages)
     yield _counter("jetlake_acklog_commits", "Delta commits of the consumer ack log", c.acklog_commits)

@@ -117,6 +117,7 @@ def _counters(gateway: Gateway) -> metrics.Counters:
         publish_errors=gateway.publish.failed,
         commits=w.commits,
         messages_committed=w.messages_committed,
+        refused=w.refused,
         commit_seconds=w.commit_seconds,
         batch_messages=w.batch_messages,
         acklog_commits=acks.commits,

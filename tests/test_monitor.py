@@ -133,6 +133,7 @@ async def test_metrics_parse_and_match_the_api(monitored: MonitoredJetlake, uniq
     # counters: ten publishes, stored in as many messages over some commits
     assert delta("jetlake_publish_received_total") == 10
     assert delta("jetlake_messages_committed_total") == 10
+    assert delta("jetlake_messages_refused_total") == 0
     assert delta("jetlake_commit_batch_messages_sum") == 10
     assert delta("jetlake_commits_total") == delta("jetlake_commit_seconds_count") >= 1
     assert delta("jetlake_commit_batch_messages_count") == delta("jetlake_commits_total")
