@@ -30,6 +30,8 @@ SHAPES: dict[str, tuple[dict[str, Any], list[tuple[Any, ...]]]] = {
         {},
         [*[("pub", f"s{i % 2}", 1) for i in range(6)], ("purge", {"filter": "{n}.s1"}), ("purge", {})],
     ),
+    # an update lowered a limit (the new config, and what it removed, survive)
+    "UPD": ({}, [*[("pub", "a", 1) for _ in range(4)], ("update", {"max_msgs": 2, "description": "d"})]),
     # a purge past the end moves the sequences on
     "CMP": ({}, [("pub", "a", 1), ("purge", {"seq": 10})]),
 }
@@ -51,7 +53,8 @@ async def snapshot(nc: Client, names: list[str]) -> Any:
         for seq in range(1, 12):
             gets.append(untimed(await api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq})))
         gets.append(untimed(await api(nc, f"STREAM.MSG.GET.{name}", {"last_by_subj": f"{name.lower()}.a"})))
-        out[name] = {"state": await full_state(nc, name), "gets": gets}
+        config = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        out[name] = {"state": await full_state(nc, name), "gets": gets, "config": config}
     return out
 
 
