@@ -19,6 +19,7 @@ from tests.monitor_fixtures import MonitoredJetlake, ack_floor_scenario, api
 
 NOTEBOOK = ROOT / "notebooks" / "consumer_ack_floors.ipynb"
 STREAM = "ORDERS"
+LIMITED = "LIMITED"  # max_msgs 3: its first three messages leave the stream's view
 
 
 async def produce(url: str) -> dict[str, Any]:
@@ -33,11 +34,20 @@ async def produce(url: str) -> dict[str, Any]:
         fast = await js.pull_subscribe(f"{STREAM.lower()}.>", durable="fast", stream=STREAM)
         for msg in await fast.fetch(3, timeout=5):
             await msg.ack_sync()
-        info = await api(nc, f"STREAM.INFO.{STREAM}")
-        consumers = {c: await api(nc, f"CONSUMER.INFO.{STREAM}.{c}") for c in ("fast", "slow")}
+        await js.add_stream(name=LIMITED, subjects=["limited.>"], max_msgs=3)
+        for i in range(6):
+            await js.publish(f"limited.{i % 2}", b"x")
+        one = await js.pull_subscribe("limited.>", durable="one", stream=LIMITED)
+        (first,) = await one.fetch(1, timeout=5)
+        await first.ack_sync()
+        streams = {s: await api(nc, f"STREAM.INFO.{s}") for s in (STREAM, LIMITED)}
+        consumers = {
+            (s, c): await api(nc, f"CONSUMER.INFO.{s}.{c}")
+            for s, c in ((STREAM, "fast"), (STREAM, "slow"), (LIMITED, "one"))
+        }
     finally:
         await nc.close()
-    return {"stream": info, "consumers": consumers}
+    return {"streams": streams, "consumers": consumers}
 
 
 async def run_notebook(store: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
@@ -77,11 +87,13 @@ async def test_notebook_shows_the_api_numbers(
         (tmp_path / f"figure{i}.png").write_bytes(base64.b64decode(png))
 
     summary = json.loads(tagged_output(nb, "summary"))
-    last_seq = live["stream"]["state"]["last_seq"]
-    assert summary["streams"][STREAM]["last_seq"] == last_seq
-    shown = {c["consumer"]: c for c in summary["consumers"] if c["stream"] == STREAM}
-    assert sorted(shown) == ["fast", "slow"]
-    for name, info in live["consumers"].items():
+    for name, info in live["streams"].items():
+        st = info["state"]
+        assert summary["streams"][name] == {k: st[k] for k in ("messages", "first_seq", "last_seq")}, name
+    shown = {(c["stream"], c["consumer"]): c for c in summary["consumers"]}
+    assert sorted(shown) == sorted(live["consumers"])
+    for (stream, name), info in live["consumers"].items():
+        last_seq = live["streams"][stream]["state"]["last_seq"]
         floor = info["ack_floor"]["stream_seq"]
         expected = {
             "delivered_seq": info["delivered"]["stream_seq"],
@@ -96,8 +108,10 @@ async def test_notebook_shows_the_api_numbers(
             "bar_ack_pending": info["num_ack_pending"],
             "bar_unprocessed": info["num_pending"],
         }
-        assert {k: shown[name][k] for k in expected} == expected, name
+        assert {k: shown[(stream, name)][k] for k in expected} == expected, name
     # the scenario's numbers, so the comparison above is not between two zeros
-    assert (shown["fast"]["ack_floor"], shown["fast"]["delivered_seq"]) == (4, 9)  # 5 and 6 unacked
-    assert shown["slow"]["redelivered"] == 1
-    assert shown["slow"]["lag"] == 15
+    fast, slow, one = shown[(STREAM, "fast")], shown[(STREAM, "slow")], shown[(LIMITED, "one")]
+    assert (fast["ack_floor"], fast["delivered_seq"]) == (4, 9)  # 5 and 6 unacked
+    assert (slow["redelivered"], slow["lag"]) == (1, 15)
+    assert (one["ack_floor"], one["unprocessed"], one["lag"]) == (4, 2, 2)  # 1-3 removed by max_msgs
+    assert summary["streams"][LIMITED] == {"messages": 3, "first_seq": 4, "last_seq": 6}
