@@ -359,6 +359,22 @@ class Consumer:
             self._queue_redelivery(seq)
         return True
 
+    def reset(self, seq: int) -> None:
+        """``CONSUMER.RESET``: start again at stream sequence ``seq`` (0: just above the ack floor);
+        pending acks, redeliveries and the consumer sequence start from nothing."""
+        start = (seq or self.ack_floor_sseq + 1) - 1
+        self.dseq = 0
+        self.sseq = self._resume = start
+        self.ack_floor_cseq, self.ack_floor_sseq = 0, start
+        self.pending.clear()
+        self.redeliver.clear()
+        self._queued.clear()
+        self._redelivered.clear()
+        self._deadlines.clear()
+        self._skip.clear()
+        self._counted = self.stream.state.last_seq
+        self._npc = self.stream.count_matching_after(start, self.filters)
+
     def passed(self, seq: int) -> None:
         """``seq`` turned out to be gone from storage: move past it without delivering."""
         if self.pending.pop(seq, None) is not None:

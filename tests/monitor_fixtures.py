@@ -40,7 +40,9 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MonitoredJet
 @pytest.fixture(scope="module")
 def monitored_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceJetStream]:
     """The real JetStream with its HTTP monitor on (its /jsz is the shape jetlake's copies)."""
-    server = ReferenceJetStream(Path(tmp_path_factory.mktemp("monitored-reference")), free_port())
+    server = ReferenceJetStream(
+        Path(tmp_path_factory.mktemp("monitored-reference")), monitor_port=free_port()
+    )
     server.start()
     yield server
     server.stop()
