@@ -22,6 +22,7 @@ from gateway.subjects import subject_matches
 log = logging.getLogger(__name__)
 
 HIGH_WATER = 8 * 1024 * 1024
+FLUSH_BYTES = 256 * 1024  # queued frames are written at the latest at this size
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,15 @@ class LeafConnection:
         self._subs: set[str] = set()
         self.interest = Interest()
         self._writer: asyncio.StreamWriter | None = None
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._closing = False
         self.server_info: dict[str, object] = {}
         self.reconnects = 0
         self.dropped_writes = 0
+        self._out: list[bytes] = []  # frames written this event-loop turn, sent by ``_flush``
+        self._flush_scheduled = False
+        self._out_bytes = 0
 
     @property
     def connected(self) -> bool:
@@ -130,7 +132,7 @@ class LeafConnection:
                 log.warning("leaf connection lost: %s", exc)
             self._connected.clear()
             self._writer = None
-            self._out = []
+            self._out, self._out_bytes = [], 0  # frames for the lost connection are not sent later
             self.interest.clear()
             if self._closing:
                 return
@@ -217,26 +219,32 @@ class LeafConnection:
         self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
 
     def _write(self, data: bytes) -> None:
-        """Queue bytes for the socket; everything written during one turn of the event loop leaves
-        in one ``send`` (a commit answers thousands of publishes at once: one syscall, not one per
-        PubAck)."""
+        """Queue a frame; the frames of one event-loop turn go out in one socket write (a write
+        per message was most of the delivery path's cost)."""
         w = self._writer
         if w is None or w.is_closing():
             self.dropped_writes += 1
             return
         self._out.append(data)
-        if not self._flush_scheduled:
+        self._out_bytes += len(data)
+        if self._out_bytes >= FLUSH_BYTES:
+            self._flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        out, self._out = self._out, []
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_bytes = 0
         w = self._writer
         if w is None or w.is_closing():
-            self.dropped_writes += len(out)
+            self.dropped_writes += 1
             return
-        w.write(b"".join(out))
+        w.write(data)
 
     async def drain(self) -> None:
         """Wait while the socket's send buffer is above its high-water mark."""

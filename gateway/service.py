@@ -117,6 +117,7 @@ class Gateway:
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
+        self.leaf.subscribe("$JS.FC.>")
         for stream in self.registry.streams.values():
             for subject in stream.subjects:
                 self.leaf.subscribe(subject)
@@ -225,6 +226,9 @@ class Gateway:
             return
         if subject.startswith("$JS.ACK."):
             self.delivery.on_ack(subject, msg.reply, msg.data)
+            return
+        if subject.startswith("$JS.FC."):
+            self.delivery.on_flow_control(subject)
             return
         self.publish.on_publish(msg)
 

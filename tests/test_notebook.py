@@ -14,6 +14,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from storage_delta.stream_state import load_stream_states
+from storage_delta.tables import StoreRoot
 from tests.harness import ROOT
 from tests.monitor_fixtures import MonitoredJetlake, ack_floor_scenario, api
 
@@ -50,6 +52,19 @@ async def produce(url: str) -> dict[str, Any]:
     return {"streams": streams, "consumers": consumers}
 
 
+async def removals_durable(store: Path, stream: str, within_s: float = 20.0) -> None:
+    """Limit removals reach the removals table within a few seconds (gateway/removals.py); the
+    notebook reads the tables, so it waits for them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        states = await asyncio.to_thread(load_stream_states, StoreRoot(str(store)))
+        if stream in states and states[stream].removed:
+            return
+        assert loop.time() < deadline, f"no removal of {stream} recorded within {within_s}s"
+        await asyncio.sleep(0.5)
+
+
 async def run_notebook(store: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
     monkeypatch.setenv("JETLAKE_ROOT", str(store))
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -71,6 +86,7 @@ async def test_notebook_shows_the_api_numbers(
 ) -> None:
     live = await produce(monitored.url)
     await asyncio.sleep(0.5)  # deliveries and NAKs reach the ack log within ack_flush_interval_ms
+    await removals_durable(monitored.data_root, LIMITED)
     nb = await run_notebook(monitored.data_root, monkeypatch)
 
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
