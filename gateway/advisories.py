@@ -1,4 +1,4 @@
-"""JetStream consumer advisories and ack samples as pure builders: (subject, JSON body).
+"""JetStream stream and consumer advisories and ack samples as pure builders: (subject, JSON body).
 
 Subjects and fields as the real server publishes them (observed from nats-server 2.15.1 -js).
 """
@@ -22,17 +22,26 @@ def _event_id() -> str:
 
 
 def _event(
-    subject: str, kind: str, stream: str, consumer: str, now_ns: int, **fields: Any
+    subject: str, kind: str, stream: str, consumer: str | None, now_ns: int, **fields: Any
 ) -> tuple[str, bytes]:
-    body = {
-        "type": kind,
-        "id": _event_id(),
-        "timestamp": rfc3339(now_ns),
-        "stream": stream,
-        "consumer": consumer,
-        **fields,
-    }
+    body = {"type": kind, "id": _event_id(), "timestamp": rfc3339(now_ns), "stream": stream}
+    if consumer is not None:
+        body["consumer"] = consumer
+    body.update(fields)
     return subject, json.dumps(body, separators=(",", ":")).encode()
+
+
+def stream_action(stream: str, action: str, now_ns: int) -> tuple[str, bytes]:
+    """A stream was created, updated (``modify``) or deleted."""
+    verb = {"create": "CREATED", "modify": "UPDATED", "delete": "DELETED"}[action]
+    return _event(
+        f"$JS.EVENT.ADVISORY.STREAM.{verb}.{stream}",
+        _T + "stream_action",
+        stream,
+        None,
+        now_ns,
+        action=action,
+    )
 
 
 def consumer_action(stream: str, consumer: str, action: str, now_ns: int) -> tuple[str, bytes]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import consumer_api, errors, stream_api
-from gateway.apicommon import RawReply, T
-from gateway.consumer_api import ConsumerApi, Publish, SeqAtTime
+from gateway.apicommon import Publish, RawReply, T
+from gateway.consumer_api import ConsumerApi, SeqAtTime
 from gateway.registry import Registry
 from gateway.stream_api import StreamApi
 
@@ -32,7 +32,7 @@ class Api:
         self.streams = streams
         self.consumers = ConsumerApi(registry, seq_at_time, publish)
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | RawReply | None:
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
         """Answer one API request; unknown subjects get no answer, as from the real server."""
         op = ".".join(toks[:2])
         try:

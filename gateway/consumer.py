@@ -240,7 +240,7 @@ class Consumer:
     def forget(self, seq: int, subject: str) -> None:
         """The stream removed a message (limits, delete, retention): if it was counted as still
         to come, it no longer is. (Not counted yet: the catch-up will find it gone.)"""
-        if self.sseq < seq <= self._counted and self.matches(subject):
+        if max(self.sseq, self._resume) < seq <= self._counted and self.matches(subject):
             self._npc -= 1
 
     # ---- delivery -----------------------------------------------------------------------------
@@ -358,6 +358,22 @@ class Consumer:
         else:
             self._queue_redelivery(seq)
         return True
+
+    def reset(self, seq: int) -> None:
+        """``CONSUMER.RESET``: start again at stream sequence ``seq`` (0: just above the ack floor);
+        pending acks, redeliveries and the consumer sequence start from nothing."""
+        start = (seq or self.ack_floor_sseq + 1) - 1
+        self.dseq = 0
+        self.sseq = self._resume = start
+        self.ack_floor_cseq, self.ack_floor_sseq = 0, start
+        self.pending.clear()
+        self.redeliver.clear()
+        self._queued.clear()
+        self._redelivered.clear()
+        self._deadlines.clear()
+        self._skip.clear()
+        self._counted = self.stream.state.last_seq
+        self._npc = self.stream.count_matching_after(start, self.filters)
 
     def passed(self, seq: int) -> None:
         """``seq`` turned out to be gone from storage: move past it without delivering."""

@@ -112,3 +112,9 @@ CONSUMER_WQ_MULTIPLE_UNFILTERED = ApiError(
     400, 10099, "multiple non-filtered consumers not allowed on workqueue stream"
 )
 CONSUMER_WQ_NOT_UNIQUE = ApiError(400, 10100, "filtered consumer not unique on workqueue stream")
+CONSUMER_MAX_ACK_PENDING_LIMIT = ApiError(
+    400, 10121, "consumer max ack pending exceeds system limit of {limit}"
+)
+CONSUMER_INACTIVE_THRESHOLD_LIMIT = ApiError(
+    400, 10153, "consumer inactive threshold exceeds system limit of {limit}"
+)

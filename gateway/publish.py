@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from functools import partial
 
 from gateway import errors
 from gateway.leaf import LeafConnection
+from gateway.msg_ttl import go_duration_string
 from gateway.protocol import Msg
 from gateway.publish_checks import Accepted, Duplicate, check_publish
 from gateway.registry import Registry
@@ -22,6 +24,7 @@ from gateway.timefmt import now_ns
 from storage_delta.writer import GroupCommitWriter, StoredMessage, WriterClosed, WriterOverloaded
 
 ROUTE_CACHE_SIZE = 100_000
+MARKER_TICK_S = 0.05
 
 
 class PublishPath:
@@ -74,19 +77,60 @@ class PublishPath:
             self._reply_error(reply, stream, err)
             return
         stream.dedup.record(verdict.msg_id, stored.seq, stored.ts, now, stream.config["duplicate_window"])
-        try:
-            fut = self.writer.submit([stored])
-        except (WriterOverloaded, WriterClosed) as exc:
-            stream.rollback()
-            self._reply_error(
-                reply, stream, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}")
-            )
+        if verdict.ttl:
+            stream.ttl.add(stored.seq, stored.ts, verdict.ttl)
+        if verdict.is_marker:
+            stream.ttl.markers.add(stored.seq)
+        if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
+            stream.purge(subject=msg.subject if verdict.rollup == "sub" else None, keep=1)
+        fut = self._submit(stream, stored, reply)
+        if fut is None:
             return
         if verdict.msg_id:
             key = (stream.name, stored.seq)
             self._inflight_ids[key] = fut
             fut.add_done_callback(lambda _: self._inflight_ids.pop(key, None))
         fut.add_done_callback(lambda f: self._committed(stream, stored, reply, f))
+
+    def _submit(self, stream: Stream, stored: StoredMessage, reply: str) -> asyncio.Future[None] | None:
+        try:
+            return self.writer.submit([stored])
+        except (WriterOverloaded, WriterClosed) as exc:
+            stream.rollback()
+            self._reply_error(
+                reply, stream, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}")
+            )
+            return None
+
+    def place_markers(self, stream: Stream, now: int) -> None:
+        """Store the delete markers (ADR-43) for subjects whose last message MaxAge or a TTL removed:
+        an empty message with ``Nats-Marker-Reason: MaxAge``, the marker TTL and ``Nats-Rollup: sub``,
+        itself removed once that TTL runs out."""
+        marker_ns = int(stream.config.get("subject_delete_marker_ttl") or 0)
+        hdrs = (
+            b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\nNats-TTL: %s\r\nNats-Rollup: sub\r\n\r\n"
+            % go_duration_string(marker_ns).encode()
+        )
+        subjects, stream.markers_due = stream.markers_due, []
+        for subject in subjects:
+            try:
+                stored = stream.accept(subject, hdrs, b"", now)
+            except errors.ApiError:  # a full discard-new stream has no room for it either
+                continue
+            stream.ttl.add(stored.seq, stored.ts, marker_ns // 1_000_000_000)
+            stream.ttl.markers.add(stored.seq)
+            fut = self._submit(stream, stored, "")
+            if fut is not None:
+                fut.add_done_callback(partial(self._committed, stream, stored, ""))
+
+    async def marker_ticker(self) -> None:
+        """Place the markers that expiry (on the removal task's tick) asked for."""
+        while True:
+            await asyncio.sleep(MARKER_TICK_S)
+            now = now_ns()
+            for stream in list(self.registry.streams.values()):
+                if stream.markers_due:
+                    self.place_markers(stream, now)
 
     def _duplicate(self, stream: Stream, seq: int, reply: str) -> None:
         if not reply:

@@ -20,10 +20,12 @@ async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
     return dict(json.loads(msg.data))
 
 
-async def pub(nc: Client, subject: str, data: bytes = b"x", hdrs: dict[str, str] | None = None) -> Any:
+async def pub(
+    nc: Client, subject: str, data: bytes = b"x", hdrs: dict[str, str] | None = None, wait_s: float = 2
+) -> Any:
     """The raw PubAck (or error PubAck) as JSON, or "no answer"."""
     try:
-        msg = await nc.request(subject, data, timeout=2, headers=hdrs)
+        msg = await nc.request(subject, data, timeout=wait_s, headers=hdrs)
     except TimeoutError:
         return "no answer"
     return json.loads(msg.data)
@@ -63,6 +65,14 @@ EXPECT_STEPS: list[tuple[str, dict[str, str] | None]] = [
         {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.z"},
     ),
     ("a", {"Nats-Expected-Last-Subject-Sequence-Subject": "{s}.b"}),  # subject without sequence: 10193
+    (
+        "a",
+        {"Nats-Expected-Last-Subject-Sequence": "7", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.*"},
+    ),
+    (
+        "a",
+        {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.>"},
+    ),
     ("a", {"Nats-Expected-Last-Msg-Id": "a"}),  # the last message had no id: wrong last msg ID
     ("a", {"Nats-Msg-Id": "m1"}),
     ("a", {"Nats-Expected-Last-Msg-Id": "m1", "Nats-Msg-Id": "m2"}),  # right last id
@@ -184,8 +194,8 @@ async def test_no_ack_stream_answers_nothing(targets: dict[str, str], unique: st
         s = name.lower()
         await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "no_ack": True})
         answers = [
-            await pub(nc, f"{s}.a", b"1"),
-            await pub(nc, f"{s}.a", b"2", {"Nats-Expected-Stream": "OTHER"}),
+            await pub(nc, f"{s}.a", b"1", wait_s=0.5),
+            await pub(nc, f"{s}.a", b"2", {"Nats-Expected-Stream": "OTHER"}, wait_s=0.5),
         ]
         return {"answers": answers, "state": state(await api(nc, f"STREAM.INFO.{name}"))}
 
@@ -194,13 +204,27 @@ async def test_no_ack_stream_answers_nothing(targets: dict[str, str], unique: st
 
 
 async def test_sealed_stream_refuses_publish(targets: dict[str, str], unique: str) -> None:
-    """A create asking for sealed is refused (sealing is an update); see test_stream_config."""
+    """A create asking for sealed is refused; once an update seals the stream, publishes get 10109
+    (before any header check) and nothing is stored."""
 
     async def case(nc: Client, name: str) -> Any:
-        return await api(nc, f"STREAM.CREATE.{name}", {"name": name, "sealed": True})
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"]}
+        refused = await api(nc, f"STREAM.CREATE.{name}", {**cfg, "sealed": True})
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        first = await pub(nc, f"{s}.a")
+        sealed = await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "sealed": True})
+        return [
+            refused["error"],
+            first,
+            sealed["config"]["sealed"],
+            await pub(nc, f"{s}.a"),
+            await pub(nc, f"{s}.a", b"x", {"Nats-Expected-Stream": "OTHER"}),
+            state(await api(nc, f"STREAM.INFO.{name}")),
+        ]
 
     out = await assert_same(targets, case, unique)
-    assert out["error"]["err_code"] == 10052
+    assert out[3]["error"]["err_code"] == 10109
 
 
 async def test_dedup_window_survives_restart(
@@ -231,3 +255,25 @@ async def test_dedup_window_survives_restart(
     assert first["jetlake"] == first["jetstream"]
     assert second["jetlake"] == second["jetstream"]
     assert second["jetstream"][0] == {"stream": unique, "seq": 1, "duplicate": True}
+
+
+async def test_rollups(targets: dict[str, str], unique: str) -> None:
+    """Nats-Rollup: sub keeps only the new message of its subject, all only the new message of the
+    stream; the removed messages leave holes the stream state counts."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"], "allow_rollup_hdrs": True}
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        for subj in ("a", "a", "b", "c", "a"):
+            await pub(nc, f"{s}.{subj}")
+        steps = [await pub(nc, f"{s}.a", b"roll", {"Nats-Rollup": "sub"})]
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        steps.append((state(info), info["state"].get("subjects"), info["state"].get("num_deleted")))
+        steps.append(await pub(nc, f"{s}.b", b"all", {"Nats-Rollup": "ALL"}))
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        steps.append((state(info), info["state"].get("subjects"), info["state"].get("num_deleted")))
+        return steps
+
+    out = await assert_same(targets, case, unique)
+    assert out[3][0]["messages"] == 1
