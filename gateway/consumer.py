@@ -157,6 +157,9 @@ class Consumer:
         self.ack_floor_sseq = self.sseq
         self.ack_floor_active_ns = 0
         self.pending: dict[int, Pending] = {}
+        # Pending sequences in delivery order (ascending), lazily trimmed: the lowest pending one
+        # in O(1) amortized (iterating a dict whose front was deleted is O(deleted)).
+        self._order: deque[int] = deque()
         self.redeliver: deque[int] = deque()
         self._queued: set[int] = set()
         self._redelivered: set[int] = set()  # like the server's rdc: kept past max_deliver
@@ -298,6 +301,7 @@ class Consumer:
                 self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, seq
             else:
                 p = self.pending[seq] = Pending(self.dseq, 1, 0, now_ns)
+                self._order.append(seq)
         if p is not None:
             self._arm(seq, p, now_ns + self._ack_wait(deliveries))
         return Delivered(seq, self.dseq, deliveries, self.num_pending())
@@ -328,11 +332,20 @@ class Consumer:
             self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, self.sseq
         elif p.cseq == self.ack_floor_cseq + 1:
             self.ack_floor_cseq, self.ack_floor_sseq = p.cseq, seq
-            lowest = next((s for s in self.pending if s > seq), None)
+            lowest = self._lowest_pending_above(seq)
             if lowest is not None and lowest < self.sseq + 1:
                 self.ack_floor_cseq = self.pending[lowest].cseq - 1
                 self.ack_floor_sseq = lowest - 1
         return p
+
+    def _lowest_pending_above(self, seq: int) -> int | None:
+        order, pending = self._order, self.pending
+        while order and order[0] not in pending:
+            order.popleft()
+        for s in order:
+            if s > seq and s in pending:
+                return s
+        return None
 
     def _ack_all(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
         if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq:
@@ -340,8 +353,11 @@ class Consumer:
         self.ack_floor_cseq, self.ack_floor_sseq = cseq, seq
         self.ack_floor_active_ns = now_ns
         settled = self.pending.get(seq, Pending(cseq, 1, 0, 0))
-        for s in [s for s in self.pending if s <= seq]:
-            del self.pending[s]
+        order = self._order
+        while order and order[0] <= seq:
+            s = order.popleft()
+            if self.pending.pop(s, None) is None:
+                continue
             self._queued.discard(s)
             self._redelivered.discard(s)
         return settled
@@ -367,6 +383,7 @@ class Consumer:
         self.sseq = self._resume = start
         self.ack_floor_cseq, self.ack_floor_sseq = 0, start
         self.pending.clear()
+        self._order.clear()
         self.redeliver.clear()
         self._queued.clear()
         self._redelivered.clear()

@@ -31,6 +31,7 @@ from gateway.pull import (
     timeout_status,
     too_big_status,
 )
+from gateway.push import FlowControl
 from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
@@ -38,6 +39,7 @@ from gateway.timefmt import now_ns
 from storage_delta import acklog as al
 from storage_delta.writer import StoredMessage
 
+FLOW_CONTROL_REQUEST = (100, "FlowControl Request")
 TICK_S = 0.05
 NS = 1_000_000_000
 RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
@@ -86,6 +88,7 @@ class Delivery:
         self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
         self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
         self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
+        self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
         self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
@@ -120,7 +123,7 @@ class Delivery:
         """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""
         for req in consumer.waiting.clear():
             self._send_status(Status(req.reply, *CONSUMER_DELETED))
-        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets):
+        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets, self._flow):
             table.pop(id(consumer), None)
 
     # ---- serving ------------------------------------------------------------------------------
@@ -149,6 +152,9 @@ class Delivery:
         deliver subject while it has interest."""
         if consumer.is_push:
             subject = str(consumer.config["deliver_subject"])
+            flow = self._flow.get(id(consumer))
+            if flow is not None and flow.stalled():
+                return None  # until the subscriber answers the flow-control request
             return (subject, None) if self.leaf.interest.has(subject) else None
         req = consumer.waiting.peek()
         return (req.reply, req) if req is not None else None
@@ -233,9 +239,16 @@ class Delivery:
         self.leaf.publish(
             inbox, data, reply=f"{token}@{msg.subject}", hdrs=hdrs, queues=(group,) if group else ()
         )
+        size = len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
         if consumer.is_push:
             self._last_sent[id(consumer)] = now_ns()
-        return len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
+            if consumer.config.get("flow_control"):
+                flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+                request = flow.sent(size)
+                if request is not None:
+                    hdrs = status_block(*FLOW_CONTROL_REQUEST)
+                    self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
+        return size
 
     async def _load(self, stream: Stream, seq: int) -> StoredMessage | None:
         cached = stream.tail.get(seq)
@@ -305,6 +318,16 @@ class Delivery:
             (group,) if group else (),
         )
 
+    def on_flow_control(self, subject: str) -> None:
+        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
+        toks = subject.split(".")
+        if len(toks) != 5:
+            return
+        consumer = self._consumer(toks[2], toks[3])
+        flow = self._flow.get(id(consumer)) if consumer is not None else None
+        if consumer is not None and flow is not None and flow.answered(subject):
+            self.kick(consumer)
+
     # ---- acks ---------------------------------------------------------------------------------
 
     def on_ack(self, subject: str, reply: str, body: bytes) -> None:
@@ -324,7 +347,8 @@ class Delivery:
         if kind.kind in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
             changed = settled is not None
-            rate = advisories.sample_rate(consumer.config.get("sample_freq"))
+            freq = consumer.config.get("sample_freq")
+            rate = advisories.sample_rate(freq) if freq else 0
             if settled is not None and rate and _sampled(rate, token.cseq):
                 self._publish_event(
                     advisories.ack_sample(
@@ -362,7 +386,9 @@ class Delivery:
         elif durable is not None:
             # An ack with a reply is answered only once its row is committed (ack_sync).
             durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
-        if len(consumer.waiting) or consumer.is_push:
+        listening = len(consumer.waiting) > 0 or consumer.is_push
+        # an ack that frees nothing to deliver starts no task
+        if listening and id(consumer) not in self._serving and consumer.has_work():
             self.kick(consumer)
 
 

@@ -22,6 +22,7 @@ from gateway.subjects import subject_matches
 log = logging.getLogger(__name__)
 
 HIGH_WATER = 8 * 1024 * 1024
+FLUSH_BYTES = 256 * 1024  # queued frames are written at the latest at this size
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,9 @@ class LeafConnection:
         self.server_info: dict[str, object] = {}
         self.reconnects = 0
         self.dropped_writes = 0
+        self._out: list[bytes] = []  # frames written this event-loop turn, sent by ``_flush``
+        self._flush_scheduled = False
+        self._out_bytes = 0
 
     @property
     def connected(self) -> bool:
@@ -214,6 +218,27 @@ class LeafConnection:
         self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
 
     def _write(self, data: bytes) -> None:
+        """Queue a frame; the frames of one event-loop turn go out in one socket write (a write
+        per message was most of the delivery path's cost)."""
+        w = self._writer
+        if w is None or w.is_closing():
+            self.dropped_writes += 1
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= FLUSH_BYTES:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_bytes = 0
         w = self._writer
         if w is None or w.is_closing():
             self.dropped_writes += 1
@@ -228,6 +253,7 @@ class LeafConnection:
 
     async def close(self) -> None:
         self._closing = True
+        self._flush()
         if self._writer is not None:
             with contextlib.suppress(ConnectionError, OSError):
                 await self._writer.drain()

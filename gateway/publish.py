@@ -4,6 +4,8 @@ sequence, hand it to the group-commit writer, and send the PubAck only once its 
 A duplicate (``Nats-Msg-Id`` seen within the window) stores nothing; its PubAck names the original
 sequence, and if the original is still in flight it waits for that commit, so no client is told of
 a sequence that a failed commit could take back. ``no_ack`` streams answer nothing, errors included.
+A ``Nats-TTL`` enters the stream's TTL schedule, a ``Nats-Rollup`` purges once the writer has the
+message, and the delete markers expiry asks for (ADR-43) are stored here by ``marker_ticker``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from functools import partial
 
 from gateway import errors
+from gateway.headers import status_block
 from gateway.leaf import LeafConnection
 from gateway.msg_ttl import go_duration_string
 from gateway.protocol import Msg
@@ -25,6 +28,7 @@ from storage_delta.writer import GroupCommitWriter, StoredMessage, WriterClosed,
 
 ROUTE_CACHE_SIZE = 100_000
 MARKER_TICK_S = 0.05
+NO_RESPONDERS = status_block(503, "")
 
 
 class PublishPath:
@@ -70,6 +74,16 @@ class PublishPath:
         elif isinstance(verdict, errors.ApiError):
             self._reply_error(reply, stream, verdict)
 
+    def on_kv_publish(self, msg: Msg) -> None:
+        """A ``$KV`` publish, which reaches the gateway through the API domain mapping whether or
+        not a bucket captures it: without one, the requester gets the no-responders status the
+        hub would have sent (nats-py: ``NoStreamResponseError``)."""
+        if self.route(msg.subject) is None:
+            if msg.reply:
+                self.leaf.publish(msg.reply, b"", hdrs=NO_RESPONDERS)
+            return
+        self.on_publish(msg)
+
     def _store(self, stream: Stream, msg: Msg, verdict: Accepted, reply: str, now: int) -> None:
         try:
             stored = stream.accept(msg.subject, verdict.hdrs, msg.data, now)
@@ -81,11 +95,11 @@ class PublishPath:
             stream.ttl.add(stored.seq, stored.ts, verdict.ttl)
         if verdict.is_marker:
             stream.ttl.markers.add(stored.seq)
-        if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
-            stream.purge(subject=msg.subject if verdict.rollup == "sub" else None, keep=1)
         fut = self._submit(stream, stored, reply)
         if fut is None:
             return
+        if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
+            stream.purge(subject=msg.subject if verdict.rollup == "sub" else None, keep=1)
         if verdict.msg_id:
             key = (stream.name, stored.seq)
             self._inflight_ids[key] = fut

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gateway import errors
 from gateway.dedup import DedupWindow
 from gateway.msg_ttl import InvalidTTL, parse_ttl
+from gateway.subjects import is_valid_subject
 from storage_delta.natsfmt import parse_headers
 
 MAX_HEADER_BYTES = 65535
@@ -82,6 +83,10 @@ def _check_header_size(hdrs: bytes) -> errors.ApiError | None:
     return errors.STREAM_HEADER_EXCEEDS_MAXIMUM if len(hdrs) > MAX_HEADER_BYTES else None
 
 
+def _publishable(subject: str) -> bool:
+    return is_valid_subject(subject, allow_wildcards=False)
+
+
 def _seq_header(value: str) -> int:
     """nats-server reads these as decimal and anything else as a sequence no stream has."""
     return int(value) if value.isdigit() and value.isascii() else -1
@@ -97,6 +102,9 @@ CHECKED = frozenset(
         "Nats-Expected-Last-Subject-Sequence-Subject",
         "Nats-Expected-Last-Sequence",
         "Nats-Schedule",
+        "Nats-Schedule-Next",
+        "Nats-Scheduler",
+        "Nats-Stream-Source",
         "Nats-Msg-Id",
         "Nats-Expected-Last-Msg-Id",
         "Nats-Rollup",
@@ -113,6 +121,8 @@ def _check_headers(
     if b"Nats-" not in hdrs and b"KV-Operation" not in hdrs:  # application headers only
         return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs)
     h = parse_headers(hdrs)
+    if h.get("Nats-Batch-Id"):  # atomic batches are refused before any other header check
+        return _check_size(cfg, len(hdrs), data) or errors.ATOMIC_PUBLISH_DISABLED
     special = CHECKED.intersection(h)
     if special <= _ID_ONLY:  # the common case of an idempotent producer: a msg id and nothing else
         msg_id = h.get("Nats-Msg-Id", "")
@@ -152,6 +162,16 @@ def _check_headers(
         return errors.STREAM_WRONG_LAST_SEQUENCE.format(seq=stream.last_seq)
     if h.get("Nats-Schedule"):
         return errors.MESSAGE_SCHEDULES_DISABLED
+    schedule_next = h.get("Nats-Schedule-Next")
+    if schedule_next:  # clients may only use it to purge a schedule, naming its scheduler subject
+        scheduler = h.get("Nats-Scheduler", "")
+        if schedule_next != "purge" or not scheduler or scheduler == subject or not _publishable(scheduler):
+            return errors.MESSAGE_SCHEDULES_SCHEDULER_INVALID
+        return errors.MESSAGE_SCHEDULES_DISABLED
+    if h.get("Nats-Scheduler"):
+        return errors.MESSAGE_SCHEDULES_SCHEDULER_INVALID
+    if h.get("Nats-Stream-Source"):
+        return errors.MESSAGE_SOURCE_HEADER_NOT_ALLOWED
     msg_id = h.get("Nats-Msg-Id", "")
     if msg_id:
         seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"])

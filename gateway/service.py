@@ -116,6 +116,7 @@ class Gateway:
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
+        self.leaf.subscribe("$JS.FC.>")
         for stream in self.registry.streams.values():
             for subject in stream.subjects:
                 self.leaf.subscribe(subject)
@@ -211,7 +212,7 @@ class Gateway:
                 # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
                 # domain (DESIGN); it is stored under its $KV subject.
                 msg.subject = subject[len(self.api_prefix) :]
-                self.publish.on_publish(msg)
+                self.publish.on_kv_publish(msg)
                 return
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
@@ -224,6 +225,9 @@ class Gateway:
             return
         if subject.startswith("$JS.ACK."):
             self.delivery.on_ack(subject, msg.reply, msg.data)
+            return
+        if subject.startswith("$JS.FC."):
+            self.delivery.on_flow_control(subject)
             return
         self.publish.on_publish(msg)
 

@@ -8,6 +8,7 @@ PURGE) are answered only once the removal log holds them.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -42,6 +43,7 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
 }
 
 LIST_PAGE = 256
+COMMIT_POLL_S = 0.002
 SUBJECT_DETAILS_LIMIT = 100_000
 
 
@@ -210,14 +212,25 @@ class StreamApi:
             raise refusal
         return stream
 
+    async def _record(self, stream: Stream, upto: int) -> None:
+        """Make a removal durable before it is answered. A removed message whose own commit is
+        still in flight is recorded once that commit lands (or rolls back), so a crash can never
+        bring back a message whose removal was acknowledged."""
+        # Polled: the stream state machine signals nothing, and this wait is rare (a removal
+        # racing its own message's commit) and short (one group commit).
+        while stream.durable_last_seq < upto <= stream.state.last_seq:  # noqa: ASYNC110
+            await asyncio.sleep(COMMIT_POLL_S)
+        await self.recorder.flush()
+
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body)
         stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
             raise errors.BAD_REQUEST
+        upto = stream.state.last_seq
         purged = stream.purge(req.get("filter") or None, seq or None, keep or None)
-        await self.recorder.flush()
+        await self._record(stream, upto)
         return {"type": T + "stream_purge_response", "success": True, "purged": purged}
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
@@ -236,7 +249,7 @@ class StreamApi:
             raise errors.SEQUENCE_NOT_FOUND.format(seq=seq)
         # ``no_erase: false`` asks the file store to overwrite the bytes; here the removal log
         # hides the message at once and Spark's retention job removes it from storage.
-        await self.recorder.flush()
+        await self._record(stream, seq)
         return {"type": T + "stream_msg_delete_response", "success": True}
 
     # ---- reading messages -----------------------------------------------------------------------

@@ -65,6 +65,9 @@ async def test_kv_put_get_update_delete_purge(targets: dict[str, str], unique: s
         steps.append({"values": status.values, "history": status.history, "bucket": status.bucket})
         info = await js.stream_info(f"KV_{name}")
         steps.append({"messages": info.state.messages, "last_seq": info.state.last_seq})
+        steps.append(await attempt(js.delete_key_value(name)))
+        steps.append(await attempt(kv.get("new")))
+        steps.append(await attempt(kv.put("new", b"gone")))
         return steps
 
     out = await assert_same(targets, case, unique)

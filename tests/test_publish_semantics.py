@@ -7,10 +7,11 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError
 
-from tests.differential import assert_same, run_case
+from tests.differential import assert_same, assert_same_across_restart
 from tests.harness import Jetlake, ReferenceJetStream
 
 
@@ -85,6 +86,14 @@ EXPECT_STEPS: list[tuple[str, dict[str, str] | None]] = [
     ("a", {"Nats-TTL": "bogus"}),  # an unparsable TTL is only checked later: 10165
     ("a", {"Nats-Incr": "1"}),  # counters are off: 10168
     ("a", {"Nats-Incr": "x"}),  # 10171
+    ("a", {"Nats-Schedule": "@at 2030-01-01T00:00:00Z"}),  # schedules are off: 10188
+    ("a", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "{s}.sched"}),  # 10188
+    ("a", {"Nats-Schedule-Next": "later"}),  # only a purge: 10212
+    ("a", {"Nats-Scheduler": "{s}.sched"}),  # only with Schedule-Next: 10212
+    ("a", {"Nats-Stream-Source": "X"}),  # only sourced messages carry it: 10227
+    ("a", {"Nats-Batch-Id": "b1", "Nats-Batch-Sequence": "1"}),  # atomic batches are off: 10174
+    ("a", {"Nats-Batch-Id": "b1", "Nats-Expected-Stream": "OTHER"}),  # batch refusal comes first
+    ("a", {"Nats-Required-Api-Level": "9"}),  # ignored on a publish
     ("a", {"Nats-Expected-Stream": "OTHER", "Nats-Expected-Last-Sequence": "1"}),  # stream first
     ("a", {"Nats-Expected-Last-Sequence": "1", "Nats-Expected-Last-Subject-Sequence": "1"}),
 ]
@@ -247,14 +256,8 @@ async def test_dedup_window_survives_restart(
             state(await api(nc, f"STREAM.INFO.{name}")),
         ]
 
-    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
-    first = await run_case(targets, before, unique)
-    await asyncio.to_thread(jetlake.stop_gateway)
-    await asyncio.to_thread(jetlake.start_gateway)
-    second = await run_case(targets, after, unique)
-    assert first["jetlake"] == first["jetstream"]
-    assert second["jetlake"] == second["jetstream"]
-    assert second["jetstream"][0] == {"stream": unique, "seq": 1, "duplicate": True}
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=False)
+    assert second[0] == {"stream": unique, "seq": 1, "duplicate": True}
 
 
 async def test_rollups(targets: dict[str, str], unique: str) -> None:
@@ -277,3 +280,28 @@ async def test_rollups(targets: dict[str, str], unique: str) -> None:
 
     out = await assert_same(targets, case, unique)
     assert out[3][0]["messages"] == 1
+
+
+@pytest.mark.slow
+async def test_rollup_survives_kill_9(reference: ReferenceJetStream, jetlake: Jetlake, unique: str) -> None:
+    """A rollup's purge is replayed from the stored headers on start: killing the gateway right
+    after the PubAck (before the removal log has it) changes no answer."""
+
+    async def before(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(
+            nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "allow_rollup_hdrs": True}
+        )
+        for subj in ("a", "a", "b", "a"):
+            await pub(nc, f"{s}.{subj}")
+        return [
+            await pub(nc, f"{s}.a", b"roll", {"Nats-Rollup": "sub"}),
+            await pub(nc, f"{s}.c", b"all", {"Nats-Rollup": "all"}),
+        ]
+
+    async def after(nc: Client, name: str) -> Any:
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        return (state(info), info["state"].get("subjects"), info["state"].get("num_deleted"))
+
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=True)
+    assert second[0]["messages"] == 1

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from tests.differential import assert_same, run_case
+from tests.differential import assert_same, assert_same_across_restart
 from tests.harness import Jetlake, ReferenceJetStream
 from tests.test_publish_semantics import api, pub, state
 
@@ -131,7 +131,6 @@ async def test_delete_markers(targets: dict[str, str], unique: str) -> None:
 async def test_ttl_survives_restart(reference: ReferenceJetStream, jetlake: Jetlake, unique: str) -> None:
     """The TTL schedule is rebuilt from the stored headers: a message whose TTL runs out while the
     gateway is down or restarting is gone afterwards, as on the real server."""
-    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
     t0 = time.monotonic()
 
     async def before(nc: Client, name: str) -> Any:
@@ -144,13 +143,25 @@ async def test_ttl_survives_restart(reference: ReferenceJetStream, jetlake: Jetl
         ]
 
     async def after(nc: Client, name: str) -> Any:
+        await asyncio.sleep(max(0.0, t0 + 5.0 - time.monotonic()))  # past the 4 s TTL
         return await messages(nc, name)
 
-    first = await run_case(targets, before, unique)
-    await asyncio.to_thread(jetlake.stop_gateway)
-    await asyncio.to_thread(jetlake.start_gateway)
-    await asyncio.sleep(max(0.0, t0 + 5.0 - time.monotonic()))
-    second = await run_case(targets, after, unique)
-    assert first["jetlake"] == first["jetstream"]
-    assert second["jetlake"] == second["jetstream"]
-    assert [m[1] for m in second["jetstream"]] == [f"{unique.lower()}.b", f"{unique.lower()}.c"]
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=False)
+    assert [m[1] for m in second] == [f"{unique.lower()}.b", f"{unique.lower()}.c"]
+
+
+async def test_no_markers_from_delete_and_purge(targets: dict[str, str], unique: str) -> None:
+    """ADR-43 plans Remove and Purge markers for the delete and purge APIs; 2.15.1 places none."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"], "subject_delete_marker_ttl": S}
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        for subj in ("a", "b", "c"):
+            await pub(nc, f"{s}.{subj}")
+        deleted = await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 1})
+        purged = await api(nc, f"STREAM.PURGE.{name}", {"filter": f"{s}.b"})
+        return [deleted, purged, state(await api(nc, f"STREAM.INFO.{name}")), await messages(nc, name)]
+
+    out = await assert_same(targets, case, unique)
+    assert out[2]["messages"] == 1

@@ -325,3 +325,24 @@ async def test_stream_advisories(targets: dict[str, str], unique: str) -> None:
         return events
 
     await assert_same(targets, case, unique)
+
+
+async def test_update_moves_subjects(targets: dict[str, str], unique: str) -> None:
+    """After an update replaces a stream's subjects, the new subject is stored and the old one
+    gets no responders."""
+
+    async def case(nc: Client, name: str) -> Any:
+        n = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{n}.old"]})
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "subjects": [f"{n}.new"]})
+        out: list[Any] = [json.loads((await nc.request(f"{n}.new", b"x", timeout=5)).data)]
+        try:
+            await nc.request(f"{n}.old", b"x", timeout=2)
+            out.append("answered")
+        except NoRespondersError:
+            out.append("no responders")
+        out.append((await api(nc, f"STREAM.INFO.{name}"))["state"])
+        return out
+
+    await assert_same(targets, case, unique)
