@@ -16,9 +16,9 @@ from collections.abc import Callable
 from functools import partial
 
 from gateway import errors
+from gateway.durations import go_duration
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
-from gateway.msg_ttl import go_duration_string
 from gateway.protocol import Msg
 from gateway.publish_checks import Accepted, Duplicate, check_publish
 from gateway.registry import Registry
@@ -123,7 +123,7 @@ class PublishPath:
         marker_ns = int(stream.config.get("subject_delete_marker_ttl") or 0)
         hdrs = (
             b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\nNats-TTL: %s\r\nNats-Rollup: sub\r\n\r\n"
-            % go_duration_string(marker_ns).encode()
+            % go_duration(marker_ns).encode()
         )
         subjects, stream.markers_due = stream.markers_due, []
         for subject in subjects:

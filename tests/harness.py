@@ -53,10 +53,12 @@ def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> Non
 
 
 class ReferenceJetStream:
-    """The oracle: the same nats-server binary with JetStream on and a file store."""
+    """The oracle: the same nats-server binary with JetStream on and a file store (in JetStream
+    domain ``domain`` when one is given, as jetlake serves its API)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, domain: str | None = None) -> None:
         self.workdir = workdir
+        self.domain = domain
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -67,20 +69,12 @@ class ReferenceJetStream:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                nats_server_binary(),
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-sd",
-                str(self.workdir / "js"),
-            ],
-            stdout=log,
-            stderr=log,
-        )
+        args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.workdir / "js")]
+        if self.domain:
+            conf = self.workdir / "nats-server.conf"
+            conf.write_text(f'jetstream {{ store_dir: "{self.workdir / "js"}", domain: {self.domain} }}\n')
+            args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
+        self.proc = subprocess.Popen([nats_server_binary(), *args], stdout=log, stderr=log)
         wait_port(self.port, self.proc)
 
     def stop(self) -> None:
