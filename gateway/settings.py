@@ -28,6 +28,9 @@ class Settings:
     monitor_port: int = 8222
     max_pending_bytes: int = 64 * 1024 * 1024
     tail_cache_bytes: int = 32 * 1024 * 1024
+    ack_flush_interval_ms: int = 100
+    acklog_max_pending: int = 100_000
+    acklog_compact_rows: int = 250_000
     leaf_name: str = "jetlake"
     creds_file: str = ""
     storage_options: dict[str, str] = field(default_factory=dict)

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -129,8 +129,12 @@ def commit_adds(
     schema: pa.Schema,
     partition_by: list[str],
     txn: tuple[str, int] | None,
+    mode: Literal["append", "overwrite"] = "append",
 ) -> None:
     """Commit ``add`` actions as one Delta version, tagged with an app transaction when given.
+
+    ``overwrite`` also removes every file of the handle's snapshot (and only those: files another
+    writer appended since stay), which is how a rewrite of what was read commits.
 
     A lost race surfaces as :class:`CommitConflict`; the caller decides whether the commit landed by
     reading the txn marker (a commit can report an error and still land, delta-rs #2509).
@@ -141,7 +145,7 @@ def commit_adds(
     try:
         dt.create_write_transaction(
             actions,
-            mode="append",
+            mode=mode,
             schema=schema,
             partition_by=partition_by or None,
             commit_properties=props,

@@ -112,7 +112,7 @@ class Jetlake:
         wait_port(self.port, self.server)
         wait_port(self.leaf_port, self.server)
 
-    def start_gateway(self, extra_env: dict[str, str] | None = None) -> None:
+    def start_gateway(self, extra_env: dict[str, str] | None = None, ready_s: float = 60.0) -> None:
         log = open(self.workdir / "gateway.log", "ab")  # noqa: SIM115
         env = {**os.environ, **(extra_env or {})}
         self.gateway = subprocess.Popen(
@@ -135,7 +135,7 @@ class Jetlake:
             cwd=ROOT,
             env=env,
         )
-        asyncio.run(self._wait_ready())
+        asyncio.run(self._wait_ready(ready_s))
 
     async def _wait_ready(self, wait_s: float = 60.0) -> None:
         """Ready when the API answers through the server (the leaf is up and subscribed)."""
