@@ -71,6 +71,10 @@ class AckRecorder:
     async def config_changed(self, consumer: Consumer) -> None:
         await self._durable(self._row(consumer, al.CONFIG, config=consumer.config))
 
+    async def reset(self, consumer: Consumer) -> None:
+        """``CONSUMER.RESET``: it starts again after its (new) delivered stream sequence."""
+        await self._durable(self._row(consumer, al.RESET, start_after=consumer.sseq, skip=[]))
+
     async def deleted(self, consumer: Consumer) -> None:
         await self._durable(self._row(consumer, al.DELETE))
 

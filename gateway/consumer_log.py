@@ -54,13 +54,16 @@ class ConsumerState:
 
 
 def _apply(state: ConsumerState, r: al.AckRecord) -> None:
-    if r.kind in (al.CREATE, al.CONFIG, al.STATE):
+    if r.kind == al.RESET:
+        state.pending.clear()
+        state.redelivered.clear()
+    if r.kind in (al.CREATE, al.CONFIG, al.STATE, al.RESET):
         body = r.body_json()
         if body.get("config") is not None:
             state.config = body["config"]
         state.created_ns = int(body.get("created") or state.created_ns)
-        state.start_after = int(body.get("start_after") or state.start_after)
-        state.skip = list(body.get("skip") or state.skip)
+        state.start_after = int(body.get("start_after", state.start_after))
+        state.skip = list(body.get("skip", state.skip))
         state.delivered_ns = max(state.delivered_ns, int(body.get("delivered_ts") or 0))
         state.floor_ns = max(state.floor_ns, int(body.get("ack_ts") or 0))
         state.redelivered |= set(body.get("redelivered") or ())

@@ -50,6 +50,8 @@ CREATE = "create"
 CONFIG = "config"
 DELETE = "delete"
 STATE = "state"
+#: CONSUMER.RESET: the consumer starts again at ``start_after``; nothing before it stays pending.
+RESET = "reset"
 DELIVER = "deliver"
 ACK = "ack"
 NAK = "nak"
@@ -59,7 +61,6 @@ WPI = "wpi"
 DROP = "drop"
 #: Kinds that concern one stream sequence (``seq``): folded once the floor has passed it.
 MESSAGE_KINDS = frozenset({DELIVER, ACK, NAK, TERM, WPI, DROP})
-KINDS = MESSAGE_KINDS | {CREATE, CONFIG, DELETE, STATE}
 
 
 @dataclass(slots=True)
@@ -153,6 +154,9 @@ def redelivered_after(records: list[AckRecord], start: Iterable[int], ack_all: b
                 out.add(r.seq)
         elif r.kind == DROP:
             pending.discard(r.seq)
+        elif r.kind == RESET:
+            out.clear()
+            pending.clear()
         elif r.kind in (ACK, TERM):
             settled = {s for s in pending if s <= r.seq} if ack_all else {r.seq}
             pending -= settled
@@ -167,6 +171,8 @@ def fold(records: list[AckRecord]) -> list[AckRecord]:
     if not rows:
         return []
     floor_seq = rows[-1].floor_seq
+    reset = max((r.lsn for r in rows if r.kind == RESET), default=0)
+    rows = [r for r in rows if r.kind not in MESSAGE_KINDS or r.lsn > reset]
     folded = [r for r in rows if r.kind not in MESSAGE_KINDS or r.seq <= floor_seq]
     kept = [r for r in rows if r.kind in MESSAGE_KINDS and r.seq > floor_seq]
     if not folded:
@@ -174,13 +180,13 @@ def fold(records: list[AckRecord]) -> list[AckRecord]:
     body: dict[str, Any] = {"delivered_ts": 0, "ack_ts": 0}
     earlier: list[int] = []
     for r in folded:
-        extra = r.body_json() if r.kind in (CREATE, CONFIG, STATE) else {}
+        extra = r.body_json() if r.kind in (CREATE, CONFIG, STATE, RESET) else {}
         for key in ("created", "config", "start_after", "skip"):
             if extra.get(key) is not None:
                 body[key] = extra[key]
         body["delivered_ts"] = max(body["delivered_ts"], extra.get("delivered_ts", 0))
         body["ack_ts"] = max(body["ack_ts"], extra.get("ack_ts", 0))
-        earlier = extra.get("redelivered", earlier)
+        earlier = [] if r.kind == RESET else extra.get("redelivered", earlier)
         if r.kind == DELIVER:
             body["delivered_ts"] = max(body["delivered_ts"], r.ts)
         if r.kind in (ACK, TERM):
@@ -240,7 +246,7 @@ def _needed_rows(table: pa.Table) -> pa.Table:
     newest = _last_per_consumer(cid, np.ones(n, bool), lsn)
     floor[cid[newest]] = floor_seq[newest]
     start = np.zeros(len(consumers.dictionary), np.int64)
-    lifecycle = of(CREATE, DELETE)
+    lifecycle = of(CREATE, DELETE, RESET)
     np.maximum.at(start, cid[lifecycle], lsn[lifecycle])
     message = of(*MESSAGE_KINDS)
     current = lsn >= start[cid]

@@ -36,7 +36,7 @@ def make_consumer(name: str, ack_policy: str = "explicit", messages: int = 400, 
     return Consumer(stream, consumer_config.normalize(raw, "2.15.1"), CREATED)
 
 
-def drive(consumer: Consumer, rng: random.Random, steps: int) -> list[al.AckRecord]:
+def drive(consumer: Consumer, rng: random.Random, steps: int, resets: bool = False) -> list[al.AckRecord]:
     """Drive the real consumer state machine at random and record each change as the gateway does."""
     row = AckRecorder._row
     rows = [row(consumer, al.CREATE, config=consumer.config, created=consumer.created_ns)]
@@ -44,6 +44,10 @@ def drive(consumer: Consumer, rng: random.Random, steps: int) -> list[al.AckReco
     for _ in range(steps):
         clock += rng.randrange(1, 10**9)
         op = rng.random()
+        if resets and op < 0.01:
+            consumer.reset(rng.choice([0, rng.randrange(1, 300)]))
+            rows.append(row(consumer, al.RESET, start_after=consumer.sseq, skip=[]))
+            continue
         seq = consumer.next_seq()
         if op < 0.45 and seq is not None:
             d = consumer.deliver(seq, clock)
@@ -90,6 +94,9 @@ def same_state(a: Consumer, b: Consumer) -> None:
 # Seeds and configs: each one a different mix of deliveries, acks, naks and redeliveries.
 CASES = [
     *[(seed, "explicit", {}) for seed in range(4)],
+    # CONSUMER.RESET now and then: pending, redelivered and sequences start again
+    (11, "explicit", {"max_deliver": 2, "resets": True}),
+    (12, "explicit", {"resets": True}),
     # deliveries run out: messages leave pending, the floor stays, they stay counted redelivered
     (4, "explicit", {"max_deliver": 2}),
     (5, "explicit", {"max_deliver": 3, "filter_subject": "s.1"}),
@@ -103,8 +110,9 @@ CASES = [
 def test_reducer_rebuilds_the_state_machine(seed: int, policy: str, extra: dict[str, Any]) -> None:
     """Replaying a consumer's rows gives back its delivered sequences, floor, pending set with
     delivery counts and redelivered count."""
+    resets = bool(extra.pop("resets", False))
     consumer = make_consumer("C", policy, **extra)
-    rows = drive(consumer, random.Random(seed), 600)
+    rows = drive(consumer, random.Random(seed), 600, resets)
     assert consumer.ack_floor_sseq > 0
     state = reduce(rows, CREATED)
     assert state.num_redelivered == consumer.num_redelivered()

@@ -47,6 +47,8 @@ CONSUMERS: dict[str, dict[str, Any]] = {
     "PAUSED": {"ack_policy": "explicit", "pause_until": "2099-01-01T00:00:00Z"},
     # starts at a sequence
     "FROM": {"ack_policy": "explicit", "deliver_policy": "by_start_sequence", "opt_start_seq": 20},
+    # CONSUMER.RESET after some deliveries and acks: it starts again from the reset sequence
+    "RESETME": {"ack_policy": "explicit"},
 }
 
 
@@ -76,6 +78,14 @@ async def build_state(nc: Client) -> None:
             # the nak'd message comes back (delivery 2) with the next ones; all stay pending
             await sub.fetch(3, timeout=5)
         await nc.flush()
+    sub = await js.pull_subscribe_bind("RESETME", STREAM)
+    for m in await sub.fetch(8, timeout=5):
+        if m.metadata.sequence.stream % 3 == 0:
+            await m.ack_sync()
+    await api(nc, f"CONSUMER.RESET.{STREAM}.RESETME", {"seq": 5})
+    for m in await sub.fetch(4, timeout=5):
+        if m.metadata.sequence.stream == 6:
+            await m.ack_sync()
     await asyncio.sleep(0.3)
 
 
