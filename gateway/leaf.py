@@ -132,6 +132,7 @@ class LeafConnection:
                 log.warning("leaf connection lost: %s", exc)
             self._connected.clear()
             self._writer = None
+            self._out, self._out_bytes = [], 0  # frames for the lost connection are not sent later
             self.interest.clear()
             if self._closing:
                 return
@@ -247,6 +248,7 @@ class LeafConnection:
 
     async def drain(self) -> None:
         """Wait while the socket's send buffer is above its high-water mark."""
+        self._flush()
         w = self._writer
         if w is not None and w.transport.get_write_buffer_size() > HIGH_WATER:
             await w.drain()

@@ -58,6 +58,7 @@ class Gateway:
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
+        self.api: Api | None = None  # the router, once the API worker runs (the monitor asks it too)
         self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -236,7 +237,7 @@ class Gateway:
         assert self.leaf is not None
         assert self.recorder is not None
         loader = MessageLoader(self.reader, self.executor)
-        api = Api(
+        self.api = api = Api(
             self.registry,
             StreamApi(self.registry, loader, self.recorder, self._publish_event),
             self.cold.first_seq_at,

@@ -1,0 +1,141 @@
+"""The two servers every workload runs against in the same run, started as the tests start them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from tests.harness import Jetlake, ReferenceJetStream
+
+BENCH_DIR = Path(__file__).resolve().parent
+NODE_DIR = BENCH_DIR / "node"
+
+
+@dataclass
+class Target:
+    """One server under test: its client URL and where its messages live on disk."""
+
+    name: str
+    url: str
+    workdir: Path
+    #: Stop and start the server that holds the streams (jetlake: the gateway process alone).
+    restart: Callable[[], None]
+    #: The process that stores the messages (jetlake: the gateway), for profiles.
+    pid: Callable[[], int]
+
+    def stream_dir(self, stream: str) -> Path:
+        if self.name == "jetstream":
+            return self.workdir / "js" / "jetstream" / "$G" / "streams" / stream
+        return self.workdir / "data" / "messages" / f"stream={stream}"
+
+
+def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Target]]:
+    ref = ReferenceJetStream(workdir / "jetstream")
+    ref.start()
+    lake = Jetlake(workdir / "jetlake")
+    lake.start()
+
+    def restart_ref() -> None:
+        ref.stop()
+        ref.start()
+
+    def restart_lake() -> None:
+        lake.stop_gateway()
+        lake.start_gateway()  # returns once the API answers, which is after recovery
+
+    return (
+        ref,
+        lake,
+        [
+            Target("jetstream", ref.url, ref.workdir, restart_ref, lambda: _pid(ref.proc)),
+            Target("jetlake", lake.url, lake.workdir, restart_lake, lambda: _pid(lake.gateway)),
+        ],
+    )
+
+
+def _pid(proc: subprocess.Popen[bytes] | None) -> int:
+    assert proc is not None
+    return proc.pid
+
+
+async def wait_stream_messages(url: str, name: str, messages: int, wait_s: float = 600) -> None:
+    """Poll until the stream answers with all its messages (JetStream answers STREAM.INFO while it
+    is still recovering a stream)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if (await stream_state(url, name))["messages"] == messages:
+                return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.05)
+
+
+def timed_restart(target: Target, stream: str, messages: int) -> float:
+    """Seconds from stop to a stream that answers with all its messages again."""
+    t0 = time.monotonic()
+    target.restart()
+    asyncio.run(wait_stream_messages(target.url, stream, messages))
+    return round(time.monotonic() - t0, 2)
+
+
+def loadgen(mode: str, url: str, prefix: str, count: int, payload: str, window: int = 256) -> dict[str, Any]:
+    """Run the nats.js load generator and return its JSON line."""
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("the benchmarks need Node.js 20+ on PATH")
+    proc = subprocess.run(
+        [node, str(NODE_DIR / "loadgen.mjs"), mode, url, prefix, str(count), payload, str(window)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    out: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
+    if proc.returncode != 0 or "error" in out:
+        raise RuntimeError(f"loadgen {mode} against {url} failed: {out.get('error')}")
+    return out
+
+
+async def add_stream(url: str, name: str, subjects: list[str]) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=name, subjects=subjects, storage="file")
+    finally:
+        await nc.close()
+
+
+async def stream_state(url: str, name: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    try:
+        msg = await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=30)
+        state: dict[str, Any] = json.loads(msg.data)["state"]
+        return state
+    finally:
+        await nc.close()
+
+
+async def barrier(url: str, subject: str) -> tuple[int, float]:
+    """An acked publish after a core load: its sequence minus one is what the stream stored before it,
+    and its PubAck time is when that was stored (both servers store a stream's messages in order)."""
+    nc = await nats.connect(url)
+    try:
+        ack = await nc.jetstream().publish(subject, b"barrier", timeout=120)
+        return ack.seq, time.time()
+    finally:
+        await nc.close()
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
