@@ -111,6 +111,7 @@ class LeafConnection:
                 log.warning("leaf connection lost: %s", exc)
             self._connected.clear()
             self._writer = None
+            self._out, self._out_bytes = [], 0  # frames for the lost connection are not sent later
             self.interest.clear()
             if self._closing:
                 return

@@ -56,10 +56,11 @@ class ReferenceJetStream:
     """The oracle: the same nats-server binary with JetStream on and a file store (in JetStream
     domain ``domain`` when one is given, as jetlake serves its API)."""
 
-    def __init__(self, workdir: Path, domain: str | None = None) -> None:
+    def __init__(self, workdir: Path, domain: str | None = None, monitor_port: int = 0) -> None:
         self.workdir = workdir
         self.domain = domain
         self.port = free_port()
+        self.monitor_port = monitor_port  # its HTTP monitor (/jsz), when not 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -74,8 +75,12 @@ class ReferenceJetStream:
             conf = self.workdir / "nats-server.conf"
             conf.write_text(f'jetstream {{ store_dir: "{self.workdir / "js"}", domain: {self.domain} }}\n')
             args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.monitor_port:
+            args += ["-m", str(self.monitor_port)]
         self.proc = subprocess.Popen([nats_server_binary(), *args], stdout=log, stderr=log)
         wait_port(self.port, self.proc)
+        if self.monitor_port:
+            wait_port(self.monitor_port, self.proc)
 
     def stop(self) -> None:
         stop(self.proc)
@@ -124,7 +129,7 @@ class Jetlake:
         wait_port(self.leaf_port, self.server)
 
     def start_gateway(
-        self, extra_env: dict[str, str] | None = None, wait_s: float = 60.0, wait: bool = True
+        self, extra_env: dict[str, str] | None = None, ready_s: float = 60.0, wait: bool = True
     ) -> None:
         log = open(self.workdir / "gateway.log", "ab")  # noqa: SIM115
         env = {**os.environ, **self.gateway_env, **(extra_env or {})}
@@ -149,7 +154,7 @@ class Jetlake:
             env=env,
         )
         if wait:
-            asyncio.run(self._wait_ready(wait_s))
+            asyncio.run(self._wait_ready(ready_s))
 
     async def _wait_ready(self, wait_s: float = 60.0) -> None:
         """Ready when the API answers through the server (the leaf is up and subscribed)."""
