@@ -109,7 +109,10 @@ def main() -> None:
             lake.stop()
             ref.stop()
     if not args.no_record:
-        record(results, "quick" if args.quick else "full")
+        mode = "quick" if args.quick else "full sizes"
+        mode += f"; only {', '.join(sorted(only))}" if only else ""
+        mode += "; --profile: py-spy on the gateway" if args.profile else ""
+        record(results, mode)
 
 
 def record(results: list[dict[str, object]], mode: str) -> None:

@@ -7,6 +7,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def pipelined_publish(targets: list[Target], count: int, window: int, profile: P
     for t in targets:
         asyncio.run(add_stream(t.url, "BPIPE", ["bpipe.>"]))
         out[t.name] = _profiled(
-            t, profile, lambda t=t: loadgen("pipelined", t.url, "bpipe", count, "json", window)
+            t, profile, partial(loadgen, "pipelined", t.url, "bpipe", count, "json", window)
         )
     out["ratio"] = _ratio(out["jetlake"]["acked_per_s"], out["jetstream"]["acked_per_s"])
     return out
@@ -80,7 +81,7 @@ def core_publish(targets: list[Target], count: int, profile: Path | None = None)
     out: Result = {"workload": "core_publish", "messages": count}
     for t in targets:
         asyncio.run(add_stream(t.url, "BCORE", ["bcore.>"]))
-        out[t.name] = _profiled(t, profile, lambda t=t: _core_load(t, count))
+        out[t.name] = _profiled(t, profile, partial(_core_load, t, count))
     out["ratio"] = _ratio(out["jetlake"]["stored_per_s"], out["jetstream"]["stored_per_s"])
     return out
 

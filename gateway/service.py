@@ -105,7 +105,7 @@ class Gateway:
         )
         await self.writer.start()
         self.leaf = LeafConnection(
-            LeafTarget.parse(self.settings.nats_url, self.settings.creds_file),
+            LeafTarget.from_settings(self.settings),
             name=self.settings.leaf_name,
             on_msg=self._on_msg,
             on_connected=self._on_connected,

@@ -34,6 +34,10 @@ class Settings:
     acklog_compact_rows: int = 250_000
     leaf_name: str = "jetlake"
     creds_file: str = ""
+    nkey_seed_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @property

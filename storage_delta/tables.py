@@ -11,7 +11,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -178,7 +178,7 @@ def write_data_file(
 
 def commit_adds(
     dt: DeltaTable,
-    actions: list[AddAction | RemoveAction],
+    actions: Sequence[AddAction | RemoveAction],
     schema: pa.Schema,
     partition_by: list[str],
     txn: tuple[str, int] | None = None,
@@ -198,7 +198,7 @@ def commit_adds(
     )
     try:
         dt.create_write_transaction(
-            actions,
+            list(actions),
             mode=mode,
             schema=schema,
             partition_by=partition_by or None,

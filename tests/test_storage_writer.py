@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,11 @@ import pytest
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import GroupCommitWriter, MessageTable, StoredMessage, WriterOverloaded
 from tests.test_storage_hazards import message, seqs_in_table
+
+
+def record_answer(answered: list[int], seq: int, fut: asyncio.Future[None]) -> None:
+    if fut.exception() is None:
+        answered.append(seq)
 
 
 async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> None:
@@ -29,7 +35,7 @@ async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> 
                 fut = writer.submit([m])
             except WriterOverloaded:
                 break
-            fut.add_done_callback(lambda f, seq=seq: answered.append(seq) if f.exception() is None else None)
+            fut.add_done_callback(partial(record_answer, answered, seq))
             queued.append(m)
         assert writer.refused == 1
         assert len(queued) == 100
