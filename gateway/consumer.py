@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.consumer_config import filters_of, parse_time_ns
+from gateway.consumer_log import ConsumerState
 from gateway.stream import Stream
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
@@ -435,6 +436,26 @@ class Consumer:
 
     def next_deadline_ns(self) -> int | None:
         return self._deadlines[0][0] if self._deadlines else None
+
+    # ---- restart ------------------------------------------------------------------------------
+
+    def restore(self, state: ConsumerState) -> None:
+        """Take up the state the ack log rebuilt (the consumer was built with its recorded start
+        and remaining skip list). A pending message's ack wait runs from its delivery or last
+        progress ack; a nak'd one is due when the nak said."""
+        self.dseq, self.last_active_ns = state.delivered_cseq, state.delivered_ns
+        if state.delivered_cseq:
+            self.sseq = state.delivered_sseq
+        self.ack_floor_cseq, self.ack_floor_sseq = state.floor_cseq, state.floor_sseq
+        self.ack_floor_active_ns = state.floor_ns
+        self._redelivered = set(state.redelivered)
+        self.pending = {}
+        for seq, p in sorted(state.pending.items()):
+            pending = self.pending[seq] = Pending(p.cseq, p.deliveries, 0, p.since_ns)
+            due = p.due_ns if p.due_ns is not None else p.since_ns + self._ack_wait(p.deliveries)
+            self._arm(seq, pending, due)
+        self._counted = self.stream.state.last_seq
+        self._npc = self.stream.count_matching_after(max(self.sseq, self._resume), self.filters)
 
     # ---- info ---------------------------------------------------------------------------------
 

@@ -77,7 +77,7 @@ class ConsumerApi:
         if op == "CONSUMER.PAUSE" and n == 4:
             return await self.pause(toks[2], toks[3], body)
         if op == "CONSUMER.RESET" and n == 4:
-            return self.reset(toks[2], toks[3], body)
+            return await self.reset(toks[2], toks[3], body)
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -207,7 +207,7 @@ class ConsumerApi:
             out["pause_remaining"] = consumer.paused_until_ns - now
         return out
 
-    def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
+    async def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
         """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack
         floor). The real server does not answer for a consumer it does not have."""
         consumer = self.reg.consumers.get(stream_name, {}).get(name)
@@ -220,6 +220,7 @@ class ConsumerApi:
                 "JSApiConsumerResetRequest.seq of type uint64"
             )
         consumer.reset(seq)
+        await self.reg.recorder.reset(consumer)
         now = now_ns()
         info = consumer.info(stream_name, now)
         return {"type": T + "consumer_reset_response", **info, "reset_seq": consumer.sseq + 1}

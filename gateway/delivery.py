@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from gateway import acks, advisories, retention
+from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
@@ -35,6 +36,7 @@ from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
+from storage_delta import acklog as al
 from storage_delta.writer import StoredMessage
 
 FLOW_CONTROL_REQUEST = (100, "FlowControl Request")
@@ -73,7 +75,9 @@ class Delivery:
         cold_read: ColdRead,
         tasks: TaskOwner,
         delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
+        recorder: AckRecorder,
     ) -> None:
+        self.recorder = recorder
         self.registry = registry
         self.leaf = leaf
         self.cold_read = cold_read
@@ -174,7 +178,10 @@ class Delivery:
                     return
                 msg = await self._load(consumer.stream, seq)
                 if msg is None:
+                    was_pending = seq in consumer.pending
                     consumer.passed(seq)
+                    if was_pending:
+                        self.recorder.dropped(consumer, seq)
                     continue
                 if req is not None and consumer.waiting.peek() is not req:
                     continue  # the request expired or went away while we read
@@ -187,9 +194,13 @@ class Delivery:
                     consumer.waiting.pop()
                     self._send_status(too_big_status(req))
                     continue
+                if not self.recorder.has_room():
+                    await self.recorder.writer.flush()  # back-pressure from the ack log
+                    continue
                 done = consumer.deliver(seq, now_ns())
                 if done is None:
                     continue
+                self.recorder.delivered(consumer, done.seq, done.cseq, done.deliveries)
                 size = self._send(consumer, inbox, msg, done)
                 if req is not None:
                     req.delivered += 1
@@ -274,6 +285,7 @@ class Delivery:
                 req.next_heartbeat_ns = now + req.heartbeat_ns
                 self._heartbeat(consumer, req.reply)
         for seq, deliveries in consumer.expire(now):
+            self.recorder.dropped(consumer, seq)
             self._publish_event(
                 advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now)
             )
@@ -326,11 +338,15 @@ class Delivery:
         consumer = self._consumer(token.stream, token.consumer)
         if consumer is None:
             return  # nobody listens on a deleted consumer's acks, as on the real server
+        if not self.recorder.has_room():
+            return  # the ack log is full: the ack is not taken, the message is redelivered
         now = now_ns()
         stream, name = token.stream, token.consumer
         floor = consumer.ack_floor_sseq
+        record, changed, delay = al.ACK, False, {}
         if kind.kind in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
+            changed = settled is not None
             freq = consumer.config.get("sample_freq")
             rate = advisories.sample_rate(freq) if freq else 0
             if settled is not None and rate and _sampled(rate, token.cseq):
@@ -340,27 +356,36 @@ class Delivery:
                     )
                 )
         elif kind.kind == "term":
-            if consumer.term(token.seq, token.cseq, now) is not None:
+            record = al.TERM
+            changed = consumer.term(token.seq, token.cseq, now) is not None
+            if changed:
                 self._publish_event(
                     advisories.terminated(
                         stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
                     )
                 )
         elif kind.kind == "nak":
-            if consumer.nak(token.seq, kind.delay_ns, now):
+            record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
+            p = consumer.pending.get(token.seq)
+            if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
+                delay = {"delay": p.deadline_ns - now}  # redelivery waits (the delay, or backoff)
+            if changed:
                 self._publish_event(
                     advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
                 )
         elif kind.kind == "wpi":
-            consumer.progress(token.seq, now)
+            record, changed = al.WPI, consumer.progress(token.seq, now)
         if kind.kind in ("ack", "next", "term"):
             acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
             retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
+        sync = bool(reply) and kind.kind != "next"
+        durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
         if kind.kind == "next":
             if reply:
                 self.pull_request(stream, name, reply, kind.next_request)
-        elif reply:
-            self.leaf.publish(reply, b"")
+        elif durable is not None:
+            # An ack with a reply is answered only once its row is committed (ack_sync).
+            durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
         listening = len(consumer.waiting) > 0 or consumer.is_push
         # an ack that frees nothing to deliver starts no task
         if listening and id(consumer) not in self._serving and consumer.has_work():

@@ -28,6 +28,7 @@ class ApiError(Exception):
 
 
 INVALID_JSON = ApiError(400, 10025, "invalid JSON: {err}")
+NOT_EMPTY_REQUEST = ApiError(400, 10038, "expected an empty request payload")
 STREAM_NOT_FOUND = ApiError(404, 10059, "stream not found")
 STREAM_NAME_EXISTS = ApiError(400, 10058, "stream name already in use with a different configuration")
 STREAM_MISMATCH = ApiError(400, 10056, "stream name in subject does not match request")
