@@ -59,7 +59,7 @@ async def serve(settings: settings_mod.Settings) -> int:
         if settings.monitor_port:
             import uvicorn
 
-            from gateway.monitor import build_app
+            from gateway.monitor import MonitorServer, build_app
 
             if not settings.monitor_token and settings.monitor_host not in LOOPBACK:
                 log.warning(
@@ -73,8 +73,7 @@ async def serve(settings: settings_mod.Settings) -> int:
                 log_level="warning",
                 lifespan="off",
             )
-            uv_server = uvicorn.Server(config)
-            uv_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+            uv_server = MonitorServer(config)
             monitor_task = asyncio.create_task(uv_server.serve(), name="monitor")
         print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
         await stop.wait()
