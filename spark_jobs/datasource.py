@@ -6,12 +6,17 @@ pyarrow on the executors, one task per block::
 
     spark.read.format("jetlake").option("root", "/data/store").option("stream", "ORDERS").load()
 
-Options: ``root`` and ``stream`` (required); ``start_seq`` / ``end_seq`` (an inclusive range, as
-JetStream's ranges are); ``subject`` (a NATS subject filter with ``*`` and ``>``); ``storage.<KEY>``
-(a delta-rs storage option for an object-store root, e.g. ``storage.AWS_REGION``).
+    spark.readStream.format("jetlake").option("root", ...).option("stream", "ORDERS").load()
 
-:func:`list_blocks` and :func:`read_block` hold all the work so that a stream reader can plan
-micro-batches from sequence offsets with the same two calls.
+Options: ``root`` and ``stream`` (required); ``start_seq`` / ``end_seq`` (an inclusive range, as
+JetStream's ranges are); ``start_time`` (ISO 8601, UTC when no zone is given: the first message
+stored at or after it, as a consumer's ``opt_start_time``); ``subject`` (a NATS subject filter with
+``*`` and ``>``); ``max_messages_per_trigger`` (streaming: at most this many sequences per
+micro-batch); ``storage.<KEY>`` (a delta-rs storage option for an object-store root, e.g.
+``storage.AWS_REGION``).
+
+:func:`list_blocks` and :func:`read_block` hold all the work; the batch reader and the stream
+reader differ only in how they pick the sequence range (options, or micro-batch offsets).
 """
 
 from __future__ import annotations
@@ -19,13 +24,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     BinaryType,
     LongType,
@@ -88,7 +100,9 @@ class ReadOptions:
     stream: str
     first_seq: int | None = None
     last_seq: int | None = None
+    start_time_ns: int | None = None
     subject: str | None = None
+    max_per_trigger: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -109,7 +123,9 @@ class ReadOptions:
             stream=stream,
             first_seq=_int_option(options, "start_seq"),
             last_seq=_int_option(options, "end_seq"),
+            start_time_ns=_time_option(options, "start_time"),
             subject=options.get("subject") or None,
+            max_per_trigger=_int_option(options, "max_messages_per_trigger"),
         )
 
 
@@ -123,14 +139,33 @@ def _int_option(options: Mapping[str, str], key: str) -> int | None:
         raise ValueError(f"jetlake option {key!r} must be an integer, got {value!r}") from None
 
 
-def list_blocks(
-    root: StoreRoot, stream: str, first_seq: int | None = None, last_seq: int | None = None
-) -> list[BlockPartition]:
-    """The partitions holding ``first_seq..last_seq`` of a stream, from the Delta log's ``add`` actions.
+def _time_option(options: Mapping[str, str], key: str) -> int | None:
+    value = options.get(key)
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"jetlake option {key!r} must be an ISO 8601 time, got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
-    Files are dropped by their ``seq`` statistics, so a narrow range plans few tasks. The log is read
-    through delta-rs because it alone knows which files are live; the executors never touch it.
-    """
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One live file of a stream as the Delta log describes it (statistics may be missing)."""
+
+    block: int
+    path: str
+    min_seq: int | None
+    max_seq: int | None
+    max_ts: int | None
+
+
+def stored_files(root: StoreRoot, stream: str) -> list[StoredFile]:
+    """The stream's live files, from the Delta log's ``add`` actions; the log is read through
+    delta-rs because it alone knows which files are live, and the executors never touch it."""
     dt = open_existing(root, sch.MESSAGES)
     if dt is None:
         return []
@@ -138,15 +173,37 @@ def list_blocks(
     if actions.num_rows == 0:
         return []
     actions = actions.filter(pc.equal(actions["partition.stream"], stream))
-    files: dict[int, list[tuple[int | None, str]]] = {}
-    for row in actions.to_pylist():
-        lo, hi = row.get("min.seq"), row.get("max.seq")
-        if first_seq is not None and hi is not None and hi < first_seq:
-            continue
-        if last_seq is not None and lo is not None and lo > last_seq:
-            continue
+    return [
         # The log holds paths URL-encoded (a stream "A B" lives under "stream=A%20B").
-        files.setdefault(int(row["partition.block"]), []).append((lo, unquote(row["path"])))
+        StoredFile(
+            int(row["partition.block"]),
+            unquote(row["path"]),
+            row.get("min.seq"),
+            row.get("max.seq"),
+            row.get("max.ts"),
+        )
+        for row in actions.to_pylist()
+    ]
+
+
+def list_blocks(
+    root: StoreRoot,
+    stream: str,
+    first_seq: int | None = None,
+    last_seq: int | None = None,
+    files: Sequence[StoredFile] | None = None,
+) -> list[BlockPartition]:
+    """The partitions holding ``first_seq..last_seq`` of a stream (``files``: a listing already made).
+
+    Files are dropped by their ``seq`` statistics, so a narrow range plans few tasks.
+    """
+    by_block: dict[int, list[tuple[int | None, str]]] = {}
+    for f in stored_files(root, stream) if files is None else files:
+        if first_seq is not None and f.max_seq is not None and f.max_seq < first_seq:
+            continue
+        if last_seq is not None and f.min_seq is not None and f.min_seq > last_seq:
+            continue
+        by_block.setdefault(f.block, []).append((f.min_seq, f.path))
     return [
         BlockPartition(
             stream=stream,
@@ -155,8 +212,41 @@ def list_blocks(
             first_seq=first_seq,
             last_seq=last_seq,
         )
-        for block, entries in sorted(files.items())
+        for block, entries in sorted(by_block.items())
     ]
+
+
+def first_seq_at(root: StoreRoot, files: Sequence[StoredFile], ts_ns: int) -> int:
+    """The first sequence stored at or after ``ts_ns`` (one past the last if none is): only files
+    whose newest message is late enough are opened, and only their ``seq``/``ts`` columns."""
+    fs, base = root.filesystem()
+    best: int | None = None
+    for f in files:
+        if f.max_ts is not None and f.max_ts < ts_ns:
+            continue
+        if best is not None and f.min_seq is not None and f.min_seq >= best:
+            continue
+        table = pq.read_table(
+            f"{base}/{sch.MESSAGES}/{f.path}", filesystem=fs, columns=["seq", "ts"], partitioning=None
+        )
+        seqs = table.filter(pc.greater_equal(table["ts"], ts_ns))["seq"]
+        if len(seqs):
+            low = pc.min(seqs).as_py()
+            best = low if best is None else min(best, low)
+    if best is not None:
+        return best
+    bounds = seq_bounds(files)
+    return bounds[1] + 1 if bounds else 1
+
+
+def seq_bounds(files: Sequence[StoredFile]) -> tuple[int, int] | None:
+    """Lowest and highest stored sequence: the writer commits a stream's sequences in order, so every
+    sequence up to the highest is durable and a micro-batch may end there."""
+    lows = [f.min_seq for f in files if f.min_seq is not None]
+    highs = [f.max_seq for f in files if f.max_seq is not None]
+    if not lows or not highs:
+        return None
+    return min(lows), max(highs)
 
 
 def read_block(
@@ -256,6 +346,16 @@ class JetlakeDataSource(DataSource):
     def reader(self, schema: StructType) -> JetlakeReader:
         return JetlakeReader(ReadOptions.parse(self.options), schema)
 
+    def streamReader(self, schema: StructType) -> JetlakeStreamReader:
+        return JetlakeStreamReader(ReadOptions.parse(self.options), schema)
+
+
+def _read(options: ReadOptions, arrow: pa.Schema, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    # Spark substitutes a bare InputPartition(None) when there are no blocks at all.
+    if not isinstance(partition, BlockPartition):
+        return iter(())
+    return read_block(options.root, partition, options.subject, arrow)
+
 
 class JetlakeReader(DataSourceReader):
     """Plans one task per block on the planner and reads the blocks on the executors.
@@ -270,10 +370,68 @@ class JetlakeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        return list(list_blocks(o.root, o.stream, o.first_seq, o.last_seq))
+        files = stored_files(o.root, o.stream)
+        first = o.first_seq
+        if o.start_time_ns is not None:
+            at = first_seq_at(o.root, files, o.start_time_ns)
+            first = at if first is None else max(first, at)
+        return list(list_blocks(o.root, o.stream, first, o.last_seq, files))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        # Spark substitutes a bare InputPartition(None) when there are no blocks at all.
-        if not isinstance(partition, BlockPartition):
-            return iter(())
-        return read_block(self.options.root, partition, self.options.subject, self.arrow_schema)
+        return _read(self.options, self.arrow_schema, partition)
+
+
+class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over a stream; an offset is ``{"seq": n}``, the next sequence to read.
+
+    A micro-batch ``[start, end)`` only ever covers sequences already committed (the end is one past
+    the highest stored sequence), and a committed sequence's message never changes, so replaying a
+    batch after a restart reads the same rows: with Spark's checkpoint that is exactly-once.
+    Each batch is planned like a batch read, one task per block.
+    """
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.arrow_schema = arrow_schema(schema)
+        #: ``Trigger.AvailableNow``: the end fixed when the query started; later messages wait.
+        self._target: int | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = seq_bounds(stored_files(self.options.root, self.options.stream))
+        self._target = bounds[1] + 1 if bounds else 0
+
+    def initialOffset(self) -> dict[str, int]:
+        o = self.options
+        if o.first_seq is not None:
+            return {"seq": o.first_seq}
+        if o.start_time_ns is not None:
+            return {"seq": first_seq_at(o.root, stored_files(o.root, o.stream), o.start_time_ns)}
+        return {"seq": 1}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        bounds = seq_bounds(stored_files(self.options.root, self.options.stream))
+        if bounds is None:
+            return start
+        # Skip what retention removed below the stored range instead of planning empty batches.
+        begin = max(start["seq"], bounds[0])
+        end = bounds[1] + 1 if self._target is None else self._target
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.max_rows)
+        return {"seq": max(end, start["seq"])}
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        bounds = seq_bounds(stored_files(self.options.root, self.options.stream))
+        return {"seq": bounds[1] + 1} if bounds else None
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        if end["seq"] <= start["seq"]:
+            return []
+        o = self.options
+        return list(list_blocks(o.root, o.stream, start["seq"], end["seq"] - 1))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, self.arrow_schema, partition)
