@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test check lint java
+.PHONY: run test check lint java bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,3 +30,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 check: lint test
+
+BENCH_NODE_MODULES := bench/node/node_modules/.package-lock.json
+
+$(BENCH_NODE_MODULES): bench/node/package.json bench/node/package-lock.json
+	cd bench/node && npm ci --no-audit --no-fund --loglevel=error
+
+# Every workload against the real nats-server -js and jetlake in one run; appends to bench/RESULTS.md.
+# BENCH_ARGS=--quick for a smoke run with small sizes.
+bench: $(STAMP) $(BENCH_NODE_MODULES)
+	$(PY) -m bench.run $(BENCH_ARGS)

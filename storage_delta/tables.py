@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 
 class CommitConflict(Exception):
@@ -100,8 +100,24 @@ def _stats(table: pa.Table) -> str:
     )
 
 
+#: Parquet settings of a commit file: written on the hot path, so cheap to encode. Dictionary pages
+#: for the subject (few distinct values), zstd at a fast level for everything.
+HOT_PARQUET: dict[str, Any] = {"compression": "zstd", "compression_level": 1, "use_dictionary": ["subject"]}
+
+#: Parquet settings of a sealed block: written once by maintenance and kept, so worth the CPU.
+#: Sequences and times are sorted and nearly regular, which delta encoding reduces to almost nothing;
+#: large pages give zstd room to find the repetition between JSON payloads.
+SEALED_PARQUET: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 9,
+    "use_dictionary": ["subject"],
+    "column_encoding": {"seq": "DELTA_BINARY_PACKED", "ts": "DELTA_BINARY_PACKED"},
+    "data_page_size": 1 << 20,
+}
+
+
 def write_data_file(
-    root: StoreRoot, table_name: str, partition: Mapping[str, str], data: pa.Table
+    root: StoreRoot, table_name: str, partition: Mapping[str, str], data: pa.Table, sealed: bool = False
 ) -> AddAction:
     """Write one parquet file into the table's directory and describe it as a Delta ``add`` action."""
     fs, base = root.filesystem()
@@ -111,7 +127,13 @@ def write_data_file(
     if isinstance(fs, pafs.LocalFileSystem):
         fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(full) as out:
-        pq.write_table(data, out, compression="zstd", write_statistics=True, row_group_size=64 * 1024)
+        pq.write_table(
+            data,
+            out,
+            write_statistics=True,
+            row_group_size=64 * 1024,
+            **(SEALED_PARQUET if sealed else HOT_PARQUET),
+        )
     size = fs.get_file_info(full).size
     return AddAction(
         path=rel,
@@ -125,12 +147,13 @@ def write_data_file(
 
 def commit_adds(
     dt: DeltaTable,
-    actions: list[AddAction],
+    actions: list[AddAction | RemoveAction],
     schema: pa.Schema,
     partition_by: list[str],
-    txn: tuple[str, int] | None,
+    txn: tuple[str, int] | None = None,
 ) -> None:
-    """Commit ``add`` actions as one Delta version, tagged with an app transaction when given.
+    """Commit ``add`` (and ``remove``) actions as one Delta version, tagged with an app transaction
+    when given.
 
     A lost race surfaces as :class:`CommitConflict`; the caller decides whether the commit landed by
     reading the txn marker (a commit can report an error and still land, delta-rs #2509).

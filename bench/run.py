@@ -1,0 +1,119 @@
+"""``make bench``: every workload against the real ``nats-server -js`` and jetlake in the same run.
+
+Prints one JSON line per workload (both figures and the ratio) and appends them to bench/RESULTS.md
+with the date and the machine. ``--quick`` runs small sizes for a smoke test.
+
+    python -m bench.run [--quick] [--only sync_publish,core_publish,...] [--no-record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import workloads as wl
+from bench.targets import BENCH_DIR, start_targets
+from storage_delta.tables import StoreRoot
+
+RESULTS = BENCH_DIR / "RESULTS.md"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    sync: int
+    pipelined: int
+    window: int
+    core: int
+    bytes_msgs: int
+    commit_versions: tuple[int, int]
+    commit_sample: int
+
+
+FULL = Sizes(
+    sync=2_000,
+    pipelined=200_000,
+    window=256,
+    core=500_000,
+    bytes_msgs=1_000_000,
+    commit_versions=(100, 10_000),
+    commit_sample=50,
+)
+QUICK = Sizes(
+    sync=200,
+    pipelined=10_000,
+    window=128,
+    core=20_000,
+    bytes_msgs=20_000,
+    commit_versions=(100, 300),
+    commit_sample=30,
+)
+
+
+def machine() -> str:
+    mem_kb = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line
+    )
+    gib = mem_kb / 1024 / 1024
+    return f"{platform.node()}, {os.cpu_count()} cpus (nproc), {gib:.1f} GiB, {platform.platform()}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
+    ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    args = ap.parse_args()
+    sizes = QUICK if args.quick else FULL
+    only = {w for w in args.only.split(",") if w}
+
+    with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
+        ref, lake, targets = start_targets(Path(tmp))
+        lake_root = StoreRoot(str(lake.data_root))
+        runs: dict[str, Callable[[], dict[str, object]]] = {
+            "sync_publish": lambda: wl.sync_publish(targets, sizes.sync),
+            "pipelined_publish": lambda: wl.pipelined_publish(targets, sizes.pipelined, sizes.window),
+            "core_publish": lambda: wl.core_publish(targets, sizes.core),
+            "bytes_json": lambda: wl.bytes_per_message(targets, sizes.bytes_msgs, "json", lake_root),
+            "bytes_random128": lambda: wl.bytes_per_message(
+                targets, sizes.bytes_msgs, "random128", lake_root
+            ),
+            "commit_latency": lambda: wl.commit_latency(list(sizes.commit_versions), sizes.commit_sample),
+        }
+        results = []
+        try:
+            for name, run in runs.items():
+                if only and name not in only:
+                    continue
+                t0 = time.monotonic()
+                res = run()
+                res["wall_s"] = round(time.monotonic() - t0, 1)
+                print(json.dumps(res), flush=True)
+                results.append(res)
+        finally:
+            lake.stop()
+            ref.stop()
+    if not args.no_record:
+        record(results, "quick" if args.quick else "full")
+
+
+def record(results: list[dict[str, object]], mode: str) -> None:
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"\n## {stamp} ({mode})\n", f"Machine: {machine()}\n", "```"]
+    lines += [json.dumps(r) for r in results]
+    lines.append("```\n")
+    if not RESULTS.exists():
+        RESULTS.write_text("# Benchmark results\n\nAppended by `make bench` (bench/run.py); newest last.\n")
+    with RESULTS.open("a") as fh:
+        fh.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The workloads: each runs against both servers in the same run and returns one result line."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.targets import Target, add_stream, barrier, loadgen, stream_state, tree_bytes
+from storage_delta import seal
+from storage_delta.tables import StoreRoot
+from storage_delta.writer import MessageTable, StoredMessage
+
+Result = dict[str, Any]
+
+
+def _ratio(lake: float | None, ref: float | None) -> float | None:
+    return round(lake / ref, 3) if lake is not None and ref else None
+
+
+def sync_publish(targets: list[Target], count: int) -> Result:
+    """One publisher, one message in flight: the PubAck latency a request/reply client sees."""
+    out: Result = {"workload": "sync_publish", "messages": count}
+    for t in targets:
+        asyncio.run(add_stream(t.url, "BSYNC", ["bsync.>"]))
+        loadgen("sync", t.url, "bsync", min(count, 50), "json")  # warm-up: connections, caches
+        out[t.name] = loadgen("sync", t.url, "bsync", count, "json")
+    out["ratio_p50"] = _ratio(out["jetlake"]["p50_ms"], out["jetstream"]["p50_ms"])
+    out["ratio_p99"] = _ratio(out["jetlake"]["p99_ms"], out["jetstream"]["p99_ms"])
+    return out
+
+
+def pipelined_publish(targets: list[Target], count: int, window: int) -> Result:
+    """Acked publishes with ``window`` in flight: throughput when every message is confirmed."""
+    out: Result = {"workload": "pipelined_publish", "messages": count, "window": window}
+    for t in targets:
+        asyncio.run(add_stream(t.url, "BPIPE", ["bpipe.>"]))
+        out[t.name] = loadgen("pipelined", t.url, "bpipe", count, "json", window)
+    out["ratio"] = _ratio(out["jetlake"]["acked_per_s"], out["jetstream"]["acked_per_s"])
+    return out
+
+
+def core_publish(targets: list[Target], count: int) -> Result:
+    """Fire-and-forget publishes into a stream: how many the server stores per second, and how many
+    it drops (JetStream drops past its ingest queue limit; jetlake must count what it refuses)."""
+    out: Result = {"workload": "core_publish", "messages": count}
+    for t in targets:
+        asyncio.run(add_stream(t.url, "BCORE", ["bcore.>"]))
+        sent = loadgen("core", t.url, "bcore", count, "json")
+        seq, t_stored = asyncio.run(barrier(t.url, "bcore.barrier"))
+        stored = seq - 1
+        secs = t_stored - sent["t0_ms"] / 1000
+        out[t.name] = {
+            "sent": count,
+            "sent_per_s": round(sent["sent_per_s"]),
+            "stored": stored,
+            "dropped": count - stored,
+            "seconds": round(secs, 3),
+            "stored_per_s": round(stored / secs),
+        }
+    out["ratio"] = _ratio(out["jetlake"]["stored_per_s"], out["jetstream"]["stored_per_s"])
+    return out
+
+
+def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root: StoreRoot) -> Result:
+    """Bytes on disk per stored message: JetStream's file store directory against the stream's
+    parquet files in the Delta table, as written and after sealing its blocks."""
+    stream = f"BBYTES_{payload.upper()}"
+    prefix = f"bbytes{payload}"
+    out: Result = {"workload": f"bytes_per_message_{payload}", "messages": count}
+    for t in targets:
+        asyncio.run(add_stream(t.url, stream, [f"{prefix}.>"]))
+        loadgen("pipelined", t.url, prefix, count, payload, 512)
+        state = asyncio.run(stream_state(t.url, stream))
+        res: Result = {"stored": state["messages"], "state_bytes_per_msg": round(state["bytes"] / count, 1)}
+        if t.name == "jetstream":
+            res["disk_bytes_per_msg"] = round(tree_bytes(t.stream_dir(stream)) / count, 1)
+        else:
+            res["unsealed_bytes_per_msg"] = round(seal.stream_bytes(lake_root, stream) / count, 1)
+            t0 = time.monotonic()
+            seal.seal_stream(lake_root, stream)
+            res["seal_seconds"] = round(time.monotonic() - t0, 2)
+            res["disk_bytes_per_msg"] = round(seal.stream_bytes(lake_root, stream) / count, 1)
+        out[t.name] = res
+    out["ratio"] = _ratio(out["jetlake"]["disk_bytes_per_msg"], out["jetstream"]["disk_bytes_per_msg"])
+    return out
+
+
+def commit_latency(versions: list[int], sample: int) -> Result:
+    """One-message commits through the gateway's own table writer: p50 near each table version in
+    ``versions`` (Delta only, JetStream has no counterpart; the ratio is last over first)."""
+    out: Result = {"workload": "delta_commit_latency", "sample": sample}
+    with tempfile.TemporaryDirectory(prefix="jetlake-bench-commit-") as tmp:
+        table = MessageTable(StoreRoot(str(Path(tmp) / "root")))
+        version = table.last_txn_version()
+        p50s: dict[int, float] = {}
+        for target in versions:
+            lat: list[float] = []
+            while version < target:
+                version += 1
+                msg = StoredMessage("BCOMMIT", 100_000, version, time.time_ns(), "bcommit.x", None, b"m" * 64)
+                t0 = time.perf_counter()
+                table.commit([msg], version)
+                if target - version < sample:
+                    lat.append((time.perf_counter() - t0) * 1000)
+            p50s[target] = round(statistics.median(lat), 2)
+            out[f"p50_ms_at_{target}"] = p50s[target]
+            out[f"p99_ms_at_{target}"] = round(statistics.quantiles(lat, n=100)[98], 2)
+    out["ratio"] = _ratio(p50s[versions[-1]], p50s[versions[0]])
+    return out
