@@ -25,7 +25,6 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,8 +48,9 @@ from pyspark.sql.types import (
 )
 
 from storage_delta import schema as sch
+from storage_delta.maintenance import LiveFile, live_files
 from storage_delta.natsfmt import parse_headers, subject_matches
-from storage_delta.tables import StoreRoot, open_existing
+from storage_delta.tables import StoreRoot
 
 NAME = "jetlake"
 
@@ -152,53 +152,19 @@ def _time_option(options: Mapping[str, str], key: str) -> int | None:
     return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
 
-@dataclass(frozen=True)
-class StoredFile:
-    """One live file of a stream as the Delta log describes it (statistics may be missing)."""
-
-    block: int
-    path: str
-    min_seq: int | None
-    max_seq: int | None
-    max_ts: int | None
-
-
-def stored_files(root: StoreRoot, stream: str) -> list[StoredFile]:
-    """The stream's live files, from the Delta log's ``add`` actions; the log is read through
-    delta-rs because it alone knows which files are live, and the executors never touch it."""
-    dt = open_existing(root, sch.MESSAGES)
-    if dt is None:
-        return []
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return []
-    actions = actions.filter(pc.equal(actions["partition.stream"], stream))
-    return [
-        # The log holds paths URL-encoded (a stream "A B" lives under "stream=A%20B").
-        StoredFile(
-            int(row["partition.block"]),
-            unquote(row["path"]),
-            row.get("min.seq"),
-            row.get("max.seq"),
-            row.get("max.ts"),
-        )
-        for row in actions.to_pylist()
-    ]
-
-
 def list_blocks(
     root: StoreRoot,
     stream: str,
     first_seq: int | None = None,
     last_seq: int | None = None,
-    files: Sequence[StoredFile] | None = None,
+    files: Sequence[LiveFile] | None = None,
 ) -> list[BlockPartition]:
     """The partitions holding ``first_seq..last_seq`` of a stream (``files``: a listing already made).
 
     Files are dropped by their ``seq`` statistics, so a narrow range plans few tasks.
     """
     by_block: dict[int, list[tuple[int | None, str]]] = {}
-    for f in stored_files(root, stream) if files is None else files:
+    for f in live_files(root, stream) if files is None else files:
         if first_seq is not None and f.max_seq is not None and f.max_seq < first_seq:
             continue
         if last_seq is not None and f.min_seq is not None and f.min_seq > last_seq:
@@ -216,7 +182,7 @@ def list_blocks(
     ]
 
 
-def first_seq_at(root: StoreRoot, files: Sequence[StoredFile], ts_ns: int) -> int:
+def first_seq_at(root: StoreRoot, files: Sequence[LiveFile], ts_ns: int) -> int:
     """The first sequence stored at or after ``ts_ns`` (one past the last if none is): only files
     whose newest message is late enough are opened, and only their ``seq``/``ts`` columns."""
     fs, base = root.filesystem()
@@ -239,7 +205,7 @@ def first_seq_at(root: StoreRoot, files: Sequence[StoredFile], ts_ns: int) -> in
     return bounds[1] + 1 if bounds else 1
 
 
-def seq_bounds(files: Sequence[StoredFile]) -> tuple[int, int] | None:
+def seq_bounds(files: Sequence[LiveFile]) -> tuple[int, int] | None:
     """Lowest and highest stored sequence: the writer commits a stream's sequences in order, so every
     sequence up to the highest is durable and a micro-batch may end there."""
     lows = [f.min_seq for f in files if f.min_seq is not None]
@@ -370,7 +336,7 @@ class JetlakeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        files = stored_files(o.root, o.stream)
+        files = live_files(o.root, o.stream)
         first = o.first_seq
         if o.start_time_ns is not None:
             at = first_seq_at(o.root, files, o.start_time_ns)
@@ -397,7 +363,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None
 
     def prepareForTriggerAvailableNow(self) -> None:
-        bounds = seq_bounds(stored_files(self.options.root, self.options.stream))
+        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
         self._target = bounds[1] + 1 if bounds else 0
 
     def initialOffset(self) -> dict[str, int]:
@@ -405,7 +371,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if o.first_seq is not None:
             return {"seq": o.first_seq}
         if o.start_time_ns is not None:
-            return {"seq": first_seq_at(o.root, stored_files(o.root, o.stream), o.start_time_ns)}
+            return {"seq": first_seq_at(o.root, live_files(o.root, o.stream), o.start_time_ns)}
         return {"seq": 1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -413,7 +379,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        bounds = seq_bounds(stored_files(self.options.root, self.options.stream))
+        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
         if bounds is None:
             return start
         # Skip what retention removed below the stored range instead of planning empty batches.
@@ -424,7 +390,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"seq": max(end, start["seq"])}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        bounds = seq_bounds(stored_files(self.options.root, self.options.stream))
+        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
         return {"seq": bounds[1] + 1} if bounds else None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
