@@ -13,6 +13,7 @@ from pathlib import Path
 from gateway import settings as settings_mod
 from gateway.embedded import EmbeddedServer
 from gateway.service import Gateway
+from spark_jobs import cli as jobs_cli
 
 log = logging.getLogger("jetlake")
 
@@ -29,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--domain", help="JetStream domain served ($JS.<domain>.API.>)")
     serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
     serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
+    jobs_cli.add_parser(sub)
     return p
 
 
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         return asyncio.run(serve(settings))
+    if args.command == "jobs":
+        return jobs_cli.main(args)
     return 2
 
 

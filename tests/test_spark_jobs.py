@@ -5,6 +5,7 @@ Every result is read back by Spark (chispa) and by DuckDB's delta extension."""
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
+from spark_jobs import cli as jobs_cli
 from spark_jobs import compaction
 from storage_delta import maintenance
 from storage_delta import schema as sch
@@ -159,3 +161,40 @@ def _table(messages: list[StoredMessage]) -> pa.Table:
         },
         schema=sch.MESSAGE_FILE_SCHEMA,
     )
+
+
+def test_schedule_runs_each_job_on_its_interval_and_survives_a_failure() -> None:
+    runs: list[str] = []
+    stop = threading.Event()
+
+    def run(job: str) -> None:
+        runs.append(job)
+        if len(runs) > 40:
+            stop.set()
+        if job == "retention":
+            raise RuntimeError("a bad run must not end the schedule")
+
+    timer = threading.Timer(1.5, stop.set)
+    timer.start()
+    jobs_cli.schedule(run, {"seal": 0.1, "retention": 0.4}, stop)
+    timer.cancel()
+    # Both run at once at the start, then each on its own interval (generous bounds: shared CPU).
+    assert sorted(runs[:2]) == ["retention", "seal"]
+    assert runs.count("retention") >= 2
+    assert runs.count("seal") > runs.count("retention")
+
+
+def test_job_settings_file_env_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "jobs.toml"
+    conf.write_text('data_root = "/from/file"\nvacuum_margin_hours = 5\n[every]\nseal = 7\n')
+    monkeypatch.setenv("JETLAKE_JOBS_VACUUM_MARGIN_HOURS", "6")
+    s = jobs_cli.JobSettings.load(str(conf), {"data_root": "/from/flag"})
+    assert (s.data_root, s.vacuum_margin_hours, s.every["seal"], s.every["retention"]) == (
+        "/from/flag",
+        6,
+        7,
+        300,
+    )
+    conf.write_text("[every]\nnope = 1\n")
+    with pytest.raises(ValueError, match="nope"):
+        jobs_cli.JobSettings.load(str(conf), {})
