@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import consumer_api, errors, stream_api
-from gateway.apicommon import T
+from gateway.apicommon import RawReply, T
 from gateway.consumer_api import ConsumerApi
 from gateway.registry import Registry
 from gateway.stream_api import StreamApi
@@ -25,25 +25,24 @@ def split_api_subject(subject: str, prefix: str) -> list[str] | None:
 class Api:
     """Routes a request to the stream or consumer handlers and renders their errors."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, streams: StreamApi) -> None:
         self.reg = registry
-        self.streams = StreamApi(registry)
+        self.streams = streams
         self.consumers = ConsumerApi(registry)
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | None:
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | RawReply | None:
         """Answer one API request; unknown subjects get no answer, as from the real server."""
         op = ".".join(toks[:2])
         try:
             if toks == ["INFO"]:
                 return self.account_info()
-            if toks[0] == "STREAM":
+            if toks[0] in ("STREAM", "DIRECT"):
                 return await self.streams.handle(toks, body)
             if toks[0] == "CONSUMER":
                 return await self.consumers.handle(toks, body)
         except errors.ApiError as err:
             answer: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
-            if op == "STREAM.NAMES":
-                answer.update({"total": 0, "offset": 0, "limit": 0, "streams": None})
+            answer.update(stream_api.ERROR_EXTRAS.get(op, {}))
             return answer
         return None
 
@@ -79,4 +78,8 @@ _RESPONSE_TYPES = {
 
 
 def _response_type(toks: list[str]) -> str:
-    return _RESPONSE_TYPES.get(".".join(toks[:2]), _RESPONSE_TYPES.get(toks[0], "error_response"))
+    for n in (3, 2, 1):
+        found = _RESPONSE_TYPES.get(".".join(toks[:n]))
+        if found:
+            return found
+    return "error_response"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
@@ -22,3 +23,11 @@ def load_request(body: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise errors.INVALID_JSON.format(err="json: cannot unmarshal into Go value of type object")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class RawReply:
+    """An answer that is a header block and a payload rather than JSON (DIRECT.GET, statuses)."""
+
+    hdrs: bytes
+    data: bytes = b""

@@ -43,3 +43,32 @@ CONSUMER_CREATE = ApiError(500, 10012, "{err}")
 CONSUMER_FILTER_NOT_MATCH_SUBJECT = ApiError(
     400, 10131, "Consumer create request did not match filtered subject from create subject"
 )
+STREAM_NAME_PATH_SEPARATORS = ApiError(400, 10128, "Stream name can not contain path separators")
+STREAM_REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
+REPLICAS_NEGATIVE = ApiError(400, 10133, "replicas count cannot be negative")
+PEDANTIC = ApiError(400, 10157, "pedantic mode: {err}")
+MIRROR_WITH_SUBJECTS = ApiError(400, 10034, "stream mirrors can not contain subjects")
+
+# Publish answers (the error sits in a PubAck with the stream name and sequence 0).
+STREAM_SEALED = ApiError(400, 10109, "invalid operation on sealed stream")
+STREAM_NOT_MATCH = ApiError(400, 10060, "expected stream does not match")
+STREAM_WRONG_LAST_SEQUENCE = ApiError(400, 10071, "wrong last sequence: {seq}")
+STREAM_WRONG_LAST_MSG_ID = ApiError(400, 10070, "wrong last msg ID: {id}")
+STREAM_EXPECTED_LAST_SEQ_PER_SUBJECT_INVALID = ApiError(
+    400, 10193, "missing sequence for expected last sequence per subject"
+)
+STREAM_MESSAGE_EXCEEDS_MAXIMUM = ApiError(400, 10054, "message size exceeds maximum allowed")
+STREAM_HEADER_EXCEEDS_MAXIMUM = ApiError(400, 10097, "header size exceeds maximum allowed of 64k")
+STREAM_ROLLUP_FAILED = ApiError(500, 10111, "{err}")
+MESSAGE_TTL_INVALID = ApiError(400, 10165, "invalid per-message TTL")
+MESSAGE_TTL_DISABLED = ApiError(400, 10166, "per-message TTL is disabled")
+MESSAGE_INCR_DISABLED = ApiError(400, 10168, "message counters is disabled")
+MESSAGE_INCR_INVALID = ApiError(400, 10171, "message counter increment is invalid")
+MESSAGE_SCHEDULES_DISABLED = ApiError(400, 10188, "message schedules is disabled")
+MIRROR_WITH_FIRST_SEQ = ApiError(400, 10143, "stream mirrors can not have first sequence configured")
+MIRROR_WITH_SOURCES = ApiError(400, 10031, "stream mirrors can not also contain other sources")
+BAD_REQUEST = ApiError(400, 10003, "bad request")
+NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")
+SEQUENCE_NOT_FOUND = ApiError(400, 10043, "sequence {seq} not found")
+STREAM_MSG_DELETE_FAILED = ApiError(500, 10057, "{err}")
+STREAM_PURGE_NOT_PERMITTED = ApiError(500, 10110, "stream purge not permitted")

@@ -1,5 +1,10 @@
-"""The publish path: route a message to its stream, give it a sequence, hand it to the group-commit
-writer, and send the PubAck only once its commit is durable."""
+"""The publish path: route a message to its stream, check it (``publish_checks``), give it a
+sequence, hand it to the group-commit writer, and send the PubAck only once its commit is durable.
+
+A duplicate (``Nats-Msg-Id`` seen within the window) stores nothing; its PubAck names the original
+sequence, and if the original is still in flight it waits for that commit, so no client is told of
+a sequence that a failed commit could take back. ``no_ack`` streams answer nothing, errors included.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from collections.abc import Callable
 from gateway import errors
 from gateway.leaf import LeafConnection
 from gateway.protocol import Msg
+from gateway.publish_checks import Accepted, Duplicate, check_publish
 from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.timefmt import now_ns
@@ -31,6 +37,8 @@ class PublishPath:
         self.leaf = leaf
         self._on_stored = on_stored
         self._route_cache: dict[str, Stream | None] = {}
+        # Commits in flight of messages that carry a msg id, for duplicates that arrive meanwhile.
+        self._inflight_ids: dict[tuple[str, int], asyncio.Future[None]] = {}
 
     def streams_changed(self) -> None:
         """Forget cached routes: a stream was added (or its subjects changed)."""
@@ -49,23 +57,59 @@ class PublishPath:
         stream = self.route(msg.subject)
         if stream is None:
             return
-        stored = stream.accept(msg.subject, msg.hdrs, msg.data, now_ns())
+        reply = "" if stream.config.get("no_ack") else msg.reply
+        now = now_ns()
+        verdict = check_publish(stream, msg.subject, msg.hdrs, msg.data, now)
+        if type(verdict) is Accepted:
+            self._store(stream, msg, verdict, reply, now)
+        elif type(verdict) is Duplicate:
+            self._duplicate(stream, verdict.seq, reply)
+        elif isinstance(verdict, errors.ApiError):
+            self._reply_error(reply, stream, verdict)
+
+    def _store(self, stream: Stream, msg: Msg, verdict: Accepted, reply: str, now: int) -> None:
+        try:
+            stored = stream.accept(msg.subject, verdict.hdrs, msg.data, now)
+        except errors.ApiError as err:  # refused by a limit (discard new)
+            self._reply_error(reply, stream, err)
+            return
+        stream.dedup.record(verdict.msg_id, stored.seq, stored.ts, now, stream.config["duplicate_window"])
         try:
             fut = self.writer.submit([stored])
         except (WriterOverloaded, WriterClosed) as exc:
             stream.rollback()
-            self._reply_error(msg.reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}"))
+            self._reply_error(
+                reply, stream, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}")
+            )
             return
-        reply = msg.reply
+        if verdict.msg_id:
+            key = (stream.name, stored.seq)
+            self._inflight_ids[key] = fut
+            fut.add_done_callback(lambda _: self._inflight_ids.pop(key, None))
         fut.add_done_callback(lambda f: self._committed(stream, stored, reply, f))
+
+    def _duplicate(self, stream: Stream, seq: int, reply: str) -> None:
+        if not reply:
+            return
+        body = b'{"stream":"%s","seq":%d,"duplicate": true}' % (stream.name.encode(), seq)
+        original = self._inflight_ids.get((stream.name, seq))
+        if original is None or original.done():
+            self.leaf.publish(reply, body)
+            return
+
+        def answer(f: asyncio.Future[None]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                self._reply_error(reply, stream, _store_failed(f))
+            else:
+                self.leaf.publish(reply, body)
+
+        original.add_done_callback(answer)
 
     def _committed(
         self, stream: Stream, stored: StoredMessage, reply: str, fut: asyncio.Future[None]
     ) -> None:
         if fut.cancelled() or fut.exception() is not None:
-            self._reply_error(
-                reply, errors.STREAM_STORE_FAILED.format(err=f"message not stored: {fut.exception()}")
-            )
+            self._reply_error(reply, stream, _store_failed(fut))
             return
         stream.committed(stored.seq)
         if reply:
@@ -73,6 +117,13 @@ class PublishPath:
             self.leaf.publish(reply, body)
         self._on_stored(stream)
 
-    def _reply_error(self, reply: str, err: errors.ApiError) -> None:
+    def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
+        """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""
         if reply:
-            self.leaf.publish(reply, json.dumps({"error": err.render()}).encode())
+            body = {"error": err.render(), "stream": stream.name, "seq": 0}
+            self.leaf.publish(reply, json.dumps(body, separators=(",", ":")).encode())
+
+
+def _store_failed(fut: asyncio.Future[None]) -> errors.ApiError:
+    exc = None if fut.cancelled() else fut.exception()
+    return errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}")

@@ -23,11 +23,13 @@ class Registry:
         executor: Executor,
         tail_cache_bytes: int,
         on_stream_added: Callable[[Stream], None],
+        on_subjects_changed: Callable[[list[str], list[str]], None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
         self._on_stream_added = on_stream_added
+        self._on_subjects_changed = on_subjects_changed
         self.streams: dict[str, Stream] = {}
         self.consumers: dict[str, dict[str, Consumer]] = {}
         self.server_version = "2.15.1"
@@ -58,6 +60,27 @@ class Registry:
         stream = self.install_stream(config, created_ns)
         self._on_stream_added(stream)
         return stream
+
+    async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
+        """Store a stream's new config, then make it the live one (subjects re-routed)."""
+        await self._persist(
+            "stream", stream.name, stream.name, {"config": config, "created": stream.created_ns}
+        )
+        old = stream.subjects
+        stream.config = config
+        if self._on_subjects_changed is not None and old != stream.subjects:
+            self._on_subjects_changed(old, stream.subjects)
+
+    async def remove_stream(self, stream: Stream) -> None:
+        """End a stream (and its consumers) durably; its messages stay in storage until Spark
+        removes them, invisible to a stream created later under the same name (docs/storage.md)."""
+        for consumer in list(self.consumers.get(stream.name, {})):
+            await self._persist("consumer", stream.name, consumer, None)
+        await self._persist("stream", stream.name, stream.name, None)
+        del self.streams[stream.name]
+        self.consumers.pop(stream.name, None)
+        if self._on_subjects_changed is not None:
+            self._on_subjects_changed(stream.subjects, [])
 
     async def add_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
         name = config.get("name") or config["durable_name"]

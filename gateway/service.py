@@ -9,19 +9,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.api import Api, split_api_subject
+from gateway.apicommon import RawReply
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
+from gateway.loader import MessageLoader
 from gateway.protocol import Msg
 from gateway.publish import PublishPath
 from gateway.registry import Registry
+from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
 from gateway.stream import Stream
+from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
+from gateway.timefmt import now_ns
 from storage_delta.catalog import CatalogTable
+from storage_delta.natsfmt import parse_headers
 from storage_delta.reader import MessageReader
+from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import GroupCommitWriter, MessageTable
 
@@ -43,6 +51,7 @@ class Gateway:
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
+        self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
         self.api_dropped = 0
         self.started = False
@@ -51,10 +60,18 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        table, catalog = await loop.run_in_executor(
-            self.executor, lambda: (MessageTable(self.root), CatalogTable(self.root))
+        table, catalog, removal_log = await loop.run_in_executor(
+            self.executor,
+            lambda: (MessageTable(self.root), CatalogTable(self.root), RemovalLog(self.root)),
         )
-        self.registry = Registry(catalog, self.executor, self.settings.tail_cache_bytes, self._stream_added)
+        self.registry = Registry(
+            catalog,
+            self.executor,
+            self.settings.tail_cache_bytes,
+            self._stream_added,
+            self._subjects_changed,
+        )
+        self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
         await self._recover(catalog)
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
@@ -75,24 +92,53 @@ class Gateway:
                 self.leaf.subscribe(subject)
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
+        self.tasks.own(self.recorder.run(), "removals")
         await self.leaf.start()
         self.started = True
 
     async def _recover(self, catalog: CatalogTable) -> None:
-        """Rebuild streams and consumers from the catalog, and stream state from the messages table."""
+        """Rebuild streams and consumers from the catalog, and stream state from the messages and
+        removals tables; then the limits apply again (they remove what they removed before a crash
+        that came before the removal was recorded)."""
         assert self.registry is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
+        logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
         for entry in entries:
             if entry.kind == "stream":
                 stream = self.registry.install_stream(entry.body["config"], int(entry.body["created"]))
-                rows = await loop.run_in_executor(self.executor, self.reader.scan_index, stream.name)
+                rows = await loop.run_in_executor(
+                    self.executor, self.reader.scan_index, stream.name, stream.created_ns
+                )
                 for seq, ts, subject, size in rows:
                     stream.restore(seq, ts, subject, size)
+                state = logical.get(stream.name)
+                if state is not None and state.created == stream.created_ns:
+                    for first, last in state.removed:
+                        stream.restore_removed(first, last)
+                    stream.restore_last_seq(state.last_seq)
+                stream.enforce_limits(time.time_ns())
+                await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 self.registry.install_consumer(
                     self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
                 )
+
+    async def _recover_dedup(self, stream: Stream) -> None:
+        """Refill the duplicate window from the ids of the messages stored within it."""
+        loop = asyncio.get_running_loop()
+        now = now_ns()
+        window = int(stream.config["duplicate_window"])
+        since = max(now - window, stream.created_ns)
+        rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
+        last_id, last_seq = "", 0
+        for seq, ts, hdrs in rows:
+            if stream.is_live(seq):  # as nats-server, which can no longer load a removed message
+                last_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
+                last_seq = seq
+                stream.dedup.record(last_id, seq, ts, now, window)
+        # Only the newest message's id counts for Nats-Expected-Last-Msg-Id.
+        stream.dedup.last_msg_id = last_id if last_seq == stream.last_seq else ""
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
@@ -106,6 +152,11 @@ class Gateway:
                     self.leaf.unsubscribe(subject)
         if self.writer is not None:
             await self.writer.close()
+        if self.recorder is not None:
+            try:
+                await self.recorder.flush()  # limit removals; recovery would re-derive them anyway
+            except Exception:
+                log.exception("recording removals at shutdown failed")
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.leaf is not None:
@@ -136,7 +187,9 @@ class Gateway:
     async def _api_worker(self) -> None:
         assert self.registry is not None
         assert self.leaf is not None
-        api = Api(self.registry)
+        assert self.recorder is not None
+        loader = MessageLoader(self.reader, self.executor)
+        api = Api(self.registry, StreamApi(self.registry, loader, self.recorder))
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -146,15 +199,28 @@ class Gateway:
                 continue
             if answer is None:
                 continue
+            if not reply:
+                continue
+            if isinstance(answer, RawReply):
+                self.leaf.publish(reply, answer.data, hdrs=answer.hdrs)
+                continue
             self.registry.api_total += 1
             if "error" in answer:
                 self.registry.api_errors += 1
-            if reply:
-                self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+            self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
 
     def _stream_added(self, stream: Stream) -> None:
+        self._subjects_changed([], stream.subjects)
+
+    def _subjects_changed(self, old: list[str], new: list[str]) -> None:
+        """A stream was added, updated or deleted: route its subjects anew and tell the server which
+        subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
         if self.publish is not None:
             self.publish.streams_changed()
         if self.leaf is not None:
-            for subject in stream.subjects:
-                self.leaf.subscribe(subject)
+            for subject in old:
+                if subject not in new:
+                    self.leaf.unsubscribe(subject)
+            for subject in new:
+                if subject not in old:
+                    self.leaf.subscribe(subject)

@@ -1,25 +1,38 @@
-"""A stream's state machine: sequences, counts and the subject index, with no I/O.
+"""A stream's state machine: sequences, counts, limits and removals, with no I/O.
 
 The gateway is the real-time authority: this object answers every question about the stream at
-once, and it moves only by ``accept`` (a publish given a sequence) and ``committed``/``rollback``
-(what the writer made durable, or failed to).
+once. It moves by ``accept`` (a publish given a sequence, limits applied at once),
+``committed``/``rollback`` (what the writer made durable, or failed to), and the removals: ``remove``
+(one sequence), ``purge`` and ``expire`` (MaxAge). A removed sequence leaves a hole; the first
+sequence moves over holes. Every removal is also queued as a sequence range for the durable removal
+log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, ``removals``).
 """
 
 from __future__ import annotations
 
-from array import array
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from gateway import errors
+from gateway.dedup import DedupWindow
+from gateway.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
 from storage_delta.schema import DEFAULT_BLOCK_SIZE, stored_size
 from storage_delta.writer import StoredMessage
 
+__all__ = ["Stream", "StreamState", "TailCache"]
+
+MAX_MSGS = errors.STREAM_STORE_FAILED.format(err="maximum messages exceeded")
+MAX_BYTES = errors.STREAM_STORE_FAILED.format(err="maximum bytes exceeded")
+MAX_MSGS_PER_SUBJECT = errors.STREAM_STORE_FAILED.format(err="maximum messages per subject exceeded")
+
 
 @dataclass(slots=True)
 class StreamState:
+    """Live counts. ``first_seq`` is the first live sequence, ``last_seq + 1`` when the stream is
+    empty after having messages, 0 before its first message (as JetStream shows them)."""
+
     messages: int = 0
     bytes: int = 0
     first_seq: int = 0
@@ -28,28 +41,8 @@ class StreamState:
     last_ts: int = 0
 
 
-class TailCache:
-    """The newest messages of a stream, bounded in bytes, so consumers that keep up skip parquet."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._items: OrderedDict[int, StoredMessage] = OrderedDict()
-
-    def put(self, msg: StoredMessage) -> None:
-        self._items[msg.seq] = msg
-        self._bytes += msg.nbytes
-        while self._bytes > self._max_bytes and self._items:
-            _, old = self._items.popitem(last=False)
-            self._bytes -= old.nbytes
-
-    def get(self, seq: int) -> StoredMessage | None:
-        return self._items.get(seq)
-
-    def drop_from(self, seq: int) -> None:
-        for s in [s for s in self._items if s >= seq]:
-            msg = self._items.pop(s)
-            self._bytes -= msg.nbytes
+def _literal(subject: str) -> bool:
+    return "*" not in subject.split(".") and not subject.endswith(">")
 
 
 class Stream:
@@ -62,13 +55,19 @@ class Stream:
         self.state = StreamState()
         self.durable_last_seq = 0
         self.tail = TailCache(tail_cache_bytes)
-        # Subject of every sequence from ``_base``, as an index into ``_subject_names`` (0 = none):
-        # four bytes a message lets filtered consumers and counts work without reading Delta.
-        self._base = 1
-        self._subject_of = array("I")
+        self.dedup = DedupWindow()
+        first_seq = int(config.get("first_seq") or 0)
+        if first_seq > 1:  # the first publish gets ``first_seq``
+            self.state.first_seq = first_seq
+            self.state.last_seq = self.durable_last_seq = first_seq - 1
+        # Subject names are interned to small ids: the per-sequence index stores four bytes of
+        # subject, and per-subject sequence lists answer last-by-subject and per-subject limits.
+        self._index = SeqIndex()
         self._subject_names: list[str] = [""]
         self._subject_ids: dict[str, int] = {}
         self._subject_counts: dict[int, int] = {}
+        self._by_subject: dict[int, SubjectSeqs] = {}
+        self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
 
     @property
     def name(self) -> str:
@@ -78,8 +77,18 @@ class Stream:
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
 
+    @property
+    def last_seq(self) -> int:
+        return self.state.last_seq
+
     def captures(self, subject: str) -> bool:
         return any(subject_matches(f, subject) for f in self.subjects)
+
+    def _limit(self, key: str) -> int:
+        value = int(self.config.get(key) or 0)
+        return value if value > 0 else 0
+
+    # ---- adding --------------------------------------------------------------------------------
 
     def _subject_id(self, subject: str) -> int:
         sid = self._subject_ids.get(subject)
@@ -89,103 +98,407 @@ class Stream:
             self._subject_ids[subject] = sid
         return sid
 
-    def _index(self, seq: int, subject: str, size: int, ts: int) -> None:
+    def _add(self, seq: int, subject: str, size: int, ts: int) -> int:
         sid = self._subject_id(subject)
-        while self._base + len(self._subject_of) < seq:
-            self._subject_of.append(0)  # a gap (e.g. recovered from a compacted table)
-        self._subject_of.append(sid)
+        self._index.append(seq, sid, size, ts)
         self._subject_counts[sid] = self._subject_counts.get(sid, 0) + 1
+        self._by_subject.setdefault(sid, SubjectSeqs()).add(seq)
         st = self.state
         if st.messages == 0:
             st.first_seq, st.first_ts = seq, ts
         st.messages += 1
         st.bytes += size
         st.last_seq, st.last_ts = seq, ts
+        return sid
+
+    def _check_discard_new(self, subject: str, size: int) -> None:
+        """Refuse a message a ``discard: new`` stream has no room for, as JetStream's store does:
+        a message that will replace its subject's oldest (per-subject limit) is not refused for
+        MaxMsgs, and for MaxBytes only when it is larger than that oldest message."""
+        if self.config.get("discard") != "new":
+            return
+        per_subject = self._limit("max_msgs_per_subject")
+        sid = self._subject_ids.get(subject, 0)
+        replaces = 0
+        if per_subject and self._subject_counts.get(sid, 0) >= per_subject:
+            if self.config.get("discard_new_per_subject"):
+                raise MAX_MSGS_PER_SUBJECT
+            replaces = self._oldest_of(sid)
+        st = self.state
+        max_msgs, max_bytes = self._limit("max_msgs"), self._limit("max_bytes")
+        if max_msgs and st.messages >= max_msgs and not replaces:
+            raise MAX_MSGS
+        too_big = max_bytes and st.bytes + size > max_bytes
+        if too_big and (not replaces or self._size_of(replaces) <= size):
+            raise MAX_BYTES
 
     def accept(self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> StoredMessage:
-        """Give a publish the next sequence and account for it; durable only once committed."""
+        """Give a publish the next sequence and apply the limits at once; durable only once
+        committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it."""
+        if self.config.get("sealed"):
+            raise errors.STREAM_SEALED
+        size = stored_size(subject, hdrs, data)
+        self._check_discard_new(subject, size)
         seq = self.state.last_seq + 1
         ts = max(now_ns, self.state.last_ts + 1)
         msg = StoredMessage(self.name, self.block_size, seq, ts, subject, hdrs, data)
-        self._index(seq, subject, stored_size(subject, hdrs, data), ts)
+        sid = self._add(seq, subject, size, ts)
         self.tail.put(msg)
+        self._enforce_subject_limit(sid)
+        self._enforce_size_limits()
         return msg
 
     def restore(self, seq: int, ts: int, subject: str, size: int) -> None:
-        """Account for a message found in the table at start-up."""
-        self._index(seq, subject, size, ts)
+        """Account for a message found in the table at start-up (limits are applied afterwards,
+        by ``enforce_limits``, once the removal log has been replayed)."""
+        self._add(seq, subject, size, ts)
         self.durable_last_seq = seq
+
+    def restore_last_seq(self, last_seq: int) -> None:
+        """The removal log knows of sequences above the highest stored one (they were removed and
+        may be gone from storage): the stream continues after them."""
+        st = self.state
+        if last_seq > st.last_seq:
+            st.last_seq = last_seq
+            self.durable_last_seq = last_seq
+            if st.messages == 0:
+                st.first_seq = last_seq + 1
 
     def committed(self, seq: int) -> None:
         self.durable_last_seq = max(self.durable_last_seq, seq)
 
-    def next_matching(self, after: int, filters: list[str]) -> int | None:
-        """The first durable sequence above ``after`` whose subject a filter matches (any subject
-        when there are no filters); consumers never see a message that is not committed yet."""
-        start = max(after + 1, self.state.first_seq, self._base)
-        end = min(self._base + len(self._subject_of), self.durable_last_seq + 1)
-        if not filters:
-            for seq in range(start, end):
-                if self._subject_of[seq - self._base]:
-                    return seq
+    # ---- limits ----------------------------------------------------------------------------------
+
+    def _enforce_subject_limit(self, sid: int) -> None:
+        per_subject = self._limit("max_msgs_per_subject")
+        while per_subject and self._subject_counts.get(sid, 0) > per_subject:
+            self.remove(self._oldest_of(sid))
+
+    def _enforce_size_limits(self) -> None:
+        if self.config.get("discard") == "new":
+            return
+        st = self.state
+        max_msgs, max_bytes = self._limit("max_msgs"), self._limit("max_bytes")
+        while max_msgs and st.messages > max_msgs:
+            self.remove(st.first_seq)
+        while max_bytes and st.bytes > max_bytes:
+            self.remove(st.first_seq)
+
+    def expire(self, now_ns: int) -> int:
+        """Remove what MaxAge has expired; the number removed."""
+        max_age = self._limit("max_age")
+        if not max_age:
+            return 0
+        cutoff = now_ns - max_age
+        n = 0
+        while self.state.messages and self.state.first_ts <= cutoff:
+            self.remove(self.state.first_seq)
+            n += 1
+        return n
+
+    def next_expiry_ns(self) -> int | None:
+        """When the oldest message expires under MaxAge, None when nothing will."""
+        max_age = self._limit("max_age")
+        if not max_age or not self.state.messages:
             return None
-        for seq in range(start, end):
-            sid = self._subject_of[seq - self._base]
-            if sid and any(subject_matches(f, self._subject_names[sid]) for f in filters):
-                return seq
+        return self.state.first_ts + max_age
+
+    def enforce_limits(self, now_ns: int) -> None:
+        """Apply every limit to what is stored (after recovery, or a config update that lowered one)."""
+        if self._limit("max_msgs_per_subject"):
+            for sid in [s for s, c in self._subject_counts.items() if c]:
+                self._enforce_subject_limit(sid)
+        self._enforce_size_limits()
+        self.expire(now_ns)
+
+    # ---- removal -------------------------------------------------------------------------------
+
+    def _oldest_of(self, sid: int) -> int:
+        seqs = self._by_subject.get(sid)
+        if seqs is None:
+            return 0
+        seqs.trim(self._index, sid)
+        return seqs.oldest()
+
+    def _size_of(self, seq: int) -> int:
+        return self._index.size[seq - self._index.base]
+
+    def is_live(self, seq: int) -> bool:
+        return self._index.subject_id(seq) != 0
+
+    def subject_of(self, seq: int) -> str | None:
+        sid = self._index.subject_id(seq)
+        return self._subject_names[sid] if sid else None
+
+    def _record(self, first: int, last: int) -> None:
+        if self._removed and self._removed[-1][1] + 1 == first:
+            self._removed[-1][1] = last
+        else:
+            self._removed.append([first, last])
+
+    def _drop(self, seq: int) -> int:
+        """Make a live sequence a hole and take it out of the counts; its subject id."""
+        idx = self._index
+        i = seq - idx.base
+        sid = idx.sid[i]
+        idx.sid[i] = 0
+        st = self.state
+        st.messages -= 1
+        st.bytes -= idx.size[i]
+        left = self._subject_counts[sid] - 1
+        if left:
+            self._subject_counts[sid] = left
+        else:
+            del self._subject_counts[sid]
+            del self._by_subject[sid]
+        self.tail.drop(seq)
+        return sid
+
+    def _advance_first(self) -> None:
+        st, idx = self.state, self._index
+        if st.messages == 0:
+            st.first_seq, st.first_ts = st.last_seq + 1, 0
+            self._index = SeqIndex()
+            return
+        seq = st.first_seq
+        while not idx.subject_id(seq):
+            seq += 1
+        st.first_seq, st.first_ts = seq, idx.ts[seq - idx.base]
+        idx.compact(seq)
+
+    def remove(self, seq: int) -> bool:
+        """Remove one live message (delete, TTL, limits, acked work-queue message); False when the
+        sequence is not live. The first sequence moves when it was the first."""
+        if not self.is_live(seq):
+            return False
+        self._drop(seq)
+        self._record(seq, seq)
+        if seq == self.state.first_seq:
+            self._advance_first()
+        return True
+
+    def _matching_sids(self, subject: str) -> list[int]:
+        if _literal(subject):
+            sid = self._subject_ids.get(subject, 0)
+            return [sid] if self._subject_counts.get(sid) else []
+        return [sid for sid in self._subject_counts if subject_matches(subject, self._subject_names[sid])]
+
+    def purge(self, subject: str | None = None, seq: int | None = None, keep: int | None = None) -> int:
+        """JetStream's purge: everything, or the messages matching ``subject``; with ``seq`` only
+        those below it, with ``keep`` all but the newest ``keep``. The number removed."""
+        st = self.state
+        if not subject:
+            if keep:
+                if st.messages <= keep:
+                    return 0
+                return self._purge_prefix(self._nth_live_seq(st.messages - keep) + 1)
+            return self._purge_prefix(seq if seq else st.last_seq + 1)
+        victims: list[int] = []
+        limit = (seq - 1) if seq else st.last_seq
+        for sid in self._matching_sids(subject):
+            seqs = self._by_subject[sid]
+            seqs.trim(self._index, sid)
+            victims.extend(seqs.live_upto(limit, self._index, sid))
+        victims.sort()
+        if keep:
+            victims = victims[: max(0, len(victims) - keep)]
+        for victim in victims:
+            self.remove(victim)
+        return len(victims)
+
+    def _nth_live_seq(self, n: int) -> int:
+        """The sequence of the ``n``-th live message (1-based), scanning from the first."""
+        idx, seq, seen = self._index, self.state.first_seq, 0
+        while True:
+            if idx.subject_id(seq):
+                seen += 1
+                if seen == n:
+                    return seq
+            seq += 1
+
+    def _purge_prefix(self, below: int) -> int:
+        """Remove every message below ``below``; past the last sequence the stream continues
+        from ``below`` (JetStream's compact). The number removed."""
+        st, idx = self.state, self._index
+        if below > st.last_seq + 1:
+            st.last_seq = below - 1
+            self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
+        start = st.first_seq or 1
+        n = 0
+        for s in range(max(start, idx.base), min(below, idx.end)):
+            if idx.subject_id(s):
+                self._drop(s)
+                n += 1
+        if below > start:
+            self._record(start, below - 1)
+        self._advance_first()
+        return n
+
+    def take_removals(self) -> list[tuple[int, int]]:
+        """Removed ranges not yet in the durable removal log, oldest first, as far as they cover
+        committed sequences only (an uncommitted one may still be rolled back and reused)."""
+        done: list[tuple[int, int]] = []
+        keep: list[list[int]] = []
+        for first, last in self._removed:
+            if last <= self.durable_last_seq:
+                done.append((first, last))
+            elif first <= self.durable_last_seq:
+                done.append((first, self.durable_last_seq))
+                keep.append([self.durable_last_seq + 1, last])
+            else:
+                keep.append([first, last])
+        self._removed = keep
+        return done
+
+    # ---- questions ------------------------------------------------------------------------------
+
+    def last_seq_for(self, subject: str) -> int:
+        """The newest live sequence stored under this literal subject, 0 when there is none."""
+        sid = self._subject_ids.get(subject, 0)
+        seqs = self._by_subject.get(sid)
+        if seqs is None:
+            return 0
+        seqs.trim(self._index, sid)
+        return seqs.newest()
+
+    def last_seq_matching(self, subject: str) -> int:
+        """The newest live sequence whose subject ``subject`` (wildcards allowed) matches, 0 if none."""
+        return max(
+            (self.last_seq_for(self._subject_names[sid]) for sid in self._matching_sids(subject)), default=0
+        )
+
+    def last_matching(self, filters: list[str]) -> int | None:
+        """The newest live sequence a filter matches, any subject without filters
+        (``deliver_policy: last``); None when there is none."""
+        if not filters:
+            seq, idx = self.state.last_seq, self._index
+            while seq >= self.state.first_seq and not idx.subject_id(seq):
+                seq -= 1
+            return seq if self.state.messages else None
+        return max(self.last_per_subject(filters), default=None)
+
+    def last_per_subject(self, filters: list[str]) -> list[int]:
+        """The newest live sequence of each subject the filters match (every subject without
+        filters), ascending (``deliver_policy: last_per_subject``, KV watch)."""
+        sids = (
+            set(self._subject_counts) if not filters else {s for f in filters for s in self._matching_sids(f)}
+        )
+        return sorted(self.last_seq_for(self._subject_names[sid]) for sid in sids)
+
+    def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
+        """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
+        last accepted) whose subject a filter matches, any subject when there are no filters."""
+        idx = self._index
+        end = min(idx.end, (limit if limit is not None else self.state.last_seq) + 1)
+        start = max(seq, self.state.first_seq, idx.base)
+        if len(filters) == 1 and _literal(filters[0]):
+            sid = self._subject_ids.get(filters[0], 0)
+            seqs = self._by_subject.get(sid)
+            found = seqs.first_at_or_after(start, idx, sid) if seqs else 0
+            return found if found and found < end else None
+        names = self._subject_names
+        for s in range(start, end):
+            sid = idx.sid[s - idx.base]
+            if sid and (not filters or any(subject_matches(f, names[sid]) for f in filters)):
+                return s
         return None
 
+    def next_matching(self, after: int, filters: list[str]) -> int | None:
+        """The first durable live sequence above ``after`` whose subject a filter matches (any
+        subject when there are no filters); consumers never see what is not committed yet."""
+        return self.first_seq_at_or_after(after + 1, filters, self.durable_last_seq)
+
     def count_matching_after(self, after: int, filters: list[str]) -> int:
-        """Messages above ``after`` a consumer with these filters would still get (num_pending)."""
-        start = max(after + 1, self.state.first_seq, self._base)
-        end = self._base + len(self._subject_of)
-        if start >= end:
+        """Live messages above ``after`` a consumer with these filters would still get (num_pending)."""
+        st, idx = self.state, self._index
+        if not filters and after < st.first_seq:
+            return st.messages
+        start = max(after + 1, st.first_seq, idx.base)
+        if start >= idx.end:
             return 0
+        sids = idx.sid
         if not filters:
-            return sum(1 for seq in range(start, end) if self._subject_of[seq - self._base])
-        matches = {
-            sid
-            for sid, name in enumerate(self._subject_names)
-            if sid and any(subject_matches(f, name) for f in filters)
-        }
-        return sum(1 for seq in range(start, end) if self._subject_of[seq - self._base] in matches)
+            return sum(1 for s in range(start, idx.end) if sids[s - idx.base])
+        matches = {sid for f in filters for sid in self._matching_sids(f)}
+        return sum(1 for s in range(start, idx.end) if sids[s - idx.base] in matches)
 
     @property
     def num_subjects(self) -> int:
-        return sum(1 for c in self._subject_counts.values() if c)
+        return len(self._subject_counts)
 
-    def info_state(self, consumer_count: int) -> dict[str, Any]:
+    def subject_counts(self, subject: str) -> dict[str, int]:
+        """Live message count per subject that ``subject`` (wildcards allowed) matches."""
+        return {self._subject_names[sid]: self._subject_counts[sid] for sid in self._matching_sids(subject)}
+
+    def deleted(self) -> list[int]:
+        """The holes from the first to the last sequence, ascending. Like JetStream's store, a
+        fresh stream (first and last sequence 0) reports sequence 0 as deleted."""
+        st, idx = self.state, self._index
+        return [s for s in range(st.first_seq, st.last_seq + 1) if not idx.subject_id(s)]
+
+    def info_state(
+        self, consumer_count: int, subjects_filter: str | None = None, deleted_details: bool = False
+    ) -> dict[str, Any]:
         st = self.state
         out: dict[str, Any] = {
             "messages": st.messages,
             "bytes": st.bytes,
-            "first_seq": st.first_seq if st.messages else st.last_seq + 1 if st.last_seq else 0,
+            "first_seq": st.first_seq,
             "first_ts": rfc3339(st.first_ts if st.messages else 0),
             "last_seq": st.last_seq,
             "last_ts": rfc3339(st.last_ts),
         }
         if self.num_subjects:
             out["num_subjects"] = self.num_subjects
+        if subjects_filter:
+            counts = self.subject_counts(subjects_filter)
+            if counts:
+                out["subjects"] = counts
+        if deleted_details:
+            holes = self.deleted()
+            if holes:
+                out["num_deleted"] = len(holes)
+                out["deleted"] = holes
+        elif st.messages and st.last_seq - st.first_seq + 1 > st.messages:
+            out["num_deleted"] = st.last_seq - st.first_seq + 1 - st.messages
         out["consumer_count"] = consumer_count
         return out
 
     def rollback(self) -> None:
         """Forget what was accepted but never committed (the writer failed it): the stream goes back
-        to its durable last sequence, so the next publish reuses the lost sequences."""
-        st = self.state
-        while st.last_seq > self.durable_last_seq and self._subject_of:
-            seq = st.last_seq
-            sid = self._subject_of.pop()
-            msg = self.tail.get(seq)
+        to its durable last sequence, so the next publish reuses the lost sequences. Removals the
+        lost messages caused (limits) stay: they are in the past of what clients saw."""
+        st, idx = self.state, self._index
+        while st.last_seq > self.durable_last_seq and idx.end > idx.base and idx.end - 1 == st.last_seq:
+            sid, size = idx.pop()
             if sid:
-                self._subject_counts[sid] -= 1
                 st.messages -= 1
-                if msg is not None:
-                    st.bytes -= stored_size(msg.subject, msg.hdrs, msg.data)
-            st.last_seq = seq - 1
+                st.bytes -= size
+                left = self._subject_counts[sid] - 1
+                if left:
+                    self._subject_counts[sid] = left
+                else:
+                    del self._subject_counts[sid]
+                    del self._by_subject[sid]
+            st.last_seq -= 1
+        st.last_seq = min(st.last_seq, max(self.durable_last_seq, 0))
         self.tail.drop_from(st.last_seq + 1)
-        last = self.tail.get(st.last_seq)
-        if last is not None:
-            st.last_ts = last.ts
+        self.dedup.forget_after(st.last_seq)
+        self._removed = [r for r in self._removed if r[0] <= self.durable_last_seq]
+        for r in self._removed:
+            r[1] = min(r[1], self.durable_last_seq)
+        i = st.last_seq - idx.base
+        st.last_ts = idx.ts[i] if 0 <= i < len(idx.ts) else st.last_ts
         if st.messages == 0:
-            st.first_seq = st.first_ts = 0
+            st.first_seq, st.first_ts = (st.last_seq + 1 if st.last_seq else 0), 0
+        elif not idx.subject_id(st.first_seq):
+            self._advance_first()
+
+    def restore_removed(self, first: int, last: int) -> None:
+        """Replay a range from the durable removal log at start-up (not recorded again)."""
+        idx = self._index
+        for s in range(max(first, idx.base), min(last + 1, idx.end)):
+            if idx.subject_id(s):
+                self._drop(s)
+        if self.state.messages == 0 or not idx.subject_id(self.state.first_seq):
+            self._advance_first()

@@ -43,23 +43,27 @@ class MessageReader:
                 return None
             raise
 
-    def read_range(self, stream: str, first: int, last: int, block_size: int) -> pa.Table:
-        """Messages with ``first <= seq <= last`` of one stream, ordered by sequence."""
+    def read_range(self, stream: str, first: int, last: int, block_size: int, min_ts: int = 0) -> pa.Table:
+        """Messages with ``first <= seq <= last`` of one stream, ordered by sequence; ``min_ts`` (the
+        stream's created time) leaves out rows of an earlier stream of the same name."""
         blocks = list(range(sch.block_of(first, block_size), sch.block_of(last, block_size) + 1))
         dset = self._dataset(stream, blocks)
         if dset is None:
             return sch.MESSAGE_FILE_SCHEMA.empty_table()
-        expr = (ds.field("seq") >= first) & (ds.field("seq") <= last)
+        expr = (ds.field("seq") >= first) & (ds.field("seq") <= last) & (ds.field("ts") >= min_ts)
         table = dset.to_table(filter=expr, columns=sch.MESSAGE_FILE_SCHEMA.names)
         return table.sort_by("seq")
 
-    def scan_index(self, stream: str) -> list[tuple[int, int, str, int]]:
-        """(seq, ts, subject, stored size) of every stored message of a stream, in sequence order:
-        what the gateway needs to rebuild its state. Sizes come from the binary offsets."""
+    def scan_index(self, stream: str, min_ts: int = 0) -> list[tuple[int, int, str, int]]:
+        """(seq, ts, subject, stored size) of every stored message of a stream stored at or after
+        ``min_ts``, in sequence order: what the gateway needs to rebuild its state. Sizes come from
+        the binary offsets."""
         dset = self._dataset(stream)
         if dset is None:
             return []
-        table = dset.to_table(columns=["seq", "ts", "subject", "hdrs", "data"])
+        table = dset.to_table(
+            columns=["seq", "ts", "subject", "hdrs", "data"], filter=ds.field("ts") >= min_ts
+        )
         if table.num_rows == 0:
             return []
         table = table.sort_by("seq")
@@ -75,6 +79,23 @@ class MessageReader:
                 table.column("ts").to_pylist(),
                 table.column("subject").to_pylist(),
                 size.to_pylist(),
+                strict=True,
+            )
+        )
+
+    def scan_headers_since(self, stream: str, since_ts: int) -> list[tuple[int, int, bytes | None]]:
+        """(seq, ts, header block) of a stream's messages stored at or after ``since_ts``, in
+        sequence order: the gateway rebuilds its ``Nats-Msg-Id`` duplicate window from them."""
+        dset = self._dataset(stream)
+        if dset is None:
+            return []
+        table = dset.to_table(filter=ds.field("ts") >= since_ts, columns=["seq", "ts", "hdrs"])
+        table = table.sort_by("seq")
+        return list(
+            zip(
+                table.column("seq").to_pylist(),
+                table.column("ts").to_pylist(),
+                table.column("hdrs").to_pylist(),
                 strict=True,
             )
         )

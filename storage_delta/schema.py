@@ -10,6 +10,7 @@ import pyarrow as pa
 
 MESSAGES = "messages"
 CATALOG = "catalog"
+REMOVALS = "removals"
 
 #: Partition columns of ``messages``: a stream's rows never share a file with another stream's, and a
 #: block bounds the work of every read and every retention step.
@@ -50,6 +51,18 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("ts", pa.int64(), nullable=False),
         pa.field("deleted", pa.bool_(), nullable=False),
         pa.field("body", pa.string(), nullable=False),
+    ]
+)
+
+#: One row per removal from a stream's logical view: sequences ``first..last`` of the stream
+#: incarnation created at ``created`` (Unix ns) are gone for every reader (storage_delta/stream_state.py).
+REMOVALS_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("created", pa.int64(), nullable=False),
+        pa.field("first", pa.int64(), nullable=False),
+        pa.field("last", pa.int64(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
     ]
 )
 

@@ -28,5 +28,7 @@ async def run_case(targets: dict[str, str], case: Case, name: str) -> dict[str, 
 async def assert_same(targets: dict[str, str], case: Case, name: str) -> Any:
     """Assert both servers give the same observable result, and return it for further checks."""
     results = await run_case(targets, case, name)
-    assert results["jetlake"] == results["jetstream"]
+    assert results["jetlake"] == results["jetstream"], (
+        f"jetlake:   {results['jetlake']!r}\njetstream: {results['jetstream']!r}"
+    )
     return results["jetstream"]

@@ -1,0 +1,257 @@
+"""The stream API beyond create: update rules, delete, list and names, info details, message get
+and delete, direct get, sealed and deny flags; each case against the real JetStream and jetlake."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+
+from tests.differential import assert_same
+from tests.streams_script import run_script
+from tests.test_thin_slice import api
+
+
+def untimed(answer: dict[str, Any]) -> dict[str, Any]:
+    """A MSG.GET answer without the stored time (it differs between any two servers)."""
+    if "message" in answer:
+        answer["message"].pop("time")
+    return answer
+
+
+UPDATES: list[tuple[str, dict[str, Any]]] = [
+    # limits, discard and flags may change
+    ("limits", {"max_msgs": 5, "discard": "new", "max_bytes": 1000, "description": "d"}),
+    # subjects may change, also to more subjects
+    ("subjects", {"subjects": ["{n}.>", "{n}x.y"]}),
+    # subjects of another stream: 10065
+    ("overlap", {"subjects": ["{n}other.a"]}),
+    # storage is fixed: 10052
+    ("storage", {"storage": "memory"}),
+    # retention cannot change to or from workqueue: 10052
+    ("workqueue", {"retention": "workqueue"}),
+    # limits <-> interest is allowed
+    ("interest", {"retention": "interest"}),
+    # a name in the body unlike the subject's: 10056
+    ("name", {"name": "OTHER"}),
+    # replicas on a single server: 10074
+    ("replicas", {"num_replicas": 3}),
+    # sealing turns on deny_delete, deny_purge and discard new
+    ("seal", {"sealed": True}),
+]
+
+
+@pytest.mark.parametrize(("label", "change"), UPDATES, ids=[u[0] for u in UPDATES])
+async def test_stream_update(
+    targets: dict[str, str], unique: str, label: str, change: dict[str, Any]
+) -> None:
+    async def case(nc: Client, name: str) -> Any:
+        n = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{n}.>"]})
+        await api(nc, f"STREAM.CREATE.{name}OTHER", {"name": f"{name}OTHER", "subjects": [f"{n}other.>"]})
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        body = {**cfg, **json.loads(json.dumps(change).replace("{n}", n))}
+        answer = await api(nc, f"STREAM.UPDATE.{name}", body)
+        info = await api(nc, f"STREAM.INFO.{name}")
+        return {"answer": answer, "config": info["config"]}
+
+    await assert_same(targets, case, unique)
+
+
+async def test_stream_update_errors(targets: dict[str, str], unique: str) -> None:
+    """Unknown stream, empty body, bad JSON; a sealed stream cannot be unsealed."""
+
+    async def case(nc: Client, name: str) -> Any:
+        out = [await api(nc, f"STREAM.UPDATE.{name}", {"name": name})]
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"]})
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", b""))
+        out.append((await api(nc, f"STREAM.UPDATE.{name}", b"{bad"))["error"]["err_code"])
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "sealed": True}))
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "sealed": False}))
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_sealed_and_deny_flags(targets: dict[str, str], unique: str) -> None:
+    """deny_delete and deny_purge refuse those requests; a sealed stream refuses publishes too."""
+
+    async def case(nc: Client, name: str) -> Any:
+        n = name.lower()
+        await api(
+            nc,
+            f"STREAM.CREATE.{name}",
+            {"name": name, "subjects": [f"{n}.>"], "deny_delete": True, "deny_purge": True},
+        )
+        out: list[Any] = [json.loads((await nc.request(f"{n}.a", b"x", timeout=5)).data)]
+        out.append(await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 1}))
+        out.append(await api(nc, f"STREAM.PURGE.{name}", {}))
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "sealed": True})
+        out.append(json.loads((await nc.request(f"{n}.a", b"x", timeout=5)).data))
+        out.append(await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 1}))
+        out.append(await api(nc, f"STREAM.PURGE.{name}", {}))
+        out.append((await api(nc, f"STREAM.INFO.{name}"))["state"])
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_stream_delete(targets: dict[str, str], unique: str) -> None:
+    """Delete answers success; the stream is gone (info 10059, publishes get no responders, a
+    second delete 10059); a new stream under the name starts from nothing."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        n = name.lower()
+        await js.add_stream(name=name, subjects=[f"{n}.>"])
+        for _ in range(3):
+            await js.publish(f"{n}.a", b"x")
+        await js.pull_subscribe(f"{n}.>", durable="d")
+        out: list[Any] = [await api(nc, f"STREAM.DELETE.{name}")]
+        out.append(await api(nc, f"STREAM.INFO.{name}"))
+        out.append(await api(nc, f"STREAM.DELETE.{name}"))
+        try:
+            await nc.request(f"{n}.a", b"x", timeout=2)
+            out.append("answered")
+        except NoRespondersError:
+            out.append("no responders")
+        await js.add_stream(name=name, subjects=[f"{n}.>"])
+        await js.publish(f"{n}.b", b"y")
+        info = await api(nc, f"STREAM.INFO.{name}")
+        out.append(info["state"])
+        out.append(untimed(await api(nc, f"STREAM.MSG.GET.{name}", {"seq": 1})))
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_stream_list_and_names(targets: dict[str, str], unique: str) -> None:
+    """LIST and NAMES filter by subject and page by offset (LIST pages hold 256, NAMES 1024)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        n = name.lower()
+        for i in range(3):
+            await api(nc, f"STREAM.CREATE.{name}{i}", {"name": f"{name}{i}", "subjects": [f"{n}.{i}.>"]})
+        out: list[Any] = []
+        for body in (
+            {"subject": f"{n}.>"},
+            {"subject": f"{n}.1.x"},
+            {"subject": f"{n}.>", "offset": 2},
+            {"subject": f"{n}.>", "offset": 5},
+            {"subject": f"{n}nothing.>"},
+        ):
+            out.append(await api(nc, "STREAM.NAMES", body))
+            out.append(await api(nc, "STREAM.LIST", body))
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_stream_info_details(targets: dict[str, str], unique: str) -> None:
+    """INFO with subjects_filter (per-subject counts, wildcard or literal) and deleted_details."""
+
+    async def case(nc: Client, name: str) -> Any:
+        n = name.lower()
+        steps = [("pub", f"{s}.{i % 2}", 1) for i, s in enumerate("aabbcab")] + [("del", {"seq": 3})]
+        out = await run_script(nc, name, {}, steps)
+        for body in (
+            {"subjects_filter": f"{n}.a.*"},
+            {"subjects_filter": f"{n}.b.1"},
+            {"subjects_filter": f"{n}.zz"},
+            {"deleted_details": True},
+            {"subjects_filter": ">", "deleted_details": True},
+            b"{bad",
+        ):
+            info = await api(nc, f"STREAM.INFO.{name}", body)
+            if "error" in info:
+                info["error"]["description"] = info["error"]["description"].split(":")[0]
+            out.append(info)
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_msg_get(targets: dict[str, str], unique: str) -> None:
+    """MSG.GET by seq, last_by_subj (literal and wildcard), next_by_subj; headers and empty
+    payloads; 10037 for holes and misses, 10003 for bad combinations."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        n = name.lower()
+        await js.add_stream(name=name, subjects=[f"{n}.>"])
+        await js.publish(f"{n}.a", b"one", headers={"X-K": "v"})
+        await js.publish(f"{n}.b", b"two")
+        await js.publish(f"{n}.a", b"")
+        await js.publish(f"{n}.c", b"four")
+        await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 2})
+        out = []
+        for body in (
+            {"seq": 1},
+            {"seq": 2},
+            {"seq": 3},
+            {"seq": 9},
+            {"last_by_subj": f"{n}.a"},
+            {"last_by_subj": f"{n}.*"},
+            {"last_by_subj": f"{n}.b"},
+            {"next_by_subj": f"{n}.a", "seq": 2},
+            {"next_by_subj": f"{n}.>", "seq": 2},
+            {"next_by_subj": f"{n}.a"},
+            {"next_by_subj": f"{n}.a", "seq": 4},
+            {"seq": 1, "last_by_subj": f"{n}.a"},
+            {},
+        ):
+            out.append(untimed(await api(nc, f"STREAM.MSG.GET.{name}", body)))
+        out.append(await api(nc, f"STREAM.MSG.GET.{name}NOPE", {"seq": 1}))
+        got = await js.get_msg(name, 1)
+        out.append((got.subject, got.seq, got.data, dict(got.headers or {})))
+        return out
+
+    out = await assert_same(targets, case, unique)
+    assert base64.b64decode(out[0]["message"]["data"]) == b"one"
+
+
+async def test_direct_get(targets: dict[str, str], unique: str) -> None:
+    """DIRECT.GET with a JSON body and as DIRECT.GET.<stream>.<subject>: headers Nats-Stream,
+    Nats-Subject, Nats-Sequence, Nats-Time-Stamp and the message's own; 404 and 408 statuses;
+    no responders for a stream without allow_direct."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        n = name.lower()
+        await js.add_stream(name=name, subjects=[f"{n}.>"], allow_direct=True)
+        await js.add_stream(name=f"{name}NO", subjects=[f"{n}no.>"])
+        await js.publish(f"{n}.a", b"one", headers={"X-K": "v"})
+        await js.publish(f"{n}.b", b"two")
+        await js.publish(f"{n}.a", b"")
+        out: list[Any] = []
+        for subject, body in (
+            (f"DIRECT.GET.{name}", {"seq": 1}),
+            (f"DIRECT.GET.{name}", {"last_by_subj": f"{n}.a"}),
+            (f"DIRECT.GET.{name}", {"next_by_subj": f"{n}.a", "seq": 2}),
+            (f"DIRECT.GET.{name}.{n}.b", b""),
+            (f"DIRECT.GET.{name}.{n}.zz", b""),
+            (f"DIRECT.GET.{name}", {"seq": 9}),
+            (f"DIRECT.GET.{name}", b"{bad"),
+            (f"DIRECT.GET.{name}", b""),
+            (f"DIRECT.GET.{name}NO", {"seq": 1}),
+            (f"DIRECT.GET.{name}NONE", {"seq": 1}),
+        ):
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            try:
+                msg = await nc.request(f"$JS.API.{subject}", data, timeout=3)
+            except NoRespondersError:
+                out.append("no responders")
+                continue
+            hdrs = {k: v for k, v in (msg.headers or {}).items() if k != "Nats-Time-Stamp"}
+            out.append((hdrs, msg.data, "Nats-Time-Stamp" in (msg.headers or {})))
+        got = await js.get_msg(name, subject=f"{n}.b", direct=True)
+        out.append((got.subject, got.seq, got.data))
+        return out
+
+    await assert_same(targets, case, unique)

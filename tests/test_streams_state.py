@@ -1,0 +1,174 @@
+"""The Stream state machine on its own: random operations against a naive model (a dict of live
+messages), the memory bound of the hole prefix, removals handed to the log only once durable, and
+rollback over removals. No servers; the JetStream numbers themselves are pinned by the differential
+tests in test_streams_limits.py."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from gateway import errors
+from gateway.stream import Stream
+from gateway.stream_index import COMPACT_MIN
+from gateway.subjects import subject_matches
+from storage_delta.schema import stored_size
+
+
+def make(**cfg: Any) -> Stream:
+    return Stream({"name": "S", "subjects": ["s.>"], **cfg}, 1, 1 << 20)
+
+
+class Model:
+    """What a stream holds, the slow and obvious way."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, tuple[str, int]] = {}
+        self.last = 0
+        self.compacted = False  # a whole purge makes even a fresh stream's first sequence 1
+
+    def first(self) -> int:
+        if self.live:
+            return min(self.live)
+        return self.last + 1 if self.last or self.compacted else 0
+
+
+def check(stream: Stream, model: Model) -> None:
+    st = stream.state
+    assert st.messages == len(model.live)
+    assert st.bytes == sum(size for _, size in model.live.values())
+    assert st.last_seq == model.last
+    assert st.first_seq == model.first()
+    span = range(model.first(), model.last + 1)
+    assert stream.deleted() == [s for s in span if s not in model.live]
+    subjects = {subj for subj, _ in model.live.values()}
+    assert stream.num_subjects == len(subjects)
+    for subj in subjects | {"s.none"}:
+        mine = [s for s, (x, _) in model.live.items() if x == subj]
+        assert stream.last_seq_for(subj) == max(mine, default=0)
+    for probe in (0, model.first(), (model.first() + model.last) // 2, model.last):
+        for filters in ([], ["s.a"], ["s.*"], ["s.b", "s.c"]):
+            want = min(
+                (
+                    s
+                    for s, (x, _) in model.live.items()
+                    if s >= probe and (not filters or any(subject_matches(f, x) for f in filters))
+                ),
+                default=None,
+            )
+            assert stream.first_seq_at_or_after(probe, filters) == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_operations_match_a_naive_model(seed: int) -> None:
+    """publish / remove / purge (all forms) / per-subject limits: counts, holes, first and last
+    sequence, last-by-subject and next-by-filter equal the model's after every step."""
+    rng = random.Random(seed)
+    stream, model = make(max_msgs_per_subject=6), Model()
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.6:
+            subj = f"s.{rng.choice('abcd')}"
+            data = b"x" * rng.randrange(5)
+            msg = stream.accept(subj, None, data, 0)
+            model.last = msg.seq
+            model.live[msg.seq] = (subj, stored_size(subj, None, data))
+            of_subj = sorted(s for s, (x, _) in model.live.items() if x == subj)
+            for s in of_subj[: max(0, len(of_subj) - 6)]:
+                del model.live[s]
+        elif op < 0.8:
+            seq = rng.randrange(1, model.last + 2)
+            assert stream.remove(seq) == (seq in model.live)
+            model.live.pop(seq, None)
+        else:
+            subject = rng.choice([None, "s.a", "s.*"])
+            seq = rng.choice([None, rng.randrange(1, model.last + 2)])
+            keep = rng.choice([None, rng.randrange(0, 4)]) if seq is None else None
+            victims = sorted(
+                s
+                for s, (x, _) in model.live.items()
+                if (subject is None or subject_matches(subject, x)) and (seq is None or s < seq)
+            )
+            if keep:
+                victims = victims[: max(0, len(victims) - keep)]
+            assert stream.purge(subject, seq, keep) == len(victims)
+            for s in victims:
+                del model.live[s]
+            model.compacted |= subject is None and not keep
+        stream.committed(model.last)
+        check(stream, model)
+
+
+def test_hole_prefix_stays_bounded() -> None:
+    """A stream at its MaxMsgs limit removes one message per publish; the per-sequence index is
+    cut back, so its memory follows the limit, not the number of publishes."""
+    stream = make(max_msgs=10)
+    for _ in range(10 * COMPACT_MIN):
+        stream.accept("s.a", None, b"x", 0)
+    assert stream.state.messages == 10
+    assert len(stream._index.sid) <= 2 * COMPACT_MIN + 10
+    assert stream.state.first_seq == 10 * COMPACT_MIN - 9
+
+
+def test_discard_new_refusal_changes_nothing() -> None:
+    stream = make(max_msgs=1, discard="new")
+    stream.accept("s.a", None, b"x", 0)
+    before = stream.info_state(0)
+    with pytest.raises(errors.ApiError) as refused:
+        stream.accept("s.a", None, b"x", 0)
+    assert refused.value.err_code == 10077
+    assert stream.info_state(0) == before
+
+
+def test_removals_reach_the_log_only_once_durable() -> None:
+    """A removal of an uncommitted message waits: a failed commit may reuse its sequence."""
+    stream = make()
+    for _ in range(5):
+        stream.accept("s.a", None, b"x", 0)
+    stream.committed(3)
+    stream.remove(2)
+    stream.remove(4)
+    assert stream.take_removals() == [(2, 2)]
+    stream.committed(5)
+    assert stream.take_removals() == [(4, 4)]
+    assert stream.take_removals() == []
+
+
+def test_rollback_over_removals() -> None:
+    """Rolling back uncommitted messages restores counts; removals of lost sequences vanish."""
+    stream = make()
+    for _ in range(3):
+        stream.accept("s.a", None, b"x", 0)
+    stream.committed(2)
+    stream.remove(3)
+    stream.remove(1)
+    stream.rollback()
+    assert (stream.state.messages, stream.state.first_seq, stream.state.last_seq) == (1, 2, 2)
+    assert stream.take_removals() == [(1, 1)]
+    assert stream.accept("s.b", None, b"y", 0).seq == 3
+
+
+def test_restore_replays_the_log() -> None:
+    """Recovery: stored rows, then the removal log's ranges, then the last removed sequence."""
+    stream = make()
+    for seq in (1, 2, 3, 5):
+        stream.restore(seq, seq, "s.a", 31)
+    stream.restore_removed(1, 2)
+    stream.restore_removed(5, 9)
+    stream.restore_last_seq(9)
+    assert (stream.state.messages, stream.state.first_seq, stream.state.last_seq) == (1, 3, 9)
+    assert stream.take_removals() == []
+    assert stream.accept("s.a", None, b"", 10).seq == 10
+
+
+def test_last_matching_and_last_per_subject() -> None:
+    stream = make()
+    for subj in ("s.a", "s.b", "s.a", "s.c"):
+        stream.accept(subj, None, b"", 0)
+    stream.remove(4)
+    assert stream.last_matching([]) == 3
+    assert stream.last_matching(["s.b"]) == 2
+    assert stream.last_per_subject([]) == [2, 3]
+    assert stream.last_per_subject(["s.a", "s.c"]) == [3]
