@@ -94,9 +94,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_job(spark: Any, job: str, settings: JobSettings) -> None:
-    """One job, then a Delta checkpoint and a vacuum that keeps the margin."""
+    """One job, then a vacuum that keeps the margin and a Delta checkpoint."""
     from spark_jobs import compaction
     from storage_delta import maintenance
+    from storage_delta.stream_state import load_stream_states
     from storage_delta.tables import StoreRoot
 
     root = StoreRoot(settings.data_root)
@@ -104,10 +105,12 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
     log.info("%s: starting on %s", job, root.uri)
     if job == "seal":
         out = compaction.seal(spark, root, settings.seal_min_files)
+    elif job == "retention":
+        out = compaction.retention(spark, root, load_stream_states)
     else:
         raise ValueError(f"unknown job {job!r}")
-    maintenance.checkpoint(root)
     vacuumed = maintenance.vacuum(root, settings.vacuum_margin_hours)
+    maintenance.checkpoint(root)
     log.info(
         "%s: done in %.1fs: %d files removed, %d added, %d rows removed, live bytes %d -> %d, "
         "%d files vacuumed, %d swaps abandoned",

@@ -20,7 +20,6 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from pyspark.sql import SparkSession
 
@@ -31,18 +30,10 @@ from storage_delta.maintenance import (
     rewrite_files,
     swap_files,
 )
+from storage_delta.stream_state import StreamLogicalState
 from storage_delta.tables import StoreRoot
 
 log = logging.getLogger(__name__)
-
-
-class LogicalState(Protocol):
-    """What the API shows of a stream (``storage_delta.stream_state.StreamLogicalState``)."""
-
-    #: Creation time of this incarnation (ns): rows stored before it belong to a deleted stream.
-    created: int
-    #: Removed sequence ranges, inclusive, merged and ascending.
-    removed: list[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -93,7 +84,7 @@ def plan_seal(files: Sequence[LiveFile], min_files: int = 2) -> Plan:
     )
 
 
-def plan_retention(files: Sequence[LiveFile], states: Mapping[str, LogicalState]) -> Plan:
+def plan_retention(files: Sequence[LiveFile], states: Mapping[str, StreamLogicalState]) -> Plan:
     """Files of deleted streams, of earlier incarnations, or wholly removed go by metadata; files
     that hold some removed rows are rewritten, per block. A file without statistics is kept."""
     plan = Plan()
@@ -180,7 +171,7 @@ def seal(spark: SparkSession, root: StoreRoot, min_files: int = 2) -> Outcome:
 
 
 def retention(
-    spark: SparkSession, root: StoreRoot, load_states: Callable[[StoreRoot], Mapping[str, LogicalState]]
+    spark: SparkSession, root: StoreRoot, load_states: Callable[[StoreRoot], Mapping[str, StreamLogicalState]]
 ) -> Outcome:
     """Remove physically what the logical state says is gone. The states are loaded only after the
     files are listed (see the module docstring), hence a loader rather than a snapshot."""

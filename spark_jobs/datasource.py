@@ -11,9 +11,11 @@ pyarrow on the executors, one task per block::
 Options: ``root`` and ``stream`` (required); ``start_seq`` / ``end_seq`` (an inclusive range, as
 JetStream's ranges are); ``start_time`` (ISO 8601, UTC when no zone is given: the first message
 stored at or after it, as a consumer's ``opt_start_time``); ``subject`` (a NATS subject filter with
-``*`` and ``>``); ``max_messages_per_trigger`` (streaming: at most this many sequences per
-micro-batch); ``storage.<KEY>`` (a delta-rs storage option for an object-store root, e.g.
-``storage.AWS_REGION``).
+``*`` and ``>``); ``view`` (``logical``, the default: what the JetStream API shows, without the
+messages removed by limits, purges, deletes, TTL or acks that compaction has not removed yet, and
+without a deleted stream's rows; ``raw``: every stored row); ``max_messages_per_trigger``
+(streaming: at most this many sequences per micro-batch); ``storage.<KEY>`` (a delta-rs storage
+option for an object-store root, e.g. ``storage.AWS_REGION``).
 
 :func:`list_blocks` and :func:`read_block` hold all the work; the batch reader and the stream
 reader differ only in how they pick the sequence range (options, or micro-batch offsets).
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -48,8 +50,9 @@ from pyspark.sql.types import (
 )
 
 from storage_delta import schema as sch
-from storage_delta.maintenance import LiveFile, live_files
+from storage_delta.maintenance import LiveFile, live_files, visible
 from storage_delta.natsfmt import parse_headers, subject_matches
+from storage_delta.stream_state import StreamLogicalState, load_stream_states
 from storage_delta.tables import StoreRoot
 
 NAME = "jetlake"
@@ -90,6 +93,10 @@ class BlockPartition(InputPartition):
     files: tuple[str, ...]
     first_seq: int | None = None
     last_seq: int | None = None
+    #: The logical view: rows stored before ``created`` (an earlier incarnation of the stream) and
+    #: sequences in ``removed`` (ranges clipped to this block's files) are hidden. Raw reads: 0, ().
+    created: int = 0
+    removed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,8 @@ class ReadOptions:
     start_time_ns: int | None = None
     subject: str | None = None
     max_per_trigger: int | None = None
+    #: ``view=raw``: every stored row, also what the API no longer shows.
+    raw: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -126,7 +135,15 @@ class ReadOptions:
             start_time_ns=_time_option(options, "start_time"),
             subject=options.get("subject") or None,
             max_per_trigger=_int_option(options, "max_messages_per_trigger"),
+            raw=_view_option(options),
         )
+
+
+def _view_option(options: Mapping[str, str]) -> bool:
+    view = options.get("view", "logical")
+    if view not in ("logical", "raw"):
+        raise ValueError(f"jetlake option 'view' must be 'logical' or 'raw', got {view!r}")
+    return view == "raw"
 
 
 def _int_option(options: Mapping[str, str], key: str) -> int | None:
@@ -158,28 +175,42 @@ def list_blocks(
     first_seq: int | None = None,
     last_seq: int | None = None,
     files: Sequence[LiveFile] | None = None,
+    state: StreamLogicalState | None = None,
 ) -> list[BlockPartition]:
-    """The partitions holding ``first_seq..last_seq`` of a stream (``files``: a listing already made).
+    """The partitions holding ``first_seq..last_seq`` of a stream (``files``: a listing already made),
+    hiding what ``state`` (the logical view) removes; without a state the read is raw.
 
     Files are dropped by their ``seq`` statistics, so a narrow range plans few tasks.
     """
+    if files is None:
+        files = live_files(root, stream)
     by_block: dict[int, list[tuple[int | None, str]]] = {}
-    for f in live_files(root, stream) if files is None else files:
+    for f in files:
         if first_seq is not None and f.max_seq is not None and f.max_seq < first_seq:
             continue
         if last_seq is not None and f.min_seq is not None and f.min_seq > last_seq:
             continue
         by_block.setdefault(f.block, []).append((f.min_seq, f.path))
-    return [
-        BlockPartition(
-            stream=stream,
-            block=block,
-            files=tuple(path for _, path in sorted(entries, key=lambda e: (e[0] is None, e[0] or 0, e[1]))),
-            first_seq=first_seq,
-            last_seq=last_seq,
-        )
-        for block, entries in sorted(by_block.items())
-    ]
+    out = []
+    for block, entries in sorted(by_block.items()):
+        paths = tuple(path for _, path in sorted(entries, key=lambda e: (e[0] is None, e[0] or 0, e[1])))
+        part = BlockPartition(stream=stream, block=block, files=paths, first_seq=first_seq, last_seq=last_seq)
+        if state is not None:
+            part = _hide(part, [f for f in (files or []) if f.block == block], state)
+        out.append(part)
+    return out
+
+
+def _hide(part: BlockPartition, files: Sequence[LiveFile], state: StreamLogicalState) -> BlockPartition:
+    lows = [f.min_seq for f in files if f.min_seq is not None]
+    highs = [f.max_seq for f in files if f.max_seq is not None]
+    if not lows or not highs:
+        # No statistics: every removal might concern the block.
+        return replace(part, created=state.created, removed=tuple(state.removed))
+    lo, hi = min(lows), max(highs)
+    return replace(
+        part, created=state.created, removed=tuple((a, b) for a, b in state.removed if a <= hi and b >= lo)
+    )
 
 
 def first_seq_at(root: StoreRoot, files: Sequence[LiveFile], ts_ns: int) -> int:
@@ -239,6 +270,8 @@ def read_block(
             filters=expr,
             partitioning=None,
         )
+        if partition.created or partition.removed:
+            table = table.filter(visible(table, partition.created, partition.removed))
         if subject and table.num_rows:
             distinct = pc.unique(table["subject"]).to_pylist()
             for s in distinct:
@@ -316,6 +349,18 @@ class JetlakeDataSource(DataSource):
         return JetlakeStreamReader(ReadOptions.parse(self.options), schema)
 
 
+def _plan(options: ReadOptions, first: int | None, last: int | None) -> list[BlockPartition]:
+    """The partitions of ``first..last``; in the logical view, with what the API hides. The files are
+    listed before the removals are loaded, so every listed row's removal is already known."""
+    files = live_files(options.root, options.stream)
+    state = None
+    if not options.raw:
+        state = load_stream_states(options.root).get(options.stream)
+        if state is None:
+            return []  # no such stream (or a deleted one): the API shows nothing
+    return list_blocks(options.root, options.stream, first, last, files, state)
+
+
 def _read(options: ReadOptions, arrow: pa.Schema, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     # Spark substitutes a bare InputPartition(None) when there are no blocks at all.
     if not isinstance(partition, BlockPartition):
@@ -336,12 +381,11 @@ class JetlakeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        files = live_files(o.root, o.stream)
         first = o.first_seq
         if o.start_time_ns is not None:
-            at = first_seq_at(o.root, files, o.start_time_ns)
+            at = first_seq_at(o.root, live_files(o.root, o.stream), o.start_time_ns)
             first = at if first is None else max(first, at)
-        return list(list_blocks(o.root, o.stream, first, o.last_seq, files))
+        return _plan(o, first, o.last_seq)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)
@@ -396,8 +440,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         if end["seq"] <= start["seq"]:
             return []
-        o = self.options
-        return list(list_blocks(o.root, o.stream, start["seq"], end["seq"] - 1))
+        return _plan(self.options, start["seq"], end["seq"] - 1)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)

@@ -7,9 +7,9 @@ conflict check: the gateway's writer retries its append; :func:`swap_files` retr
 checking that the files it removes are still live. Every swap carries an app transaction
 (``jetlake-jobs``, n) so that a commit reported as failed but landed (#2509) is recognised.
 
-Vacuum is never ``full`` (a full vacuum deletes files a concurrent writer has written but not yet
-committed, #3645) and keeps removed files for a margin, so that a reader that planned on an older
-version still finds them.
+Vacuum keeps removed files for a margin, so that a reader that planned on an older version still
+finds them, and never deletes a file a concurrent writer has written but not committed yet (#3645):
+see :func:`vacuum`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -108,11 +109,7 @@ def rewrite_files(
             for p in paths
         ]
     ).cast(sch.MESSAGE_FILE_SCHEMA)
-    keep = pc.greater_equal(table["ts"], created)
-    for first, last in drop:
-        inside = pc.and_(pc.greater_equal(table["seq"], first), pc.less_equal(table["seq"], last))
-        keep = pc.and_(keep, pc.invert(inside))
-    kept = table.filter(keep)
+    kept = table.filter(visible(table, created, drop))
     changed = kept.num_rows < table.num_rows
     if kept.num_rows == 0 or (data_change and not changed):
         return changed, None
@@ -120,6 +117,21 @@ def rewrite_files(
         root, sch.MESSAGES, {"stream": stream, "block": str(block)}, kept.sort_by("seq"), sealed=True
     )
     return changed, replace(add, data_change=data_change)
+
+
+def visible(table: pa.Table, created: int, removed: Sequence[tuple[int, int]]) -> pa.BooleanArray:
+    """Which rows (``seq``, ``ts`` columns) the logical stream shows: stored at or after the
+    incarnation's ``created`` and in none of the ``removed`` ranges (ascending, disjoint). A binary
+    search per row, so a work-queue stream with a range per acked message costs rows * log(ranges)."""
+    seqs = table["seq"].to_numpy()
+    keep = table["ts"].to_numpy() >= created
+    if removed:
+        firsts = np.fromiter((a for a, _ in removed), np.int64, len(removed))
+        lasts = np.fromiter((b for _, b in removed), np.int64, len(removed))
+        i = np.searchsorted(firsts, seqs, side="right") - 1
+        inside = (i >= 0) & (seqs <= lasts[np.maximum(i, 0)])
+        keep &= ~inside
+    return pa.array(keep, pa.bool_())
 
 
 def swap_files(
@@ -186,8 +198,11 @@ def checkpoint(root: StoreRoot) -> None:
 def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[str]:
     """Delete files removed from the table more than ``margin_hours`` ago; returns their paths.
 
-    Only removed files older than the margin go, never an unreferenced file (``full=False``): a
-    concurrent writer's files exist before its commit references them.
+    With a margin of an hour or more the vacuum is ``full``: it also finds removed files whose
+    ``remove`` action is older than the last checkpoint (a lite vacuum looks only past it, #3644),
+    and delta-rs spares unreferenced files younger than the margin (#3835), which is what protects a
+    concurrent writer's written but not yet committed files (#3645). A zero margin is allowed only in
+    lite mode, which never deletes an unreferenced file: run it before a checkpoint.
     """
     if margin_hours < 0:
         raise ValueError("the vacuum margin cannot be negative")
@@ -195,5 +210,8 @@ def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[st
     if dt is None:
         return []
     return dt.vacuum(
-        retention_hours=margin_hours, dry_run=dry_run, enforce_retention_duration=False, full=False
+        retention_hours=margin_hours,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=margin_hours >= 1,
     )

@@ -42,6 +42,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _stream(spark: SparkSession, root: str, stream: str, **options: str) -> DataFrame:
+    """``options`` as given; pass ``view="raw"`` for a store without a catalog."""
     reader = spark.readStream.format("jetlake").option("root", root).option("stream", stream)
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -58,7 +59,7 @@ def _batch(spark: SparkSession, root: str, stream: str, **options: str) -> DataF
 @pytest.mark.spark
 def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str, tmp_path: Path) -> None:
     query = (
-        _stream(spark, store, STREAM, max_messages_per_trigger="300")
+        _stream(spark, store, STREAM, view="raw", max_messages_per_trigger="300")
         .writeStream.format("memory")
         .queryName("ticks_bounded")
         .option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -71,7 +72,7 @@ def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str,
     assert sizes == [300, 300, 300, 100]
     assert json.loads(query.lastProgress["sources"][0]["endOffset"]) == {"seq": COUNT + 1}
     got = spark.table("ticks_bounded")
-    assert_df_equality(got.orderBy("seq"), _batch(spark, store, STREAM).orderBy("seq"))
+    assert_df_equality(got.orderBy("seq"), _batch(spark, store, STREAM, view="raw").orderBy("seq"))
 
 
 @pytest.mark.spark
@@ -79,7 +80,7 @@ def test_start_time_and_subject_filter(spark: SparkSession, store: str, tmp_path
     # Message s is stored at BASE_TS + s seconds: 12:00:00.5 after second 700 starts at 701.
     start = datetime.fromtimestamp(BASE_TS / 1e9 + 700.5, UTC).replace(tzinfo=None).isoformat()
     query = (
-        _stream(spark, store, STREAM, start_time=start, subject="t.1")
+        _stream(spark, store, STREAM, view="raw", start_time=start, subject="t.1")
         .writeStream.format("memory")
         .queryName("ticks_late")
         .option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -89,7 +90,7 @@ def test_start_time_and_subject_filter(spark: SparkSession, store: str, tmp_path
     query.awaitTermination(120)
     seqs = [r.seq for r in spark.table("ticks_late").orderBy("seq").collect()]
     assert seqs == [s for s in range(701, COUNT + 1) if s % 3 == 1]
-    batch = _batch(spark, store, STREAM, start_time=start + "+00:00", subject="t.1")
+    batch = _batch(spark, store, STREAM, view="raw", start_time=start + "+00:00", subject="t.1")
     assert [r.seq for r in batch.orderBy("seq").collect()] == seqs
 
 
