@@ -63,8 +63,8 @@ def add_parser(sub: Any) -> None:
     """Add ``jobs run`` and ``jobs schedule`` to a parent parser's subcommands."""
     jobs = sub.add_parser("jobs", help="run the Spark maintenance jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
-    run = jobs_sub.add_parser("run", help="run one job once")
-    run.add_argument("job", choices=JOBS)
+    run = jobs_sub.add_parser("run", help="run jobs once, in the order given")
+    run.add_argument("job", choices=JOBS, nargs="+")
     schedule = jobs_sub.add_parser("schedule", help="run every job on its interval until stopped")
     for p in (run, schedule):
         p.add_argument("--conf", help="configuration file (default conf/jobs.toml)")
@@ -82,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
     spark = build_spark_session(master=args.master, app_name=f"jetlake-jobs-{args.jobs_command}")
     try:
         if args.jobs_command == "run":
-            run_job(spark, args.job, settings)
+            for job in args.job:
+                run_job(spark, job, settings)
             return 0
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -35,7 +35,7 @@ def _messages(stream: str, first: int, last: int, ts0: int = T0) -> list[StoredM
     ]
 
 
-def _build(root: Path) -> StoreRoot:
+def build_store(root: Path) -> StoreRoot:
     """Stream A: 1,000 messages in blocks 0-5, 50 per commit (four files per full block). Stream B:
     50 messages. Everything in small commits, as the gateway's group commit leaves it."""
     store = StoreRoot(str(root))
@@ -59,7 +59,7 @@ def _read(spark: SparkSession, store: StoreRoot, stream: str) -> DataFrame:
     )
 
 
-def _duckdb_seqs(store: StoreRoot, stream: str) -> list[int]:
+def duckdb_seqs(store: StoreRoot, stream: str) -> list[int]:
     rows = duckdb_connection().execute(
         "SELECT seq FROM delta_scan(?) WHERE stream = ? ORDER BY seq", [store.table_uri(sch.MESSAGES), stream]
     )
@@ -73,7 +73,7 @@ def _disk_bytes(store: StoreRoot) -> int:
 
 @pytest.mark.spark
 def test_seal_merges_full_blocks_and_keeps_every_row(spark: SparkSession, tmp_path: Path) -> None:
-    store = _build(tmp_path)
+    store = build_store(tmp_path)
     before = _read(spark, store, "A").collect()
     out = compaction.seal(spark, store)
     # Blocks 0-4 are full (block 5 holds only seq 1000 and is still being written); B has one block.
@@ -93,20 +93,20 @@ def test_seal_merges_full_blocks_and_keeps_every_row(spark: SparkSession, tmp_pa
     assert_df_equality(
         _read(spark, store, "A"), spark.createDataFrame(before, _read(spark, store, "A").schema)
     )
-    assert _duckdb_seqs(store, "A") == list(range(1, COUNT + 1))
+    assert duckdb_seqs(store, "A") == list(range(1, COUNT + 1))
     # A second run finds nothing to do.
     assert compaction.seal(spark, store).files_removed == 0
 
 
 @pytest.mark.spark
 def test_retention_removes_exactly_what_the_state_hides(spark: SparkSession, tmp_path: Path) -> None:
-    store = _build(tmp_path)
+    store = build_store(tmp_path)
     removed = [(1, 450), (600, 610), (777, 777)]
     # B is not live (deleted); A's removals: a floor at 451 and two interior holes.
     out = compaction.retention(spark, store, lambda _root: {"A": StreamLogicalState("A", 0, removed)})
     keep = [s for s in range(1, COUNT + 1) if not any(a <= s <= b for a, b in removed)]
-    assert _duckdb_seqs(store, "A") == keep
-    assert _duckdb_seqs(store, "B") == []
+    assert duckdb_seqs(store, "A") == keep
+    assert duckdb_seqs(store, "B") == []
     assert [r.seq for r in _read(spark, store, "A").select("seq").collect()] == keep
     assert out.rows_removed == COUNT - len(keep) + 50
     # Commits of 50 split at block boundaries: blocks 0-1 (9 files), 400, 401-450, 600 and B's file
@@ -122,12 +122,12 @@ def test_retention_removes_exactly_what_the_state_hides(spark: SparkSession, tmp
         == 0
     )
     out = compaction.retention(spark, store, lambda _root: {"A": StreamLogicalState("A", T0 + 951, [])})
-    assert _duckdb_seqs(store, "A") == list(range(951, COUNT + 1))
+    assert duckdb_seqs(store, "A") == list(range(951, COUNT + 1))
 
 
 @pytest.mark.spark
 def test_vacuum_keeps_a_margin_and_never_an_uncommitted_file(spark: SparkSession, tmp_path: Path) -> None:
-    store = _build(tmp_path)
+    store = build_store(tmp_path)
     out = compaction.retention(spark, store, lambda _root: {"A": StreamLogicalState("A", 0, [(1, 600)])})
     on_disk = _disk_bytes(store)
     # Removed files stay for the margin: a reader that planned on an older version still finds them.
@@ -145,12 +145,12 @@ def test_vacuum_keeps_a_margin_and_never_an_uncommitted_file(spark: SparkSession
     dt = open_existing(store, sch.MESSAGES)
     assert dt is not None
     commit_adds(dt, [pending], sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
-    assert _duckdb_seqs(store, "A") == list(range(601, COUNT + 2))
+    assert duckdb_seqs(store, "A") == list(range(601, COUNT + 2))
     maintenance.checkpoint(store)
     assert any(
         n.endswith(".checkpoint.parquet") for n in os.listdir(Path(store.uri) / "messages" / "_delta_log")
     )
-    assert _duckdb_seqs(store, "A") == list(range(601, COUNT + 2))
+    assert duckdb_seqs(store, "A") == list(range(601, COUNT + 2))
 
 
 def _table(messages: list[StoredMessage]) -> pa.Table:
