@@ -26,7 +26,7 @@ class AckToken:
 class AckKind:
     kind: str  # "ack" | "nak" | "wpi" | "term" | "next"
     delay_ns: int = 0
-    next_batch: int = 0
+    next_request: bytes = b""  # a pull request body for +NXT (a number or JSON)
     reason: str = ""
 
 
@@ -53,28 +53,24 @@ def parse_ack_subject(subject: str) -> AckToken | None:
 def parse_ack_body(body: bytes) -> AckKind | None:
     """The kind of an ack message; None for a body JetStream ignores."""
     text = body.strip()
-    if text in (b"", b"+ACK"):
+    if text in (b"", b"+ACK", b"+OK"):
         return AckKind("ack")
     if text.startswith(b"-NAK"):
-        rest = text[4:].strip()
-        delay = 0
-        if rest:
-            try:
-                delay = int(json.loads(rest).get("delay", 0))
-            except (ValueError, AttributeError):
-                delay = 0
-        return AckKind("nak", delay_ns=delay)
+        return AckKind("nak", delay_ns=_nak_delay(text[4:].strip()))
     if text == b"+WPI":
         return AckKind("wpi")
     if text.startswith(b"+TERM"):
         return AckKind("term", reason=text[5:].strip().decode(errors="replace"))
     if text.startswith(b"+NXT"):
-        rest = text[4:].strip()
-        batch = 1
-        if rest:
-            try:
-                batch = int(rest) if rest.isdigit() else int(json.loads(rest).get("batch", 1))
-            except (ValueError, AttributeError):
-                batch = 1
-        return AckKind("next", next_batch=batch)
+        return AckKind("next", next_request=text[4:].strip())
     return None
+
+
+def _nak_delay(rest: bytes) -> int:
+    if not rest:
+        return 0
+    try:
+        value = json.loads(rest)
+        return int(value.get("delay", 0)) if isinstance(value, dict) else 0
+    except (ValueError, TypeError):
+        return 0

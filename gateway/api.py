@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import consumer_api, errors, stream_api
-from gateway.apicommon import RawReply, T
-from gateway.consumer_api import ConsumerApi
+from gateway.apicommon import Publish, RawReply, T
+from gateway.consumer_api import ConsumerApi, SeqAtTime
 from gateway.registry import Registry
 from gateway.stream_api import StreamApi
 
@@ -25,12 +25,14 @@ def split_api_subject(subject: str, prefix: str) -> list[str] | None:
 class Api:
     """Routes a request to the stream or consumer handlers and renders their errors."""
 
-    def __init__(self, registry: Registry, streams: StreamApi) -> None:
+    def __init__(
+        self, registry: Registry, streams: StreamApi, seq_at_time: SeqAtTime, publish: Publish
+    ) -> None:
         self.reg = registry
         self.streams = streams
-        self.consumers = ConsumerApi(registry)
+        self.consumers = ConsumerApi(registry, seq_at_time, publish)
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | RawReply | None:
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
         """Answer one API request; unknown subjects get no answer, as from the real server."""
         op = ".".join(toks[:2])
         try:
@@ -43,6 +45,7 @@ class Api:
         except errors.ApiError as err:
             answer: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
             answer.update(stream_api.ERROR_EXTRAS.get(op, {}))
+            answer.update(consumer_api.ERROR_EXTRAS.get(op, {}))
             return answer
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,9 @@ from gateway import errors
 
 T = "io.nats.jetstream.api.v1."
 NAMES_PAGE = 1024
+
+#: Sends an event (advisory subject, JSON body) to the server.
+Publish = Callable[[tuple[str, bytes]], None]
 
 
 def load_request(body: bytes) -> dict[str, Any]:
@@ -27,7 +31,8 @@ def load_request(body: bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class RawReply:
-    """An answer that is a header block and a payload rather than JSON (DIRECT.GET, statuses)."""
+    """An answer that is a header block (empty: none) and a payload rather than JSON (DIRECT.GET,
+    statuses); a handler returns a list of them when one request gets several messages."""
 
     hdrs: bytes
     data: bytes = b""

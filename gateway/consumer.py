@@ -1,26 +1,38 @@
 """A consumer's state machine: what to deliver next, what is pending, where the ack floor is.
 
 No I/O: the gateway feeds it the stream's view and the clock, and carries out what it returns.
-Numbers follow the real server's (consumer info shows the *last* delivered sequences, the ack
-floor moves over acked prefixes only), see WIRE-NOTES.
+Every change is one method call (``deliver``, ``ack``, ``nak``, ``progress``, ``term``,
+``expire``), so a recorder (the Delta ack log) can follow each transition.
+
+Numbers follow the real server (``server/consumer.go``), see WIRE-NOTES: info shows the *last*
+delivered sequences; an explicit ack moves the floor only when it acks the delivery right above
+it (or empties the pending set); ``max_deliver`` running out drops the message from pending
+without moving the floor. ``num_pending`` is kept incrementally: the stream's new messages are
+counted once, as the consumer catches up with them, never recounted per delivery.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.consumer_config import filters_of
+from gateway.consumer_config import filters_of, parse_time_ns
 from gateway.stream import Stream
+from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
 
 
 @dataclass(slots=True)
 class Pending:
+    """A delivered, not yet acknowledged message (keyed by stream sequence)."""
+
     cseq: int
     deliveries: int
     deadline_ns: int
+    sent_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -38,11 +50,10 @@ class PullRequest:
     next_heartbeat_ns: int = 0
 
 
-@dataclass(slots=True)
-class Delivery:
-    """A message to send: to ``reply``'s inbox, under its stored subject, with this ack token."""
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """What ``deliver`` decided: the ack token's numbers for one message."""
 
-    inbox: str
     seq: int
     cseq: int
     deliveries: int
@@ -51,7 +62,7 @@ class Delivery:
 
 @dataclass(slots=True)
 class Status:
-    """A status message (header-only) for a pull request's inbox."""
+    """A status message (header-only) for a pull request's or a push consumer's inbox."""
 
     inbox: str
     code: int
@@ -81,110 +92,318 @@ class PullRequestQueue:
     def pop(self) -> PullRequest:
         return self._q.popleft()
 
+    def remove_where(self, gone: list[PullRequest]) -> None:
+        if gone:
+            ids = {id(r) for r in gone}
+            self._q = deque(r for r in self._q if id(r) not in ids)
+
     def expire(self, now_ns: int) -> list[PullRequest]:
         gone = [r for r in self._q if r.expires_at_ns and r.expires_at_ns <= now_ns]
-        if gone:
-            self._q = deque(r for r in self._q if r not in gone)
+        self.remove_where(gone)
         return gone
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def clear(self) -> list[PullRequest]:
+        gone = list(self._q)
+        self._q.clear()
+        return gone
+
+    def __iter__(self) -> Iterator[PullRequest]:
         return iter(self._q)
 
 
+def start_position(stream: Stream, cfg: dict[str, Any], time_seq: int | None) -> tuple[int, list[int]]:
+    """Where a new consumer starts: the stream sequence it counts as already passed, and (for
+    ``last_per_subject``) the sequences to deliver before resuming after that point.
+    ``time_seq`` is the first sequence at or after ``opt_start_time`` (found by the caller)."""
+    policy = cfg["deliver_policy"]
+    filters = filters_of(cfg)
+    last = stream.state.last_seq
+    if policy == "new":
+        return last, []
+    if policy == "last":
+        found = stream.last_matching(filters)
+        return (found - 1 if found else last), []
+    if policy == "by_start_sequence":
+        return max(int(cfg["opt_start_seq"]) - 1, 0), []
+    if policy == "by_start_time":
+        return ((time_seq or last + 1) - 1), []
+    if policy == "last_per_subject":
+        return last, stream.last_per_subject(filters)
+    return 0, []
+
+
 class Consumer:
-    def __init__(self, stream: Stream, config: dict[str, Any], created_ns: int) -> None:
+    def __init__(
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        start_after: int = 0,
+        skip: list[int] | None = None,
+        name: str | None = None,
+    ) -> None:
         self.stream = stream
+        self.name = str(name or config.get("name") or config.get("durable_name"))
         self.config = config
         self.created_ns = created_ns
         self.filters = filters_of(config)
         self.dseq = 0  # last consumer sequence delivered
-        self.sseq = 0  # last stream sequence delivered
+        # last stream sequence passed by new deliveries; a skip list is served before resuming
+        self.sseq = skip[0] - 1 if skip else start_after
+        self._resume = start_after
         self.last_active_ns = 0
         self.ack_floor_cseq = 0
-        self.ack_floor_sseq = 0
+        self.ack_floor_sseq = self.sseq
         self.ack_floor_active_ns = 0
         self.pending: dict[int, Pending] = {}
         self.redeliver: deque[int] = deque()
+        self._queued: set[int] = set()
+        self._redelivered: set[int] = set()  # like the server's rdc: kept past max_deliver
+        self._deadlines: list[tuple[int, int]] = []  # (deadline ns, stream seq), lazily invalidated
+        self._skip: deque[int] = deque(skip or [])
+        self._npc = 0  # matching messages in (sseq, _counted]
+        self._counted = start_after
+        self._match_cache: dict[str, bool] = {}
         self.waiting = PullRequestQueue(int(config.get("max_waiting") or 0))
+        self.paused_until_ns = _pause_ns(config)
+
+    # ---- properties ---------------------------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        return str(self.config.get("name") or self.config.get("durable_name"))
+    def ack_policy(self) -> str:
+        return str(self.config["ack_policy"])
 
     @property
     def ack_none(self) -> bool:
-        return self.config["ack_policy"] == "none"
+        return self.ack_policy in ("none", "flow_control")
+
+    @property
+    def is_push(self) -> bool:
+        return bool(self.config.get("deliver_subject"))
+
+    @property
+    def max_deliver(self) -> int:
+        return int(self.config.get("max_deliver") or -1)
+
+    def matches(self, subject: str) -> bool:
+        hit = self._match_cache.get(subject)
+        if hit is None:
+            hit = not self.filters or any(subject_matches(f, subject) for f in self.filters)
+            self._match_cache[subject] = hit
+        return hit
+
+    def _ack_wait(self, deliveries: int) -> int:
+        backoff = self.config.get("backoff")
+        if backoff:
+            return int(backoff[min(deliveries, len(backoff)) - 1])
+        return int(self.config["ack_wait"])
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """An accepted update (see ``consumer_config.check_update``): new limits and filters."""
+        self.config = config
+        self.waiting.max_waiting = int(config.get("max_waiting") or 0)
+        self.paused_until_ns = _pause_ns(config)
+        filters = filters_of(config)
+        if filters != self.filters:
+            self.filters = filters
+            self._match_cache.clear()
+            self._counted = self.stream.state.last_seq
+            self._npc = self.stream.count_matching_after(max(self.sseq, self._resume), filters)
+
+    # ---- counts -------------------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        """Count the stream's messages that arrived since the last call (and only those)."""
+        last = self.stream.state.last_seq
+        floor = max(self.sseq, self._resume)
+        if last < self._counted and self._counted > floor:
+            # the stream rolled back what it had accepted: count afresh
+            self._npc = self.stream.count_matching_after(floor, self.filters)
+            self._counted = max(last, floor)
+        elif last > self._counted:
+            self._npc += self.stream.count_matching_after(self._counted, self.filters)
+            self._counted = last
 
     def num_pending(self) -> int:
-        return self.stream.count_matching_after(self.sseq, self.filters)
+        self._catch_up()
+        return self._npc + len(self._skip)
 
     def num_redelivered(self) -> int:
-        return sum(1 for p in self.pending.values() if p.deliveries > 1)
+        return len(self._redelivered)
 
-    def has_work(self) -> bool:
-        if self.redeliver:
-            return True
-        return self.stream.next_matching(self.sseq, self.filters) is not None
+    def has_acked(self, seq: int) -> bool:
+        """Whether this consumer is done with ``seq`` (passed it and holds no pending ack for it);
+        what interest and work-queue retention ask."""
+        return seq <= self.sseq and seq not in self.pending and seq not in self._skip
+
+    def forget(self, seq: int, subject: str) -> None:
+        """The stream removed a message (limits, delete, retention): if it was counted as still
+        to come, it no longer is. (Not counted yet: the catch-up will find it gone.)"""
+        if max(self.sseq, self._resume) < seq <= self._counted and self.matches(subject):
+            self._npc -= 1
+
+    # ---- delivery -----------------------------------------------------------------------------
+
+    def paused(self, now_ns: int) -> bool:
+        return self.paused_until_ns > now_ns
 
     def at_ack_limit(self) -> bool:
         limit = int(self.config.get("max_ack_pending") or 0)
         return not self.ack_none and limit > 0 and len(self.pending) >= limit
 
-    def next_delivery(self, now_ns: int) -> tuple[int, int, int] | None:
-        """Take the next message to deliver: (stream seq, consumer seq, delivery count)."""
+    def next_seq(self) -> int | None:
+        """The stream sequence ``deliver`` would take next (a redelivery first), without taking it."""
         while self.redeliver:
-            seq = self.redeliver.popleft()
-            p = self.pending.get(seq)
-            if p is None:
-                continue
-            self.dseq += 1
-            p.cseq = self.dseq
-            p.deliveries += 1
-            p.deadline_ns = now_ns + int(self.config["ack_wait"])
-            self.last_active_ns = now_ns
-            return seq, self.dseq, p.deliveries
+            seq = self.redeliver[0]
+            if seq in self.pending:
+                return seq
+            self.redeliver.popleft()
+            self._queued.discard(seq)
         if self.at_ack_limit():
             return None
-        seq = self.stream.next_matching(self.sseq, self.filters)
-        if seq is None:
+        if self._skip:
+            return self._skip[0]
+        return self.stream.next_matching(self.sseq, self.filters)
+
+    def has_work(self) -> bool:
+        return self.next_seq() is not None
+
+    def deliver(self, seq: int, now_ns: int) -> Delivered | None:
+        """Deliver ``seq`` (as ``next_seq`` named it): a new consumer sequence, the message
+        pending with its ack deadline. None if it is no longer due (acked meanwhile)."""
+        if self.next_seq() != seq:
             return None
         self.dseq += 1
-        self.sseq = seq
         self.last_active_ns = now_ns
-        if self.ack_none:
-            self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, seq
+        p = self.pending.get(seq) if self.redeliver and self.redeliver[0] == seq else None
+        if p is not None:
+            self.redeliver.popleft()
+            self._queued.discard(seq)
+            p.cseq = self.dseq
+            p.sent_ns = now_ns
+            p.deliveries += 1
+            self._redelivered.add(seq)
+            deliveries = p.deliveries
         else:
-            self.pending[seq] = Pending(self.dseq, 1, now_ns + int(self.config["ack_wait"]))
-        return seq, self.dseq, 1
+            if self._skip:
+                self._skip.popleft()
+                self.sseq = seq if self._skip else max(self._resume, seq)
+            else:
+                self._catch_up()
+                self._npc -= 1
+                self.sseq = seq
+            deliveries = 1
+            if self.ack_none:
+                self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, seq
+            else:
+                p = self.pending[seq] = Pending(self.dseq, 1, 0, now_ns)
+        if p is not None:
+            self._arm(seq, p, now_ns + self._ack_wait(deliveries))
+        return Delivered(seq, self.dseq, deliveries, self.num_pending())
 
-    def ack(self, seq: int, now_ns: int) -> bool:
-        """A positive ack of a stream sequence; False when it was not pending (a late double ack)."""
+    def _arm(self, seq: int, p: Pending, deadline_ns: int) -> None:
+        p.deadline_ns = deadline_ns
+        heapq.heappush(self._deadlines, (deadline_ns, seq))
+
+    def _queue_redelivery(self, seq: int) -> None:
+        if seq not in self._queued:
+            self._queued.add(seq)
+            self.redeliver.append(seq)
+
+    # ---- acks ---------------------------------------------------------------------------------
+
+    def ack(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
+        """A positive ack (``+ACK``, ``+NXT``, and ``+TERM`` underneath): the pending record it
+        settled, or None when nothing changed (a late or repeated ack)."""
+        if self.ack_policy == "all":
+            return self._ack_all(seq, cseq, now_ns)
         p = self.pending.pop(seq, None)
         if p is None:
-            return False
+            return None
+        self._queued.discard(seq)
+        self._redelivered.discard(seq)
         self.ack_floor_active_ns = now_ns
         if not self.pending:
             self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, self.sseq
-        elif seq < min(self.pending):
-            # The floor moves over the acked prefix up to just below the oldest still pending.
-            lowest = min(self.pending)
-            self.ack_floor_sseq = lowest - 1
-            self.ack_floor_cseq = self.pending[lowest].cseq - 1
+        elif p.cseq == self.ack_floor_cseq + 1:
+            self.ack_floor_cseq, self.ack_floor_sseq = p.cseq, seq
+            lowest = next((s for s in self.pending if s > seq), None)
+            if lowest is not None and lowest < self.sseq + 1:
+                self.ack_floor_cseq = self.pending[lowest].cseq - 1
+                self.ack_floor_sseq = lowest - 1
+        return p
+
+    def _ack_all(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
+        if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq:
+            return None
+        self.ack_floor_cseq, self.ack_floor_sseq = cseq, seq
+        self.ack_floor_active_ns = now_ns
+        settled = self.pending.get(seq, Pending(cseq, 1, 0, 0))
+        for s in [s for s in self.pending if s <= seq]:
+            del self.pending[s]
+            self._queued.discard(s)
+            self._redelivered.discard(s)
+        return settled
+
+    def nak(self, seq: int, delay_ns: int, now_ns: int) -> bool:
+        """``-NAK``: redeliver now, or after ``delay`` (or the backoff step when one is set)."""
+        p = self.pending.get(seq)
+        if p is None:
+            return False
+        if not delay_ns and self.config.get("backoff"):
+            delay_ns = self._ack_wait(p.deliveries)
+        if delay_ns > 0:
+            self._arm(seq, p, now_ns + delay_ns)
+        else:
+            self._queue_redelivery(seq)
         return True
 
-    def nak(self, seq: int) -> None:
-        if seq in self.pending and seq not in self.redeliver:
-            self.redeliver.append(seq)
+    def passed(self, seq: int) -> None:
+        """``seq`` turned out to be gone from storage: move past it without delivering."""
+        if self.pending.pop(seq, None) is not None:
+            self._queued.discard(seq)
+            return
+        if self._skip and self._skip[0] == seq:
+            self._skip.popleft()
+        elif seq > self.sseq:
+            self._catch_up()
+            self._npc -= 1
+            self.sseq = seq
 
-    def due_redeliveries(self, now_ns: int) -> bool:
-        """Queue for redelivery every pending message whose ack wait ran out."""
-        found = False
-        for seq, p in sorted(self.pending.items()):
-            if p.deadline_ns <= now_ns and seq not in self.redeliver:
-                self.redeliver.append(seq)
-                p.deadline_ns = now_ns + int(self.config["ack_wait"])
-                found = True
-        return found
+    def progress(self, seq: int, now_ns: int) -> bool:
+        """``+WPI``: the ack wait starts again."""
+        p = self.pending.get(seq)
+        if p is None:
+            return False
+        self._arm(seq, p, now_ns + self._ack_wait(p.deliveries))
+        return True
+
+    def term(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
+        """``+TERM``: never redeliver; the server processes it as an ack underneath."""
+        return self.ack(seq, cseq, now_ns)
+
+    def expire(self, now_ns: int) -> list[tuple[int, int]]:
+        """Queue for redelivery every pending message whose ack wait ran out. Those that have been
+        delivered ``max_deliver`` times leave pending instead (the floor stays); they are returned
+        as (stream seq, deliveries) for the MAX_DELIVERIES advisory."""
+        exhausted: list[tuple[int, int]] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now_ns:
+            deadline, seq = heapq.heappop(heap)
+            p = self.pending.get(seq)
+            if p is None or p.deadline_ns != deadline or seq in self._queued:
+                continue
+            if 0 < self.max_deliver <= p.deliveries:
+                del self.pending[seq]
+                exhausted.append((seq, p.deliveries))
+                continue
+            self._queue_redelivery(seq)
+        return exhausted
+
+    def next_deadline_ns(self) -> int | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # ---- info ---------------------------------------------------------------------------------
 
     def info(self, stream_name: str, now_ns: int) -> dict[str, Any]:
         delivered: dict[str, Any] = {"consumer_seq": self.dseq, "stream_seq": self.sseq}
@@ -193,7 +412,7 @@ class Consumer:
         floor: dict[str, Any] = {"consumer_seq": self.ack_floor_cseq, "stream_seq": self.ack_floor_sseq}
         if self.ack_floor_active_ns:
             floor["last_active"] = rfc3339(self.ack_floor_active_ns)
-        return {
+        out: dict[str, Any] = {
             "stream_name": stream_name,
             "name": self.name,
             "created": rfc3339(self.created_ns),
@@ -204,5 +423,14 @@ class Consumer:
             "num_redelivered": self.num_redelivered(),
             "num_waiting": len(self.waiting),
             "num_pending": self.num_pending(),
-            "ts": rfc3339(now_ns),
         }
+        if self.paused(now_ns):
+            out["paused"] = True
+            out["pause_remaining"] = self.paused_until_ns - now_ns
+        out["ts"] = rfc3339(now_ns)
+        return out
+
+
+def _pause_ns(config: dict[str, Any]) -> int:
+    until = config.get("pause_until")
+    return parse_time_ns(str(until)) if until else 0

@@ -1,73 +1,270 @@
-"""ConsumerConfig as JetStream has it: defaults filled in, rendered back as the real server does."""
+"""ConsumerConfig as JetStream has it: validated, defaults filled in, rendered back as the real
+server does, and the rules for what an update may change.
+
+Every check below was asked of ``nats-server -js`` 2.15.1; the error values live in
+:mod:`gateway.errors`.
+"""
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
 from gateway import errors
-from gateway.subjects import is_valid_subject
+from gateway.subjects import is_valid_subject, subjects_overlap
 
 DEFAULT_ACK_WAIT_NS = 30_000_000_000
 DEFAULT_MAX_WAITING = 512
 DEFAULT_MAX_ACK_PENDING = 1000
+DEFAULT_INACTIVE_THRESHOLD_NS = 5_000_000_000
+DELIVER_POLICIES = ("all", "last", "new", "by_start_sequence", "by_start_time", "last_per_subject")
+ACK_POLICIES = ("none", "all", "explicit", "flow_control")
+REPLAY_POLICIES = ("instant", "original")
+
+#: Copied through when set (truthy), in the order the real server renders them.
+_PASS_THROUGH = (
+    "rate_limit_bps",
+    "sample_freq",
+)
+_PULL_LIMITS = ("max_batch", "max_expires", "max_bytes")
+_PUSH_FIELDS = ("flow_control", "deliver_subject", "deliver_group", "idle_heartbeat")
+
+#: What an update may not change, with the real server's words (500/10012).
+_FROZEN = (
+    ("deliver_policy", "deliver policy can not be updated"),
+    ("opt_start_seq", "start sequence can not be updated"),
+    ("opt_start_time", "start time can not be updated"),
+    ("ack_policy", "ack policy can not be updated"),
+    ("replay_policy", "replay policy can not be updated"),
+    ("idle_heartbeat", "heartbeats can not be updated"),
+    ("flow_control", "flow control can not be updated"),
+    ("max_waiting", "max waiting can not be updated"),
+)
+
+
+def _enum(raw: dict[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = raw.get(key) or default
+    if value not in allowed:
+        raise errors.INVALID_JSON.format(err=f'can not unmarshal "\\"{value}\\""')
+    return str(value)
+
+
+def _policy_error(policy: str, what: str) -> errors.ApiError:
+    words = {
+        "all": "deliver all",
+        "last": "deliver last",
+        "new": "deliver new",
+        "last_per_subject": "deliver last per subject",
+        "by_start_sequence": "deliver by start sequence",
+        "by_start_time": "deliver by start time",
+    }[policy]
+    return errors.CONSUMER_INVALID_POLICY.format(err=f"consumer delivery policy is {words}, but {what}")
+
+
+def _check_start(cfg: dict[str, Any], raw: dict[str, Any]) -> None:
+    policy = cfg["deliver_policy"]
+    seq, start = raw.get("opt_start_seq") or 0, raw.get("opt_start_time")
+    if policy == "by_start_sequence":
+        if not seq:
+            raise _policy_error(policy, "optional start sequence is not set")
+        if start:
+            raise _policy_error(policy, "optional start time is also set")
+    elif policy == "by_start_time":
+        if not start:
+            raise _policy_error(policy, "optional start time is not set")
+        if seq:
+            raise _policy_error(policy, "optional start sequence is also set")
+    else:
+        if seq:
+            raise _policy_error(policy, "optional start sequence is also set")
+        if start:
+            raise _policy_error(policy, "optional start time is also set")
+    if policy == "last_per_subject" and not (raw.get("filter_subject") or raw.get("filter_subjects")):
+        raise _policy_error(policy, "optional filter subject is not set")
+
+
+def _check_filters(raw: dict[str, Any]) -> list[str]:
+    single = raw.get("filter_subject") or ""
+    many = list(raw.get("filter_subjects") or [])
+    if single and many:
+        raise errors.CONSUMER_BOTH_FILTERS
+    filters = [single] if single else many
+    for f in filters:
+        if not is_valid_subject(f):
+            raise errors.CONSUMER_INVALID_SUBJECT
+    for i, a in enumerate(filters):
+        if any(subjects_overlap(a, b) for b in filters[i + 1 :]):
+            raise errors.CONSUMER_OVERLAPPING_FILTERS
+    return filters
+
+
+def check_enums(raw: dict[str, Any]) -> None:
+    """The policy fields are Go enums: an unknown value fails the JSON decoding (10025), before
+    any other check."""
+    for key, allowed in (
+        ("deliver_policy", DELIVER_POLICIES),
+        ("ack_policy", ACK_POLICIES),
+        ("replay_policy", REPLAY_POLICIES),
+    ):
+        _enum(raw, key, allowed, allowed[0])
+
+
+def _req_level(cfg: dict[str, Any]) -> str:
+    """``_nats.req.level``: the API level the config needs (ADR-44)."""
+    if cfg.get("pause_until"):
+        return "1"
+    return "4" if cfg.get("ack_policy") == "flow_control" else "0"
+
+
+def with_pause(cfg: dict[str, Any], until: str) -> dict[str, Any]:
+    """The config after ``CONSUMER.PAUSE``: ``pause_until`` set or cleared, the level to match."""
+    out = {k: v for k, v in cfg.items() if k != "pause_until"}
+    if until:
+        out["pause_until"] = until
+    out["metadata"] = {**cfg.get("metadata", {}), "_nats.req.level": _req_level(out)}
+    return out
+
+
+def listed(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as ``CONSUMER.LIST`` shows it: without the server's dynamic metadata."""
+    meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if k not in ("_nats.level", "_nats.ver")}
+    return {**cfg, "metadata": meta}
 
 
 def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
-    """The config a create request asks for, with JetStream's defaults (a raw request without
-    ``ack_policy`` gets ``none``, the JSON zero value, as the real server does)."""
+    """The config a create request asks for, checked and with JetStream's defaults. A raw request
+    without ``ack_policy`` gets ``none`` (the JSON zero value); a consumer without a durable name
+    is ephemeral and goes away after 5 s without interest."""
     cfg: dict[str, Any] = {}
     durable = raw.get("durable_name") or ""
     name = raw.get("name") or durable
+    push = bool(raw.get("deliver_subject"))
     if durable:
         cfg["durable_name"] = durable
     if name:
         cfg["name"] = name
     if raw.get("description"):
         cfg["description"] = raw["description"]
-    cfg["deliver_policy"] = raw.get("deliver_policy") or "all"
-    ack_policy = raw.get("ack_policy") or "none"
+    cfg["deliver_policy"] = _enum(raw, "deliver_policy", DELIVER_POLICIES, "all")
+    ack_policy = _enum(raw, "ack_policy", ACK_POLICIES, "none")
+    replay = _enum(raw, "replay_policy", REPLAY_POLICIES, "instant")
+    _check_start(cfg, raw)
+    if raw.get("opt_start_seq"):
+        cfg["opt_start_seq"] = int(raw["opt_start_seq"])
+    if raw.get("opt_start_time"):
+        cfg["opt_start_time"] = raw["opt_start_time"]
+    filters = _check_filters(raw)
+    if int(raw.get("num_replicas") or 0) > 1:
+        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
+    if push and any(c in raw["deliver_subject"] for c in "*>"):
+        raise errors.CONSUMER_DELIVER_WILDCARDS
+    if push and int(raw.get("max_waiting") or 0) > 0:
+        raise errors.CONSUMER_PUSH_MAX_WAITING
+    if not push:
+        if raw.get("idle_heartbeat"):
+            raise errors.CONSUMER_HEARTBEAT_REQUIRES_PUSH
+        if raw.get("flow_control"):
+            raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
+        if raw.get("rate_limit_bps"):
+            raise errors.CONSUMER_PULL_RATE_LIMIT
+    if ack_policy == "flow_control":
+        raw = {**raw, "flow_control": True, "idle_heartbeat": raw.get("idle_heartbeat") or 1_000_000_000}
+    if push and raw.get("flow_control") and not raw.get("idle_heartbeat"):
+        raise errors.CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS
+    if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
+        raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
+    ack_wait = int(raw.get("ack_wait") or 0)
+    if ack_wait < 0:
+        raise errors.CONSUMER_ACK_WAIT_NEGATIVE
+    backoff = [int(b) for b in raw.get("backoff") or []]
+    max_deliver = int(raw.get("max_deliver") or 0)
+    if max_deliver <= 0:
+        max_deliver = -1
+    if backoff and max_deliver != -1 and max_deliver <= len(backoff):
+        raise errors.CONSUMER_MAX_DELIVER_BACKOFF
+
     cfg["ack_policy"] = ack_policy
-    cfg["ack_wait"] = raw.get("ack_wait") or DEFAULT_ACK_WAIT_NS
-    cfg["max_deliver"] = raw.get("max_deliver") or -1
-    filters = raw.get("filter_subjects") or []
-    if raw.get("filter_subject"):
-        if not is_valid_subject(raw["filter_subject"]):
-            raise errors.CONSUMER_CREATE.format(err="consumer filter subject is not a valid subset")
-        cfg["filter_subject"] = raw["filter_subject"]
-    if filters:
+    if ack_policy not in ("none", "flow_control"):
+        cfg["ack_wait"] = backoff[0] if backoff else ack_wait or DEFAULT_ACK_WAIT_NS
+    cfg["max_deliver"] = max_deliver
+    if backoff:
+        cfg["backoff"] = backoff
+    if filters and raw.get("filter_subject"):
+        cfg["filter_subject"] = filters[0]
+    elif filters:
         cfg["filter_subjects"] = filters
-    cfg["replay_policy"] = raw.get("replay_policy") or "instant"
-    if raw.get("deliver_subject"):
-        cfg["deliver_subject"] = raw["deliver_subject"]
-    else:
-        cfg["max_waiting"] = raw.get("max_waiting") or DEFAULT_MAX_WAITING
-    if ack_policy != "none":
-        cfg["max_ack_pending"] = raw.get("max_ack_pending") or DEFAULT_MAX_ACK_PENDING
-    for key in (
-        "max_batch",
-        "max_expires",
-        "max_bytes",
-        "inactive_threshold",
-        "headers_only",
-        "sample_freq",
-        "rate_limit_bps",
-        "backoff",
-        "idle_heartbeat",
-        "flow_control",
-        "deliver_group",
-        "opt_start_seq",
-        "opt_start_time",
-    ):
+    cfg["replay_policy"] = replay
+    for key in _PASS_THROUGH:
         if raw.get(key):
             cfg[key] = raw[key]
-    cfg["num_replicas"] = raw.get("num_replicas") or 0
+    if not push:
+        waiting = int(raw.get("max_waiting") or 0)
+        cfg["max_waiting"] = waiting if waiting > 0 else DEFAULT_MAX_WAITING
+    pending = int(raw.get("max_ack_pending") or 0)
+    if ack_policy != "none" or pending:
+        cfg["max_ack_pending"] = pending or DEFAULT_MAX_ACK_PENDING
+    if raw.get("headers_only"):
+        cfg["headers_only"] = True
+    for key in _PULL_LIMITS:
+        if int(raw.get(key) or 0) > 0:
+            cfg[key] = int(raw[key])
+    for key in _PUSH_FIELDS:
+        if raw.get(key):
+            cfg[key] = raw[key]
+    inactive = int(raw.get("inactive_threshold") or 0)
+    if inactive > 0:
+        cfg["inactive_threshold"] = inactive
+    elif not durable:
+        cfg["inactive_threshold"] = DEFAULT_INACTIVE_THRESHOLD_NS
+    cfg["num_replicas"] = int(raw.get("num_replicas") or 0)
+    if raw.get("mem_storage"):
+        cfg["mem_storage"] = True
+    req_level = _req_level({"pause_until": raw.get("pause_until"), "ack_policy": ack_policy})
     metadata = {k: v for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
-    metadata.update({"_nats.level": "5", "_nats.req.level": "0", "_nats.ver": server_version})
+    metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
     cfg["metadata"] = metadata
+    if raw.get("pause_until"):
+        cfg["pause_until"] = raw["pause_until"]
     return cfg
+
+
+def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Refuse an update that changes what JetStream keeps fixed for a consumer's life."""
+    if bool(old.get("deliver_subject")) != bool(new.get("deliver_subject")):
+        raise errors.CONSUMER_CREATE.format(
+            err="can not update pull consumer to push based"
+            if new.get("deliver_subject")
+            else "can not update push consumer to pull based"
+        )
+    for key, words in _FROZEN:
+        if old.get(key) != new.get(key):
+            raise errors.CONSUMER_CREATE.format(err=words)
+
+
+def same_config(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a create repeats the existing config (the server-set metadata aside)."""
+    strip = ("metadata",)
+    return {k: v for k, v in old.items() if k not in strip} == {
+        k: v for k, v in new.items() if k not in strip
+    } and _user_metadata(old) == _user_metadata(new)
+
+
+def _user_metadata(cfg: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("_nats.")}
 
 
 def filters_of(cfg: dict[str, Any]) -> list[str]:
     if cfg.get("filter_subject"):
         return [cfg["filter_subject"]]
     return list(cfg.get("filter_subjects") or [])
+
+
+def parse_time_ns(text: str) -> int:
+    """An RFC 3339 time (Go's rendering, nanoseconds allowed) as Unix nanoseconds."""
+    match = re.match(r"^(.*?)(?:\.(\d+))?([+-]\d\d:\d\d)$", text.replace("Z", "+00:00"))
+    if match is None:
+        raise ValueError(text)
+    base, frac, tz = match.groups()
+    secs = int(datetime.fromisoformat(base + tz).timestamp())
+    return secs * 1_000_000_000 + int(((frac or "") + "000000000")[:9])

@@ -1,28 +1,66 @@
-"""Pull delivery and acks: waiting requests served from the stream, status messages, the consumer
-timer (expiry, idle heartbeats, redelivery) and the ``$JS.ACK`` path.
+"""Delivery: the thin async adapter around the consumer state machines.
 
-One delivery task per consumer at most, owned by the gateway's :class:`~gateway.tasks.TaskOwner`;
-cold reads run on the executor so the event loop never waits on parquet.
+It serves pull requests and push deliver subjects from the stream, sends the status messages,
+runs the consumer timer (request expiry, idle heartbeats, ack-wait redelivery, interest and
+inactivity) and takes the ``$JS.ACK`` path. One serve task per consumer at most, owned by the
+gateway's :class:`~gateway.tasks.TaskOwner`; cold reads run on the executor so the event loop
+never waits on parquet. Interest comes from the leaf's view of the server's subscriptions
+(``LS+``/``LS-``), as JetStream itself decides whether a deliver subject or an inbox listens.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Executor
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
-from gateway import acks
-from gateway.consumer import Consumer, PullRequest, Status
+from gateway import acks, advisories, retention
+from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
-from gateway.pull import IDLE_HEARTBEAT, NO_MESSAGES, parse_pull_request, timeout_status
+from gateway.pull import (
+    CONSUMER_DELETED,
+    EXCEEDED_MAX_WAITING,
+    IDLE_HEARTBEAT,
+    NO_MESSAGES,
+    PUSH_BASED,
+    limit_status,
+    parse_pull_request,
+    timeout_status,
+    too_big_status,
+)
 from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
-from storage_delta.reader import MessageReader
 from storage_delta.writer import StoredMessage
 
 TICK_S = 0.05
+NS = 1_000_000_000
+RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
+
+
+class TokenBucket:
+    """``rate_limit_bps`` as a token bucket in bytes: a burst at once, then the average rate."""
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.tokens = capacity
+        self.at = 0.0
+
+    def take(self, size: int, now: float) -> float:
+        """Spend ``size`` bytes; the seconds to wait before sending them."""
+        if self.at:
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= size
+        return max(0.0, -self.tokens / self.rate)
+
+
+#: Reads one stored message of a stream from Delta (on the executor), None when it is gone.
+ColdRead = Callable[[Stream, int], Awaitable[StoredMessage | None]]
 
 
 class Delivery:
@@ -30,131 +68,232 @@ class Delivery:
         self,
         registry: Registry,
         leaf: LeafConnection,
-        reader: MessageReader,
-        executor: Executor,
+        cold_read: ColdRead,
         tasks: TaskOwner,
+        delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
     ) -> None:
         self.registry = registry
         self.leaf = leaf
-        self.reader = reader
-        self.executor = executor
+        self.cold_read = cold_read
         self.tasks = tasks
-        self._serving: set[tuple[str, str]] = set()
+        self.delete_consumer = delete_consumer
+        self._serving: set[int] = set()
+        self._last_sent: dict[int, int] = {}  # push consumers: when the deliver subject last heard from us
+        self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
+        self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
+        self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
+        self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
         return self.registry.consumers.get(stream, {}).get(name)
+
+    # ---- pull requests ------------------------------------------------------------------------
 
     def pull_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
         consumer = self._consumer(stream, name)
         if consumer is None or not reply:
             return
         now = now_ns()
-        req = parse_pull_request(reply, body, now)
-        if isinstance(req, Status):
-            self._send_status(req)
+        self._last_seen[id(consumer)] = now
+        if consumer.is_push:
+            self._send_status(Status(reply, *PUSH_BASED))
             return
-        if consumer.config.get("deliver_subject"):
-            self._send_status(Status(reply, 409, "Consumer is push based"))
+        req = parse_pull_request(reply, body, now)
+        refused = limit_status(req, consumer.config, now)
+        if refused is not None:
+            self._send_status(refused)
             return
         if consumer.waiting.full():
-            self._send_status(Status(reply, 409, "Exceeded MaxWaiting"))
+            self._send_status(Status(reply, *EXCEEDED_MAX_WAITING))
             return
         if req.no_wait and not req.expires_at_ns and not consumer.has_work():
             self._send_status(Status(reply, *NO_MESSAGES))
             return
         consumer.waiting.push(req)
-        self._kick(consumer)
+        self.kick(consumer)
+
+    def consumer_gone(self, consumer: Consumer) -> None:
+        """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""
+        for req in consumer.waiting.clear():
+            self._send_status(Status(req.reply, *CONSUMER_DELETED))
+        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets):
+            table.pop(id(consumer), None)
+
+    # ---- serving ------------------------------------------------------------------------------
 
     def kick_stream(self, stream: Stream) -> None:
-        for consumer in self.registry.consumers.get(stream.name, {}).values():
-            if len(consumer.waiting):
-                self._kick(consumer)
+        """New messages are stored: interest streams drop what nobody wants, consumers serve."""
+        consumers = self.registry.consumers.get(stream.name, {})
+        key = (stream.name, stream.created_ns)
+        swept = self._swept.get(key, stream.state.first_seq - 1)
+        if swept < stream.durable_last_seq:
+            retention.sweep_unwanted(stream, consumers.values(), swept + 1, stream.durable_last_seq)
+            self._swept[key] = stream.durable_last_seq
+        for consumer in consumers.values():
+            if len(consumer.waiting) or consumer.is_push:
+                self.kick(consumer)
 
-    def _kick(self, consumer: Consumer) -> None:
-        key = (consumer.stream.name, consumer.name)
+    def kick(self, consumer: Consumer) -> None:
+        key = id(consumer)
         if key in self._serving:
             return
         self._serving.add(key)
-        self.tasks.own(self._serve(consumer, key), f"deliver-{key[0]}-{key[1]}")
+        self.tasks.own(self._serve(consumer, key), f"deliver-{consumer.stream.name}-{consumer.name}")
 
-    async def _serve(self, consumer: Consumer, key: tuple[str, str]) -> None:
-        """Deliver to the waiting requests while there is work; one such task per consumer."""
+    def _target(self, consumer: Consumer) -> tuple[str, PullRequest | None] | None:
+        """Where the next message goes: the oldest waiting pull request, or a push consumer's
+        deliver subject while it has interest."""
+        if consumer.is_push:
+            subject = str(consumer.config["deliver_subject"])
+            return (subject, None) if self.leaf.interest.has(subject) else None
+        req = consumer.waiting.peek()
+        return (req.reply, req) if req is not None else None
+
+    async def _serve(self, consumer: Consumer, key: int) -> None:
+        """Deliver while there is a target and work; one such task per consumer."""
         try:
-            while True:
-                req = consumer.waiting.peek()
-                if req is None:
-                    return
+            while self._consumer(consumer.stream.name, consumer.name) is consumer:
                 now = now_ns()
-                nxt = consumer.next_delivery(now)
-                if nxt is None:
-                    if req.no_wait and not req.expires_at_ns:
+                target = self._target(consumer)
+                if target is None or consumer.paused(now):
+                    return
+                inbox, req = target
+                seq = consumer.next_seq()
+                if seq is None:
+                    # no_wait ends with 404 once it ran dry; with expires, an empty start waits
+                    if req is not None and req.no_wait and (req.delivered or not req.expires_at_ns):
                         consumer.waiting.pop()
-                        self._send_status(
-                            Status(req.reply, *NO_MESSAGES) if not req.delivered else timeout_status(req)
-                        )
+                        self._send_status(Status(req.reply, *NO_MESSAGES))
                         continue
                     return
-                seq, cseq, deliveries = nxt
                 msg = await self._load(consumer.stream, seq)
                 if msg is None:
+                    consumer.passed(seq)
                     continue
-                pending = consumer.num_pending()
-                token = acks.ack_subject(
-                    consumer.stream.name, consumer.name, deliveries, seq, cseq, msg.ts, pending
-                )
-                self.leaf.publish(req.reply, msg.data, reply=f"{token}@{msg.subject}", hdrs=msg.hdrs)
-                req.delivered += 1
-                req.bytes_sent += len(msg.data) + len(msg.subject) + (len(msg.hdrs) if msg.hdrs else 0)
-                if req.heartbeat_ns:
-                    req.next_heartbeat_ns = now + req.heartbeat_ns
-                if req.delivered >= req.batch:
+                if req is not None and consumer.waiting.peek() is not req:
+                    continue  # the request expired or went away while we read
+                await self._pace(consumer, key, msg)
+                if (
+                    req is not None
+                    and req.max_bytes
+                    and _size(msg, consumer) > req.max_bytes - req.bytes_sent
+                ):
                     consumer.waiting.pop()
+                    self._send_status(too_big_status(req))
+                    continue
+                done = consumer.deliver(seq, now_ns())
+                if done is None:
+                    continue
+                size = self._send(consumer, inbox, msg, done)
+                if req is not None:
+                    req.delivered += 1
+                    req.bytes_sent += size
+                    if req.heartbeat_ns:
+                        req.next_heartbeat_ns = now_ns() + req.heartbeat_ns
+                    if req.delivered >= req.batch:
+                        consumer.waiting.pop()
                 await self.leaf.drain()
         finally:
             self._serving.discard(key)
+
+    async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
+        """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
+        holds the average rate down."""
+        if not consumer.is_push:
+            return
+        if consumer.config.get("replay_policy") == "original":
+            prev = self._replay_ts.get(key)
+            if prev is not None and msg.ts > prev:
+                await asyncio.sleep(min((msg.ts - prev) / NS, 3600))
+            self._replay_ts[key] = msg.ts
+        bps = int(consumer.config.get("rate_limit_bps") or 0)
+        if bps:
+            bucket = self._buckets.setdefault(key, TokenBucket(bps / 8, max(RATE_BURST_BYTES, bps / 8)))
+            await asyncio.sleep(bucket.take(len(msg.data), time.monotonic()))
+
+    def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
+        token = acks.ack_subject(
+            consumer.stream.name, consumer.name, d.deliveries, d.seq, d.cseq, msg.ts, d.pending
+        )
+        data, hdrs = msg.data, msg.hdrs
+        if consumer.config.get("headers_only"):
+            data, hdrs = b"", _with_size_header(hdrs, len(msg.data))
+        group = consumer.config.get("deliver_group") if consumer.is_push else None
+        self.leaf.publish(
+            inbox, data, reply=f"{token}@{msg.subject}", hdrs=hdrs, queues=(group,) if group else ()
+        )
+        if consumer.is_push:
+            self._last_sent[id(consumer)] = now_ns()
+        return len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
 
     async def _load(self, stream: Stream, seq: int) -> StoredMessage | None:
         cached = stream.tail.get(seq)
         if cached is not None:
             return cached
-        loop = asyncio.get_running_loop()
-        table = await loop.run_in_executor(
-            self.executor, self.reader.read_range, stream.name, seq, seq, stream.block_size
-        )
-        if table.num_rows == 0:
-            return None
-        row = table.slice(0, 1).to_pylist()[0]
-        return StoredMessage(
-            stream.name, stream.block_size, row["seq"], row["ts"], row["subject"], row["hdrs"], row["data"]
-        )
+        return await self.cold_read(stream, seq)
 
-    def _send_status(self, status: Status) -> None:
-        self.leaf.publish(status.inbox, b"", hdrs=status_block(status.code, status.text, status.headers))
+    def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
+        hdrs = status_block(status.code, status.text, status.headers)
+        self.leaf.publish(status.inbox, b"", hdrs=hdrs, queues=queues)
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        self.leaf.publish(event[0], event[1])
+
+    # ---- the consumer timer -------------------------------------------------------------------
 
     async def ticker(self) -> None:
-        """Expire pull requests, send idle heartbeats, queue redeliveries whose ack wait ran out."""
+        """Expire pull requests, send idle heartbeats, redeliver what ``ack_wait`` ran out on,
+        drop requests whose requester left, and delete consumers inactive past their threshold."""
         while True:
             await asyncio.sleep(TICK_S)
             now = now_ns()
-            for by_name in self.registry.consumers.values():
-                for consumer in by_name.values():
-                    for req in consumer.waiting.expire(now):
-                        self._send_status(timeout_status(req))
-                    for req in consumer.waiting:
-                        if req.heartbeat_ns and req.next_heartbeat_ns <= now:
-                            req.next_heartbeat_ns = now + req.heartbeat_ns
-                            self._heartbeat(consumer, req)
-                    if consumer.due_redeliveries(now) and len(consumer.waiting):
-                        self._kick(consumer)
+            for by_name in list(self.registry.consumers.values()):
+                for consumer in list(by_name.values()):
+                    self._tick(consumer, now)
 
-    def _heartbeat(self, consumer: Consumer, req: PullRequest) -> None:
+    def _tick(self, consumer: Consumer, now: int) -> None:
+        key = id(consumer)
+        for req in consumer.waiting.expire(now):
+            self._send_status(timeout_status(req))
+        consumer.waiting.remove_where([r for r in consumer.waiting if not self.leaf.interest.has(r.reply)])
+        for req in consumer.waiting:
+            if req.heartbeat_ns and req.next_heartbeat_ns <= now:
+                req.next_heartbeat_ns = now + req.heartbeat_ns
+                self._heartbeat(consumer, req.reply)
+        for seq, deliveries in consumer.expire(now):
+            self._publish_event(
+                advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now)
+            )
+        listening = len(consumer.waiting) > 0
+        if consumer.is_push:
+            subject = str(consumer.config["deliver_subject"])
+            listening = self.leaf.interest.has(subject)
+            beat = int(consumer.config.get("idle_heartbeat") or 0)
+            if listening and beat and now - self._last_sent.setdefault(key, now) >= beat:
+                self._last_sent[key] = now
+                self._heartbeat(consumer, subject)
+        if listening:
+            self._last_seen[key] = now
+        threshold = int(consumer.config.get("inactive_threshold") or 0)
+        if threshold and now - self._last_seen.setdefault(key, now) > threshold:
+            self._last_seen[key] = now + threshold  # one deletion at a time
+            self.tasks.own(self.delete_consumer(consumer), f"inactive-{consumer.name}")
+            return
+        if (listening or consumer.is_push) and key not in self._serving and consumer.has_work():
+            self.kick(consumer)
+
+    def _heartbeat(self, consumer: Consumer, inbox: str) -> None:
+        group = consumer.config.get("deliver_group") if consumer.is_push else None
         self._send_status(
             Status(
-                req.reply,
+                inbox,
                 *IDLE_HEARTBEAT,
                 {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)},
-            )
+            ),
+            (group,) if group else (),
         )
+
+    # ---- acks ---------------------------------------------------------------------------------
 
     def on_ack(self, subject: str, reply: str, body: bytes) -> None:
         token = acks.parse_ack_subject(subject)
@@ -163,19 +302,63 @@ class Delivery:
             return
         consumer = self._consumer(token.stream, token.consumer)
         if consumer is None:
-            return
+            return  # nobody listens on a deleted consumer's acks, as on the real server
         now = now_ns()
-        if kind.kind in ("ack", "term", "next"):
-            consumer.ack(token.seq, now)
+        stream, name = token.stream, token.consumer
+        floor = consumer.ack_floor_sseq
+        if kind.kind in ("ack", "next"):
+            settled = consumer.ack(token.seq, token.cseq, now)
+            rate = advisories.sample_rate(consumer.config.get("sample_freq"))
+            if settled is not None and rate and _sampled(rate, token.cseq):
+                self._publish_event(
+                    advisories.ack_sample(
+                        stream, name, token.cseq, token.seq, now - settled.sent_ns, settled.deliveries, now
+                    )
+                )
+        elif kind.kind == "term":
+            if consumer.term(token.seq, token.cseq, now) is not None:
+                self._publish_event(
+                    advisories.terminated(
+                        stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
+                    )
+                )
         elif kind.kind == "nak":
-            consumer.nak(token.seq)
+            if consumer.nak(token.seq, kind.delay_ns, now):
+                self._publish_event(
+                    advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
+                )
         elif kind.kind == "wpi":
-            p = consumer.pending.get(token.seq)
-            if p is not None:
-                p.deadline_ns = now + int(consumer.config["ack_wait"])
-        if kind.kind == "next" and reply:
-            self.pull_request(token.stream, token.consumer, reply, str(kind.next_batch).encode())
+            consumer.progress(token.seq, now)
+        if kind.kind in ("ack", "next", "term"):
+            acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
+            retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
+        if kind.kind == "next":
+            if reply:
+                self.pull_request(stream, name, reply, kind.next_request)
         elif reply:
             self.leaf.publish(reply, b"")
-        if len(consumer.waiting):
-            self._kick(consumer)
+        if len(consumer.waiting) or consumer.is_push:
+            self.kick(consumer)
+
+
+def _sampled(rate: int, cseq: int) -> bool:
+    """Deterministic sampling: ``rate`` percent of consumer sequences."""
+    return rate >= 100 or (cseq * 7919) % 100 < rate
+
+
+def _size(msg: StoredMessage, consumer: Consumer) -> int:
+    """The size a pull request's ``max_bytes`` counts: subject, reply, headers and payload (the
+    reply's length estimated from the consumer's next numbers)."""
+    p = consumer.pending.get(msg.seq)
+    deliveries, pending = (p.deliveries + 1, consumer.num_pending()) if p else (1, consumer.num_pending() - 1)
+    token = acks.ack_subject(
+        consumer.stream.name, consumer.name, deliveries, msg.seq, consumer.dseq + 1, msg.ts, max(pending, 0)
+    )
+    return len(msg.subject) + len(token) + len(msg.data) + (len(msg.hdrs) if msg.hdrs else 0)
+
+
+def _with_size_header(hdrs: bytes | None, size: int) -> bytes:
+    """``headers_only``: the stored headers plus ``Nats-Msg-Size``."""
+    if not hdrs:
+        return f"NATS/1.0\r\nNats-Msg-Size: {size}\r\n\r\n".encode()
+    return hdrs[:-2] + f"Nats-Msg-Size: {size}\r\n\r\n".encode()

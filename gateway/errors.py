@@ -43,6 +43,37 @@ CONSUMER_CREATE = ApiError(500, 10012, "{err}")
 CONSUMER_FILTER_NOT_MATCH_SUBJECT = ApiError(
     400, 10131, "Consumer create request did not match filtered subject from create subject"
 )
+CONSUMER_DOES_NOT_EXIST = ApiError(400, 10149, "consumer does not exist")
+CONSUMER_EPHEMERAL_WITH_DURABLE = ApiError(
+    400, 10020, "consumer expected to be ephemeral but a durable name was set in request"
+)
+CONSUMER_INVALID_POLICY = ApiError(400, 10094, "{err}")
+CONSUMER_BOTH_FILTERS = ApiError(
+    400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified"
+)
+CONSUMER_OVERLAPPING_FILTERS = ApiError(400, 10138, "consumer subject filters cannot overlap")
+CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
+    400, 10116, "max deliver is required to be > length of backoff values"
+)
+CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
+CONSUMER_HEARTBEAT_REQUIRES_PUSH = ApiError(
+    400, 10088, "consumer idle heartbeat requires a push based consumer"
+)
+CONSUMER_FLOW_CONTROL_REQUIRES_PUSH = ApiError(
+    400, 10089, "consumer flow control requires a push based consumer"
+)
+CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS = ApiError(
+    400, 10108, "consumer with flow control also needs heartbeats"
+)
+CONSUMER_PULL_RATE_LIMIT = ApiError(400, 10086, "consumer in pull mode can not have rate limit set")
+CONSUMER_DELIVER_WILDCARDS = ApiError(400, 10079, "consumer deliver subject has wildcards")
+CONSUMER_MAX_EXPIRES_TOO_SMALL = ApiError(400, 10115, "consumer max request expires needs to be >= 1ms")
+CONSUMER_ACK_WAIT_NEGATIVE = ApiError(400, 10183, "consumer ack wait needs to be positive")
+CONSUMER_INVALID_SUBJECT = ApiError(500, 10052, "invalid subject")
+MAXIMUM_CONSUMERS_LIMIT = ApiError(400, 10026, "maximum consumers limit reached")
+CONSUMER_DURABLE_NAME_NOT_SET = ApiError(
+    400, 10018, "consumer expected to be durable but a durable name was not set"
+)
 STREAM_NAME_PATH_SEPARATORS = ApiError(400, 10128, "Stream name can not contain path separators")
 STREAM_REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
 REPLICAS_NEGATIVE = ApiError(400, 10133, "replicas count cannot be negative")
@@ -65,6 +96,9 @@ MESSAGE_TTL_DISABLED = ApiError(400, 10166, "per-message TTL is disabled")
 MESSAGE_INCR_DISABLED = ApiError(400, 10168, "message counters is disabled")
 MESSAGE_INCR_INVALID = ApiError(400, 10171, "message counter increment is invalid")
 MESSAGE_SCHEDULES_DISABLED = ApiError(400, 10188, "message schedules is disabled")
+MESSAGE_SCHEDULES_SCHEDULER_INVALID = ApiError(400, 10212, "message schedules invalid scheduler")
+MESSAGE_SOURCE_HEADER_NOT_ALLOWED = ApiError(400, 10227, "message stream source header is not allowed")
+ATOMIC_PUBLISH_DISABLED = ApiError(400, 10174, "atomic publish is disabled")
 MIRROR_WITH_FIRST_SEQ = ApiError(400, 10143, "stream mirrors can not have first sequence configured")
 MIRROR_WITH_SOURCES = ApiError(400, 10031, "stream mirrors can not also contain other sources")
 BAD_REQUEST = ApiError(400, 10003, "bad request")
@@ -72,3 +106,12 @@ NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")
 SEQUENCE_NOT_FOUND = ApiError(400, 10043, "sequence {seq} not found")
 STREAM_MSG_DELETE_FAILED = ApiError(500, 10057, "{err}")
 STREAM_PURGE_NOT_PERMITTED = ApiError(500, 10110, "stream purge not permitted")
+CONSUMER_WQ_PULL_EXPLICIT = ApiError(
+    400, 10084, "consumer in pull mode requires explicit ack policy on workqueue stream"
+)
+CONSUMER_WQ_EXPLICIT = ApiError(400, 10098, "workqueue stream requires explicit ack")
+CONSUMER_WQ_DELIVER_ALL = ApiError(400, 10101, "consumer must be deliver all on workqueue stream")
+CONSUMER_WQ_MULTIPLE_UNFILTERED = ApiError(
+    400, 10099, "multiple non-filtered consumers not allowed on workqueue stream"
+)
+CONSUMER_WQ_NOT_UNIQUE = ApiError(400, 10100, "filtered consumer not unique on workqueue stream")

@@ -203,8 +203,15 @@ class LeafConnection:
         self._subs.discard(subject)
         self._write(proto.encode_unsub(subject))
 
-    def publish(self, subject: str, data: bytes = b"", reply: str = "", hdrs: bytes | None = None) -> None:
-        self._write(proto.encode_msg(subject, reply, data, hdrs))
+    def publish(
+        self,
+        subject: str,
+        data: bytes = b"",
+        reply: str = "",
+        hdrs: bytes | None = None,
+        queues: tuple[str, ...] = (),
+    ) -> None:
+        self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
 
     def _write(self, data: bytes) -> None:
         w = self._writer

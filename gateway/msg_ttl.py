@@ -7,6 +7,7 @@ number of seconds. Sub-second and zero durations and anything unparsable are rej
 
 from __future__ import annotations
 
+import heapq
 import re
 
 NEVER = -1
@@ -73,3 +74,51 @@ def parse_ttl(value: str) -> int:
     if ns < 1_000_000_000:
         raise InvalidTTL(value)
     return ns // 1_000_000_000
+
+
+def go_duration_string(ns: int) -> str:
+    """A duration as Go's ``time.Duration.String`` writes it for whole seconds (``1s``, ``1m30s``,
+    ``1h0m0s``): the form nats-server puts in a delete marker's ``Nats-TTL``."""
+    secs = ns // 1_000_000_000
+    if secs < 60:
+        return f"{secs}s"
+    mins, s = divmod(secs, 60)
+    if mins < 60:
+        return f"{mins}m{s}s"
+    hours, m = divmod(mins, 60)
+    return f"{hours}h{m}m{s}s"
+
+
+class TTLSchedule:
+    """Which messages of a stream a ``Nats-TTL`` removes, and when; pure.
+
+        Deadlines sit in a heap keyed by time; an entry names the message by sequence *and* stored time,
+        because a failed commit can hand the same sequence to another message. ``never`` messages are
+        exempt from MaxAge; ``markers`` are delete markers (the server's, or KV purges), whose expiry
+    places no new marker.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int]] = []
+        self.never: set[int] = set()
+        self.markers: set[int] = set()
+
+    def add(self, seq: int, ts: int, ttl_s: int) -> None:
+        if ttl_s == NEVER:
+            self.never.add(seq)
+        elif ttl_s > 0:
+            heapq.heappush(self._heap, (ts + ttl_s * 1_000_000_000, seq, ts))
+
+    def due(self, now_ns: int) -> list[tuple[int, int]]:
+        """(seq, stored time) of every message whose TTL has run out, taken off the schedule."""
+        out = []
+        heap = self._heap
+        while heap and heap[0][0] <= now_ns:
+            _, seq, ts = heapq.heappop(heap)
+            out.append((seq, ts))
+        return out
+
+    def forget_after(self, seq: int) -> None:
+        """Sequences above ``seq`` were rolled back (heap entries are checked by time instead)."""
+        self.never = {s for s in self.never if s <= seq}
+        self.markers = {s for s in self.markers if s <= seq}

@@ -151,9 +151,17 @@ def encode_unsub(subject: str, queue: str | None = None) -> bytes:
     return f"LS- {subject} {queue}\r\n".encode() if queue else f"LS- {subject}\r\n".encode()
 
 
-def encode_msg(subject: str, reply: str, data: bytes, hdrs: bytes | None = None) -> bytes:
-    """An ``LMSG`` (or ``HMSG`` with headers) from the gateway to the server."""
-    head = f"{subject} {reply} " if reply else f"{subject} "
+def encode_msg(
+    subject: str, reply: str, data: bytes, hdrs: bytes | None = None, queues: tuple[str, ...] = ()
+) -> bytes:
+    """An ``LMSG`` (or ``HMSG`` with headers) from the gateway to the server. A message for queue
+    subscribers names their groups (``+ <reply> <queues…>`` or ``| <queues…>``): the server hands
+    a leaf's message to a queue group only when the message lists it."""
+    if queues:
+        groups = " ".join(queues)
+        head = f"{subject} + {reply} {groups} " if reply else f"{subject} | {groups} "
+    else:
+        head = f"{subject} {reply} " if reply else f"{subject} "
     if hdrs:
         return b"".join(
             (

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gateway import errors
 from gateway.dedup import DedupWindow
 from gateway.msg_ttl import InvalidTTL, parse_ttl
+from gateway.subjects import is_valid_subject
 from storage_delta.natsfmt import parse_headers
 
 MAX_HEADER_BYTES = 65535
@@ -33,6 +34,8 @@ class StreamView(Protocol):
 
     def last_seq_for(self, subject: str) -> int: ...
 
+    def last_seq_matching(self, subject: str) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
@@ -44,6 +47,8 @@ class Accepted:
     ttl: int = 0
     #: ``"sub"``, ``"all"`` or ``""``.
     rollup: str = ""
+    #: A delete marker (``Nats-Marker-Reason``, or a KV purge): its expiry places no new marker.
+    is_marker: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +79,57 @@ def _check_size(cfg: dict[str, Any], hdr_len: int, data: bytes) -> errors.ApiErr
     return None
 
 
+def _check_header_size(hdrs: bytes) -> errors.ApiError | None:
+    return errors.STREAM_HEADER_EXCEEDS_MAXIMUM if len(hdrs) > MAX_HEADER_BYTES else None
+
+
+def _publishable(subject: str) -> bool:
+    return is_valid_subject(subject, allow_wildcards=False)
+
+
 def _seq_header(value: str) -> int:
     """nats-server reads these as decimal and anything else as a sequence no stream has."""
     return int(value) if value.isdigit() and value.isascii() else -1
 
 
+#: The headers any check reads; a block with none of them is checked for its size only.
+CHECKED = frozenset(
+    {
+        "Nats-Incr",
+        "Nats-Expected-Stream",
+        "Nats-TTL",
+        "Nats-Expected-Last-Subject-Sequence",
+        "Nats-Expected-Last-Subject-Sequence-Subject",
+        "Nats-Expected-Last-Sequence",
+        "Nats-Schedule",
+        "Nats-Schedule-Next",
+        "Nats-Scheduler",
+        "Nats-Stream-Source",
+        "Nats-Msg-Id",
+        "Nats-Expected-Last-Msg-Id",
+        "Nats-Rollup",
+        "Nats-Marker-Reason",
+        "KV-Operation",
+    }
+)
+_ID_ONLY = frozenset({"Nats-Msg-Id"})
+
+
 def _check_headers(
     stream: StreamView, cfg: dict[str, Any], subject: str, hdrs: bytes, data: bytes, now_ns: int
 ) -> Verdict:
+    if b"Nats-" not in hdrs and b"KV-Operation" not in hdrs:  # application headers only
+        return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs)
     h = parse_headers(hdrs)
+    if h.get("Nats-Batch-Id"):  # atomic batches are refused before any other header check
+        return _check_size(cfg, len(hdrs), data) or errors.ATOMIC_PUBLISH_DISABLED
+    special = CHECKED.intersection(h)
+    if special <= _ID_ONLY:  # the common case of an idempotent producer: a msg id and nothing else
+        msg_id = h.get("Nats-Msg-Id", "")
+        seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"]) if msg_id else None
+        if seq is not None:
+            return Duplicate(seq)
+        return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs, msg_id)
     incr = h.get("Nats-Incr")
     if incr:
         try:
@@ -105,7 +152,7 @@ def _check_headers(
     subj_seq = h.get("Nats-Expected-Last-Subject-Sequence")
     subj_override = h.get("Nats-Expected-Last-Subject-Sequence-Subject")
     if subj_seq:
-        last = stream.last_seq_for(subj_override or subject)
+        last = stream.last_seq_matching(subj_override) if subj_override else stream.last_seq_for(subject)
         if _seq_header(subj_seq) != last:
             return errors.STREAM_WRONG_LAST_SEQUENCE.format(seq=last)
     elif subj_override:
@@ -115,6 +162,16 @@ def _check_headers(
         return errors.STREAM_WRONG_LAST_SEQUENCE.format(seq=stream.last_seq)
     if h.get("Nats-Schedule"):
         return errors.MESSAGE_SCHEDULES_DISABLED
+    schedule_next = h.get("Nats-Schedule-Next")
+    if schedule_next:  # clients may only use it to purge a schedule, naming its scheduler subject
+        scheduler = h.get("Nats-Scheduler", "")
+        if schedule_next != "purge" or not scheduler or scheduler == subject or not _publishable(scheduler):
+            return errors.MESSAGE_SCHEDULES_SCHEDULER_INVALID
+        return errors.MESSAGE_SCHEDULES_DISABLED
+    if h.get("Nats-Scheduler"):
+        return errors.MESSAGE_SCHEDULES_SCHEDULER_INVALID
+    if h.get("Nats-Stream-Source"):
+        return errors.MESSAGE_SOURCE_HEADER_NOT_ALLOWED
     msg_id = h.get("Nats-Msg-Id", "")
     if msg_id:
         seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"])
@@ -129,18 +186,21 @@ def _check_headers(
             return errors.STREAM_ROLLUP_FAILED.format(err="rollup not permitted")
         if rollup not in ("sub", "all"):
             return errors.STREAM_ROLLUP_FAILED.format(err=f'rollup value invalid: "{rollup}"')
-    too_big = _check_size(cfg, len(hdrs), data)
+    too_big = _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs)
     if too_big:
         return too_big
-    if len(hdrs) > MAX_HEADER_BYTES:
-        return errors.STREAM_HEADER_EXCEEDS_MAXIMUM
     if ttl_error:
         return errors.MESSAGE_TTL_INVALID
     marker_ttl_s = cfg.get("subject_delete_marker_ttl", 0) // 1_000_000_000
     if ttl > 0 and marker_ttl_s and cfg.get("max_msgs_per_subject") != 1 and ttl < marker_ttl_s:
         ttl = marker_ttl_s
         hdrs = set_header(hdrs, "Nats-TTL", str(ttl))
-    return Accepted(hdrs, msg_id, ttl, rollup)
+    return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
+
+
+def is_delete_marker(h: dict[str, str]) -> bool:
+    """nats-server's ``isSubjectDeleteMarker``: a server marker or a KV purge."""
+    return bool(h.get("Nats-Marker-Reason")) or h.get("KV-Operation") == "PURGE"
 
 
 def set_header(hdrs: bytes | None, key: str, value: str) -> bytes:

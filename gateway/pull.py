@@ -1,50 +1,106 @@
-"""Pull request parsing and the status messages of the pull protocol, as pure functions."""
+"""Pull request parsing and the status messages of the pull protocol, as pure functions.
+
+What the real server does with odd bodies was asked of it: a body that is not JSON or a batch
+below 1 is served as batch 1; requests above the consumer's ``max_batch``, ``max_expires`` or
+``max_bytes`` get a 409 naming the limit.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gateway.consumer import PullRequest, Status
 
 NO_MESSAGES = (404, "No Messages")
 REQUEST_TIMEOUT = (408, "Request Timeout")
 IDLE_HEARTBEAT = (100, "Idle Heartbeat")
+EXCEEDED_MAX_WAITING = (409, "Exceeded MaxWaiting")
+PUSH_BASED = (409, "Consumer is push based")
+CONSUMER_DELETED = (409, "Consumer Deleted")
+SIZE_EXCEEDS_MAX_BYTES = (409, "Message Size Exceeds MaxBytes")
 
 
-def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | Status:
+def go_duration(ns: int) -> str:
+    """A duration as Go's ``time.Duration.String`` writes it (``2s``, ``1.5s``, ``1m30s``, ``500ms``)."""
+    if ns == 0:
+        return "0s"
+    if ns < 1_000:
+        return f"{ns}ns"
+    if ns < 1_000_000:
+        return _trim(ns / 1_000) + "µs"
+    if ns < 1_000_000_000:
+        return _trim(ns / 1_000_000) + "ms"
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    secs = _trim(rest / 1_000_000_000) + "s"
+    if hours:
+        return f"{hours}h{minutes}m{secs}"
+    if minutes:
+        return f"{minutes}m{secs}"
+    return secs
+
+
+def _trim(value: float) -> str:
+    return f"{value:.9f}".rstrip("0").rstrip(".")
+
+
+def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest:
     """A ``CONSUMER.MSG.NEXT`` body (empty, a bare batch number, or JSON) as a request."""
     text = body.strip()
-    batch, expires, no_wait, max_bytes, heartbeat = 1, 0, False, 0, 0
-    if text:
-        if text.isdigit():
-            batch = int(text)
-        else:
-            try:
-                req = json.loads(text)
-                batch = int(req.get("batch") or 1)
-                expires = int(req.get("expires") or 0)
-                no_wait = bool(req.get("no_wait"))
-                max_bytes = int(req.get("max_bytes") or 0)
-                heartbeat = int(req.get("idle_heartbeat") or 0)
-            except (ValueError, AttributeError, TypeError):
-                return Status(reply, 400, "Bad Request")
+    req: dict[str, Any] = {}
+    if text.isdigit():
+        req = {"batch": int(text)}
+    elif text:
+        try:
+            loaded = json.loads(text)
+            req = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            req = {}
+    expires = _int(req.get("expires"))
+    heartbeat = _int(req.get("idle_heartbeat"))
     return PullRequest(
         reply=reply,
-        batch=max(batch, 1),
-        max_bytes=max_bytes,
+        batch=max(_int(req.get("batch")), 1),
+        max_bytes=max(_int(req.get("max_bytes")), 0),
         expires_at_ns=now_ns + expires if expires > 0 else 0,
-        no_wait=no_wait,
+        no_wait=bool(req.get("no_wait")),
         heartbeat_ns=heartbeat,
         next_heartbeat_ns=now_ns + heartbeat if heartbeat else 0,
     )
 
 
+def _int(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError):
+        return 0
+
+
+def limit_status(req: PullRequest, cfg: dict[str, Any], now_ns: int) -> Status | None:
+    """The 409 for a request beyond the consumer's per-request limits, if it is."""
+    max_batch = int(cfg.get("max_batch") or 0)
+    if max_batch and req.batch > max_batch:
+        return Status(req.reply, 409, f"Exceeded MaxRequestBatch of {max_batch}")
+    max_expires = int(cfg.get("max_expires") or 0)
+    if max_expires and req.expires_at_ns and req.expires_at_ns - now_ns > max_expires:
+        return Status(req.reply, 409, f"Exceeded MaxRequestExpires of {go_duration(max_expires)}")
+    max_bytes = int(cfg.get("max_bytes") or 0)
+    if max_bytes and req.max_bytes > max_bytes:
+        return Status(req.reply, 409, f"Exceeded MaxRequestMaxBytes of {max_bytes}")
+    return None
+
+
+def _pending_headers(req: PullRequest) -> dict[str, str]:
+    return {
+        "Nats-Pending-Messages": str(req.batch - req.delivered),
+        "Nats-Pending-Bytes": str(max(req.max_bytes - req.bytes_sent, 0) if req.max_bytes else 0),
+    }
+
+
 def timeout_status(req: PullRequest) -> Status:
-    return Status(
-        req.reply,
-        *REQUEST_TIMEOUT,
-        {
-            "Nats-Pending-Messages": str(req.batch - req.delivered),
-            "Nats-Pending-Bytes": str(max(req.max_bytes - req.bytes_sent, 0) if req.max_bytes else 0),
-        },
-    )
+    return Status(req.reply, *REQUEST_TIMEOUT, _pending_headers(req))
+
+
+def too_big_status(req: PullRequest) -> Status:
+    return Status(req.reply, *SIZE_EXCEEDS_MAX_BYTES, _pending_headers(req))

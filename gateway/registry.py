@@ -36,6 +36,9 @@ class Registry:
         self.api_total = 0
         self.api_errors = 0
         self._lock = asyncio.Lock()
+        #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
+        #: waiting requests and the advisory goes out.
+        self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
 
     async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
         loop = asyncio.get_running_loop()
@@ -45,11 +48,19 @@ class Registry:
     def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self.consumers.setdefault(stream.name, {})
+        consumers = self.consumers.setdefault(stream.name, {})
+
+        def removed(seq: int, subject: str) -> None:
+            for consumer in consumers.values():
+                consumer.forget(seq, subject)
+
+        stream.on_removed = removed
         return stream
 
-    def install_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
-        consumer = Consumer(stream, config, created_ns)
+    def install_consumer(
+        self, stream: Stream, config: dict[str, Any], created_ns: int, name: str, start_after: int = 0
+    ) -> Consumer:
+        consumer = Consumer(stream, config, created_ns, start_after, name=name)
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
@@ -60,6 +71,38 @@ class Registry:
         stream = self.install_stream(config, created_ns)
         self._on_stream_added(stream)
         return stream
+
+    async def add_consumer(
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        name: str,
+        start_after: int,
+        skip: list[int],
+    ) -> Consumer:
+        body = {"config": config, "created": created_ns, "start_after": start_after}
+        await self._persist("consumer", stream.name, name, body)
+        consumer = Consumer(stream, config, created_ns, start_after, skip, name)
+        self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
+        return consumer
+
+    async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
+        body = {"config": config, "created": consumer.created_ns, "start_after": consumer.ack_floor_sseq}
+        await self._persist("consumer", consumer.stream.name, consumer.name, body)
+        consumer.reconfigure(config)
+
+    async def remove_consumer(self, consumer: Consumer) -> bool:
+        """Delete a consumer (durably first); False if it was already gone."""
+        by_name = self.consumers.get(consumer.stream.name, {})
+        if by_name.get(consumer.name) is not consumer:
+            return False
+        await self._persist("consumer", consumer.stream.name, consumer.name, None)
+        if by_name.get(consumer.name) is not consumer:
+            return False
+        del by_name[consumer.name]
+        self.on_consumer_removed(consumer)
+        return True
 
     async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
         """Store a stream's new config, then make it the live one (subjects re-routed)."""
@@ -74,18 +117,14 @@ class Registry:
     async def remove_stream(self, stream: Stream) -> None:
         """End a stream (and its consumers) durably; its messages stay in storage until Spark
         removes them, invisible to a stream created later under the same name (docs/storage.md)."""
-        for consumer in list(self.consumers.get(stream.name, {})):
-            await self._persist("consumer", stream.name, consumer, None)
+        for name in list(self.consumers.get(stream.name, {})):
+            await self._persist("consumer", stream.name, name, None)
         await self._persist("stream", stream.name, stream.name, None)
         del self.streams[stream.name]
-        self.consumers.pop(stream.name, None)
+        for gone in self.consumers.pop(stream.name, {}).values():
+            self.on_consumer_removed(gone)
         if self._on_subjects_changed is not None:
             self._on_subjects_changed(stream.subjects, [])
-
-    async def add_consumer(self, stream: Stream, config: dict[str, Any], created_ns: int) -> Consumer:
-        name = config.get("name") or config["durable_name"]
-        await self._persist("consumer", stream.name, name, {"config": config, "created": created_ns})
-        return self.install_consumer(stream, config, created_ns)
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

@@ -2,7 +2,7 @@
 
 Explicit removals (MSG.DELETE, PURGE) are answered only after ``flush`` made them durable. Removals
 the limits cause (MaxMsgs, MaxBytes, MaxAge, per subject) are made durable by the same task within
-``FLUSH_EVERY`` ticks; if the gateway dies before that, recovery re-applies the limits from the
+``FLUSH_EVERY`` ticks (5 s); if the gateway dies before that, recovery re-applies the limits from the
 config and the stored messages, which removes them again (docs/storage.md).
 """
 
@@ -19,7 +19,7 @@ from storage_delta.stream_state import Removal, RemovalLog
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
-FLUSH_EVERY = 10
+FLUSH_EVERY = 50
 
 
 class RemovalRecorder:

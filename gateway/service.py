@@ -12,13 +12,16 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from gateway import advisories
 from gateway.api import Api, split_api_subject
-from gateway.apicommon import RawReply
+from gateway.coldread import ColdReader
+from gateway.consumer import Consumer
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
 from gateway.protocol import Msg
 from gateway.publish import PublishPath
+from gateway.publish_state import needs_full_scan, replay_headers
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
@@ -27,7 +30,6 @@ from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
 from storage_delta.catalog import CatalogTable
-from storage_delta.natsfmt import parse_headers
 from storage_delta.reader import MessageReader
 from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
@@ -44,6 +46,7 @@ class Gateway:
         self.root = StoreRoot(settings.data_root, settings.storage_options or None)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.api_prefix = f"$JS.{settings.domain}.API."
+        self._kv_prefix = self.api_prefix + "$KV."
         self._api_queue: asyncio.Queue[tuple[list[str], str, bytes]] = asyncio.Queue(API_QUEUE_SIZE)
         self.tasks = TaskOwner()
         self.leaf: LeafConnection | None = None
@@ -53,6 +56,7 @@ class Gateway:
         self.delivery: Delivery | None = None
         self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
+        self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
         self.started = False
 
@@ -83,7 +87,8 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.reader, self.executor, self.tasks)
+        self.delivery = Delivery(self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer)
+        self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
@@ -93,6 +98,7 @@ class Gateway:
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
         self.tasks.own(self.recorder.run(), "removals")
+        self.tasks.own(self.publish.marker_ticker(), "delete-markers")
         await self.leaf.start()
         self.started = True
 
@@ -117,28 +123,26 @@ class Gateway:
                     for first, last in state.removed:
                         stream.restore_removed(first, last)
                     stream.restore_last_seq(state.last_seq)
+                await self._recover_publish_state(stream)
                 stream.enforce_limits(time.time_ns())
-                await self._recover_dedup(stream)
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 self.registry.install_consumer(
-                    self.registry.streams[entry.stream], entry.body["config"], int(entry.body["created"])
+                    self.registry.streams[entry.stream],
+                    entry.body["config"],
+                    int(entry.body["created"]),
+                    entry.name,
+                    int(entry.body.get("start_after") or 0),
                 )
 
-    async def _recover_dedup(self, stream: Stream) -> None:
-        """Refill the duplicate window from the ids of the messages stored within it."""
+    async def _recover_publish_state(self, stream: Stream) -> None:
+        """Refill the duplicate window, the TTL schedule and replay rollups (``publish_state``)."""
         loop = asyncio.get_running_loop()
         now = now_ns()
-        window = int(stream.config["duplicate_window"])
-        since = max(now - window, stream.created_ns)
+        since = stream.created_ns
+        if not needs_full_scan(stream.config):
+            since = max(since, now - int(stream.config["duplicate_window"]))
         rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
-        last_id, last_seq = "", 0
-        for seq, ts, hdrs in rows:
-            if stream.is_live(seq):  # as nats-server, which can no longer load a removed message
-                last_id = parse_headers(hdrs).get("Nats-Msg-Id", "") if hdrs else ""
-                last_seq = seq
-                stream.dedup.record(last_id, seq, ts, now, window)
-        # Only the newest message's id counts for Nats-Expected-Last-Msg-Id.
-        stream.dedup.last_msg_id = last_id if last_seq == stream.last_seq else ""
+        replay_headers(stream, rows, now)
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):
@@ -170,6 +174,12 @@ class Gateway:
         assert self.publish is not None
         subject = msg.subject
         if subject.startswith(self.api_prefix):
+            if subject.startswith(self._kv_prefix):
+                # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
+                # domain (DESIGN); it is stored under its $KV subject.
+                msg.subject = subject[len(self.api_prefix) :]
+                self.publish.on_kv_publish(msg)
+                return
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
                 self.delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
@@ -189,7 +199,12 @@ class Gateway:
         assert self.leaf is not None
         assert self.recorder is not None
         loader = MessageLoader(self.reader, self.executor)
-        api = Api(self.registry, StreamApi(self.registry, loader, self.recorder))
+        api = Api(
+            self.registry,
+            StreamApi(self.registry, loader, self.recorder, self._publish_event),
+            self.cold.first_seq_at,
+            self._publish_event,
+        )
         while True:
             toks, reply, body = await self._api_queue.get()
             try:
@@ -201,13 +216,26 @@ class Gateway:
                 continue
             if not reply:
                 continue
-            if isinstance(answer, RawReply):
-                self.leaf.publish(reply, answer.data, hdrs=answer.hdrs)
+            if isinstance(answer, list):
+                for raw in answer:
+                    self.leaf.publish(reply, raw.data, hdrs=raw.hdrs or None)
                 continue
             self.registry.api_total += 1
             if "error" in answer:
                 self.registry.api_errors += 1
             self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        if self.leaf is not None:
+            self.leaf.publish(event[0], event[1])
+
+    async def _expire_consumer(self, consumer: Consumer) -> None:
+        """A consumer past its ``inactive_threshold`` goes, as on the real server."""
+        assert self.registry is not None
+        if await self.registry.remove_consumer(consumer):
+            self._publish_event(
+                advisories.consumer_action(consumer.stream.name, consumer.name, "delete", time.time_ns())
+            )
 
     def _stream_added(self, stream: Stream) -> None:
         self._subjects_changed([], stream.subjects)

@@ -10,11 +10,13 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
 from gateway.dedup import DedupWindow
+from gateway.msg_ttl import TTLSchedule
 from gateway.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
@@ -26,6 +28,34 @@ __all__ = ["Stream", "StreamState", "TailCache"]
 MAX_MSGS = errors.STREAM_STORE_FAILED.format(err="maximum messages exceeded")
 MAX_BYTES = errors.STREAM_STORE_FAILED.format(err="maximum bytes exceeded")
 MAX_MSGS_PER_SUBJECT = errors.STREAM_STORE_FAILED.format(err="maximum messages per subject exceeded")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The config's limits as plain numbers (0: none), read once per config rather than per publish."""
+
+    max_msgs: int
+    max_bytes: int
+    max_age: int
+    per_subject: int
+    discard_new: bool
+    discard_new_per_subject: bool
+    sealed: bool
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Limits:
+        def limit(key: str) -> int:
+            return max(0, int(config.get(key) or 0))
+
+        return cls(
+            limit("max_msgs"),
+            limit("max_bytes"),
+            limit("max_age"),
+            limit("max_msgs_per_subject"),
+            config.get("discard") == "new",
+            bool(config.get("discard_new_per_subject")),
+            bool(config.get("sealed")),
+        )
 
 
 @dataclass(slots=True)
@@ -56,6 +86,10 @@ class Stream:
         self.durable_last_seq = 0
         self.tail = TailCache(tail_cache_bytes)
         self.dedup = DedupWindow()
+        self.ttl = TTLSchedule()
+        #: Subjects whose last message MaxAge or a TTL removed, waiting for a delete marker (ADR-43);
+        #: the publish path stores the markers.
+        self.markers_due: list[str] = []
         first_seq = int(config.get("first_seq") or 0)
         if first_seq > 1:  # the first publish gets ``first_seq``
             self.state.first_seq = first_seq
@@ -66,8 +100,11 @@ class Stream:
         self._subject_names: list[str] = [""]
         self._subject_ids: dict[str, int] = {}
         self._subject_counts: dict[int, int] = {}
+        self._free_sids: list[int] = []  # ids of subjects with no message left, for reuse
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
+        #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
+        self.on_removed: Callable[[int, str], None] | None = None
 
     @property
     def name(self) -> str:
@@ -84,17 +121,26 @@ class Stream:
     def captures(self, subject: str) -> bool:
         return any(subject_matches(f, subject) for f in self.subjects)
 
-    def _limit(self, key: str) -> int:
-        value = int(self.config.get(key) or 0)
-        return value if value > 0 else 0
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._config
+
+    @config.setter
+    def config(self, config: dict[str, Any]) -> None:
+        self._config = config
+        self.limits = Limits.of(config)
 
     # ---- adding --------------------------------------------------------------------------------
 
     def _subject_id(self, subject: str) -> int:
         sid = self._subject_ids.get(subject)
         if sid is None:
-            sid = len(self._subject_names)
-            self._subject_names.append(subject)
+            if self._free_sids:
+                sid = self._free_sids.pop()
+                self._subject_names[sid] = subject
+            else:
+                sid = len(self._subject_names)
+                self._subject_names.append(subject)
             self._subject_ids[subject] = sid
         return sid
 
@@ -102,7 +148,10 @@ class Stream:
         sid = self._subject_id(subject)
         self._index.append(seq, sid, size, ts)
         self._subject_counts[sid] = self._subject_counts.get(sid, 0) + 1
-        self._by_subject.setdefault(sid, SubjectSeqs()).add(seq)
+        seqs = self._by_subject.get(sid)
+        if seqs is None:
+            seqs = self._by_subject[sid] = SubjectSeqs()
+        seqs.add(seq)
         st = self.state
         if st.messages == 0:
             st.first_seq, st.first_ts = seq, ts
@@ -115,17 +164,18 @@ class Stream:
         """Refuse a message a ``discard: new`` stream has no room for, as JetStream's store does:
         a message that will replace its subject's oldest (per-subject limit) is not refused for
         MaxMsgs, and for MaxBytes only when it is larger than that oldest message."""
-        if self.config.get("discard") != "new":
+        lim = self.limits
+        if not lim.discard_new:
             return
-        per_subject = self._limit("max_msgs_per_subject")
+        per_subject = lim.per_subject
         sid = self._subject_ids.get(subject, 0)
         replaces = 0
         if per_subject and self._subject_counts.get(sid, 0) >= per_subject:
-            if self.config.get("discard_new_per_subject"):
+            if lim.discard_new_per_subject:
                 raise MAX_MSGS_PER_SUBJECT
             replaces = self._oldest_of(sid)
         st = self.state
-        max_msgs, max_bytes = self._limit("max_msgs"), self._limit("max_bytes")
+        max_msgs, max_bytes = lim.max_msgs, lim.max_bytes
         if max_msgs and st.messages >= max_msgs and not replaces:
             raise MAX_MSGS
         too_big = max_bytes and st.bytes + size > max_bytes
@@ -135,7 +185,7 @@ class Stream:
     def accept(self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> StoredMessage:
         """Give a publish the next sequence and apply the limits at once; durable only once
         committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it."""
-        if self.config.get("sealed"):
+        if self.limits.sealed:
             raise errors.STREAM_SEALED
         size = stored_size(subject, hdrs, data)
         self._check_discard_new(subject, size)
@@ -170,42 +220,70 @@ class Stream:
     # ---- limits ----------------------------------------------------------------------------------
 
     def _enforce_subject_limit(self, sid: int) -> None:
-        per_subject = self._limit("max_msgs_per_subject")
+        per_subject = self.limits.per_subject
         while per_subject and self._subject_counts.get(sid, 0) > per_subject:
             self.remove(self._oldest_of(sid))
 
     def _enforce_size_limits(self) -> None:
-        if self.config.get("discard") == "new":
+        lim = self.limits
+        if lim.discard_new:
             return
         st = self.state
-        max_msgs, max_bytes = self._limit("max_msgs"), self._limit("max_bytes")
+        max_msgs, max_bytes = lim.max_msgs, lim.max_bytes
         while max_msgs and st.messages > max_msgs:
             self.remove(st.first_seq)
         while max_bytes and st.bytes > max_bytes:
             self.remove(st.first_seq)
 
     def expire(self, now_ns: int) -> int:
-        """Remove what MaxAge has expired; the number removed."""
-        max_age = self._limit("max_age")
-        if not max_age:
-            return 0
-        cutoff = now_ns - max_age
+        """Remove what per-message TTLs and MaxAge have expired; the number removed. Messages with
+        ``Nats-TTL: never`` outlive MaxAge; every other TTL is bounded by it."""
         n = 0
-        while self.state.messages and self.state.first_ts <= cutoff:
-            self.remove(self.state.first_seq)
-            n += 1
+        for seq, ts in self.ttl.due(now_ns):
+            if self.is_live(seq) and self._index.ts[seq - self._index.base] == ts:
+                n += self._expire_one(seq)
+        max_age = self.limits.max_age
+        if not max_age:
+            return n
+        cutoff = now_ns - max_age
+        st = self.state
+        if not self.ttl.never:
+            while st.messages and st.first_ts <= cutoff:
+                n += self._expire_one(st.first_seq)
+            return n
+        seq = st.first_seq
+        while st.messages and seq < self._index.end:
+            idx = self._index
+            i = seq - idx.base
+            if idx.sid[i]:
+                if idx.ts[i] > cutoff:
+                    break
+                if seq not in self.ttl.never:
+                    n += self._expire_one(seq)
+            seq += 1
         return n
+
+    def _expire_one(self, seq: int) -> int:
+        """Remove a message whose time ran out; a subject left empty gets a delete marker when
+        ``subject_delete_marker_ttl`` asks for them (but a marker's own expiry places none)."""
+        subject = self.subject_of(seq)
+        self.remove(seq)
+        if seq in self.ttl.markers:
+            self.ttl.markers.discard(seq)
+        elif subject and self.config.get("subject_delete_marker_ttl") and not self.last_seq_for(subject):
+            self.markers_due.append(subject)
+        return 1
 
     def next_expiry_ns(self) -> int | None:
         """When the oldest message expires under MaxAge, None when nothing will."""
-        max_age = self._limit("max_age")
+        max_age = self.limits.max_age
         if not max_age or not self.state.messages:
             return None
         return self.state.first_ts + max_age
 
     def enforce_limits(self, now_ns: int) -> None:
         """Apply every limit to what is stored (after recovery, or a config update that lowered one)."""
-        if self._limit("max_msgs_per_subject"):
+        if self.limits.per_subject:
             for sid in [s for s, c in self._subject_counts.items() if c]:
                 self._enforce_subject_limit(sid)
         self._enforce_size_limits()
@@ -213,12 +291,16 @@ class Stream:
 
     # ---- removal -------------------------------------------------------------------------------
 
-    def _oldest_of(self, sid: int) -> int:
+    def _live_seqs(self, sid: int) -> SubjectSeqs | None:
+        """The subject's sequence list with dead ends trimmed, None when it has no message."""
         seqs = self._by_subject.get(sid)
-        if seqs is None:
-            return 0
-        seqs.trim(self._index, sid)
-        return seqs.oldest()
+        if seqs is not None:
+            seqs.trim(self._index, sid)
+        return seqs
+
+    def _oldest_of(self, sid: int) -> int:
+        seqs = self._live_seqs(sid)
+        return seqs.oldest() if seqs else 0
 
     def _size_of(self, seq: int) -> int:
         return self._index.size[seq - self._index.base]
@@ -242,17 +324,32 @@ class Stream:
         i = seq - idx.base
         sid = idx.sid[i]
         idx.sid[i] = 0
+        subject = self._subject_names[sid]  # before un-counting may give the id back
+        self._uncount(sid, idx.size[i])
+        self.tail.drop(seq)
+        if self.on_removed is not None:
+            self.on_removed(seq, subject)
+        return sid
+
+    def _uncount(self, sid: int, size: int) -> None:
+        """Take one message of subject ``sid`` out of the counts."""
         st = self.state
         st.messages -= 1
-        st.bytes -= idx.size[i]
+        st.bytes -= size
         left = self._subject_counts[sid] - 1
         if left:
             self._subject_counts[sid] = left
         else:
-            del self._subject_counts[sid]
-            del self._by_subject[sid]
-        self.tail.drop(seq)
-        return sid
+            self._forget_subject(sid)
+
+    def _forget_subject(self, sid: int) -> None:
+        """A subject without messages gives its id back: no live sequence refers to it any more
+        (holes are id 0), so streams with ever-new subjects (ids, keys) keep memory bounded."""
+        del self._subject_counts[sid]
+        del self._by_subject[sid]
+        del self._subject_ids[self._subject_names[sid]]
+        self._subject_names[sid] = ""
+        self._free_sids.append(sid)
 
     def _advance_first(self) -> None:
         st, idx = self.state, self._index
@@ -296,9 +393,9 @@ class Stream:
         victims: list[int] = []
         limit = (seq - 1) if seq else st.last_seq
         for sid in self._matching_sids(subject):
-            seqs = self._by_subject[sid]
-            seqs.trim(self._index, sid)
-            victims.extend(seqs.live_upto(limit, self._index, sid))
+            seqs = self._live_seqs(sid)
+            if seqs is not None:
+                victims.extend(seqs.live_upto(limit, self._index, sid))
         victims.sort()
         if keep:
             victims = victims[: max(0, len(victims) - keep)]
@@ -320,17 +417,29 @@ class Stream:
         """Remove every message below ``below``; past the last sequence the stream continues
         from ``below`` (JetStream's compact). The number removed."""
         st, idx = self.state, self._index
-        if below > st.last_seq + 1:
-            st.last_seq = below - 1
-            self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
         start = st.first_seq or 1
+        if below > start:
+            self._record(start, below - 1)
+        if below > st.last_seq:  # everything goes: no need to un-count each message
+            n = st.messages
+            if self.on_removed is not None:
+                names = self._subject_names
+                for s in range(max(start, idx.base), idx.end):
+                    if idx.subject_id(s):
+                        self.on_removed(s, names[idx.subject_id(s)])
+            st.last_seq = max(st.last_seq, below - 1)
+            self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
+            st.messages = st.bytes = 0
+            for sid in list(self._subject_counts):
+                self._forget_subject(sid)
+            self.tail.clear()
+            self._advance_first()
+            return n
         n = 0
         for s in range(max(start, idx.base), min(below, idx.end)):
             if idx.subject_id(s):
                 self._drop(s)
                 n += 1
-        if below > start:
-            self._record(start, below - 1)
         self._advance_first()
         return n
 
@@ -354,12 +463,8 @@ class Stream:
 
     def last_seq_for(self, subject: str) -> int:
         """The newest live sequence stored under this literal subject, 0 when there is none."""
-        sid = self._subject_ids.get(subject, 0)
-        seqs = self._by_subject.get(sid)
-        if seqs is None:
-            return 0
-        seqs.trim(self._index, sid)
-        return seqs.newest()
+        seqs = self._live_seqs(self._subject_ids.get(subject, 0))
+        return seqs.newest() if seqs else 0
 
     def last_seq_matching(self, subject: str) -> int:
         """The newest live sequence whose subject ``subject`` (wildcards allowed) matches, 0 if none."""
@@ -377,13 +482,21 @@ class Stream:
             return seq if self.state.messages else None
         return max(self.last_per_subject(filters), default=None)
 
-    def last_per_subject(self, filters: list[str]) -> list[int]:
-        """The newest live sequence of each subject the filters match (every subject without
-        filters), ascending (``deliver_policy: last_per_subject``, KV watch)."""
+    def last_per_subject(self, filters: list[str], upto: int | None = None) -> list[int]:
+        """The newest live sequence at or below ``upto`` (default: all) of each subject the filters
+        match (every subject without filters), ascending (``last_per_subject``, KV watch,
+        DIRECT.GET ``multi_last``)."""
         sids = (
             set(self._subject_counts) if not filters else {s for f in filters for s in self._matching_sids(f)}
         )
-        return sorted(self.last_seq_for(self._subject_names[sid]) for sid in sids)
+        found = []
+        for sid in sids:
+            seqs = self._live_seqs(sid)
+            if seqs is not None:
+                seq = seqs.newest() if upto is None else seqs.last_at_or_below(upto, self._index, sid)
+                if seq:
+                    found.append(seq)
+        return sorted(found)
 
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
@@ -472,18 +585,12 @@ class Stream:
         while st.last_seq > self.durable_last_seq and idx.end > idx.base and idx.end - 1 == st.last_seq:
             sid, size = idx.pop()
             if sid:
-                st.messages -= 1
-                st.bytes -= size
-                left = self._subject_counts[sid] - 1
-                if left:
-                    self._subject_counts[sid] = left
-                else:
-                    del self._subject_counts[sid]
-                    del self._by_subject[sid]
+                self._uncount(sid, size)
             st.last_seq -= 1
         st.last_seq = min(st.last_seq, max(self.durable_last_seq, 0))
         self.tail.drop_from(st.last_seq + 1)
         self.dedup.forget_after(st.last_seq)
+        self.ttl.forget_after(st.last_seq)
         self._removed = [r for r in self._removed if r[0] <= self.durable_last_seq]
         for r in self._removed:
             r[1] = min(r[1], self.durable_last_seq)

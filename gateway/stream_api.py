@@ -8,12 +8,13 @@ PURGE) are answered only once the removal log holds them.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
-from gateway import errors, stream_config
-from gateway.apicommon import NAMES_PAGE, RawReply, T, load_request
-from gateway.headers import status_block
+from gateway import advisories, errors, stream_config
+from gateway.apicommon import NAMES_PAGE, Publish, RawReply, T, load_request
+from gateway.direct_get import DirectGet, find_seq
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
@@ -21,7 +22,6 @@ from gateway.stream import Stream
 from gateway.stream_update import apply_update
 from gateway.subjects import subjects_overlap
 from gateway.timefmt import now_ns, rfc3339
-from storage_delta.writer import StoredMessage
 
 RESPONSE_TYPES = {
     "STREAM.CREATE": "stream_create_response",
@@ -43,21 +43,24 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
 }
 
 LIST_PAGE = 256
+COMMIT_POLL_S = 0.002
 SUBJECT_DETAILS_LIMIT = 100_000
-#: What a requester sees when nobody listens: the server's "no responders" status.
-NO_RESPONDERS = RawReply(status_block(503, ""))
 
 
 class StreamApi:
-    def __init__(self, registry: Registry, loader: MessageLoader, recorder: RemovalRecorder) -> None:
+    def __init__(
+        self, registry: Registry, loader: MessageLoader, recorder: RemovalRecorder, publish: Publish
+    ) -> None:
         self.reg = registry
         self.loader = loader
         self.recorder = recorder
+        self.publish = publish
+        self.direct = DirectGet(registry, loader)
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | RawReply | None:
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
         op = ".".join(toks[:2])
         if toks[0] == "DIRECT" and len(toks) >= 3 and toks[1] == "GET":
-            return await self.direct_get(toks[2], ".".join(toks[3:]), body)
+            return await self.direct.answer(toks[2], ".".join(toks[3:]), body)
         if op in ("STREAM.NAMES", "STREAM.LIST") and len(toks) == 2:
             return self.stream_list(body, names_only=op == "STREAM.NAMES")
         if len(toks) == 3:
@@ -107,6 +110,7 @@ class StreamApi:
         else:
             self._check_overlap(cfg)
             stream = await self.reg.add_stream(cfg, now_ns())
+            self.publish(advisories.stream_action(name, "create", now_ns()))
         return {
             "type": T + "stream_create_response",
             **self._stream_body(stream),
@@ -121,16 +125,19 @@ class StreamApi:
             )
         if raw.get("name", name) != name:
             raise errors.STREAM_MISMATCH
+        req = stream_config.decode(raw)
         stream = self._stream(name)
-        raw["name"] = name
-        cfg = apply_update(stream.config, stream_config.normalize(raw, self.reg.server_version))
+        req["name"] = name
+        cfg = apply_update(stream.config, stream_config.normalize(req, self.reg.server_version))
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
+        self.publish(advisories.stream_action(name, "modify", now_ns()))
         return {"type": T + "stream_update_response", **self._stream_body(stream)}
 
     async def stream_delete(self, name: str, body: bytes) -> dict[str, Any]:
         await self.reg.remove_stream(self._stream(name))
+        self.publish(advisories.stream_action(name, "delete", now_ns()))
         return {"type": T + "stream_delete_response", "success": True}
 
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
@@ -196,27 +203,40 @@ class StreamApi:
 
     # ---- removals -------------------------------------------------------------------------------
 
-    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+    def _removable(self, name: str, deny: str, refusal: errors.ApiError) -> Stream:
+        """The stream a delete or purge acts on, unless it is sealed or denies the request."""
         stream = self._stream(name)
         if stream.config.get("sealed"):
             raise errors.STREAM_SEALED
-        if stream.config.get("deny_purge"):
-            raise errors.STREAM_PURGE_NOT_PERMITTED
+        if stream.config.get(deny):
+            raise refusal
+        return stream
+
+    async def _record(self, stream: Stream, upto: int) -> None:
+        """Make a removal durable before it is answered. A removed message whose own commit is
+        still in flight is recorded once that commit lands (or rolls back), so a crash can never
+        bring back a message whose removal was acknowledged."""
+        # Polled: the stream state machine signals nothing, and this wait is rare (a removal
+        # racing its own message's commit) and short (one group commit).
+        while stream.durable_last_seq < upto <= stream.state.last_seq:  # noqa: ASYNC110
+            await asyncio.sleep(COMMIT_POLL_S)
+        await self.recorder.flush()
+
+    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_request(body)
+        stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
             raise errors.BAD_REQUEST
+        upto = stream.state.last_seq
         purged = stream.purge(req.get("filter") or None, seq or None, keep or None)
-        await self.recorder.flush()
+        await self._record(stream, upto)
         return {"type": T + "stream_purge_response", "success": True, "purged": purged}
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body)
-        stream = self._stream(name)
-        if stream.config.get("sealed"):
-            raise errors.STREAM_SEALED
-        if stream.config.get("deny_delete"):
-            raise errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
         if seq <= 0:
             raise errors.BAD_REQUEST
@@ -229,29 +249,15 @@ class StreamApi:
             raise errors.SEQUENCE_NOT_FOUND.format(seq=seq)
         # ``no_erase: false`` asks the file store to overwrite the bytes; here the removal log
         # hides the message at once and Spark's retention job removes it from storage.
-        await self.recorder.flush()
+        await self._record(stream, seq)
         return {"type": T + "stream_msg_delete_response", "success": True}
 
     # ---- reading messages -----------------------------------------------------------------------
 
-    def _find(self, stream: Stream, req: dict[str, Any]) -> int | None:
-        """The sequence a get request names (``seq``, ``last_by_subj``, ``next_by_subj`` + ``seq``)."""
-        seq = int(req.get("seq") or 0)
-        last_by, next_by = req.get("last_by_subj"), req.get("next_by_subj")
-        if last_by and (seq or next_by):
-            raise errors.BAD_REQUEST
-        if last_by:
-            return stream.last_seq_matching(str(last_by)) or None
-        if next_by:
-            return stream.first_seq_at_or_after(seq, [str(next_by)])
-        if not seq:
-            raise errors.BAD_REQUEST
-        return seq if stream.is_live(seq) else None
-
     async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body)
         stream = self._stream(name)
-        seq = self._find(stream, req)
+        seq = find_seq(stream, req)
         msg = await self.loader.load(stream, seq) if seq else None
         if msg is None:
             raise errors.NO_MESSAGE_FOUND
@@ -262,37 +268,3 @@ class StreamApi:
             out["data"] = base64.b64encode(msg.data).decode()
         out["time"] = rfc3339(msg.ts)
         return {"type": T + "stream_msg_get_response", "message": out}
-
-    async def direct_get(self, name: str, subject: str, body: bytes) -> RawReply:
-        """DIRECT.GET: the message as headers and payload; the server's 404/408 statuses; a stream
-        without ``allow_direct`` (or none) looks as if nobody listened."""
-        stream = self.reg.streams.get(name)
-        if stream is None or not stream.config.get("allow_direct"):
-            return NO_RESPONDERS
-        if subject:
-            req: dict[str, Any] = {"last_by_subj": subject}
-        elif not body.strip():
-            return RawReply(status_block(408, "Empty Request"))
-        else:
-            try:
-                req = load_request(body)
-            except errors.ApiError:
-                return RawReply(status_block(408, "Malformed Request"))
-        try:
-            seq = self._find(stream, req)
-        except errors.ApiError:
-            return RawReply(status_block(408, "Bad Request"))
-        msg = await self.loader.load(stream, seq) if seq else None
-        if msg is None:
-            return RawReply(status_block(404, "Message Not Found"))
-        return RawReply(direct_headers(stream.name, msg), msg.data)
-
-
-def direct_headers(stream: str, msg: StoredMessage) -> bytes:
-    """The message's own headers followed by the ones DIRECT.GET adds."""
-    extra = (
-        f"Nats-Stream: {stream}\r\nNats-Subject: {msg.subject}\r\n"
-        f"Nats-Sequence: {msg.seq}\r\nNats-Time-Stamp: {rfc3339(msg.ts)}\r\n\r\n"
-    )
-    base = msg.hdrs[:-2].decode() if msg.hdrs and msg.hdrs.endswith(b"\r\n\r\n") else "NATS/1.0\r\n"
-    return (base + extra).encode()

@@ -168,7 +168,7 @@ def decode(raw: dict[str, Any]) -> dict[str, Any]:
             want = list if gotype.startswith("[]") else dict
             if not isinstance(value, want):
                 raise _type_error(_json_kind(value), key, gotype)
-            if key == "consumer_limits":
+            if key == "consumer_limits" and isinstance(value, dict):
                 value = _decode_consumer_limits(value)
         else:
             _check_scalar(key, gotype, value)

@@ -8,7 +8,7 @@ hole (subject id 0); a prefix of holes is cut off in halves so each removal cost
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 from storage_delta.writer import StoredMessage
@@ -100,6 +100,15 @@ class SubjectSeqs:
             i += 1
         return 0
 
+    def last_at_or_below(self, upto: int, live: SeqIndex, sid: int) -> int:
+        """The newest live sequence of this subject at or below ``upto``, 0 when none."""
+        i = bisect_right(self.seqs, upto, self.head) - 1
+        while i >= self.head:
+            if live.subject_id(self.seqs[i]) == sid:
+                return self.seqs[i]
+            i -= 1
+        return 0
+
     def live_upto(self, upto: int, live: SeqIndex, sid: int) -> list[int]:
         """Live sequences of this subject at or below ``upto``, ascending."""
         stop = bisect_left(self.seqs, upto + 1, self.head)
@@ -128,6 +137,10 @@ class TailCache:
         msg = self._items.pop(seq, None)
         if msg is not None:
             self._bytes -= msg.nbytes
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
 
     def drop_from(self, seq: int) -> None:
         for s in [s for s in self._items if s >= seq]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
 from nats.aio.client import Client
 
-from tests.harness import scrub
+from tests.harness import Jetlake, ReferenceJetStream, scrub
 
 Case = Callable[[Client, str], Awaitable[Any]]
 
@@ -32,3 +33,19 @@ async def assert_same(targets: dict[str, str], case: Case, name: str) -> Any:
         f"jetlake:   {results['jetlake']!r}\njetstream: {results['jetstream']!r}"
     )
     return results["jetstream"]
+
+
+async def assert_same_across_restart(
+    reference: ReferenceJetStream, jetlake: Jetlake, before: Case, after: Case, name: str, kill: bool
+) -> tuple[Any, Any]:
+    """Run ``before`` on both servers, restart jetlake's gateway (SIGTERM, or ``kill -9`` when
+    ``kill``) while the real server keeps running, then run ``after``: both steps must give the
+    same answers, as a restart must change no answer. Returns the real server's two results."""
+    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
+    first = await run_case(targets, before, name)
+    await asyncio.to_thread(jetlake.kill_gateway if kill else jetlake.stop_gateway)
+    await asyncio.to_thread(jetlake.start_gateway)
+    second = await run_case(targets, after, name)
+    assert first["jetlake"] == first["jetstream"]
+    assert second["jetlake"] == second["jetstream"]
+    return first["jetstream"], second["jetstream"]

@@ -81,9 +81,10 @@ def test_parse_ack_subject(subject: str, token: acks.AckToken | None) -> None:
         (b"+WPI", acks.AckKind("wpi")),
         (b"+TERM", acks.AckKind("term")),
         (b"+TERM bad payload", acks.AckKind("term", reason="bad payload")),
-        (b"+NXT", acks.AckKind("next", next_batch=1)),
-        (b"+NXT 5", acks.AckKind("next", next_batch=5)),
-        (b'+NXT {"batch": 3}', acks.AckKind("next", next_batch=3)),
+        (b"+OK", acks.AckKind("ack")),  # the legacy form
+        (b"+NXT", acks.AckKind("next")),  # the rest is a pull request body, empty: batch 1
+        (b"+NXT 5", acks.AckKind("next", next_request=b"5")),
+        (b'+NXT {"batch": 3}', acks.AckKind("next", next_request=b'{"batch": 3}')),
         (b"whatever", None),  # ignored, as the server ignores it
     ],
 )

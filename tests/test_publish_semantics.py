@@ -7,10 +7,11 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError
 
-from tests.differential import assert_same, run_case
+from tests.differential import assert_same, assert_same_across_restart
 from tests.harness import Jetlake, ReferenceJetStream
 
 
@@ -20,10 +21,12 @@ async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
     return dict(json.loads(msg.data))
 
 
-async def pub(nc: Client, subject: str, data: bytes = b"x", hdrs: dict[str, str] | None = None) -> Any:
+async def pub(
+    nc: Client, subject: str, data: bytes = b"x", hdrs: dict[str, str] | None = None, wait_s: float = 2
+) -> Any:
     """The raw PubAck (or error PubAck) as JSON, or "no answer"."""
     try:
-        msg = await nc.request(subject, data, timeout=2, headers=hdrs)
+        msg = await nc.request(subject, data, timeout=wait_s, headers=hdrs)
     except TimeoutError:
         return "no answer"
     return json.loads(msg.data)
@@ -63,6 +66,14 @@ EXPECT_STEPS: list[tuple[str, dict[str, str] | None]] = [
         {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.z"},
     ),
     ("a", {"Nats-Expected-Last-Subject-Sequence-Subject": "{s}.b"}),  # subject without sequence: 10193
+    (
+        "a",
+        {"Nats-Expected-Last-Subject-Sequence": "7", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.*"},
+    ),
+    (
+        "a",
+        {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Expected-Last-Subject-Sequence-Subject": "{s}.>"},
+    ),
     ("a", {"Nats-Expected-Last-Msg-Id": "a"}),  # the last message had no id: wrong last msg ID
     ("a", {"Nats-Msg-Id": "m1"}),
     ("a", {"Nats-Expected-Last-Msg-Id": "m1", "Nats-Msg-Id": "m2"}),  # right last id
@@ -75,6 +86,14 @@ EXPECT_STEPS: list[tuple[str, dict[str, str] | None]] = [
     ("a", {"Nats-TTL": "bogus"}),  # an unparsable TTL is only checked later: 10165
     ("a", {"Nats-Incr": "1"}),  # counters are off: 10168
     ("a", {"Nats-Incr": "x"}),  # 10171
+    ("a", {"Nats-Schedule": "@at 2030-01-01T00:00:00Z"}),  # schedules are off: 10188
+    ("a", {"Nats-Schedule-Next": "purge", "Nats-Scheduler": "{s}.sched"}),  # 10188
+    ("a", {"Nats-Schedule-Next": "later"}),  # only a purge: 10212
+    ("a", {"Nats-Scheduler": "{s}.sched"}),  # only with Schedule-Next: 10212
+    ("a", {"Nats-Stream-Source": "X"}),  # only sourced messages carry it: 10227
+    ("a", {"Nats-Batch-Id": "b1", "Nats-Batch-Sequence": "1"}),  # atomic batches are off: 10174
+    ("a", {"Nats-Batch-Id": "b1", "Nats-Expected-Stream": "OTHER"}),  # batch refusal comes first
+    ("a", {"Nats-Required-Api-Level": "9"}),  # ignored on a publish
     ("a", {"Nats-Expected-Stream": "OTHER", "Nats-Expected-Last-Sequence": "1"}),  # stream first
     ("a", {"Nats-Expected-Last-Sequence": "1", "Nats-Expected-Last-Subject-Sequence": "1"}),
 ]
@@ -184,8 +203,8 @@ async def test_no_ack_stream_answers_nothing(targets: dict[str, str], unique: st
         s = name.lower()
         await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "no_ack": True})
         answers = [
-            await pub(nc, f"{s}.a", b"1"),
-            await pub(nc, f"{s}.a", b"2", {"Nats-Expected-Stream": "OTHER"}),
+            await pub(nc, f"{s}.a", b"1", wait_s=0.5),
+            await pub(nc, f"{s}.a", b"2", {"Nats-Expected-Stream": "OTHER"}, wait_s=0.5),
         ]
         return {"answers": answers, "state": state(await api(nc, f"STREAM.INFO.{name}"))}
 
@@ -194,13 +213,27 @@ async def test_no_ack_stream_answers_nothing(targets: dict[str, str], unique: st
 
 
 async def test_sealed_stream_refuses_publish(targets: dict[str, str], unique: str) -> None:
-    """A create asking for sealed is refused (sealing is an update); see test_stream_config."""
+    """A create asking for sealed is refused; once an update seals the stream, publishes get 10109
+    (before any header check) and nothing is stored."""
 
     async def case(nc: Client, name: str) -> Any:
-        return await api(nc, f"STREAM.CREATE.{name}", {"name": name, "sealed": True})
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"]}
+        refused = await api(nc, f"STREAM.CREATE.{name}", {**cfg, "sealed": True})
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        first = await pub(nc, f"{s}.a")
+        sealed = await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "sealed": True})
+        return [
+            refused["error"],
+            first,
+            sealed["config"]["sealed"],
+            await pub(nc, f"{s}.a"),
+            await pub(nc, f"{s}.a", b"x", {"Nats-Expected-Stream": "OTHER"}),
+            state(await api(nc, f"STREAM.INFO.{name}")),
+        ]
 
     out = await assert_same(targets, case, unique)
-    assert out["error"]["err_code"] == 10052
+    assert out[3]["error"]["err_code"] == 10109
 
 
 async def test_dedup_window_survives_restart(
@@ -223,11 +256,52 @@ async def test_dedup_window_survives_restart(
             state(await api(nc, f"STREAM.INFO.{name}")),
         ]
 
-    targets = {"jetstream": reference.url, "jetlake": jetlake.url}
-    first = await run_case(targets, before, unique)
-    await asyncio.to_thread(jetlake.stop_gateway)
-    await asyncio.to_thread(jetlake.start_gateway)
-    second = await run_case(targets, after, unique)
-    assert first["jetlake"] == first["jetstream"]
-    assert second["jetlake"] == second["jetstream"]
-    assert second["jetstream"][0] == {"stream": unique, "seq": 1, "duplicate": True}
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=False)
+    assert second[0] == {"stream": unique, "seq": 1, "duplicate": True}
+
+
+async def test_rollups(targets: dict[str, str], unique: str) -> None:
+    """Nats-Rollup: sub keeps only the new message of its subject, all only the new message of the
+    stream; the removed messages leave holes the stream state counts."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        cfg = {"name": name, "subjects": [f"{s}.>"], "allow_rollup_hdrs": True}
+        await api(nc, f"STREAM.CREATE.{name}", cfg)
+        for subj in ("a", "a", "b", "c", "a"):
+            await pub(nc, f"{s}.{subj}")
+        steps = [await pub(nc, f"{s}.a", b"roll", {"Nats-Rollup": "sub"})]
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        steps.append((state(info), info["state"].get("subjects"), info["state"].get("num_deleted")))
+        steps.append(await pub(nc, f"{s}.b", b"all", {"Nats-Rollup": "ALL"}))
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        steps.append((state(info), info["state"].get("subjects"), info["state"].get("num_deleted")))
+        return steps
+
+    out = await assert_same(targets, case, unique)
+    assert out[3][0]["messages"] == 1
+
+
+@pytest.mark.slow
+async def test_rollup_survives_kill_9(reference: ReferenceJetStream, jetlake: Jetlake, unique: str) -> None:
+    """A rollup's purge is replayed from the stored headers on start: killing the gateway right
+    after the PubAck (before the removal log has it) changes no answer."""
+
+    async def before(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(
+            nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "allow_rollup_hdrs": True}
+        )
+        for subj in ("a", "a", "b", "a"):
+            await pub(nc, f"{s}.{subj}")
+        return [
+            await pub(nc, f"{s}.a", b"roll", {"Nats-Rollup": "sub"}),
+            await pub(nc, f"{s}.c", b"all", {"Nats-Rollup": "all"}),
+        ]
+
+    async def after(nc: Client, name: str) -> Any:
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        return (state(info), info["state"].get("subjects"), info["state"].get("num_deleted"))
+
+    _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=True)
+    assert second[0]["messages"] == 1

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import NoRespondersError, TimeoutError
 
 from tests.differential import assert_same
 from tests.streams_script import run_script
@@ -40,6 +40,10 @@ UPDATES: list[tuple[str, dict[str, Any]]] = [
     ("name", {"name": "OTHER"}),
     # replicas on a single server: 10074
     ("replicas", {"num_replicas": 3}),
+    # a value of the wrong type: Go's decoding error, 10025
+    ("wrong_type", {"max_msgs": "many"}),
+    # max_age below the duplicate window: 10052
+    ("max_age", {"max_age": 1_000_000_000}),
     # sealing turns on deny_delete, deny_purge and discard new
     ("seal", {"sealed": True}),
 ]
@@ -252,6 +256,93 @@ async def test_direct_get(targets: dict[str, str], unique: str) -> None:
             out.append((hdrs, msg.data, "Nats-Time-Stamp" in (msg.headers or {})))
         got = await js.get_msg(name, subject=f"{n}.b", direct=True)
         out.append((got.subject, got.seq, got.data))
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_direct_get_batch_and_multi_last(targets: dict[str, str], unique: str) -> None:
+    """DIRECT.GET batches (with next_by_subj, max_bytes) and multi_last (wildcards, up_to_seq):
+    Nats-Num-Pending / Nats-Last-Sequence on each message, a 204 EOB status at the end; no_hdr."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        n = name.lower()
+        await js.add_stream(name=name, subjects=[f"{n}.>"], allow_direct=True)
+        for s in "abac":
+            await js.publish(f"{n}.{s}", f"v-{s}".encode())
+        await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 2})
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        out: list[Any] = []
+        for body in (
+            {"seq": 1, "batch": 3},
+            {"seq": 2, "batch": 5, "next_by_subj": f"{n}.a"},
+            {"seq": 1, "batch": 3, "max_bytes": 10},
+            {"seq": 9, "batch": 2},
+            {"multi_last": [f"{n}.a", f"{n}.c"]},
+            {"multi_last": [f"{n}.>"], "batch": 1},
+            {"multi_last": [f"{n}.*"], "up_to_seq": 2},
+            {"seq": 1, "no_hdr": True},
+        ):
+            await nc.publish(f"$JS.API.DIRECT.GET.{name}", json.dumps(body).encode(), reply=inbox)
+            got = []
+            while True:
+                msg = await sub.next_msg(timeout=3)
+                hdrs = {k: v for k, v in (msg.headers or {}).items() if k != "Nats-Time-Stamp"}
+                got.append((hdrs, msg.data))
+                if not msg.headers or "Status" in msg.headers:
+                    break
+            out.append(got)
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+async def test_stream_advisories(targets: dict[str, str], unique: str) -> None:
+    """STREAM.CREATED, UPDATED and DELETED advisories, and none for a repeated create or a refused
+    update."""
+
+    async def case(nc: Client, name: str) -> Any:
+        sub = await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.*.{name}")
+        config = {"name": name, "subjects": [f"{name.lower()}.>"]}
+        await api(nc, f"STREAM.CREATE.{name}", config)
+        await api(nc, f"STREAM.CREATE.{name}", config)
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "storage": "memory"})
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "max_msgs": 3})
+        await api(nc, f"STREAM.DELETE.{name}")
+        events = []
+        for _ in range(3):
+            msg = await sub.next_msg(timeout=3)
+            body = json.loads(msg.data)
+            events.append((msg.subject, body["type"], body["stream"], body["action"], sorted(body)))
+        try:
+            extra = await sub.next_msg(timeout=0.5)
+            events.append(extra.subject)
+        except TimeoutError:
+            events.append("no more")
+        return events
+
+    await assert_same(targets, case, unique)
+
+
+async def test_update_moves_subjects(targets: dict[str, str], unique: str) -> None:
+    """After an update replaces a stream's subjects, the new subject is stored and the old one
+    gets no responders."""
+
+    async def case(nc: Client, name: str) -> Any:
+        n = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{n}.old"]})
+        cfg = (await api(nc, f"STREAM.INFO.{name}"))["config"]
+        await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "subjects": [f"{n}.new"]})
+        out: list[Any] = [json.loads((await nc.request(f"{n}.new", b"x", timeout=5)).data)]
+        try:
+            await nc.request(f"{n}.old", b"x", timeout=2)
+            out.append("answered")
+        except NoRespondersError:
+            out.append("no responders")
+        out.append((await api(nc, f"STREAM.INFO.{name}"))["state"])
         return out
 
     await assert_same(targets, case, unique)

@@ -57,6 +57,11 @@ CASES: list[tuple[str, dict[str, Any], list[Step]]] = [
             ("del", {"seq": 99}),
             ("del", {}),
             ("del", {"seq": 5, "no_erase": True}),
+            ("del", {"seq": 8}),
+            ("del", {"seq": 8}),
+            ("purge", {}),
+            ("del", {"seq": 8}),
+            ("del", {"seq": 9}),
         ],
     ),
     # purges: by filter, below a sequence, keep, the whole stream, and past the end
@@ -111,14 +116,13 @@ async def test_max_age_expires_on_a_timer(targets: dict[str, str], unique: str) 
     sequence moves past them and a message published later stays."""
 
     async def case(nc: Client, name: str) -> Any:
-        out = await run_script(
-            nc, name, {"max_age": 1_000_000_000, "duplicate_window": 1_000_000_000}, [P, P]
-        )
-        await asyncio.sleep(0.6)
+        config = {"max_age": 2_000_000_000, "duplicate_window": 2_000_000_000}
+        out = await run_script(nc, name, config, [P, P])
+        await asyncio.sleep(1.0)
         out.append(await run_step(nc, name, P))
-        await asyncio.sleep(0.9)  # the first two are past 1 s, the third is not
+        await asyncio.sleep(1.5)  # the first two are 0.5 s past 2 s, the third 0.5 s short of it
         out.append(await full_state(nc, name))
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.5)
         out.append(await full_state(nc, name))
         return out
 

@@ -112,6 +112,29 @@ def test_hole_prefix_stays_bounded() -> None:
     assert stream.state.first_seq == 10 * COMPACT_MIN - 9
 
 
+def test_subjects_without_messages_are_forgotten() -> None:
+    """Ever-new subjects under a limit (order ids, expired keys) do not grow the subject table."""
+    stream = make(max_msgs=5)
+    for i in range(1000):
+        stream.accept(f"s.{i}", None, b"x", 0)
+    assert len(stream._subject_names) <= 7
+    assert stream.last_seq_for("s.999") == 1000
+    assert stream.last_seq_for("s.3") == 0
+    assert stream.subject_counts(">") == {f"s.{i}": 1 for i in range(995, 1000)}
+
+
+def test_on_removed_tells_every_removal() -> None:
+    """Consumers hear of each removed message with its subject, also from a whole purge."""
+    stream = make(max_msgs_per_subject=1)
+    heard: list[tuple[int, str]] = []
+    stream.on_removed = lambda seq, subject: heard.append((seq, subject))
+    for subj in ("s.a", "s.a", "s.b", "s.c"):
+        stream.accept(subj, None, b"", 0)
+    stream.remove(3)
+    stream.purge()
+    assert heard == [(1, "s.a"), (3, "s.b"), (2, "s.a"), (4, "s.c")]
+
+
 def test_discard_new_refusal_changes_nothing() -> None:
     stream = make(max_msgs=1, discard="new")
     stream.accept("s.a", None, b"x", 0)

@@ -1,0 +1,138 @@
+"""Finding messages for MSG.GET and DIRECT.GET, and DIRECT.GET's answers (ADR-31): a message as
+headers plus payload, batches and ``multi_last`` closed by a ``204 EOB`` status, the 404/408
+statuses, and "no responders" for a stream without ``allow_direct``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gateway import errors
+from gateway.apicommon import RawReply, load_request
+from gateway.headers import status_block
+from gateway.loader import MessageLoader
+from gateway.registry import Registry
+from gateway.stream import Stream
+from gateway.timefmt import rfc3339
+from storage_delta.writer import StoredMessage
+
+#: What a requester sees when nobody listens: the server's "no responders" status.
+NO_RESPONDERS = RawReply(status_block(503, ""))
+NOT_FOUND = RawReply(status_block(404, "Message Not Found"))
+
+
+def find_seq(stream: Stream, req: dict[str, Any]) -> int | None:
+    """The sequence a get request names (``seq``, ``last_by_subj``, ``next_by_subj`` + ``seq``)."""
+    seq = int(req.get("seq") or 0)
+    last_by, next_by = req.get("last_by_subj"), req.get("next_by_subj")
+    if last_by and (seq or next_by):
+        raise errors.BAD_REQUEST
+    if last_by:
+        return stream.last_seq_matching(str(last_by)) or None
+    if next_by:
+        return stream.first_seq_at_or_after(seq, [str(next_by)])
+    if not seq:
+        raise errors.BAD_REQUEST
+    return seq if stream.is_live(seq) else None
+
+
+def direct_headers(stream: str, msg: StoredMessage, extra: dict[str, str] | None = None) -> bytes:
+    """The message's own headers followed by the ones DIRECT.GET adds."""
+    lines = {
+        "Nats-Stream": stream,
+        "Nats-Subject": msg.subject,
+        "Nats-Sequence": str(msg.seq),
+        "Nats-Time-Stamp": rfc3339(msg.ts),
+        **(extra or {}),
+    }
+    base = msg.hdrs[:-2].decode() if msg.hdrs and msg.hdrs.endswith(b"\r\n\r\n") else "NATS/1.0\r\n"
+    return (base + "".join(f"{k}: {v}\r\n" for k, v in lines.items()) + "\r\n").encode()
+
+
+class DirectGet:
+    def __init__(self, registry: Registry, loader: MessageLoader) -> None:
+        self.reg = registry
+        self.loader = loader
+
+    async def answer(self, name: str, subject: str, body: bytes) -> list[RawReply]:
+        """The messages to send the requester, in order."""
+        stream = self.reg.streams.get(name)
+        if stream is None or not stream.config.get("allow_direct"):
+            return [NO_RESPONDERS]
+        if subject:
+            req: dict[str, Any] = {"last_by_subj": subject}
+        elif not body.strip():
+            return [RawReply(status_block(408, "Empty Request"))]
+        else:
+            try:
+                req = load_request(body)
+            except errors.ApiError:
+                return [RawReply(status_block(408, "Malformed Request"))]
+        if req.get("multi_last"):
+            return await self._multi_last(stream, req)
+        try:
+            seq = find_seq(stream, req)
+        except errors.ApiError:
+            return [RawReply(status_block(408, "Bad Request"))]
+        if int(req.get("batch") or 0) > 0:
+            return await self._batch(stream, seq, req)
+        msg = await self.loader.load(stream, seq) if seq else None
+        if msg is None:
+            return [NOT_FOUND]
+        if req.get("no_hdr"):
+            return [RawReply(b"", msg.data)]
+        return [RawReply(direct_headers(stream.name, msg), msg.data)]
+
+    async def _batch(self, stream: Stream, first: int | None, req: dict[str, Any]) -> list[RawReply]:
+        """Up to ``batch`` messages from ``first`` on (matching ``next_by_subj``), stopping once
+        ``max_bytes`` are sent; each says how many more match and which one it follows."""
+        filters = [str(req["next_by_subj"])] if req.get("next_by_subj") else []
+        batch, max_bytes = int(req["batch"]), int(req.get("max_bytes") or 0)
+        seqs: list[int] = []
+        seq = first
+        while seq is not None and len(seqs) < batch:
+            seqs.append(seq)
+            seq = stream.first_seq_at_or_after(seq + 1, filters)
+        return await self._send(
+            stream, seqs, max_bytes, lambda s: stream.count_matching_after(s, filters), {}
+        )
+
+    async def _multi_last(self, stream: Stream, req: dict[str, Any]) -> list[RawReply]:
+        """The newest message of each subject the filters match, at or below ``up_to_seq``."""
+        upto = int(req.get("up_to_seq") or 0) or stream.state.last_seq
+        seqs = stream.last_per_subject([str(f) for f in req["multi_last"]], upto)
+        batch = int(req.get("batch") or 0)
+        chosen = seqs[:batch] if batch > 0 else seqs
+        return await self._send(
+            stream,
+            chosen,
+            0,
+            lambda s: len(seqs) - seqs.index(s) - 1,
+            {"Nats-UpTo-Sequence": str(upto)},
+        )
+
+    async def _send(
+        self,
+        stream: Stream,
+        seqs: list[int],
+        max_bytes: int,
+        pending: Callable[[int], int],
+        eob_extra: dict[str, str],
+    ) -> list[RawReply]:
+        out: list[RawReply] = []
+        last, sent = 0, 0
+        for seq in seqs:
+            msg = await self.loader.load(stream, seq)
+            if msg is None:
+                continue
+            extra = {"Nats-Num-Pending": str(pending(seq)), "Nats-Last-Sequence": str(last)}
+            out.append(RawReply(direct_headers(stream.name, msg, extra), msg.data))
+            last = seq
+            sent += len(msg.data) + len(msg.subject) + (len(msg.hdrs) if msg.hdrs else 0)
+            if max_bytes and sent >= max_bytes:
+                break
+        if not out:
+            return [NOT_FOUND]
+        eob = {"Nats-Num-Pending": str(pending(last)), "Nats-Last-Sequence": str(last), **eob_extra}
+        out.append(RawReply(status_block(204, "EOB", eob)))
+        return out

@@ -1,0 +1,121 @@
+"""The consumer state machine on its own (no servers): each transition's effect on the numbers,
+and num_pending kept incrementally equal to a full recount under random work."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from gateway.consumer import Consumer, start_position
+from gateway.consumer_config import normalize
+from gateway.stream import Stream
+from gateway.stream_config import normalize as stream_normalize
+
+NS = 1_000_000_000
+
+
+def _stream(n: int, subjects: int = 3) -> Stream:
+    stream = Stream(stream_normalize({"name": "M", "subjects": ["m.>"]}, "2.15.1"), 1, 1 << 20)
+    for i in range(n):
+        _add(stream, f"m.s{i % subjects}", i)
+    return stream
+
+
+def _add(stream: Stream, subject: str, i: int) -> None:
+    msg = stream.accept(subject, None, str(i).encode(), (i + 1) * NS)
+    stream.committed(msg.seq)
+
+
+def _consumer(stream: Stream, **cfg: Any) -> Consumer:
+    config = normalize({"durable_name": "c", "ack_policy": "explicit", **cfg}, "2.15.1")
+    after, skip = start_position(stream, config, None)
+    return Consumer(stream, config, 0, after, skip)
+
+
+def _take(c: Consumer, now: int = 0) -> int:
+    seq = c.next_seq()
+    assert seq is not None
+    done = c.deliver(seq, now)
+    assert done is not None
+    return done.seq
+
+
+def test_ack_floor_and_redelivery_order() -> None:
+    """Acks in order move the floor; a gap holds it; a nak'd message is delivered next."""
+    c = _consumer(_stream(5))
+    seqs = [_take(c) for _ in range(4)]
+    assert seqs == [1, 2, 3, 4]
+    c.ack(1, 1, 0)
+    assert (c.ack_floor_cseq, c.ack_floor_sseq) == (1, 1)
+    c.ack(3, 3, 0)
+    assert (c.ack_floor_cseq, c.ack_floor_sseq) == (1, 1)
+    assert c.nak(2, 0, 0)
+    assert _take(c) == 2
+    assert c.num_redelivered() == 1
+    assert c.num_pending() == 1
+
+
+def test_expire_and_max_deliver() -> None:
+    """Past ack_wait a message is queued again; after max_deliver it leaves pending, the floor
+    stays and the redelivered count keeps it."""
+    c = _consumer(_stream(1), ack_wait=NS, max_deliver=2)
+    _take(c, 0)
+    assert c.expire(NS // 2) == []
+    assert c.expire(NS) == []
+    assert _take(c, NS) == 1
+    assert c.expire(3 * NS) == [(1, 2)]
+    assert c.pending == {}
+    assert (c.ack_floor_cseq, c.ack_floor_sseq) == (0, 0)
+    assert c.num_redelivered() == 1
+    assert c.next_seq() is None
+
+
+def test_ack_all_and_backoff() -> None:
+    """Ack all settles everything up to the acked message; backoff sets each deadline."""
+    c = _consumer(_stream(4), ack_policy="all")
+    for _ in range(4):
+        _take(c)
+    c.ack(3, 3, 0)
+    assert sorted(c.pending) == [4]
+    assert (c.ack_floor_cseq, c.ack_floor_sseq) == (3, 3)
+    b = _consumer(_stream(1), backoff=[NS, 5 * NS], max_deliver=5)
+    _take(b, 0)
+    assert b.pending[1].deadline_ns == NS
+    b.expire(NS)
+    _take(b, NS)
+    assert b.pending[1].deadline_ns == 6 * NS
+
+
+def test_num_pending_is_incremental_and_exact() -> None:
+    """Random publishes, removals, deliveries, acks and naks: num_pending always equals a full
+    recount, with and without a filter and for every start."""
+    rng = random.Random(7)
+    for cfg in (
+        {},
+        {"filter_subject": "m.s1"},
+        {"deliver_policy": "last_per_subject", "filter_subject": "m.*"},
+        {"deliver_policy": "by_start_sequence", "opt_start_seq": 30},
+    ):
+        stream = _stream(20)
+        c = _consumer(stream, **cfg)
+        stream.on_removed = c.forget
+        for i in range(400):
+            op = rng.random()
+            if op < 0.35:
+                _add(stream, f"m.s{rng.randrange(4)}", 100 + i)
+            elif op < 0.45 and stream.state.messages:
+                stream.remove(rng.randint(stream.state.first_seq, stream.state.last_seq))
+            elif op < 0.8:
+                seq = c.next_seq()
+                if seq is not None and stream.is_live(seq):
+                    c.deliver(seq, i)
+                elif seq is not None:
+                    c.passed(seq)
+            elif c.pending:
+                seq = rng.choice(sorted(c.pending))
+                if rng.random() < 0.7:
+                    c.ack(seq, c.pending[seq].cseq, i)
+                else:
+                    c.nak(seq, 0, i)
+            expected = stream.count_matching_after(max(c.sseq, c._resume), c.filters) + len(c._skip)
+            assert c.num_pending() == expected, (cfg, i)

@@ -1,0 +1,132 @@
+"""Pull requests against the real JetStream and jetlake: batch forms, no_wait, expires,
+max_bytes, idle heartbeats, the 4xx status family, max_waiting and num_waiting, requests
+that end when their requester unsubscribes or the consumer is deleted."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from tests.jsapi import api, consumer, describe, publish, pull, same, state, stream
+
+LIMITS = {"max_batch": 3, "max_expires": 2_000_000_000, "max_bytes": 500}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",  # empty: batch 1
+        b"2",  # a bare number
+        b"junk",  # not JSON: served as batch 1
+        {"batch": 0, "no_wait": True},  # batch 0 (nats.js) is 1
+        {"batch": -1, "no_wait": True},
+        {"batch": 4},  # 409 Exceeded MaxRequestBatch of 3
+        {"batch": 1, "expires": 3_000_000_000},  # 409 Exceeded MaxRequestExpires of 2s
+        {"batch": 1, "max_bytes": 600},  # 409 Exceeded MaxRequestMaxBytes of 500
+        {"batch": 3, "max_bytes": 200, "expires": 1_000_000_000},  # two fit, then 409 with pending
+        {"batch": 1, "max_bytes": 10, "expires": 1_000_000_000},  # none fits: 409
+        {"batch": 3, "no_wait": True},  # what there is, then 408
+        {"batch": 3, "no_wait": True, "expires": 500_000_000},  # no_wait with expires
+        {"batch": 3, "expires": 500_000_000},  # what there is, 408 at expiry
+    ],
+)
+async def test_pull_request_forms(targets: dict[str, str], unique: str, body: Any) -> None:
+    """Each request form's deliveries and closing status, and the consumer's numbers after."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 2, size=50)
+        await consumer(nc, name, "c", ack_policy="explicit", **LIMITS)
+        got = await pull(nc, name, "c", body, 5, wait=1.5)
+        empty = await pull(nc, name, "c", {"batch": 2, "no_wait": True}, 2, wait=1.5)
+        return {"got": got, "empty": empty, "info": state(await api(nc, f"CONSUMER.INFO.{name}.c"))}
+
+    await same(targets, case, unique)
+
+
+async def test_max_waiting_and_num_waiting(targets: dict[str, str], unique: str) -> None:
+    """Requests wait up to max_waiting (num_waiting counts them); one more gets 409; an expired
+    request leaves num_waiting at once; a request whose inbox is unsubscribed is dropped."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await consumer(nc, name, "w", ack_policy="explicit", max_waiting=2)
+        subs = []
+        for expires in (600_000_000, 20_000_000_000):
+            inbox = nc.new_inbox()
+            subs.append(await nc.subscribe(inbox))
+            body = f'{{"batch": 5, "expires": {expires}}}'.encode()
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{name}.w", body, reply=inbox)
+        await nc.flush()
+        full = state(await api(nc, f"CONSUMER.INFO.{name}.w"))["num_waiting"]
+        third = await pull(nc, name, "w", {"batch": 1, "expires": 1_000_000_000}, 1)
+        expired = describe(await subs[0].next_msg(timeout=3))
+        after_expiry = state(await api(nc, f"CONSUMER.INFO.{name}.w"))["num_waiting"]
+        await subs[1].unsubscribe()
+        await nc.flush()
+        await asyncio.sleep(0.6)
+        after_unsub = state(await api(nc, f"CONSUMER.INFO.{name}.w"))["num_waiting"]
+        await publish(nc, name, 1)
+        fresh = await pull(nc, name, "w", {"batch": 1, "expires": 1_000_000_000}, 1)
+        return {
+            "full": full,
+            "third": third,
+            "expired": expired,
+            "after_expiry": after_expiry,
+            "after_unsub": after_unsub,
+            "fresh": fresh,
+        }
+
+    out = await same(targets, case, unique)
+    assert out["full"] == 2
+    assert out["after_unsub"] == 0
+
+
+@pytest.mark.slow
+async def test_idle_heartbeat_and_consumer_deleted(targets: dict[str, str], unique: str) -> None:
+    """A waiting request with idle_heartbeat gets 100 Idle Heartbeat (with the last sequences);
+    deleting the consumer ends it with 409 Consumer Deleted; a push consumer refuses pulls."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 3)
+        await consumer(nc, name, "h", ack_policy="explicit", deliver_policy="new")
+        await consumer(nc, name, "p", ack_policy="explicit", deliver_subject=nc.new_inbox())
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        body = b'{"batch": 10, "expires": 5000000000, "idle_heartbeat": 500000000}'
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{name}.h", body, reply=inbox)
+        beats = [describe(await sub.next_msg(timeout=2)) for _ in range(2)]
+        deleted = await api(nc, f"CONSUMER.DELETE.{name}.h")
+        after = describe(await sub.next_msg(timeout=2))
+        while after[1] == "100":
+            after = describe(await sub.next_msg(timeout=2))
+        push = await pull(nc, name, "p", b"", 1)
+        return {"beats": beats, "deleted": deleted, "after": after, "push": push}
+
+    out = await same(targets, case, unique)
+    assert out["after"][1:3] == ("409", "Consumer Deleted")
+
+
+async def test_waiting_request_served_by_new_messages(targets: dict[str, str], unique: str) -> None:
+    """A waiting request is served by publishes that arrive while it waits."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await consumer(nc, name, "f", ack_policy="explicit")
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{name}.f", b'{"batch":3,"expires":5000000000}', reply=inbox
+        )
+        await nc.flush()
+        await asyncio.sleep(0.2)
+        await publish(nc, name, 3)
+        got = [describe(await sub.next_msg(timeout=3)) for _ in range(3)]
+        return {"got": got, "info": state(await api(nc, f"CONSUMER.INFO.{name}.f"))}
+
+    out = await same(targets, case, unique)
+    assert len(out["got"]) == 3

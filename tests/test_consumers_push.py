@@ -1,0 +1,183 @@
+"""Push consumers against the real JetStream and jetlake: delivery to the deliver subject
+(only while it has interest), queue groups, headers_only, idle heartbeats, replay original,
+rate limits, and nats-py's push subscribe and ordered consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from nats.aio.client import Client
+
+from tests.jsapi import api, describe, publish, same, state, stream
+
+
+async def _collect(sub: Any, n: int, wait: float = 3.0) -> list[Any]:
+    return [describe(await sub.next_msg(timeout=wait)) for _ in range(n)]
+
+
+async def test_push_delivers_while_subject_has_interest(targets: dict[str, str], unique: str) -> None:
+    """Nothing is delivered while nobody listens on the deliver subject; a subscriber gets
+    everything under the stored subjects with the ack tokens; acks move the floor."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 4, subjects=2)
+        deliver = f"deliver.{name.lower()}"
+        body = {
+            "stream_name": name,
+            "config": {"durable_name": "p", "ack_policy": "explicit", "deliver_subject": deliver},
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.p", body)
+        await asyncio.sleep(0.3)
+        idle = state(await api(nc, f"CONSUMER.INFO.{name}.p"))
+        sub = await nc.subscribe(deliver)
+        got = await _collect(sub, 4)
+        await publish(nc, name, 1)
+        got += await _collect(sub, 1)
+        for seq in (1, 2, 5):
+            await nc.request(f"$JS.ACK.{name}.p.1.{seq}.{seq}.0.0", b"+ACK", timeout=2)
+        return {"idle": idle, "got": got, "info": state(await api(nc, f"CONSUMER.INFO.{name}.p"))}
+
+    out = await same(targets, case, unique)
+    assert out["idle"]["delivered"]["consumer_seq"] == 0
+
+
+async def test_push_queue_group_and_headers_only(targets: dict[str, str], unique: str) -> None:
+    """A deliver_group spreads messages over the queue subscribers (together they see each once);
+    headers_only sends the headers and Nats-Msg-Size instead of the payload."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        for i in range(6):
+            await js.publish(f"{name.lower()}.x", f"body{i}".encode(), headers={"K": str(i)})
+        deliver = f"group.{name.lower()}"
+        cfg = {"durable_name": "g", "ack_policy": "none", "deliver_subject": deliver, "deliver_group": "q"}
+        seen: list[Any] = []
+
+        async def on(msg: Any) -> None:
+            seen.append(describe(msg))
+
+        subs = [await nc.subscribe(deliver, queue="q", cb=on) for _ in range(2)]
+        await api(nc, f"CONSUMER.CREATE.{name}.g", {"stream_name": name, "config": cfg})
+        for _ in range(60):
+            if len(seen) >= 6:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        for s in subs:
+            await s.unsubscribe()
+        hdr_sub = await nc.subscribe(f"hdr.{name.lower()}")
+        cfg2 = {
+            "durable_name": "h",
+            "ack_policy": "none",
+            "deliver_subject": f"hdr.{name.lower()}",
+            "headers_only": True,
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.h", {"stream_name": name, "config": cfg2})
+        hdrs = await _collect(hdr_sub, 2)
+        return {"seen": sorted(seen), "hdrs": hdrs}
+
+    out = await same(targets, case, unique)
+    assert len(out["seen"]) >= 6
+
+
+async def test_push_idle_heartbeat(targets: dict[str, str], unique: str) -> None:
+    """An idle push consumer with idle_heartbeat sends 100 Idle Heartbeat with the last sequences."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 2)
+        deliver = f"hb.{name.lower()}"
+        sub = await nc.subscribe(deliver)
+        cfg = {
+            "durable_name": "b",
+            "ack_policy": "none",
+            "deliver_subject": deliver,
+            "idle_heartbeat": 300_000_000,
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.b", {"stream_name": name, "config": cfg})
+        got = await _collect(sub, 3)
+        return got
+
+    out = await same(targets, case, unique)
+    assert out[2][1] == "100"
+
+
+async def test_push_replay_original_and_rate_limit(targets: dict[str, str], unique: str) -> None:
+    """replay_policy original keeps the gaps between stored messages; rate_limit_bps lets a
+    burst through at once (the server's limiter has a burst allowance)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        for i in range(3):
+            await js.publish(f"{name.lower()}.r", f"{i}".encode())
+            await asyncio.sleep(0.5)
+        sub = await nc.subscribe(f"replay.{name.lower()}")
+        cfg = {
+            "durable_name": "r",
+            "ack_policy": "none",
+            "deliver_subject": f"replay.{name.lower()}",
+            "replay_policy": "original",
+        }
+        start = time.monotonic()
+        await api(nc, f"CONSUMER.CREATE.{name}.r", {"stream_name": name, "config": cfg})
+        got = await _collect(sub, 3)
+        replay_took = time.monotonic() - start
+        await js.publish(f"{name.lower()}.big", b"x" * 2000)
+        sub2 = await nc.subscribe(f"rate.{name.lower()}")
+        cfg2 = {
+            "durable_name": "l",
+            "ack_policy": "none",
+            "deliver_subject": f"rate.{name.lower()}",
+            "filter_subject": f"{name.lower()}.big",
+            "rate_limit_bps": 8000,
+        }
+        start = time.monotonic()
+        await api(nc, f"CONSUMER.CREATE.{name}.l", {"stream_name": name, "config": cfg2})
+        await js.publish(f"{name.lower()}.big", b"y" * 2000)
+        rated = await _collect(sub2, 2, wait=5)
+        rate_took = time.monotonic() - start
+        # Two small messages fit the limiter's burst: they are not held back.
+        return {
+            "got": got,
+            "replay_gaps_kept": replay_took > 0.8,
+            "rated": len(rated),
+            "burst": rate_took < 1.5,
+        }
+
+    out = await same(targets, case, unique)
+    assert out["replay_gaps_kept"]
+
+
+async def test_nats_py_push_and_ordered_consumer(targets: dict[str, str], unique: str) -> None:
+    """nats-py's push subscribe (durable, manual acks) and its ordered consumer (ephemeral,
+    flow control and heartbeats, ack none) read the whole stream in order."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        await publish(nc, name, 30, subjects=3)
+        durable = await js.subscribe(f"{name.lower()}.>", durable="push", manual_ack=True)
+        got = []
+        for _ in range(30):
+            m = await durable.next_msg(timeout=3)
+            got.append((m.subject, m.data.decode(), m.metadata.sequence.stream, m.metadata.num_pending))
+            await m.ack()
+        ordered = await js.subscribe(f"{name.lower()}.>", ordered_consumer=True)
+        seq = []
+        for _ in range(30):
+            m = await ordered.next_msg(timeout=3)
+            seq.append((m.data.decode(), m.metadata.sequence.stream))
+        await publish(nc, name, 2)
+        for _ in range(2):
+            m = await ordered.next_msg(timeout=3)
+            seq.append((m.data.decode(), m.metadata.sequence.stream))
+        info = state(await api(nc, f"CONSUMER.INFO.{name}.push"))
+        return {"got": got, "ordered": seq, "info": info}
+
+    out = await same(targets, case, unique)
+    assert len(out["ordered"]) == 32
