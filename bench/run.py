@@ -70,6 +70,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument(
+        "--profile", action="store_true", help="py-spy on the gateway during the publish workloads"
+    )
     args = ap.parse_args()
     sizes = QUICK if args.quick else FULL
     only = {w for w in args.only.split(",") if w}
@@ -77,10 +80,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
         ref, lake, targets = start_targets(Path(tmp))
         lake_root = StoreRoot(str(lake.data_root))
+        profile = Path(tmp) / "profiles" if args.profile else None
+        if profile is not None:
+            profile.mkdir()
         runs: dict[str, Callable[[], dict[str, object]]] = {
             "sync_publish": lambda: wl.sync_publish(targets, sizes.sync),
-            "pipelined_publish": lambda: wl.pipelined_publish(targets, sizes.pipelined, sizes.window),
-            "core_publish": lambda: wl.core_publish(targets, sizes.core),
+            "pipelined_publish": lambda: wl.pipelined_publish(
+                targets, sizes.pipelined, sizes.window, profile
+            ),
+            "core_publish": lambda: wl.core_publish(targets, sizes.core, profile),
             "bytes_json": lambda: wl.bytes_per_message(targets, sizes.bytes_msgs, "json", lake_root),
             "bytes_random128": lambda: wl.bytes_per_message(
                 targets, sizes.bytes_msgs, "random128", lake_root
@@ -101,7 +109,10 @@ def main() -> None:
             lake.stop()
             ref.stop()
     if not args.no_record:
-        record(results, "quick" if args.quick else "full")
+        mode = "quick" if args.quick else "full sizes"
+        mode += f"; only {', '.join(sorted(only))}" if only else ""
+        mode += "; --profile: py-spy on the gateway" if args.profile else ""
+        record(results, mode)
 
 
 def record(results: list[dict[str, object]], mode: str) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,10 @@ class Target:
     name: str
     url: str
     workdir: Path
+    #: Stop and start the server that holds the streams (jetlake: the gateway process alone).
+    restart: Callable[[], None]
+    #: The process that stores the messages (jetlake: the gateway), for profiles.
+    pid: Callable[[], int]
 
     def stream_dir(self, stream: str) -> Path:
         if self.name == "jetstream":
@@ -37,7 +43,50 @@ def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Targ
     ref.start()
     lake = Jetlake(workdir / "jetlake")
     lake.start()
-    return ref, lake, [Target("jetstream", ref.url, ref.workdir), Target("jetlake", lake.url, lake.workdir)]
+
+    def restart_ref() -> None:
+        ref.stop()
+        ref.start()
+
+    def restart_lake() -> None:
+        lake.stop_gateway()
+        lake.start_gateway()  # returns once the API answers, which is after recovery
+
+    return (
+        ref,
+        lake,
+        [
+            Target("jetstream", ref.url, ref.workdir, restart_ref, lambda: _pid(ref.proc)),
+            Target("jetlake", lake.url, lake.workdir, restart_lake, lambda: _pid(lake.gateway)),
+        ],
+    )
+
+
+def _pid(proc: subprocess.Popen[bytes] | None) -> int:
+    assert proc is not None
+    return proc.pid
+
+
+async def wait_stream_messages(url: str, name: str, messages: int, wait_s: float = 600) -> None:
+    """Poll until the stream answers with all its messages (JetStream answers STREAM.INFO while it
+    is still recovering a stream)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if (await stream_state(url, name))["messages"] == messages:
+                return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.05)
+
+
+def timed_restart(target: Target, stream: str, messages: int) -> float:
+    """Seconds from stop to a stream that answers with all its messages again."""
+    t0 = time.monotonic()
+    target.restart()
+    asyncio.run(wait_stream_messages(target.url, stream, messages))
+    return round(time.monotonic() - t0, 2)
 
 
 def loadgen(mode: str, url: str, prefix: str, count: int, payload: str, window: int = 256) -> dict[str, Any]:

@@ -6,10 +6,13 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.targets import Target, add_stream, barrier, loadgen, stream_state, tree_bytes
+from bench.profile import sampled, summarize
+from bench.targets import Target, add_stream, barrier, loadgen, stream_state, timed_restart, tree_bytes
 from storage_delta import seal
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import MessageTable, StoredMessage
@@ -33,41 +36,60 @@ def sync_publish(targets: list[Target], count: int) -> Result:
     return out
 
 
-def pipelined_publish(targets: list[Target], count: int, window: int) -> Result:
+def _profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Result:
+    """Run a workload step, with py-spy on jetlake's gateway when ``profile`` names a directory."""
+    if profile is None or t.name != "jetlake":
+        return run()
+    raw = profile / f"{time.monotonic_ns()}.raw"
+    with sampled(t.pid(), raw):
+        res = run()
+    res["profile"] = summarize(raw)
+    return res
+
+
+def pipelined_publish(targets: list[Target], count: int, window: int, profile: Path | None = None) -> Result:
     """Acked publishes with ``window`` in flight: throughput when every message is confirmed."""
     out: Result = {"workload": "pipelined_publish", "messages": count, "window": window}
     for t in targets:
         asyncio.run(add_stream(t.url, "BPIPE", ["bpipe.>"]))
-        out[t.name] = loadgen("pipelined", t.url, "bpipe", count, "json", window)
+        out[t.name] = _profiled(
+            t, profile, partial(loadgen, "pipelined", t.url, "bpipe", count, "json", window)
+        )
     out["ratio"] = _ratio(out["jetlake"]["acked_per_s"], out["jetstream"]["acked_per_s"])
     return out
 
 
-def core_publish(targets: list[Target], count: int) -> Result:
+def _core_load(t: Target, count: int) -> Result:
+    """Core publishes, then an acked barrier: what was stored, and by when."""
+    sent = loadgen("core", t.url, "bcore", count, "json")
+    seq, t_stored = asyncio.run(barrier(t.url, "bcore.barrier"))
+    stored = seq - 1
+    secs = t_stored - sent["t0_ms"] / 1000
+    return {
+        "sent": count,
+        "sent_per_s": round(sent["sent_per_s"]),
+        "stored": stored,
+        "dropped": count - stored,
+        "seconds": round(secs, 3),
+        "stored_per_s": round(stored / secs),
+    }
+
+
+def core_publish(targets: list[Target], count: int, profile: Path | None = None) -> Result:
     """Fire-and-forget publishes into a stream: how many the server stores per second, and how many
     it drops (JetStream drops past its ingest queue limit; jetlake must count what it refuses)."""
     out: Result = {"workload": "core_publish", "messages": count}
     for t in targets:
         asyncio.run(add_stream(t.url, "BCORE", ["bcore.>"]))
-        sent = loadgen("core", t.url, "bcore", count, "json")
-        seq, t_stored = asyncio.run(barrier(t.url, "bcore.barrier"))
-        stored = seq - 1
-        secs = t_stored - sent["t0_ms"] / 1000
-        out[t.name] = {
-            "sent": count,
-            "sent_per_s": round(sent["sent_per_s"]),
-            "stored": stored,
-            "dropped": count - stored,
-            "seconds": round(secs, 3),
-            "stored_per_s": round(stored / secs),
-        }
+        out[t.name] = _profiled(t, profile, partial(_core_load, t, count))
     out["ratio"] = _ratio(out["jetlake"]["stored_per_s"], out["jetstream"]["stored_per_s"])
     return out
 
 
 def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root: StoreRoot) -> Result:
     """Bytes on disk per stored message: JetStream's file store directory against the stream's
-    parquet files in the Delta table, as written and after sealing its blocks."""
+    parquet files in the Delta table, as written and after sealing its blocks; and the time a
+    restart takes until the stream answers with all its messages again."""
     stream = f"BBYTES_{payload.upper()}"
     prefix = f"bbytes{payload}"
     out: Result = {"workload": f"bytes_per_message_{payload}", "messages": count}
@@ -76,6 +98,7 @@ def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root
         loadgen("pipelined", t.url, prefix, count, payload, 512)
         state = asyncio.run(stream_state(t.url, stream))
         res: Result = {"stored": state["messages"], "state_bytes_per_msg": round(state["bytes"] / count, 1)}
+        res["restart_s"] = timed_restart(t, stream, count)
         if t.name == "jetstream":
             res["disk_bytes_per_msg"] = round(tree_bytes(t.stream_dir(stream)) / count, 1)
         else:
@@ -84,6 +107,7 @@ def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root
             seal.seal_stream(lake_root, stream)
             res["seal_seconds"] = round(time.monotonic() - t0, 2)
             res["disk_bytes_per_msg"] = round(seal.stream_bytes(lake_root, stream) / count, 1)
+            res["restart_sealed_s"] = timed_restart(t, stream, count)
         out[t.name] = res
     out["ratio"] = _ratio(out["jetlake"]["disk_bytes_per_msg"], out["jetstream"]["disk_bytes_per_msg"])
     return out
@@ -95,19 +119,28 @@ def commit_latency(versions: list[int], sample: int) -> Result:
     out: Result = {"workload": "delta_commit_latency", "sample": sample}
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-commit-") as tmp:
         table = MessageTable(StoreRoot(str(Path(tmp) / "root")))
-        version = table.last_txn_version()
         p50s: dict[int, float] = {}
-        for target in versions:
-            lat: list[float] = []
-            while version < target:
-                version += 1
-                msg = StoredMessage("BCOMMIT", 100_000, version, time.time_ns(), "bcommit.x", None, b"m" * 64)
-                t0 = time.perf_counter()
-                table.commit([msg], version)
-                if target - version < sample:
-                    lat.append((time.perf_counter() - t0) * 1000)
-            p50s[target] = round(statistics.median(lat), 2)
-            out[f"p50_ms_at_{target}"] = p50s[target]
-            out[f"p99_ms_at_{target}"] = round(statistics.quantiles(lat, n=100)[98], 2)
+        try:
+            _commit_until(table, versions, sample, p50s, out)
+        finally:
+            table.close()
     out["ratio"] = _ratio(p50s[versions[-1]], p50s[versions[0]])
     return out
+
+
+def _commit_until(
+    table: MessageTable, versions: list[int], sample: int, p50s: dict[int, float], out: Result
+) -> None:
+    version = table.last_txn_version()
+    for target in versions:
+        lat: list[float] = []
+        while version < target:
+            version += 1
+            msg = StoredMessage("BCOMMIT", 100_000, version, time.time_ns(), "bcommit.x", None, b"m" * 64)
+            t0 = time.perf_counter()
+            table.commit([msg], version)
+            if target - version < sample:
+                lat.append((time.perf_counter() - t0) * 1000)
+        p50s[target] = round(statistics.median(lat), 2)
+        out[f"p50_ms_at_{target}"] = p50s[target]
+        out[f"p99_ms_at_{target}"] = round(statistics.quantiles(lat, n=100)[98], 2)

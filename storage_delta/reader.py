@@ -1,10 +1,17 @@
-"""Reading messages back: by sequence range, and the scan that rebuilds stream state on start.
+"""Reading messages back: by sequence range, the first sequence at or after a time, the last
+message per subject, and the compact scan that rebuilds stream state on start.
 
-Reads prune by the ``stream``/``block`` partitions first and by the ``seq`` row-group statistics
-second, so the cost of a read follows its range, not the table's size.
+Every read picks its files from the Delta log's per-file statistics first (partition ``stream``, then
+the min/max of ``seq`` and ``ts`` that every add action carries), and lets parquet's row-group
+statistics do the rest, so the cost of a read follows what it asks for, not the table's size. A
+commit file covers a contiguous sequence range and a sealed file a whole block, so the files of a
+stream never overlap in sequences: that is what lets a search stop at the first file that answers.
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,7 +19,19 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from storage_delta import schema as sch
-from storage_delta.tables import StoreRoot, open_existing
+from storage_delta.deltalog import commit_path
+from storage_delta.tables import StoreRoot, open_existing, retry_listing
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """One live parquet file of a stream, with the statistics its add action carries."""
+
+    path: str
+    min_seq: int
+    max_seq: int
+    min_ts: int
+    max_ts: int
 
 
 class MessageReader:
@@ -21,64 +40,126 @@ class MessageReader:
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
         self._dt: DeltaTable | None = None
+        self._fs, base = root.filesystem()
+        self._base = f"{base}/{sch.MESSAGES}"
+        local = root.local_path()
+        self._log_dir = os.path.join(local, sch.MESSAGES, "_delta_log") if local else None
+        self._files: dict[str, list[DataFile]] = {}
+        self._files_version = -1
+
+    # ---- table state ----------------------------------------------------------------------------
 
     def _table(self) -> DeltaTable | None:
         if self._dt is None:
             self._dt = open_existing(self.root, sch.MESSAGES)
-        else:
-            self._dt.update_incremental()
+        elif self._log_dir is None or os.path.exists(commit_path(self._log_dir, self._dt.version() + 1)):
+            # Locally a look for the next commit file is enough to know nothing changed; a reload
+            # costs milliseconds and grows with the table.
+            retry_listing(self._dt.update_incremental)
         return self._dt
 
-    def _dataset(self, stream: str, blocks: list[int] | None = None) -> ds.Dataset | None:
+    def stream_files(self, stream: str) -> list[DataFile]:
+        """The stream's live files in sequence order (cached per table version)."""
         dt = self._table()
         if dt is None:
-            return None
-        parts: list[tuple[str, str, str | list[str]]] = [("stream", "=", stream)]
-        if blocks is not None:
-            parts.append(("block", "in", [str(b) for b in blocks]))
-        try:
-            return dt.to_pyarrow_dataset(partitions=parts)
-        except Exception as exc:  # no file matches the partition filter
-            if "partition" in str(exc).lower():
-                return None
-            raise
+            return []
+        if dt.version() != self._files_version:
+            self._files = _files_by_stream(dt)
+            self._files_version = dt.version()
+        return self._files.get(stream, [])
+
+    def _read(self, files: list[DataFile], columns: list[str], expr: ds.Expression | None) -> pa.Table:
+        if not files:
+            return sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns)
+        dset = ds.dataset(
+            [f"{self._base}/{f.path}" for f in files],
+            schema=sch.MESSAGE_FILE_SCHEMA,
+            format="parquet",
+            filesystem=self._fs,
+        )
+        return dset.to_table(filter=expr, columns=columns)
+
+    # ---- reads ----------------------------------------------------------------------------------
 
     def read_range(self, stream: str, first: int, last: int, block_size: int, min_ts: int = 0) -> pa.Table:
         """Messages with ``first <= seq <= last`` of one stream, ordered by sequence; ``min_ts`` (the
-        stream's created time) leaves out rows of an earlier stream of the same name."""
-        blocks = list(range(sch.block_of(first, block_size), sch.block_of(last, block_size) + 1))
-        dset = self._dataset(stream, blocks)
-        if dset is None:
-            return sch.MESSAGE_FILE_SCHEMA.empty_table()
+        stream's created time) leaves out rows of an earlier stream of the same name.
+        (``block_size`` is kept for callers; the file statistics already bound the blocks.)"""
+        del block_size
+        files = [
+            f
+            for f in self.stream_files(stream)
+            if f.max_seq >= first and f.min_seq <= last and f.max_ts >= min_ts
+        ]
         expr = (ds.field("seq") >= first) & (ds.field("seq") <= last) & (ds.field("ts") >= min_ts)
-        table = dset.to_table(filter=expr, columns=sch.MESSAGE_FILE_SCHEMA.names)
-        return table.sort_by("seq")
+        return self._read(files, sch.MESSAGE_FILE_SCHEMA.names, expr).sort_by("seq")
+
+    def first_seq_at_time(self, stream: str, ts: int, min_ts: int = 0) -> int | None:
+        """The first sequence stored at or after ``ts`` (Unix ns), as ``opt_start_time`` and
+        ``MSG.GET start_time`` need; None when every message is older."""
+        at = max(ts, min_ts)
+        expr = ds.field("ts") >= at
+        for f in self.stream_files(stream):
+            if f.max_ts < at:
+                continue
+            seqs = self._read([f], ["seq"], expr).column("seq")
+            if len(seqs):
+                return int(pc.min(seqs).as_py())
+        return None
+
+    def last_for_subject(self, stream: str, subject: str, min_ts: int = 0) -> pa.Table:
+        """The newest message stored on ``subject`` (zero or one row): ``MSG.GET last_by_subj`` and
+        a KV get. Files are searched newest first, so a recent key costs one small file."""
+        expr = (ds.field("subject") == subject) & (ds.field("ts") >= min_ts)
+        for f in reversed(self.stream_files(stream)):
+            if f.max_ts < min_ts:
+                continue  # an earlier stream of the same name
+            rows = self._read([f], sch.MESSAGE_FILE_SCHEMA.names, expr)
+            if rows.num_rows:
+                return rows.sort_by([("seq", "descending")]).slice(0, 1)
+        return sch.MESSAGE_FILE_SCHEMA.empty_table()
+
+    def last_per_subject(self, stream: str, min_ts: int = 0) -> dict[str, int]:
+        """Subject → last sequence stored on it, from a scan of only the ``seq`` and ``subject``
+        columns (``deliver_policy: last_per_subject``, KV watchers, recovery)."""
+        files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
+        table = self._read(files, ["seq", "subject"], ds.field("ts") >= min_ts)
+        if table.num_rows == 0:
+            return {}
+        last = table.group_by("subject").aggregate([("seq", "max")])
+        return dict(zip(last.column("subject").to_pylist(), last.column("seq_max").to_pylist(), strict=True))
 
     def scan_index(self, stream: str, min_ts: int = 0) -> list[tuple[int, int, str, int]]:
         """(seq, ts, subject, stored size) of every stored message of a stream stored at or after
         ``min_ts``, in sequence order: what the gateway needs to rebuild its state. Sizes come from
         the binary offsets."""
-        dset = self._dataset(stream)
-        if dset is None:
-            return []
-        table = dset.to_table(
-            columns=["seq", "ts", "subject", "hdrs", "data"], filter=ds.field("ts") >= min_ts
-        )
+        files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
+        table = self._read(files, ["seq", "ts", "subject", "hdrs", "data"], ds.field("ts") >= min_ts)
         if table.num_rows == 0:
             return []
-        table = table.sort_by("seq")
-        hdrs = table.column("hdrs")
-        hdr_len = pc.add(pc.fill_null(pc.binary_length(hdrs), -4), 4)
+        hdr_len = pc.add(pc.fill_null(pc.binary_length(table.column("hdrs")), -4), 4)
         size = pc.add(
             pc.add(pc.binary_length(table.column("subject")), pc.binary_length(table.column("data"))),
             pc.add(hdr_len, 30),
         )
+        # Only the small columns go on: sorting a million payloads costs more than reading them.
+        index = pa.table(
+            {
+                "seq": table.column("seq"),
+                "ts": table.column("ts"),
+                "subject": table.column("subject"),
+                "size": size,
+            }
+        )
+        seq = index.column("seq")
+        if len(seq) > 1 and not pc.all(pc.greater(seq[1:], seq[:-1])).as_py():
+            index = index.sort_by("seq")
         return list(
             zip(
-                table.column("seq").to_pylist(),
-                table.column("ts").to_pylist(),
-                table.column("subject").to_pylist(),
-                size.to_pylist(),
+                index.column("seq").to_pylist(),
+                index.column("ts").to_pylist(),
+                index.column("subject").to_pylist(),
+                index.column("size").to_pylist(),
                 strict=True,
             )
         )
@@ -86,11 +167,8 @@ class MessageReader:
     def scan_headers_since(self, stream: str, since_ts: int) -> list[tuple[int, int, bytes | None]]:
         """(seq, ts, header block) of a stream's messages stored at or after ``since_ts``, in
         sequence order: the gateway rebuilds its ``Nats-Msg-Id`` duplicate window from them."""
-        dset = self._dataset(stream)
-        if dset is None:
-            return []
-        table = dset.to_table(filter=ds.field("ts") >= since_ts, columns=["seq", "ts", "hdrs"])
-        table = table.sort_by("seq")
+        files = [f for f in self.stream_files(stream) if f.max_ts >= since_ts]
+        table = self._read(files, ["seq", "ts", "hdrs"], ds.field("ts") >= since_ts).sort_by("seq")
         return list(
             zip(
                 table.column("seq").to_pylist(),
@@ -99,3 +177,28 @@ class MessageReader:
                 strict=True,
             )
         )
+
+
+def _files_by_stream(dt: DeltaTable) -> dict[str, list[DataFile]]:
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    if adds.num_rows == 0:
+        return {}
+    cols = {name: adds.column(name).to_pylist() for name in ("path", "partition.stream")}
+    stats = {name: _stat(adds, name) for name in ("min.seq", "max.seq", "min.ts", "max.ts")}
+    out: dict[str, list[DataFile]] = {}
+    for i, (path, stream) in enumerate(zip(cols["path"], cols["partition.stream"], strict=True)):
+        out.setdefault(stream, []).append(
+            DataFile(path, stats["min.seq"][i], stats["max.seq"][i], stats["min.ts"][i], stats["max.ts"][i])
+        )
+    for files in out.values():
+        files.sort(key=lambda f: f.min_seq)
+    return out
+
+
+def _stat(adds: pa.Table, name: str) -> list[int]:
+    """A statistics column; a file without statistics must never be pruned, so a missing value
+    becomes the widest bound."""
+    wide = -(2**63) if name.startswith("min.") else 2**63 - 1
+    if name not in adds.column_names:
+        return [wide] * adds.num_rows
+    return [wide if v is None else int(v) for v in adds.column(name).to_pylist()]

@@ -8,11 +8,12 @@ actions through one live table handle (``create_write_transaction``) rather than
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,11 +38,15 @@ class StoreRoot:
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
 
+    def local_path(self) -> str | None:
+        """The root as an absolute local path, or None for an object store."""
+        if "://" in self.uri and not self.uri.startswith("file://"):
+            return None
+        return os.path.abspath(self.uri.removeprefix("file://"))
+
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path within it, for writing parquet ourselves."""
         if "://" not in self.uri:
-            import os
-
             path = os.path.abspath(self.uri)
             os.makedirs(path, exist_ok=True)
             return pafs.LocalFileSystem(), path
@@ -59,11 +64,30 @@ class StoreRoot:
         return fs, path.rstrip("/")
 
 
+T = TypeVar("T")
+
+
+def retry_listing(load: Callable[[], T], attempts: int = 5) -> T:
+    """Run a delta-rs load again when its listing of ``_delta_log`` saw a gap in the versions.
+
+    A directory listing that runs while commits are created may return a newer commit file and miss
+    an older one (``readdir`` makes no promise about entries created during the listing), and
+    delta-rs then refuses the log as non-contiguous. The next listing sees both."""
+    for attempt in range(attempts):
+        try:
+            return load()
+        except DeltaError as exc:
+            if "contiguous" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
     uri = root.table_uri(name)
     opts = dict(root.storage_options) if root.storage_options else None
     if DeltaTable.is_deltatable(uri, storage_options=opts):
-        return DeltaTable(uri, storage_options=opts)
+        return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
     write_deltalake(
         uri,
         schema.empty_table(),
@@ -75,12 +99,19 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
     return DeltaTable(uri, storage_options=opts)
 
 
+def blind_appends_allowed(dt: DeltaTable) -> bool:
+    """Whether the table's protocol asks nothing of a writer beyond what
+    :class:`storage_delta.deltalog.LocalLogAppender` does (writer version 2, no writer features)."""
+    protocol = dt.protocol()
+    return protocol.min_writer_version <= 2 and not protocol.writer_features
+
+
 def open_existing(root: StoreRoot, name: str) -> DeltaTable | None:
     uri = root.table_uri(name)
     opts = dict(root.storage_options) if root.storage_options else None
     if not DeltaTable.is_deltatable(uri, storage_options=opts):
         return None
-    return DeltaTable(uri, storage_options=opts)
+    return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
 
 
 def _stats(table: pa.Table) -> str:
@@ -147,13 +178,17 @@ def write_data_file(
 
 def commit_adds(
     dt: DeltaTable,
-    actions: list[AddAction | RemoveAction],
+    actions: Sequence[AddAction | RemoveAction],
     schema: pa.Schema,
     partition_by: list[str],
     txn: tuple[str, int] | None = None,
+    mode: Literal["append", "overwrite"] = "append",
 ) -> None:
     """Commit ``add`` (and ``remove``) actions as one Delta version, tagged with an app transaction
     when given.
+
+    ``overwrite`` also removes every file of the handle's snapshot (and only those: files another
+    writer appended since stay), which is how a rewrite of what was read commits.
 
     A lost race surfaces as :class:`CommitConflict`; the caller decides whether the commit landed by
     reading the txn marker (a commit can report an error and still land, delta-rs #2509).
@@ -163,8 +198,8 @@ def commit_adds(
     )
     try:
         dt.create_write_transaction(
-            actions,
-            mode="append",
+            list(actions),
+            mode=mode,
             schema=schema,
             partition_by=partition_by or None,
             commit_properties=props,

@@ -15,17 +15,37 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
+from deltalake.transaction import AddAction
 
 from storage_delta import schema as sch
-from storage_delta.tables import CommitConflict, StoreRoot, commit_adds, open_or_create, write_data_file
+from storage_delta.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.tables import (
+    CommitConflict,
+    StoreRoot,
+    blind_appends_allowed,
+    commit_adds,
+    open_or_create,
+    retry_listing,
+    write_data_file,
+)
 
 log = logging.getLogger(__name__)
 
 APP_ID = "jetlake-gateway"
+
+
+def _notify(waiters: list[asyncio.Future[None]], outcome: BaseException | None) -> None:
+    for w in waiters:
+        if w.done():
+            continue
+        if outcome is None:
+            w.set_result(None)
+        else:
+            w.set_exception(outcome)
 
 
 class WriterOverloaded(Exception):
@@ -54,15 +74,31 @@ class StoredMessage:
 
 
 class MessageTable:
-    """The ``messages`` table and its commit routine; runs on a worker thread, never the event loop."""
+    """The ``messages`` table and its commit routine; runs on a worker thread, never the event loop.
+
+    On a local store root commits go through :class:`LocalLogAppender` (a blind append, no table
+    state: its cost does not grow with the table); on an object store through one live delta-rs
+    handle. Checkpoints and log cleanup run every ``checkpoint_every`` commits on a thread of their
+    own, so a commit never waits for one.
+    """
 
     def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
         self.root = root
         self.dt = open_or_create(root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+        local = root.local_path()
+        self._appender = (
+            LocalLogAppender(f"{local}/{sch.MESSAGES}", self.dt.version() + 1)
+            if local is not None and blind_appends_allowed(self.dt)
+            else None
+        )
         self._checkpoint_every = checkpoint_every
         self._commits = 0
+        self._hygiene_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetlake-hygiene")
+        self._hygiene_running: Future[None] | None = None
 
     def last_txn_version(self) -> int:
+        if self._appender is not None:
+            retry_listing(self.dt.update_incremental)
         return self.dt.transaction_version(APP_ID) or 0
 
     def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
@@ -84,31 +120,62 @@ class MessageTable:
             actions.append(
                 write_data_file(self.root, sch.MESSAGES, {"stream": stream, "block": str(block)}, table)
             )
+        if self._appender is not None:
+            self._append_local(actions, version)
+        else:
+            self._commit_delta_rs(actions, version, retries)
+        self._commits += 1
+        if self._commits % self._checkpoint_every == 0:
+            self._start_hygiene()
+
+    def _append_local(self, actions: list[AddAction], version: int) -> None:
+        assert self._appender is not None
+        try:
+            self._appender.append(actions, (APP_ID, version))
+        except UnsupportedTable:
+            # Someone changed the table's metadata: look again before appending blindly again.
+            retry_listing(self.dt.update_incremental)
+            if not blind_appends_allowed(self.dt):
+                raise
+            self._appender.append(actions, (APP_ID, version))
+
+    def _commit_delta_rs(self, actions: list[AddAction], version: int, retries: int) -> None:
         for attempt in range(retries + 1):
             try:
                 commit_adds(
                     self.dt, actions, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, (APP_ID, version)
                 )
-                break
+                # The handle does not advance past its own commit; without this the next commit
+                # would conflict with this one (same app id) and pay for a reload and a retry.
+                retry_listing(self.dt.update_incremental)
+                return
             except CommitConflict:
-                self.dt.update_incremental()
+                retry_listing(self.dt.update_incremental)
                 if self.last_txn_version() >= version:
-                    break  # it landed although the call reported an error
+                    return  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == retries:
                     raise
-        self._commits += 1
-        if self._commits % self._checkpoint_every == 0:
-            self._hygiene()
+
+    def _start_hygiene(self) -> None:
+        if self._hygiene_running is not None and not self._hygiene_running.done():
+            return  # the previous round is still at it; the next interval tries again
+        self._hygiene_running = self._hygiene_pool.submit(self._hygiene)
 
     def _hygiene(self) -> None:
-        """Checkpoint and drop expired log files, and start over with a fresh handle: a long-lived
-        ``DeltaTable`` grows slower with every commit made through it."""
+        """Checkpoint and drop expired log files through a fresh handle (a long-lived
+        ``DeltaTable`` grows slower with every commit made through it)."""
         try:
-            self.dt.create_checkpoint()
-            self.dt.cleanup_metadata()
+            dt = open_or_create(self.root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+            dt.create_checkpoint()
+            dt.cleanup_metadata()
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of messages failed")
-        self.dt = open_or_create(self.root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+            return
+        if self._appender is None:
+            self.dt = dt
+
+    def close(self) -> None:
+        self._hygiene_pool.shutdown(wait=True)
 
 
 class GroupCommitWriter:
@@ -134,6 +201,7 @@ class GroupCommitWriter:
         self._version = 0
         self.commits = 0
         self.messages_committed = 0
+        self.refused = 0  # messages turned away because too many bytes were waiting
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -144,24 +212,29 @@ class GroupCommitWriter:
         """Queue messages for the next commit; the future resolves once they are durable."""
         if self._closed:
             raise WriterClosed("writer closed")
-        size = sum(m.nbytes for m in messages)
+        size = 0
+        for m in messages:
+            size += m.nbytes
         if self._pending_bytes + size > self._max_pending_bytes and self._pending:
+            # Counted here because a core publish has no reply to carry the error.
+            self.refused += len(messages)
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.extend(messages)
         self._pending_bytes += size
         self._waiters.append(fut)
-        self._wakeup.set()
+        if not self._wakeup.is_set():
+            self._wakeup.set()
         return fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
             if not self._pending:
                 if self._closed:
                     return
+                await self._wakeup.wait()
+                self._wakeup.clear()
                 continue
             batch, waiters = self._pending, self._waiters
             self._pending, self._waiters, self._pending_bytes = [], [], 0
@@ -170,6 +243,10 @@ class GroupCommitWriter:
                 await loop.run_in_executor(self._executor, self._table.commit, batch, self._version)
             except Exception as exc:
                 log.exception("commit of %d messages failed", len(batch))
+                landed = await loop.run_in_executor(self._executor, self._table.last_txn_version)
+                if landed >= self._version:  # the error came after the commit landed (delta-rs #2509)
+                    self._resolve(batch, waiters)
+                    continue
                 # What was queued behind the failed batch holds later sequences of the same streams:
                 # storing it would leave a gap, so it fails too and the streams fall back to what is
                 # durable.
@@ -178,15 +255,14 @@ class GroupCommitWriter:
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
                 self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
                 self._on_failure({m.stream for m in batch})
-                for w in waiters:
-                    if not w.done():
-                        w.set_exception(exc)
+                _notify(waiters, exc)
                 continue
-            self.commits += 1
-            self.messages_committed += len(batch)
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+            self._resolve(batch, waiters)
+
+    def _resolve(self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]]) -> None:
+        self.commits += 1
+        self.messages_committed += len(batch)
+        _notify(waiters, None)
 
     async def close(self) -> None:
         """Finish what was submitted, then stop."""
@@ -194,3 +270,4 @@ class GroupCommitWriter:
         self._wakeup.set()
         if self._task:
             await self._task
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._table.close)

@@ -1,0 +1,151 @@
+"""The delta-rs hazards the writer is built around, each provoked for real on a real table."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from storage_delta import schema as sch
+from storage_delta.deltalog import LocalLogAppender, commit_path
+from storage_delta.seal import seal_stream
+from storage_delta.tables import StoreRoot, write_data_file
+from storage_delta.vacuum import vacuum
+from storage_delta.writer import APP_ID, GroupCommitWriter, MessageTable, StoredMessage
+from tests.harness import duckdb_connection
+
+
+def message(stream: str, seq: int) -> StoredMessage:
+    return StoredMessage(
+        stream, 10, seq, 1_700_000_000_000_000_000 + seq, f"{stream.lower()}.x", None, b"m%d" % seq
+    )
+
+
+def seqs_in_table(root: StoreRoot) -> dict[str, list[int]]:
+    rows = (
+        duckdb_connection()
+        .execute("SELECT stream, seq FROM delta_scan(?) ORDER BY stream, seq", [f"{root.uri}/{sch.MESSAGES}"])
+        .fetchall()
+    )
+    out: dict[str, list[int]] = {}
+    for stream, seq in rows:
+        out.setdefault(stream, []).append(seq)
+    return out
+
+
+def log_dir(root: StoreRoot) -> str:
+    return f"{root.uri}/{sch.MESSAGES}/_delta_log"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> StoreRoot:
+    return StoreRoot(str(tmp_path / "root"))
+
+
+def test_appends_never_replay_the_log(root: StoreRoot) -> None:
+    """delta-rs #3410: ``write_deltalake`` replays the whole log on every call. The hot path reads
+    no log at all: with an old commit file made unreadable, appends still commit."""
+    table = MessageTable(root)
+    table.commit([message("S", 1)], 1)
+    table.commit([message("S", 2)], 2)
+    first = commit_path(log_dir(root), 1)
+    original = Path(first).read_bytes()
+    Path(first).write_bytes(b"{not json")
+    for seq in range(3, 6):
+        table.commit([message("S", seq)], seq)
+    Path(first).write_bytes(original)
+    table.close()
+    assert seqs_in_table(root) == {"S": [1, 2, 3, 4, 5]}
+
+
+def test_append_after_a_removal_in_another_partition(root: StoreRoot) -> None:
+    """delta-rs #3890: an append conflicts with a concurrent ``remove`` even in another partition.
+    Here a sealing of stream B (removes + add through delta-rs) lands between two appends of stream
+    A through a writer that has not seen it: the append goes to the next version, stored once."""
+    table = MessageTable(root)
+    for seq in range(1, 4):
+        table.commit([message("A", seq), message("B", seq)], seq)
+    assert seal_stream(root, "B") == 1  # another writer's commit the appender knows nothing about
+    version_before = len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")])
+    table.commit([message("A", 4)], 4)
+    table.close()
+    assert seqs_in_table(root) == {"A": [1, 2, 3, 4], "B": [1, 2, 3]}
+    assert len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")]) == version_before + 1
+    assert MessageTable(root).last_txn_version() == 4
+
+
+def test_retry_of_a_commit_that_landed_writes_nothing(root: StoreRoot) -> None:
+    """delta-rs #2509: a commit can report an error and still land. The retry carries the same txn
+    version; finding it in the log, it writes nothing more."""
+    table = MessageTable(root)
+    table.commit([message("S", 1)], 1)
+    rows = pa.table(
+        {"seq": [2], "ts": [2], "subject": ["s.x"], "hdrs": pa.array([None], pa.binary()), "data": [b"m"]},
+        schema=sch.MESSAGE_FILE_SCHEMA,
+    )
+    add = write_data_file(root, sch.MESSAGES, {"stream": "S", "block": "0"}, rows)
+    appender = LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=2)
+    assert appender.append([add], (APP_ID, 2)) == 2
+    files = sorted(os.listdir(log_dir(root)))
+    # the retry, by a writer that did not learn that version 2 landed
+    stale = LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=2)
+    assert stale.append([add], (APP_ID, 2)) == 2
+    assert sorted(os.listdir(log_dir(root))) == files
+    table.close()
+    assert seqs_in_table(root) == {"S": [1, 2]}
+
+
+class FailsAfterLanding(MessageTable):
+    """A real table whose commit raises once after the commit has landed (an error on the way back)."""
+
+    failed = False
+
+    def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
+        super().commit(batch, version, retries)
+        if not self.failed:
+            self.failed = True
+            raise OSError("connection reset after the commit was written")
+
+
+async def test_writer_treats_a_landed_commit_as_committed(root: StoreRoot) -> None:
+    """The group-commit writer asks the log before failing a batch: the publisher whose commit
+    landed gets its PubAck, nothing is rolled back, and the next commit follows it."""
+    failed_streams: list[set[str]] = []
+    with ThreadPoolExecutor(1) as pool:
+        writer = GroupCommitWriter(FailsAfterLanding(root), pool, 1 << 20, failed_streams.append)
+        await writer.start()
+        first, second = writer.submit([message("S", 1)]), writer.submit([message("S", 2)])
+        await asyncio.wait([first, second])
+        assert first.exception() is None  # the commit that raised after landing counts as committed
+        assert second.exception() is None
+        await writer.submit([message("S", 3)])  # and the next commit follows it
+        await writer.close()
+    assert failed_streams == []
+    assert seqs_in_table(root) == {"S": [1, 2, 3]}
+
+
+def test_vacuum_keeps_files_a_writer_has_not_committed(root: StoreRoot) -> None:
+    """delta-rs #3645: a ``full`` vacuum deletes unreferenced files, including one a writer has
+    written and is about to commit. jetlake's vacuum keeps a retention margin, so the file of a
+    commit in flight survives and the commit that follows finds it."""
+    table = MessageTable(root)
+    for seq in range(1, 4):
+        table.commit([message("S", seq)], seq)
+    seal_stream(root, "S")  # tombstones for the three commit files
+    rows = pa.table(
+        {"seq": [4], "ts": [4], "subject": ["s.x"], "hdrs": pa.array([None], pa.binary()), "data": [b"m"]},
+        schema=sch.MESSAGE_FILE_SCHEMA,
+    )
+    in_flight = write_data_file(root, sch.MESSAGES, {"stream": "S", "block": "0"}, rows)
+    with pytest.raises(ValueError, match="safety margin"):
+        vacuum(root, retention_hours=0, dry_run=False)
+    assert vacuum(root, retention_hours=1, dry_run=False) == []
+    assert os.path.exists(f"{root.uri}/{sch.MESSAGES}/{in_flight.path}")
+    next_version = len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")])
+    LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version).append([in_flight], (APP_ID, 4))
+    table.close()
+    assert seqs_in_table(root) == {"S": [1, 2, 3, 4]}

@@ -1,0 +1,145 @@
+"""The messages-table readers against real Delta tables written by the gateway's own writer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from storage_delta import schema as sch
+from storage_delta.reader import MessageReader
+from storage_delta.seal import seal_stream
+from storage_delta.tables import StoreRoot
+from storage_delta.writer import MessageTable, StoredMessage
+from tests.harness import duckdb_connection
+
+BLOCK = 10  # small blocks, so a few dozen messages span several partitions
+T0 = 1_700_000_000_000_000_000
+
+
+def message(stream: str, seq: int, subject: str | None = None, ts: int | None = None) -> StoredMessage:
+    return StoredMessage(
+        stream,
+        BLOCK,
+        seq,
+        T0 + seq * 1_000 if ts is None else ts,
+        subject or f"{stream.lower()}.k{seq % 3}",
+        b"NATS/1.0\r\nX-Seq: %d\r\n\r\n" % seq if seq % 2 else None,
+        b"payload-%d" % seq,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StoreRoot:
+    """Two streams, 45 and 12 messages, committed in batches of 4 (files never span a commit)."""
+    root = StoreRoot(str(tmp_path / "root"))
+    table = MessageTable(root)
+    batch: list[StoredMessage] = []
+    version = 0
+    rows = [message("ORDERS", s) for s in range(1, 46)] + [message("OTHER", s) for s in range(1, 13)]
+    for i, m in enumerate(rows, 1):
+        batch.append(m)
+        if i % 4 == 0 or i == len(rows):
+            version += 1
+            table.commit(batch, version)
+            batch = []
+    table.close()
+    return root
+
+
+def test_read_range_is_inclusive_and_ordered(store: StoreRoot) -> None:
+    reader = MessageReader(store)
+    got = reader.read_range("ORDERS", 8, 23, BLOCK)
+    assert got.column("seq").to_pylist() == list(range(8, 24))
+    assert got.column("data").to_pylist() == [b"payload-%d" % s for s in range(8, 24)]
+    assert got.column("hdrs").to_pylist()[0] is None  # seq 8 was published without headers
+    assert reader.read_range("OTHER", 1, 100, BLOCK).num_rows == 12
+    assert reader.read_range("ORDERS", 46, 60, BLOCK).num_rows == 0
+    assert reader.read_range("NOPE", 1, 10, BLOCK).num_rows == 0
+
+
+def test_read_range_touches_only_files_that_can_hold_the_range(store: StoreRoot) -> None:
+    """Files outside the range are never opened: delete them and the read still answers."""
+    reader = MessageReader(store)
+    files = reader.stream_files("ORDERS")
+    assert [f.min_seq for f in files] == sorted(f.min_seq for f in files)
+    keep = [f for f in files if f.max_seq >= 30 and f.min_seq <= 31]
+    assert len(keep) < len(files)
+    for f in files:
+        if f not in keep:
+            os.remove(f"{store.uri}/{sch.MESSAGES}/{f.path}")
+    assert reader.read_range("ORDERS", 30, 31, BLOCK).column("seq").to_pylist() == [30, 31]
+    # a range over the deleted files has to open them
+    with pytest.raises(FileNotFoundError, match="part-"):
+        reader.read_range("ORDERS", 1, 45, BLOCK)
+
+
+def test_first_seq_at_or_after_a_time(store: StoreRoot) -> None:
+    reader = MessageReader(store)
+    assert reader.first_seq_at_time("ORDERS", T0) == 1
+    assert reader.first_seq_at_time("ORDERS", T0 + 17_000) == 17
+    assert reader.first_seq_at_time("ORDERS", T0 + 17_001) == 18
+    assert reader.first_seq_at_time("ORDERS", T0 + 46_000) is None
+    assert reader.first_seq_at_time("ORDERS", 0, min_ts=T0 + 40_000) == 40
+
+
+def test_last_message_per_subject(store: StoreRoot) -> None:
+    reader = MessageReader(store)
+    assert reader.last_per_subject("ORDERS") == {"orders.k0": 45, "orders.k1": 43, "orders.k2": 44}
+    assert reader.last_per_subject("OTHER") == {"other.k0": 12, "other.k1": 10, "other.k2": 11}
+    last = reader.last_for_subject("ORDERS", "orders.k1")
+    assert last.to_pylist() == [
+        {
+            "seq": 43,
+            "ts": T0 + 43_000,
+            "subject": "orders.k1",
+            "hdrs": b"NATS/1.0\r\nX-Seq: 43\r\n\r\n",
+            "data": b"payload-43",
+        }
+    ]
+    assert reader.last_for_subject("ORDERS", "orders.none").num_rows == 0
+
+
+def test_an_earlier_stream_of_the_same_name_is_invisible(tmp_path: Path) -> None:
+    """A stream deleted and created again starts at 1; rows of the old one stay until compaction
+    and are told apart by time (the new stream's created time)."""
+    root = StoreRoot(str(tmp_path / "root"))
+    table = MessageTable(root)
+    table.commit([message("KV", s, "kv.a", ts=T0 + s) for s in range(1, 6)], 1)
+    reborn = T0 + 1_000_000
+    table.commit([message("KV", s, "kv.a", ts=reborn + s) for s in range(1, 3)], 2)
+    table.close()
+    reader = MessageReader(root)
+    assert reader.read_range("KV", 1, 10, BLOCK, min_ts=reborn).column("ts").to_pylist() == [
+        reborn + 1,
+        reborn + 2,
+    ]
+    assert reader.last_for_subject("KV", "kv.a", min_ts=reborn).column("seq").to_pylist() == [2]
+    assert reader.last_per_subject("KV", min_ts=reborn) == {"kv.a": 2}
+    assert reader.first_seq_at_time("KV", 0, min_ts=reborn) == 1
+
+
+def test_readers_see_new_commits_and_sealed_blocks(store: StoreRoot) -> None:
+    reader = MessageReader(store)
+    assert reader.read_range("ORDERS", 1, 100, BLOCK).num_rows == 45
+    table = MessageTable(store)
+    table.commit([message("ORDERS", 46, "orders.k1")], table.last_txn_version() + 1)
+    table.close()
+    assert reader.last_for_subject("ORDERS", "orders.k1").column("seq").to_pylist() == [46]
+    before = reader.read_range("ORDERS", 1, 100, BLOCK)
+    sealed = seal_stream(store, "ORDERS")
+    assert sealed == 5  # blocks 0..4, each made of several commit files
+    after = reader.read_range("ORDERS", 1, 100, BLOCK)
+    assert after.equals(before)
+    assert len(reader.stream_files("ORDERS")) == 5
+    rows = (
+        duckdb_connection()
+        .execute(
+            "SELECT stream, count(*), min(seq), max(seq), count(DISTINCT seq) FROM delta_scan(?) "
+            "GROUP BY stream ORDER BY stream",
+            [f"{store.uri}/{sch.MESSAGES}"],
+        )
+        .fetchall()
+    )
+    assert rows == [("ORDERS", 46, 1, 46, 46), ("OTHER", 12, 1, 12, 12)]

@@ -1,0 +1,62 @@
+"""The group-commit writer on a real table: batching, answer order, bounded memory."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from storage_delta.tables import StoreRoot
+from storage_delta.writer import GroupCommitWriter, MessageTable, StoredMessage, WriterOverloaded
+from tests.test_storage_hazards import message, seqs_in_table
+
+
+def record_answer(answered: list[int], seq: int, fut: asyncio.Future[None]) -> None:
+    if fut.exception() is None:
+        answered.append(seq)
+
+
+async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path / "root"))
+    answered: list[int] = []
+    with ThreadPoolExecutor(1) as pool:
+        # room for 100 messages waiting; the first submit goes out alone, the rest queue behind it
+        writer = GroupCommitWriter(
+            MessageTable(root), pool, sum(message("S", s).nbytes for s in range(1, 101)), lambda streams: None
+        )
+        await writer.start()
+        queued: list[StoredMessage] = []
+        for seq in range(1, 150):
+            m = message("S", seq)
+            try:
+                fut = writer.submit([m])
+            except WriterOverloaded:
+                break
+            fut.add_done_callback(partial(record_answer, answered, seq))
+            queued.append(m)
+        assert writer.refused == 1
+        assert len(queued) == 100
+        with pytest.raises(WriterOverloaded):
+            writer.submit([message("S", 999)])
+        assert writer.refused == 2
+        await writer.close()
+    assert answered == list(range(1, 101))
+    assert writer.commits < 100  # the queued messages went out together
+    assert seqs_in_table(root) == {"S": list(range(1, 101))}
+
+
+async def test_closed_writer_refuses(tmp_path: Path) -> None:
+    from storage_delta.writer import WriterClosed
+
+    with ThreadPoolExecutor(1) as pool:
+        writer = GroupCommitWriter(
+            MessageTable(StoreRoot(str(tmp_path / "r"))), pool, 1 << 20, lambda s: None
+        )
+        await writer.start()
+        await writer.close()
+        with pytest.raises(WriterClosed):
+            writer.submit([message("S", 1)])
+    await asyncio.sleep(0)
