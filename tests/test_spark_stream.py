@@ -70,7 +70,9 @@ def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str,
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     # ReadMaxRows(300) from the option: 1,000 sequences take four micro-batches.
     assert sizes == [300, 300, 300, 100]
-    assert json.loads(query.lastProgress["sources"][0]["endOffset"]) == {"seq": COUNT + 1}
+    last = query.lastProgress
+    assert last is not None
+    assert json.loads(last["sources"][0]["endOffset"]) == {"seq": COUNT + 1}
     got = spark.table("ticks_bounded")
     assert_df_equality(got.orderBy("seq"), _batch(spark, store, STREAM, view="raw").orderBy("seq"))
 
