@@ -115,8 +115,7 @@ async def test_jobs_change_no_answer_and_free_bytes(
 ) -> None:
     async def case(nc: Client, name: str) -> dict[str, Any]:
         await _setup(nc, name)
-        # Removals caused by limits are recorded within about a second (docs/storage.md).
-        await asyncio.sleep(1.5)
+        # No wait: purges and deletes are durable before they are answered (docs/storage.md).
         return await _observe(nc, name)
 
     results = await run_case(targets, case, unique)
