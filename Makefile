@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test check lint java bench
+.PHONY: run test check lint java chromium bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,10 +19,18 @@ java:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || \
 	  { echo "jetlake needs Java 17+ for Spark: install it, e.g. apt-get install openjdk-17-jre-headless"; exit 1; }
 
+# The dashboard test drives Debian's chromium through Playwright (which cannot fetch its own browser
+# everywhere); installed once with apt where it is missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
+	  { echo "the dashboard test needs Chromium: install it, e.g. apt-get install chromium"; exit 1; }
+
 run: $(STAMP) java
 	$(VENV)/bin/jetlake serve
 
-test: $(STAMP) java $(NODE_MODULES)
+test: $(STAMP) java chromium $(NODE_MODULES)
 	$(PY) -m pytest
 
 lint: $(STAMP)

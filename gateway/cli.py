@@ -10,12 +10,12 @@ import signal
 import sys
 from pathlib import Path
 
+from gateway import inspect_cli
 from gateway import settings as settings_mod
-from gateway.embedded import EmbeddedServer
-from gateway.service import Gateway
 from spark_jobs import cli as jobs_cli
 
 log = logging.getLogger("jetlake")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,11 +30,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--domain", help="JetStream domain served ($JS.<domain>.API.>)")
     serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
     serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
+    inspect_cli.add_parsers(sub)
     jobs_cli.add_parser(sub)
     return p
 
 
 async def serve(settings: settings_mod.Settings) -> int:
+    # Imported here so the inspection commands start without loading the storage engine.
+    from gateway.embedded import EmbeddedServer
+    from gateway.service import Gateway
+
     embedded: EmbeddedServer | None = None
     if settings.embedded:
         workdir = Path(settings.data_root if "://" not in settings.data_root else ".") / ".nats-server"
@@ -58,6 +63,11 @@ async def serve(settings: settings_mod.Settings) -> int:
 
             from gateway.monitor import build_app
 
+            if not settings.monitor_token and settings.monitor_host not in LOOPBACK:
+                log.warning(
+                    "monitor on %s without a monitor_token: anyone who reaches it can read it",
+                    settings.monitor_host,
+                )
             config = uvicorn.Config(
                 build_app(gateway),
                 host=settings.monitor_host,
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(settings))
     if args.command == "jobs":
         return jobs_cli.main(args)
-    return 2
+    return inspect_cli.run(args)
 
 
 if __name__ == "__main__":

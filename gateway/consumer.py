@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.consumer_config import filters_of, parse_time_ns
+from gateway.consumer_log import ConsumerState
 from gateway.stream import Stream
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
@@ -156,6 +157,9 @@ class Consumer:
         self.ack_floor_sseq = self.sseq
         self.ack_floor_active_ns = 0
         self.pending: dict[int, Pending] = {}
+        # Pending sequences in delivery order (ascending), lazily trimmed: the lowest pending one
+        # in O(1) amortized (iterating a dict whose front was deleted is O(deleted)).
+        self._order: deque[int] = deque()
         self.redeliver: deque[int] = deque()
         self._queued: set[int] = set()
         self._redelivered: set[int] = set()  # like the server's rdc: kept past max_deliver
@@ -297,6 +301,7 @@ class Consumer:
                 self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, seq
             else:
                 p = self.pending[seq] = Pending(self.dseq, 1, 0, now_ns)
+                self._order.append(seq)
         if p is not None:
             self._arm(seq, p, now_ns + self._ack_wait(deliveries))
         return Delivered(seq, self.dseq, deliveries, self.num_pending())
@@ -327,11 +332,20 @@ class Consumer:
             self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, self.sseq
         elif p.cseq == self.ack_floor_cseq + 1:
             self.ack_floor_cseq, self.ack_floor_sseq = p.cseq, seq
-            lowest = next((s for s in self.pending if s > seq), None)
+            lowest = self._lowest_pending_above(seq)
             if lowest is not None and lowest < self.sseq + 1:
                 self.ack_floor_cseq = self.pending[lowest].cseq - 1
                 self.ack_floor_sseq = lowest - 1
         return p
+
+    def _lowest_pending_above(self, seq: int) -> int | None:
+        order, pending = self._order, self.pending
+        while order and order[0] not in pending:
+            order.popleft()
+        for s in order:
+            if s > seq and s in pending:
+                return s
+        return None
 
     def _ack_all(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
         if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq:
@@ -339,8 +353,11 @@ class Consumer:
         self.ack_floor_cseq, self.ack_floor_sseq = cseq, seq
         self.ack_floor_active_ns = now_ns
         settled = self.pending.get(seq, Pending(cseq, 1, 0, 0))
-        for s in [s for s in self.pending if s <= seq]:
-            del self.pending[s]
+        order = self._order
+        while order and order[0] <= seq:
+            s = order.popleft()
+            if self.pending.pop(s, None) is None:
+                continue
             self._queued.discard(s)
             self._redelivered.discard(s)
         return settled
@@ -357,6 +374,23 @@ class Consumer:
         else:
             self._queue_redelivery(seq)
         return True
+
+    def reset(self, seq: int) -> None:
+        """``CONSUMER.RESET``: start again at stream sequence ``seq`` (0: just above the ack floor);
+        pending acks, redeliveries and the consumer sequence start from nothing."""
+        start = (seq or self.ack_floor_sseq + 1) - 1
+        self.dseq = 0
+        self.sseq = self._resume = start
+        self.ack_floor_cseq, self.ack_floor_sseq = 0, start
+        self.pending.clear()
+        self._order.clear()
+        self.redeliver.clear()
+        self._queued.clear()
+        self._redelivered.clear()
+        self._deadlines.clear()
+        self._skip.clear()
+        self._counted = self.stream.state.last_seq
+        self._npc = self.stream.count_matching_after(start, self.filters)
 
     def passed(self, seq: int) -> None:
         """``seq`` turned out to be gone from storage: move past it without delivering."""
@@ -402,6 +436,26 @@ class Consumer:
 
     def next_deadline_ns(self) -> int | None:
         return self._deadlines[0][0] if self._deadlines else None
+
+    # ---- restart ------------------------------------------------------------------------------
+
+    def restore(self, state: ConsumerState) -> None:
+        """Take up the state the ack log rebuilt (the consumer was built with its recorded start
+        and remaining skip list). A pending message's ack wait runs from its delivery or last
+        progress ack; a nak'd one is due when the nak said."""
+        self.dseq, self.last_active_ns = state.delivered_cseq, state.delivered_ns
+        if state.delivered_cseq:
+            self.sseq = state.delivered_sseq
+        self.ack_floor_cseq, self.ack_floor_sseq = state.floor_cseq, state.floor_sseq
+        self.ack_floor_active_ns = state.floor_ns
+        self._redelivered = set(state.redelivered)
+        self.pending = {}
+        for seq, p in sorted(state.pending.items()):
+            pending = self.pending[seq] = Pending(p.cseq, p.deliveries, 0, p.since_ns)
+            due = p.due_ns if p.due_ns is not None else p.since_ns + self._ack_wait(p.deliveries)
+            self._arm(seq, pending, due)
+        self._counted = self.stream.state.last_seq
+        self._npc = self.stream.count_matching_after(max(self.sseq, self._resume), self.filters)
 
     # ---- info ---------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ RESPONSE_TYPES = {
     "CONSUMER.NAMES": "consumer_names_response",
     "CONSUMER.LIST": "consumer_list_response",
     "CONSUMER.PAUSE": "consumer_pause_response",
+    "CONSUMER.RESET": "consumer_reset_response",
 }
 
 #: Fields the real server adds to an error answer of these requests.
@@ -37,6 +38,7 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "CONSUMER.PAUSE": {"paused": False, "pause_until": ZERO_TIME},
     "CONSUMER.NAMES": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
     "CONSUMER.LIST": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
+    "CONSUMER.RESET": {"reset_seq": 0},
 }
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
@@ -74,6 +76,8 @@ class ConsumerApi:
             return self.list(toks[2], body)
         if op == "CONSUMER.PAUSE" and n == 4:
             return await self.pause(toks[2], toks[3], body)
+        if op == "CONSUMER.RESET" and n == 4:
+            return await self.reset(toks[2], toks[3], body)
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -114,7 +118,8 @@ class ConsumerApi:
             raise errors.CONSUMER_FILTER_NOT_MATCH_SUBJECT
         if name is not None:
             cfg_in["name"] = name
-        cfg = consumer_config.normalize(cfg_in, self.reg.server_version)
+        limits = stream.config.get("consumer_limits") or {}
+        cfg = consumer_config.normalize(cfg_in, self.reg.server_version, limits)
         cname = cfg.get("name") or ephemeral_name()
         existing = self.reg.consumers.get(stream_name, {}).get(cname)
         action = raw.get("action", "")
@@ -201,3 +206,21 @@ class ConsumerApi:
         if paused:
             out["pause_remaining"] = consumer.paused_until_ns - now
         return out
+
+    async def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
+        """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack
+        floor). The real server does not answer for a consumer it does not have."""
+        consumer = self.reg.consumers.get(stream_name, {}).get(name)
+        if consumer is None:
+            return None
+        seq = load_request(body).get("seq") or 0
+        if not isinstance(seq, int) or seq < 0:
+            raise errors.INVALID_JSON.format(
+                err=f"json: cannot unmarshal number {seq} into Go struct field "
+                "JSApiConsumerResetRequest.seq of type uint64"
+            )
+        consumer.reset(seq)
+        await self.reg.recorder.reset(consumer)
+        now = now_ns()
+        info = consumer.info(stream_name, now)
+        return {"type": T + "consumer_reset_response", **info, "reset_seq": consumer.sseq + 1}

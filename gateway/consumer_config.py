@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway import errors
+from gateway.durations import go_duration
 from gateway.subjects import is_valid_subject, subjects_overlap
 
 DEFAULT_ACK_WAIT_NS = 30_000_000_000
@@ -132,10 +133,25 @@ def listed(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, "metadata": meta}
 
 
-def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
+def _check_limits(raw: dict[str, Any], limits: dict[str, Any]) -> None:
+    """The stream's ``consumer_limits`` cap what a consumer may ask for (10121, 10153)."""
+    cap = int(limits.get("max_ack_pending") or 0)
+    if cap > 0 and int(raw.get("max_ack_pending") or 0) > cap:
+        raise errors.CONSUMER_MAX_ACK_PENDING_LIMIT.format(limit=cap)
+    cap = int(limits.get("inactive_threshold") or 0)
+    if cap > 0 and int(raw.get("inactive_threshold") or 0) > cap:
+        raise errors.CONSUMER_INACTIVE_THRESHOLD_LIMIT.format(limit=go_duration(cap))
+
+
+def normalize(
+    raw: dict[str, Any], server_version: str, limits: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The config a create request asks for, checked and with JetStream's defaults. A raw request
     without ``ack_policy`` gets ``none`` (the JSON zero value); a consumer without a durable name
-    is ephemeral and goes away after 5 s without interest."""
+    is ephemeral and goes away after 5 s without interest. The stream's ``consumer_limits`` set
+    the defaults of ``max_ack_pending`` and ``inactive_threshold`` (durables included) and cap them."""
+    limits = limits or {}
+    _check_limits(raw, limits)
     cfg: dict[str, Any] = {}
     durable = raw.get("durable_name") or ""
     name = raw.get("name") or durable
@@ -202,8 +218,9 @@ def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
         waiting = int(raw.get("max_waiting") or 0)
         cfg["max_waiting"] = waiting if waiting > 0 else DEFAULT_MAX_WAITING
     pending = int(raw.get("max_ack_pending") or 0)
-    if ack_policy != "none" or pending:
-        cfg["max_ack_pending"] = pending or DEFAULT_MAX_ACK_PENDING
+    pending_cap = int(limits.get("max_ack_pending") or 0)
+    if ack_policy != "none" or pending or pending_cap > 0:
+        cfg["max_ack_pending"] = pending or (pending_cap if pending_cap > 0 else DEFAULT_MAX_ACK_PENDING)
     if raw.get("headers_only"):
         cfg["headers_only"] = True
     for key in _PULL_LIMITS:
@@ -213,8 +230,11 @@ def normalize(raw: dict[str, Any], server_version: str) -> dict[str, Any]:
         if raw.get(key):
             cfg[key] = raw[key]
     inactive = int(raw.get("inactive_threshold") or 0)
+    inactive_cap = int(limits.get("inactive_threshold") or 0)
     if inactive > 0:
         cfg["inactive_threshold"] = inactive
+    elif inactive_cap > 0:
+        cfg["inactive_threshold"] = inactive_cap
     elif not durable:
         cfg["inactive_threshold"] = DEFAULT_INACTIVE_THRESHOLD_NS
     cfg["num_replicas"] = int(raw.get("num_replicas") or 0)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from gateway import acks, advisories, retention
+from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
@@ -30,12 +31,15 @@ from gateway.pull import (
     timeout_status,
     too_big_status,
 )
+from gateway.push import FlowControl
 from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
+from storage_delta import acklog as al
 from storage_delta.writer import StoredMessage
 
+FLOW_CONTROL_REQUEST = (100, "FlowControl Request")
 TICK_S = 0.05
 NS = 1_000_000_000
 RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
@@ -71,7 +75,9 @@ class Delivery:
         cold_read: ColdRead,
         tasks: TaskOwner,
         delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
+        recorder: AckRecorder,
     ) -> None:
+        self.recorder = recorder
         self.registry = registry
         self.leaf = leaf
         self.cold_read = cold_read
@@ -82,6 +88,7 @@ class Delivery:
         self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
         self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
         self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
+        self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
         self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
@@ -116,7 +123,7 @@ class Delivery:
         """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""
         for req in consumer.waiting.clear():
             self._send_status(Status(req.reply, *CONSUMER_DELETED))
-        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets):
+        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets, self._flow):
             table.pop(id(consumer), None)
 
     # ---- serving ------------------------------------------------------------------------------
@@ -145,6 +152,9 @@ class Delivery:
         deliver subject while it has interest."""
         if consumer.is_push:
             subject = str(consumer.config["deliver_subject"])
+            flow = self._flow.get(id(consumer))
+            if flow is not None and flow.stalled():
+                return None  # until the subscriber answers the flow-control request
             return (subject, None) if self.leaf.interest.has(subject) else None
         req = consumer.waiting.peek()
         return (req.reply, req) if req is not None else None
@@ -168,7 +178,10 @@ class Delivery:
                     return
                 msg = await self._load(consumer.stream, seq)
                 if msg is None:
+                    was_pending = seq in consumer.pending
                     consumer.passed(seq)
+                    if was_pending:
+                        self.recorder.dropped(consumer, seq)
                     continue
                 if req is not None and consumer.waiting.peek() is not req:
                     continue  # the request expired or went away while we read
@@ -181,9 +194,13 @@ class Delivery:
                     consumer.waiting.pop()
                     self._send_status(too_big_status(req))
                     continue
+                if not self.recorder.has_room():
+                    await self.recorder.writer.flush()  # back-pressure from the ack log
+                    continue
                 done = consumer.deliver(seq, now_ns())
                 if done is None:
                     continue
+                self.recorder.delivered(consumer, done.seq, done.cseq, done.deliveries)
                 size = self._send(consumer, inbox, msg, done)
                 if req is not None:
                     req.delivered += 1
@@ -222,9 +239,16 @@ class Delivery:
         self.leaf.publish(
             inbox, data, reply=f"{token}@{msg.subject}", hdrs=hdrs, queues=(group,) if group else ()
         )
+        size = len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
         if consumer.is_push:
             self._last_sent[id(consumer)] = now_ns()
-        return len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
+            if consumer.config.get("flow_control"):
+                flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+                request = flow.sent(size)
+                if request is not None:
+                    hdrs = status_block(*FLOW_CONTROL_REQUEST)
+                    self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
+        return size
 
     async def _load(self, stream: Stream, seq: int) -> StoredMessage | None:
         cached = stream.tail.get(seq)
@@ -261,6 +285,7 @@ class Delivery:
                 req.next_heartbeat_ns = now + req.heartbeat_ns
                 self._heartbeat(consumer, req.reply)
         for seq, deliveries in consumer.expire(now):
+            self.recorder.dropped(consumer, seq)
             self._publish_event(
                 advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now)
             )
@@ -293,6 +318,16 @@ class Delivery:
             (group,) if group else (),
         )
 
+    def on_flow_control(self, subject: str) -> None:
+        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
+        toks = subject.split(".")
+        if len(toks) != 5:
+            return
+        consumer = self._consumer(toks[2], toks[3])
+        flow = self._flow.get(id(consumer)) if consumer is not None else None
+        if consumer is not None and flow is not None and flow.answered(subject):
+            self.kick(consumer)
+
     # ---- acks ---------------------------------------------------------------------------------
 
     def on_ack(self, subject: str, reply: str, body: bytes) -> None:
@@ -303,12 +338,17 @@ class Delivery:
         consumer = self._consumer(token.stream, token.consumer)
         if consumer is None:
             return  # nobody listens on a deleted consumer's acks, as on the real server
+        if not self.recorder.has_room():
+            return  # the ack log is full: the ack is not taken, the message is redelivered
         now = now_ns()
         stream, name = token.stream, token.consumer
         floor = consumer.ack_floor_sseq
+        record, changed, delay = al.ACK, False, {}
         if kind.kind in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
-            rate = advisories.sample_rate(consumer.config.get("sample_freq"))
+            changed = settled is not None
+            freq = consumer.config.get("sample_freq")
+            rate = advisories.sample_rate(freq) if freq else 0
             if settled is not None and rate and _sampled(rate, token.cseq):
                 self._publish_event(
                     advisories.ack_sample(
@@ -316,28 +356,39 @@ class Delivery:
                     )
                 )
         elif kind.kind == "term":
-            if consumer.term(token.seq, token.cseq, now) is not None:
+            record = al.TERM
+            changed = consumer.term(token.seq, token.cseq, now) is not None
+            if changed:
                 self._publish_event(
                     advisories.terminated(
                         stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
                     )
                 )
         elif kind.kind == "nak":
-            if consumer.nak(token.seq, kind.delay_ns, now):
+            record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
+            p = consumer.pending.get(token.seq)
+            if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
+                delay = {"delay": p.deadline_ns - now}  # redelivery waits (the delay, or backoff)
+            if changed:
                 self._publish_event(
                     advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
                 )
         elif kind.kind == "wpi":
-            consumer.progress(token.seq, now)
+            record, changed = al.WPI, consumer.progress(token.seq, now)
         if kind.kind in ("ack", "next", "term"):
             acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
             retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
+        sync = bool(reply) and kind.kind != "next"
+        durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
         if kind.kind == "next":
             if reply:
                 self.pull_request(stream, name, reply, kind.next_request)
-        elif reply:
-            self.leaf.publish(reply, b"")
-        if len(consumer.waiting) or consumer.is_push:
+        elif durable is not None:
+            # An ack with a reply is answered only once its row is committed (ack_sync).
+            durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
+        listening = len(consumer.waiting) > 0 or consumer.is_push
+        # an ack that frees nothing to deliver starts no task
+        if listening and id(consumer) not in self._serving and consumer.has_work():
             self.kick(consumer)
 
 

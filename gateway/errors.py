@@ -28,6 +28,7 @@ class ApiError(Exception):
 
 
 INVALID_JSON = ApiError(400, 10025, "invalid JSON: {err}")
+NOT_EMPTY_REQUEST = ApiError(400, 10038, "expected an empty request payload")
 STREAM_NOT_FOUND = ApiError(404, 10059, "stream not found")
 STREAM_NAME_EXISTS = ApiError(400, 10058, "stream name already in use with a different configuration")
 STREAM_MISMATCH = ApiError(400, 10056, "stream name in subject does not match request")
@@ -115,3 +116,9 @@ CONSUMER_WQ_MULTIPLE_UNFILTERED = ApiError(
     400, 10099, "multiple non-filtered consumers not allowed on workqueue stream"
 )
 CONSUMER_WQ_NOT_UNIQUE = ApiError(400, 10100, "filtered consumer not unique on workqueue stream")
+CONSUMER_MAX_ACK_PENDING_LIMIT = ApiError(
+    400, 10121, "consumer max ack pending exceeds system limit of {limit}"
+)
+CONSUMER_INACTIVE_THRESHOLD_LIMIT = ApiError(
+    400, 10153, "consumer inactive threshold exceeds system limit of {limit}"
+)

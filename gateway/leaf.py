@@ -10,47 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from gateway import protocol as proto
+from gateway.leafauth import CredentialsError, LeafTarget, SubscribePermissions
 from gateway.subjects import subject_matches
 
 log = logging.getLogger(__name__)
 
 HIGH_WATER = 8 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LeafTarget:
-    host: str
-    port: int
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    tls: bool = False
-    creds_file: str | None = None
-
-    @classmethod
-    def parse(cls, url: str, creds_file: str | None = None) -> LeafTarget:
-        u = urlparse(url if "://" in url else f"nats-leaf://{url}")
-        user = unquote(u.username) if u.username else None
-        password = unquote(u.password) if u.password else None
-        token = None
-        if user and password is None:
-            token, user = user, None
-        return cls(
-            host=u.hostname or "127.0.0.1",
-            port=u.port or 7422,
-            user=user,
-            password=password,
-            token=token,
-            tls=u.scheme in ("tls", "nats-leaf+tls", "wss"),
-            creds_file=creds_file,
-        )
+FLUSH_BYTES = 256 * 1024  # queued frames are written at the latest at this size
 
 
 class Interest:
@@ -91,32 +60,38 @@ class LeafConnection:
         name: str,
         on_msg: Callable[[proto.Msg], None],
         on_connected: Callable[[dict[str, object]], None] | None = None,
-        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.target = target
         self.name = name
         self._on_msg = on_msg
         self._on_connected = on_connected
-        self._ssl = ssl_context
         self._subs: set[str] = set()
         self.interest = Interest()
         self._writer: asyncio.StreamWriter | None = None
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._closing = False
         self.server_info: dict[str, object] = {}
+        self.permissions = SubscribePermissions()
         self.reconnects = 0
         self.dropped_writes = 0
+        self._out: list[bytes] = []  # frames written this event-loop turn, sent by ``_flush``
+        self._flush_scheduled = False
+        self._out_bytes = 0
 
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
 
-    async def start(self, wait_s: float = 10.0) -> None:
+    async def start(self, wait_s: float = 3.0) -> None:
+        """Start the link and give it ``wait_s`` to come up. A hub that is down or refuses the
+        credentials at start-up is not fatal: the link keeps retrying, as after any later loss."""
         self._task = asyncio.create_task(self._run(), name="leaf-connection")
-        await asyncio.wait_for(self._connected.wait(), wait_s)
+        try:
+            await asyncio.wait_for(self._connected.wait(), wait_s)
+        except TimeoutError:
+            t = self.target
+            log.warning("leaf link to %s:%d not up after %.0f s; still trying", t.host, t.port, wait_s)
 
     async def _run(self) -> None:
         delay = 0.05
@@ -126,11 +101,17 @@ class LeafConnection:
                 delay = 0.05
             except asyncio.CancelledError:
                 raise
-            except (OSError, proto.ProtocolError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            except (
+                OSError,
+                proto.ProtocolError,
+                asyncio.IncompleteReadError,
+                ConnectionError,
+                CredentialsError,
+            ) as exc:
                 log.warning("leaf connection lost: %s", exc)
             self._connected.clear()
             self._writer = None
-            self._out = []
+            self._out, self._out_bytes = [], 0  # frames for the lost connection are not sent later
             self.interest.clear()
             if self._closing:
                 return
@@ -140,8 +121,7 @@ class LeafConnection:
 
     async def _session(self) -> None:
         t = self.target
-        ctx = self._ssl or (ssl.create_default_context() if t.tls else None)
-        reader, writer = await asyncio.open_connection(t.host, t.port, ssl=ctx, limit=1 << 20)
+        reader, writer = await asyncio.open_connection(t.host, t.port, limit=1 << 20)
         try:
             parser = proto.FrameParser()
             line = await reader.readline()
@@ -150,24 +130,20 @@ class LeafConnection:
             if info is None:
                 raise proto.ProtocolError("no INFO from server")
             self.server_info = info.body
+            self.permissions = SubscribePermissions.from_info(info.body)
+            if t.wants_tls(info.body):
+                # a leafnode listener sends INFO in the clear, then expects the TLS handshake
+                await writer.start_tls(t.ssl_context(), server_hostname=t.host)
             opts: dict[str, object] = {
                 "name": self.name,
                 "headers": True,
                 "protocol": 1,
                 "verbose": False,
                 "pedantic": False,
+                **t.connect_auth(str(info.body.get("nonce", ""))),
             }
-            if t.user:
-                opts["user"], opts["pass"] = t.user, t.password or ""
-            if t.token:
-                opts["auth_token"] = t.token
-            if t.creds_file:
-                opts.update(_creds_auth(t.creds_file, str(info.body.get("nonce", ""))))
-            out = [proto.encode_connect(opts), b"PING\r\n"]
-            out += [proto.encode_sub(s) for s in sorted(self._subs)]
-            writer.write(b"".join(out))
+            writer.write(proto.encode_connect(opts) + b"PING\r\n")
             await writer.drain()
-            self._writer = writer
             got_pong = False
             while True:
                 data = await reader.read(1 << 20)
@@ -183,12 +159,22 @@ class LeafConnection:
                             self.interest.remove(frame.subject)
                     elif isinstance(frame, proto.Ping):
                         writer.write(b"PONG\r\n")
+                    elif isinstance(frame, proto.Info):
+                        # sent after CONNECT: what this leaf may subscribe to
+                        self.server_info = frame.body
+                        self.permissions = SubscribePermissions.from_info(frame.body)
                     elif isinstance(frame, proto.Pong) and not got_pong:
                         got_pong = True
+                        writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
+                        self._writer = writer
                         self._connected.set()
                         if self._on_connected:
                             self._on_connected(self.server_info)
                     elif isinstance(frame, proto.ServerError):
+                        if frame.text.startswith("Permissions Violation"):
+                            # the server refused one subject and keeps the link up; so does the gateway
+                            log.warning("leaf link: %s", frame.text)
+                            continue
                         raise ConnectionError(f"server error: {frame.text}")
         finally:
             self._connected.clear()
@@ -198,13 +184,23 @@ class LeafConnection:
         if subject in self._subs:
             return
         self._subs.add(subject)
-        self._write(proto.encode_sub(subject))
+        if self._writer is not None:
+            self._write(self._sub_frame(subject))
+
+    def _sub_frame(self, subject: str) -> bytes:
+        if self.permissions.allows(subject):
+            return proto.encode_sub(subject)
+        log.warning(
+            "leaf link: no permission to subscribe to %r: its messages will not reach jetlake", subject
+        )
+        return b""
 
     def unsubscribe(self, subject: str) -> None:
         if subject not in self._subs:
             return
         self._subs.discard(subject)
-        self._write(proto.encode_unsub(subject))
+        if self.permissions.allows(subject):
+            self._write(proto.encode_unsub(subject))
 
     def publish(
         self,
@@ -217,30 +213,35 @@ class LeafConnection:
         self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
 
     def _write(self, data: bytes) -> None:
-        """Queue bytes for the socket; everything written during one turn of the event loop leaves
-        in one ``send`` (a commit answers thousands of publishes at once: one syscall, not one per
-        PubAck)."""
+        """Queue a frame; the frames of one event-loop turn go out in one socket write (a write
+        per message was most of the delivery path's cost)."""
         w = self._writer
         if w is None or w.is_closing():
             self.dropped_writes += 1
             return
         self._out.append(data)
-        if not self._flush_scheduled:
+        self._out_bytes += len(data)
+        if self._out_bytes >= FLUSH_BYTES:
+            self._flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        out, self._out = self._out, []
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_bytes = 0
         w = self._writer
         if w is None or w.is_closing():
-            self.dropped_writes += len(out)
+            self.dropped_writes += 1
             return
-        w.write(b"".join(out))
+        w.write(data)
 
     async def drain(self) -> None:
         """Wait while the socket's send buffer is above its high-water mark."""
-        self._flush()
         w = self._writer
         if w is not None and w.transport.get_write_buffer_size() > HIGH_WATER:
             await w.drain()
@@ -255,17 +256,3 @@ class LeafConnection:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def _creds_auth(path: str, nonce: str) -> dict[str, object]:
-    """JWT and nonce signature from a ``.creds`` file (needs ``nkeys``, which nats-py brings)."""
-    import nkeys  # type: ignore[import-not-found]
-
-    text = Path(path).read_text()
-    blocks = [b.strip() for b in text.split("-----") if b.strip() and "BEGIN" not in b and "END" not in b]
-    jwt, seed = blocks[0], blocks[1]
-    kp = nkeys.from_seed(seed.encode())
-    import base64
-
-    sig = base64.urlsafe_b64encode(kp.sign(nonce.encode())).decode().rstrip("=")
-    return {"jwt": jwt, "sig": sig}

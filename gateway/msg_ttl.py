@@ -8,57 +8,14 @@ number of seconds. Sub-second and zero durations and anything unparsable are rej
 from __future__ import annotations
 
 import heapq
-import re
+
+from gateway.durations import BadDuration, parse_go_duration
 
 NEVER = -1
-
-_UNIT_NS = {
-    "ns": 1,
-    "us": 1_000,
-    "\u00b5s": 1_000,
-    "\u03bcs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-_PART = re.compile(r"(\d*)(?:\.(\d*))?([a-z\u00b5\u03bc]+)")
 
 
 class InvalidTTL(ValueError):
     """The header holds no TTL nats-server would accept."""
-
-
-class BadDuration(ValueError):
-    """Not a Go duration string."""
-
-
-def parse_go_duration(text: str) -> int:
-    """Nanoseconds of a Go duration string (``time.ParseDuration``), or :class:`BadDuration`."""
-    s = text
-    sign = 1
-    if s[:1] in ("+", "-"):
-        sign = -1 if s[0] == "-" else 1
-        s = s[1:]
-    if s == "0":
-        return 0
-    if not s:
-        raise BadDuration(text)
-    total = 0
-    pos = 0
-    while pos < len(s):
-        m = _PART.match(s, pos)
-        if m is None or m.end() == pos:
-            raise BadDuration(text)
-        whole, frac, unit = m.group(1), m.group(2), m.group(3)
-        if (not whole and not frac) or unit not in _UNIT_NS:
-            raise BadDuration(text)
-        scale = _UNIT_NS[unit]
-        total += int(whole or 0) * scale
-        if frac:
-            total += int(frac) * scale // 10 ** len(frac)
-        pos = m.end()
-    return sign * total
 
 
 def parse_ttl(value: str) -> int:
@@ -76,25 +33,12 @@ def parse_ttl(value: str) -> int:
     return ns // 1_000_000_000
 
 
-def go_duration_string(ns: int) -> str:
-    """A duration as Go's ``time.Duration.String`` writes it for whole seconds (``1s``, ``1m30s``,
-    ``1h0m0s``): the form nats-server puts in a delete marker's ``Nats-TTL``."""
-    secs = ns // 1_000_000_000
-    if secs < 60:
-        return f"{secs}s"
-    mins, s = divmod(secs, 60)
-    if mins < 60:
-        return f"{mins}m{s}s"
-    hours, m = divmod(mins, 60)
-    return f"{hours}h{m}m{s}s"
-
-
 class TTLSchedule:
     """Which messages of a stream a ``Nats-TTL`` removes, and when; pure.
 
-        Deadlines sit in a heap keyed by time; an entry names the message by sequence *and* stored time,
-        because a failed commit can hand the same sequence to another message. ``never`` messages are
-        exempt from MaxAge; ``markers`` are delete markers (the server's, or KV purges), whose expiry
+    Deadlines sit in a heap keyed by time; an entry names the message by sequence *and* stored time,
+    because a failed commit can hand the same sequence to another message. ``never`` messages are
+    exempt from MaxAge; ``markers`` are delete markers (the server's, or KV purges), whose expiry
     places no new marker.
     """
 

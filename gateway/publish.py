@@ -16,9 +16,9 @@ from collections.abc import Callable
 from functools import partial
 
 from gateway import errors
+from gateway.durations import go_duration
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
-from gateway.msg_ttl import go_duration_string
 from gateway.protocol import Msg
 from gateway.publish_checks import Accepted, Duplicate, check_publish
 from gateway.registry import Registry
@@ -46,6 +46,8 @@ class PublishPath:
         self._route_cache: dict[str, Stream | None] = {}
         # Commits in flight of messages that carry a msg id, for duplicates that arrive meanwhile.
         self._inflight_ids: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self.received = 0  # publishes to a stream subject (the monitor reads these)
+        self.failed = 0  # publishes answered with an error
 
     def streams_changed(self) -> None:
         """Forget cached routes: a stream was added (or its subjects changed)."""
@@ -64,6 +66,7 @@ class PublishPath:
         stream = self.route(msg.subject)
         if stream is None:
             return
+        self.received += 1
         reply = "" if stream.config.get("no_ack") else msg.reply
         now = now_ns()
         verdict = check_publish(stream, msg.subject, msg.hdrs, msg.data, now)
@@ -123,7 +126,7 @@ class PublishPath:
         marker_ns = int(stream.config.get("subject_delete_marker_ttl") or 0)
         hdrs = (
             b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\nNats-TTL: %s\r\nNats-Rollup: sub\r\n\r\n"
-            % go_duration_string(marker_ns).encode()
+            % go_duration(marker_ns).encode()
         )
         subjects, stream.markers_due = stream.markers_due, []
         for subject in subjects:
@@ -177,6 +180,7 @@ class PublishPath:
 
     def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
         """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""
+        self.failed += 1
         if reply:
             body = {"error": err.render(), "stream": stream.name, "seq": 0}
             self.leaf.publish(reply, json.dumps(body, separators=(",", ":")).encode())

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from gateway.consumer import PullRequest, Status
+from gateway.durations import go_duration
 
 NO_MESSAGES = (404, "No Messages")
 REQUEST_TIMEOUT = (408, "Request Timeout")
@@ -19,30 +20,6 @@ EXCEEDED_MAX_WAITING = (409, "Exceeded MaxWaiting")
 PUSH_BASED = (409, "Consumer is push based")
 CONSUMER_DELETED = (409, "Consumer Deleted")
 SIZE_EXCEEDS_MAX_BYTES = (409, "Message Size Exceeds MaxBytes")
-
-
-def go_duration(ns: int) -> str:
-    """A duration as Go's ``time.Duration.String`` writes it (``2s``, ``1.5s``, ``1m30s``, ``500ms``)."""
-    if ns == 0:
-        return "0s"
-    if ns < 1_000:
-        return f"{ns}ns"
-    if ns < 1_000_000:
-        return _trim(ns / 1_000) + "µs"
-    if ns < 1_000_000_000:
-        return _trim(ns / 1_000_000) + "ms"
-    hours, rest = divmod(ns, 3_600_000_000_000)
-    minutes, rest = divmod(rest, 60_000_000_000)
-    secs = _trim(rest / 1_000_000_000) + "s"
-    if hours:
-        return f"{hours}h{minutes}m{secs}"
-    if minutes:
-        return f"{minutes}m{secs}"
-    return secs
-
-
-def _trim(value: float) -> str:
-    return f"{value:.9f}".rstrip("0").rstrip(".")
 
 
 def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest:

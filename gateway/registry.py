@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer
 from gateway.stream import Stream
 from storage_delta.catalog import CatalogTable
@@ -23,8 +24,10 @@ class Registry:
         executor: Executor,
         tail_cache_bytes: int,
         on_stream_added: Callable[[Stream], None],
+        recorder: AckRecorder,
         on_subjects_changed: Callable[[list[str], list[str]], None] | None = None,
     ) -> None:
+        self.recorder = recorder
         self._catalog = catalog
         self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
@@ -58,9 +61,15 @@ class Registry:
         return stream
 
     def install_consumer(
-        self, stream: Stream, config: dict[str, Any], created_ns: int, name: str, start_after: int = 0
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        name: str,
+        start_after: int = 0,
+        skip: list[int] | None = None,
     ) -> Consumer:
-        consumer = Consumer(stream, config, created_ns, start_after, name=name)
+        consumer = Consumer(stream, config, created_ns, start_after, skip, name)
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
@@ -83,14 +92,15 @@ class Registry:
     ) -> Consumer:
         body = {"config": config, "created": created_ns, "start_after": start_after}
         await self._persist("consumer", stream.name, name, body)
-        consumer = Consumer(stream, config, created_ns, start_after, skip, name)
-        self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
+        consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
+        await self.recorder.created(consumer, start_after, skip)
         return consumer
 
     async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
         body = {"config": config, "created": consumer.created_ns, "start_after": consumer.ack_floor_sseq}
         await self._persist("consumer", consumer.stream.name, consumer.name, body)
         consumer.reconfigure(config)
+        await self.recorder.config_changed(consumer)
 
     async def remove_consumer(self, consumer: Consumer) -> bool:
         """Delete a consumer (durably first); False if it was already gone."""
@@ -102,6 +112,7 @@ class Registry:
             return False
         del by_name[consumer.name]
         self.on_consumer_removed(consumer)
+        await self.recorder.deleted(consumer)
         return True
 
     async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
@@ -123,6 +134,7 @@ class Registry:
         del self.streams[stream.name]
         for gone in self.consumers.pop(stream.name, {}).values():
             self.on_consumer_removed(gone)
+            await self.recorder.deleted(gone)
         if self._on_subjects_changed is not None:
             self._on_subjects_changed(stream.subjects, [])
 

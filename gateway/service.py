@@ -13,9 +13,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway import advisories
+from gateway.ack_recorder import AckRecorder
 from gateway.api import Api, split_api_subject
 from gateway.coldread import ColdReader
 from gateway.consumer import Consumer
+from gateway.consumer_log import reduce
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
@@ -29,6 +31,7 @@ from gateway.stream import Stream
 from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
+from storage_delta.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
 from storage_delta.reader import MessageReader
 from storage_delta.stream_state import RemovalLog, load_stream_states
@@ -51,9 +54,11 @@ class Gateway:
         self.tasks = TaskOwner()
         self.leaf: LeafConnection | None = None
         self.writer: GroupCommitWriter | None = None
+        self.acklog: AckLogWriter | None = None
         self.registry: Registry | None = None
         self.publish: PublishPath | None = None
         self.delivery: Delivery | None = None
+        self.api: Api | None = None  # the router, once the API worker runs (the monitor asks it too)
         self.recorder: RemovalRecorder | None = None
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -64,34 +69,55 @@ class Gateway:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        table, catalog, removal_log = await loop.run_in_executor(
+        table, catalog, removal_log, acks = await loop.run_in_executor(
             self.executor,
-            lambda: (MessageTable(self.root), CatalogTable(self.root), RemovalLog(self.root)),
+            lambda: (
+                MessageTable(self.root),
+                CatalogTable(self.root),
+                RemovalLog(self.root),
+                AckLogTable(self.root),
+            ),
         )
+        history = await loop.run_in_executor(self.executor, acks.load)
+        self.acklog = AckLogWriter(
+            acks,
+            self.executor,
+            history.max_lsn,
+            self.settings.ack_flush_interval_ms / 1000,
+            self.settings.acklog_max_pending,
+            self.settings.acklog_compact_rows,
+            history.rows,
+        )
+        ack_recorder = AckRecorder(self.acklog)
         self.registry = Registry(
             catalog,
             self.executor,
             self.settings.tail_cache_bytes,
             self._stream_added,
+            ack_recorder,
             self._subjects_changed,
         )
         self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
-        await self._recover(catalog)
+        await self.acklog.start()
+        await self._recover(catalog, history)
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
         )
         await self.writer.start()
         self.leaf = LeafConnection(
-            LeafTarget.parse(self.settings.nats_url, self.settings.creds_file),
+            LeafTarget.from_settings(self.settings),
             name=self.settings.leaf_name,
             on_msg=self._on_msg,
             on_connected=self._on_connected,
         )
-        self.delivery = Delivery(self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer)
+        self.delivery = Delivery(
+            self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
+        )
         self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)
         self.leaf.subscribe(self.api_prefix + ">")
         self.leaf.subscribe("$JS.ACK.>")
+        self.leaf.subscribe("$JS.FC.>")
         for stream in self.registry.streams.values():
             for subject in stream.subjects:
                 self.leaf.subscribe(subject)
@@ -102,10 +128,11 @@ class Gateway:
         await self.leaf.start()
         self.started = True
 
-    async def _recover(self, catalog: CatalogTable) -> None:
+    async def _recover(self, catalog: CatalogTable, history: AckLog) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
-        that came before the removal was recorded)."""
+        that came before the removal was recorded). Durable consumers' state comes from the ack
+        log; ephemeral consumers end with the process."""
         assert self.registry is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
@@ -126,13 +153,19 @@ class Gateway:
                 await self._recover_publish_state(stream)
                 stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
-                self.registry.install_consumer(
+                created = int(entry.body["created"])
+                cstate = reduce(history.consumers.get((entry.stream, entry.name), []), created)
+                consumer = self.registry.install_consumer(
                     self.registry.streams[entry.stream],
-                    entry.body["config"],
-                    int(entry.body["created"]),
+                    cstate.config or entry.body["config"],
+                    created,
                     entry.name,
-                    int(entry.body.get("start_after") or 0),
+                    cstate.start_after if cstate.config else int(entry.body.get("start_after") or 0),
+                    cstate.skip,
                 )
+                consumer.restore(cstate)
+                if not entry.body["config"].get("durable_name"):
+                    await self.registry.remove_consumer(consumer)  # ephemeral: ends with the process
 
     async def _recover_publish_state(self, stream: Stream) -> None:
         """Refill the duplicate window, the TTL schedule and replay rollups (``publish_state``)."""
@@ -161,6 +194,8 @@ class Gateway:
                 await self.recorder.flush()  # limit removals; recovery would re-derive them anyway
             except Exception:
                 log.exception("recording removals at shutdown failed")
+        if self.acklog is not None:
+            await self.acklog.close()
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.leaf is not None:
@@ -192,6 +227,9 @@ class Gateway:
         if subject.startswith("$JS.ACK."):
             self.delivery.on_ack(subject, msg.reply, msg.data)
             return
+        if subject.startswith("$JS.FC."):
+            self.delivery.on_flow_control(subject)
+            return
         self.publish.on_publish(msg)
 
     async def _api_worker(self) -> None:
@@ -199,7 +237,7 @@ class Gateway:
         assert self.leaf is not None
         assert self.recorder is not None
         loader = MessageLoader(self.reader, self.executor)
-        api = Api(
+        self.api = api = Api(
             self.registry,
             StreamApi(self.registry, loader, self.recorder, self._publish_event),
             self.cold.first_seq_at,

@@ -26,10 +26,18 @@ class Settings:
     domain: str = "jetlake"
     monitor_host: str = "127.0.0.1"
     monitor_port: int = 8222
+    monitor_token: str = ""
     max_pending_bytes: int = 64 * 1024 * 1024
     tail_cache_bytes: int = 32 * 1024 * 1024
+    ack_flush_interval_ms: int = 100
+    acklog_max_pending: int = 100_000
+    acklog_compact_rows: int = 250_000
     leaf_name: str = "jetlake"
     creds_file: str = ""
+    nkey_seed_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @property

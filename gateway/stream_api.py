@@ -13,7 +13,21 @@ import base64
 from typing import Any
 
 from gateway import advisories, errors, stream_config
-from gateway.apicommon import NAMES_PAGE, Publish, RawReply, T, load_request
+from gateway.apicommon import (
+    BOOL,
+    INT,
+    NAMES_PAGE,
+    STRING,
+    STRINGS,
+    TIME,
+    UINT,
+    Publish,
+    RawReply,
+    T,
+    load_optional_request,
+    load_request,
+    require_empty_request,
+)
 from gateway.direct_get import DirectGet, find_seq
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
@@ -45,6 +59,25 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
 LIST_PAGE = 256
 COMMIT_POLL_S = 0.002
 SUBJECT_DETAILS_LIMIT = 100_000
+
+
+# The fields of each request and their Go types: the real server decodes requests strictly.
+NAMES_FIELDS = {"offset": INT, "subject": STRING}
+INFO_FIELDS = {"offset": INT, "deleted_details": BOOL, "subjects_filter": STRING}
+PURGE_FIELDS = {"filter": STRING, "seq": UINT, "keep": UINT}
+MSG_GET_FIELDS = {
+    "seq": UINT,
+    "last_by_subj": STRING,
+    "next_by_subj": STRING,
+    "batch": INT,
+    "max_bytes": INT,
+    "start_time": TIME,
+    "multi_last": STRINGS,
+    "up_to_seq": UINT,
+    "up_to_time": TIME,
+    "no_hdr": BOOL,
+}
+MSG_DELETE_FIELDS = {"seq": UINT, "no_erase": BOOL}
 
 
 class StreamApi:
@@ -136,12 +169,13 @@ class StreamApi:
         return {"type": T + "stream_update_response", **self._stream_body(stream)}
 
     async def stream_delete(self, name: str, body: bytes) -> dict[str, Any]:
+        require_empty_request(body)
         await self.reg.remove_stream(self._stream(name))
         self.publish(advisories.stream_action(name, "delete", now_ns()))
         return {"type": T + "stream_delete_response", "success": True}
 
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_optional_request(body, NAMES_FIELDS)
         subject = req.get("subject") or ""
         streams = sorted(
             (
@@ -181,7 +215,7 @@ class StreamApi:
         return {**body, "config": {**stream.config, "metadata": meta}}
 
     async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_optional_request(body, INFO_FIELDS)
         stream = self._stream(name)
         subjects_filter = req.get("subjects_filter") or None
         offset = int(req.get("offset") or 0)
@@ -223,7 +257,7 @@ class StreamApi:
         await self.recorder.flush()
 
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_optional_request(body, PURGE_FIELDS)
         stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
@@ -234,7 +268,7 @@ class StreamApi:
         return {"type": T + "stream_purge_response", "success": True, "purged": purged}
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_request(body, MSG_DELETE_FIELDS)
         refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
         stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
@@ -255,7 +289,7 @@ class StreamApi:
     # ---- reading messages -----------------------------------------------------------------------
 
     async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body)
+        req = load_request(body, MSG_GET_FIELDS)
         stream = self._stream(name)
         seq = find_seq(stream, req)
         msg = await self.loader.load(stream, seq) if seq else None

@@ -78,3 +78,29 @@ def stored_size(subject: str, hdrs: bytes | None, data: bytes) -> int:
     """Bytes a message counts for in stream state, as JetStream's file store counts a
     record (a header block adds its own 4-byte length)."""
     return 30 + len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data)
+
+
+ACKS = "acks"
+
+ACK_PARTITIONS: list[str] = []
+
+#: The consumer ack log: one row per consumer state change, ordered by ``lsn``. Every row carries
+#: the consumer's positions (delivered and ack floor) *after* its change, so the newest row of a
+#: consumer gives them directly.
+ACK_SCHEMA = pa.schema(
+    [
+        pa.field("lsn", pa.int64(), nullable=False),
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("consumer", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("cseq", pa.int64(), nullable=False),
+        pa.field("deliveries", pa.int64(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("delivered_seq", pa.int64(), nullable=False),
+        pa.field("delivered_cseq", pa.int64(), nullable=False),
+        pa.field("floor_seq", pa.int64(), nullable=False),
+        pa.field("floor_cseq", pa.int64(), nullable=False),
+        pa.field("body", pa.string(), nullable=True),
+    ]
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -23,6 +24,7 @@ from deltalake.transaction import AddAction
 
 from storage_delta import schema as sch
 from storage_delta.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.stats import BATCH_SIZE_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
@@ -201,6 +203,8 @@ class GroupCommitWriter:
         self._version = 0
         self.commits = 0
         self.messages_committed = 0
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.batch_messages = Histogram(BATCH_SIZE_BUCKETS)
         self.refused = 0  # messages turned away because too many bytes were waiting
 
     async def start(self) -> None:
@@ -239,13 +243,14 @@ class GroupCommitWriter:
             batch, waiters = self._pending, self._waiters
             self._pending, self._waiters, self._pending_bytes = [], [], 0
             self._version += 1
+            started = time.perf_counter()
             try:
                 await loop.run_in_executor(self._executor, self._table.commit, batch, self._version)
             except Exception as exc:
                 log.exception("commit of %d messages failed", len(batch))
                 landed = await loop.run_in_executor(self._executor, self._table.last_txn_version)
                 if landed >= self._version:  # the error came after the commit landed (delta-rs #2509)
-                    self._resolve(batch, waiters)
+                    self._resolve(batch, waiters, time.perf_counter() - started)
                     continue
                 # What was queued behind the failed batch holds later sequences of the same streams:
                 # storing it would leave a gap, so it fails too and the streams fall back to what is
@@ -257,12 +262,21 @@ class GroupCommitWriter:
                 self._on_failure({m.stream for m in batch})
                 _notify(waiters, exc)
                 continue
-            self._resolve(batch, waiters)
+            self._resolve(batch, waiters, time.perf_counter() - started)
 
-    def _resolve(self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]]) -> None:
+    def _resolve(
+        self, batch: list[StoredMessage], waiters: list[asyncio.Future[None]], seconds: float
+    ) -> None:
         self.commits += 1
         self.messages_committed += len(batch)
+        self.commit_seconds.observe(seconds)
+        self.batch_messages.observe(len(batch))
         _notify(waiters, None)
+
+    @property
+    def running(self) -> bool:
+        """The commit loop is alive and takes submissions (the store is open)."""
+        return not self._closed and self._task is not None and not self._task.done()
 
     async def close(self) -> None:
         """Finish what was submitted, then stop."""

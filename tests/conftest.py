@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Jetlake, ReferenceJetStream
+from tests.monitor_fixtures import monitored, monitored_reference  # noqa: F401  (module fixtures)
 from tests.spark_fixtures import spark  # noqa: F401  (session fixture)
 
 

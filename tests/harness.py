@@ -53,11 +53,14 @@ def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> Non
 
 
 class ReferenceJetStream:
-    """The oracle: the same nats-server binary with JetStream on and a file store."""
+    """The oracle: the same nats-server binary with JetStream on and a file store (in JetStream
+    domain ``domain`` when one is given, as jetlake serves its API)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, domain: str | None = None, monitor_port: int = 0) -> None:
         self.workdir = workdir
+        self.domain = domain
         self.port = free_port()
+        self.monitor_port = monitor_port  # its HTTP monitor (/jsz), when not 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,21 +70,17 @@ class ReferenceJetStream:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                nats_server_binary(),
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-sd",
-                str(self.workdir / "js"),
-            ],
-            stdout=log,
-            stderr=log,
-        )
+        args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.workdir / "js")]
+        if self.domain:
+            conf = self.workdir / "nats-server.conf"
+            conf.write_text(f'jetstream {{ store_dir: "{self.workdir / "js"}", domain: {self.domain} }}\n')
+            args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.monitor_port:
+            args += ["-m", str(self.monitor_port)]
+        self.proc = subprocess.Popen([nats_server_binary(), *args], stdout=log, stderr=log)
         wait_port(self.port, self.proc)
+        if self.monitor_port:
+            wait_port(self.monitor_port, self.proc)
 
     def stop(self) -> None:
         stop(self.proc)
@@ -100,10 +99,21 @@ class Jetlake:
         self.monitor_port = free_port()
         self.server: subprocess.Popen[bytes] | None = None
         self.gateway: subprocess.Popen[bytes] | None = None
+        # what the readiness check passes to nats.connect (credentials, where the server needs them)
+        self.connect_opts: dict[str, Any] = {}
+        self.gateway_env: dict[str, str] = {}  # JETLAKE_* settings for the gateway process
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def leaf_url(self) -> str:
+        """Where the gateway attaches (subclasses add credentials or ``tls://``)."""
+        return f"nats-leaf://127.0.0.1:{self.leaf_port}"
+
+    def server_conf(self) -> str:
+        return server_config("127.0.0.1", self.port, "127.0.0.1", self.leaf_port, self.domain)
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -112,15 +122,17 @@ class Jetlake:
 
     def start_server(self) -> None:
         conf = self.workdir / "nats-server.conf"
-        conf.write_text(server_config("127.0.0.1", self.port, "127.0.0.1", self.leaf_port, self.domain))
+        conf.write_text(self.server_conf())
         log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
         self.server = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log)
         wait_port(self.port, self.server)
         wait_port(self.leaf_port, self.server)
 
-    def start_gateway(self, extra_env: dict[str, str] | None = None) -> None:
+    def start_gateway(
+        self, extra_env: dict[str, str] | None = None, ready_s: float = 60.0, wait: bool = True
+    ) -> None:
         log = open(self.workdir / "gateway.log", "ab")  # noqa: SIM115
-        env = {**os.environ, **(extra_env or {})}
+        env = {**os.environ, **self.gateway_env, **(extra_env or {})}
         self.gateway = subprocess.Popen(
             [
                 sys.executable,
@@ -128,7 +140,7 @@ class Jetlake:
                 "gateway",
                 "serve",
                 "--nats-url",
-                f"nats-leaf://127.0.0.1:{self.leaf_port}",
+                self.leaf_url,
                 "--data-root",
                 str(self.data_root),
                 "--domain",
@@ -141,11 +153,12 @@ class Jetlake:
             cwd=ROOT,
             env=env,
         )
-        asyncio.run(self._wait_ready())
+        if wait:
+            asyncio.run(self._wait_ready(ready_s))
 
     async def _wait_ready(self, wait_s: float = 60.0) -> None:
         """Ready when the API answers through the server (the leaf is up and subscribed)."""
-        nc = await nats.connect(self.url)
+        nc = await nats.connect(self.url, **self.connect_opts)
         try:
             deadline = time.monotonic() + wait_s
             while True:

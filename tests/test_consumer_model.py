@@ -119,3 +119,20 @@ def test_num_pending_is_incremental_and_exact() -> None:
                     c.nak(seq, 0, i)
             expected = stream.count_matching_after(max(c.sseq, c._resume), c.filters) + len(c._skip)
             assert c.num_pending() == expected, (cfg, i)
+
+
+def test_flow_control_window() -> None:
+    """A request after a window of bytes, delivery stalled at two windows until it is answered;
+    a stale or foreign answer changes nothing."""
+    from gateway.push import WINDOW, FlowControl
+
+    fc = FlowControl("S", "c")
+    assert fc.sent(WINDOW - 1) is None
+    request = fc.sent(1)
+    assert request is not None
+    assert request.startswith("$JS.FC.S.c.")
+    assert fc.sent(WINDOW) is None
+    assert fc.stalled()
+    assert not fc.answered("$JS.FC.S.c.nope")
+    assert fc.answered(request)
+    assert not fc.stalled()

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.errors import TimeoutError
 
-from tests.jsapi import api, publish, same, stream
+from tests.jsapi import api, publish, pull, same, stream
 
 
 def _anon(answer: dict[str, Any]) -> dict[str, Any]:
@@ -269,3 +270,55 @@ async def test_ephemeral_goes_after_inactive_threshold(targets: dict[str, str], 
 
     out = await same(targets, case, unique)
     assert out == {"idle_gone": True, "busy": True, "total": 2}
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},  # ack none: max_ack_pending and inactive_threshold from the stream's limits
+        {"ack_policy": "explicit"},
+        {"ack_policy": "explicit", "max_ack_pending": 100},  # 10121 over the limit
+        {"ack_policy": "explicit", "max_ack_pending": 20, "inactive_threshold": 10_000_000_000},  # 10153
+        {"ack_policy": "explicit", "durable_name": "c"},  # durables get the threshold too
+    ],
+)
+async def test_stream_consumer_limits(targets: dict[str, str], unique: str, cfg: dict[str, Any]) -> None:
+    """A stream's consumer_limits are the consumers' defaults and caps."""
+
+    async def case(nc: Client, name: str) -> Any:
+        limits = {"inactive_threshold": 3_000_000_000, "max_ack_pending": 50}
+        await stream(nc, name, consumer_limits=limits)
+        return await api(nc, f"CONSUMER.CREATE.{name}.c", {"stream_name": name, "config": cfg})
+
+    await same(targets, case, unique)
+
+
+async def test_reset(targets: dict[str, str], unique: str) -> None:
+    """CONSUMER.RESET starts the consumer again above its ack floor or at a sequence (also past the
+    end); pending acks are dropped and the consumer sequence restarts; an unknown consumer gets
+    no answer."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 5)
+        await api(
+            nc,
+            f"CONSUMER.CREATE.{name}.d",
+            {"stream_name": name, "config": {"durable_name": "d", "ack_policy": "explicit"}},
+        )
+        got = await pull(nc, name, "d", {"batch": 3}, 3)
+        await nc.request(f"$JS.ACK.{name}.d.1.1.1.0.0", b"+ACK", timeout=2)
+        out: dict[str, Any] = {"got": got}
+        for i, body in enumerate((b"", {"seq": 4}, {"seq": 1}, {"seq": 99}, {"seq": -1})):
+            answer = await api(nc, f"CONSUMER.RESET.{name}.d", body)
+            out[f"reset{i}"] = answer
+            out[f"after{i}"] = await pull(nc, name, "d", {"batch": 2, "no_wait": True}, 3)
+        try:
+            await nc.request(f"$JS.API.CONSUMER.RESET.{name}.zz", b"", timeout=1)
+            out["missing"] = "answered"
+        except TimeoutError:
+            out["missing"] = "silent"
+        return out
+
+    out = await same(targets, case, unique)
+    assert out["missing"] == "silent"

@@ -130,3 +130,33 @@ async def test_waiting_request_served_by_new_messages(targets: dict[str, str], u
 
     out = await same(targets, case, unique)
     assert len(out["got"]) == 3
+
+
+@pytest.mark.slow
+async def test_consumer_catches_up_from_delta(targets: dict[str, str], jetlake: Any, unique: str) -> None:
+    """A consumer far behind reads from the Delta tables: jetlake's gateway is restarted after
+    the publishes (its tail cache starts empty), then a new consumer reads all 3,000 messages in
+    fetches of 500 and sees what the real server delivers, numbers included."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        s = name.lower()
+        await stream(nc, name)
+        for start in range(0, 3000, 500):
+            await asyncio.gather(
+                *(js.publish(f"{s}.s{i % 5}", f"{i:05d}".encode()) for i in range(start, start + 500))
+            )
+        if nc.connected_url is not None and nc.connected_url.port == jetlake.port:
+            await asyncio.to_thread(jetlake.stop_gateway)
+            await asyncio.to_thread(jetlake.start_gateway)
+        sub = await js.pull_subscribe(f"{name.lower()}.>", durable="far")
+        got = []
+        while len(got) < 3000:
+            for m in await sub.fetch(500, timeout=10):
+                got.append((m.metadata.sequence.stream, m.subject, m.data.decode(), m.metadata.num_pending))
+                await m.ack()
+        await asyncio.sleep(0.3)
+        return {"got": got, "info": state(await api(nc, f"CONSUMER.INFO.{name}.far"))}
+
+    out = await same(targets, case, unique)
+    assert [g[0] for g in out["got"]] == list(range(1, 3001))

@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from nats.aio.client import Client
 
 from tests.jsapi import api, describe, publish, same, state, stream
@@ -181,3 +182,74 @@ async def test_nats_py_push_and_ordered_consumer(targets: dict[str, str], unique
 
     out = await same(targets, case, unique)
     assert len(out["ordered"]) == 32
+
+
+async def test_push_flow_control(targets: dict[str, str], unique: str) -> None:
+    """flow_control: with ~3 MB to deliver the subscriber gets `100 FlowControl Request`s with a
+    `$JS.FC.<stream>.<consumer>.<token>` reply; answering them keeps delivery going to the end.
+    (How many requests the server sends depends on its window; the count is not compared.)"""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        s = name.lower()
+        for start in range(0, 3000, 500):
+            await asyncio.gather(*(js.publish(f"{s}.x", b"y" * 1024) for _ in range(start, start + 500)))
+        requests: list[str] = []
+        got = 0
+        done = asyncio.Event()
+
+        async def on(msg: Any) -> None:
+            nonlocal got
+            if msg.headers and msg.headers.get("Status") == "100":
+                if msg.reply:
+                    requests.append(msg.reply)
+                    await nc.publish(msg.reply, b"")
+                return
+            got += 1
+            if got == 3000:
+                done.set()
+
+        await nc.subscribe(f"fc.{s}", cb=on)
+        cfg = {
+            "durable_name": "f",
+            "ack_policy": "none",
+            "deliver_subject": f"fc.{s}",
+            "flow_control": True,
+            "idle_heartbeat": 1_000_000_000,
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.f", {"stream_name": name, "config": cfg})
+        await asyncio.wait_for(done.wait(), 30)
+        prefixes = {r.rsplit(".", 1)[0] for r in requests}
+        return {"got": got, "asked": bool(requests), "prefixes": sorted(prefixes)}
+
+    out = await same(targets, case, unique)
+    assert out["asked"] is True
+
+
+@pytest.mark.slow
+async def test_ephemeral_push_goes_when_interest_goes(targets: dict[str, str], unique: str) -> None:
+    """An ephemeral push consumer stays while its deliver subject has a subscriber and is deleted
+    once it has had none for inactive_threshold."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await stream(nc, name)
+        kept_sub = await nc.subscribe(f"kept.{s}")
+        gone_sub = await nc.subscribe(f"gone.{s}")
+        names = {}
+        for label in ("kept", "gone"):
+            cfg = {
+                "ack_policy": "none",
+                "deliver_subject": f"{label}.{s}",
+                "inactive_threshold": 1_000_000_000,
+            }
+            answer = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
+            names[label] = answer["name"]
+        await gone_sub.unsubscribe()
+        await asyncio.sleep(2.5)
+        left = (await api(nc, f"CONSUMER.NAMES.{name}"))["consumers"]
+        await kept_sub.unsubscribe()
+        return {label: names[label] in left for label in names}
+
+    assert await same(targets, case, unique) == {"kept": True, "gone": False}

@@ -54,9 +54,9 @@ async def test_deliver_policy(targets: dict[str, str], unique: str, policy: dict
         body = {"stream_name": name, "config": {"durable_name": "c", "ack_policy": "explicit", **cfg}}
         created = await api(nc, f"CONSUMER.CREATE.{name}.c", body)
         before = state(created)
-        got = await pull(nc, name, "c", {"batch": 20, "expires": 800_000_000}, 21)
+        got = await pull(nc, name, "c", {"batch": 20, "expires": 400_000_000}, 21)
         await js.publish(f"{s}.s1", b"later")
-        later = await pull(nc, name, "c", {"batch": 5, "expires": 500_000_000}, 6)
+        later = await pull(nc, name, "c", {"batch": 5, "expires": 300_000_000}, 6)
         return {
             "before": before,
             "got": got,

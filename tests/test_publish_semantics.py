@@ -305,3 +305,35 @@ async def test_rollup_survives_kill_9(reference: ReferenceJetStream, jetlake: Je
 
     _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=True)
     assert second[0]["messages"] == 1
+
+
+async def test_first_seq(targets: dict[str, str], unique: str) -> None:
+    """A stream created with first_seq gives its first publish that sequence."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "first_seq": 100})
+        empty = state(await api(nc, f"STREAM.INFO.{name}"))
+        acks = [
+            await pub(nc, f"{s}.a"),
+            await pub(nc, f"{s}.a", b"x", {"Nats-Expected-Last-Sequence": "100"}),
+        ]
+        return [empty, acks, state(await api(nc, f"STREAM.INFO.{name}"))]
+
+    out = await assert_same(targets, case, unique)
+    assert out[1][0]["seq"] == 100
+
+
+async def test_concurrent_expected_last_sequence(targets: dict[str, str], unique: str) -> None:
+    """Publishes racing on one Nats-Expected-Last-Sequence: the first wins, the others see its
+    sequence although its commit may still be in flight."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"]})
+        hdrs = {"Nats-Expected-Last-Sequence": "0"}
+        answers = await asyncio.gather(*[pub(nc, f"{s}.a", b"x", hdrs) for _ in range(30)])
+        return sorted(json.dumps(a, sort_keys=True) for a in answers)
+
+    out = await assert_same(targets, case, unique)
+    assert sum(1 for a in out if '"seq": 1' in a) == 1

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.dedup import DedupWindow
-from gateway.msg_ttl import NEVER, BadDuration, InvalidTTL, parse_go_duration, parse_ttl
+from gateway.durations import BadDuration, parse_go_duration
+from gateway.msg_ttl import NEVER, InvalidTTL, parse_ttl
 from gateway.publish_checks import set_header
 
 S = 1_000_000_000

@@ -1,0 +1,161 @@
+"""Restart time of a gateway whose consumer has 1M acks in its ack log, before and after compaction.
+
+The stream (1M messages) and the consumer's history (a delivery and an ack row per message, in
+group commits of ``--rows-per-commit`` rows, checkpointed as the gateway does) are written straight
+into the tables, as a long-lived gateway would have left them; the consumer itself is created
+through the API. Each restart is timed from starting the gateway process until ``CONSUMER.INFO``
+answers with the full ack floor; the ack log's own part (load + replay) is timed in-process too.
+
+    python -m bench.acklog_restart [--acks 1000000] [--rows-per-commit 10000]
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from gateway.consumer_log import reduce
+from storage_delta import acklog as al
+from storage_delta.catalog import CatalogTable
+from storage_delta.tables import StoreRoot
+from storage_delta.writer import MessageTable, StoredMessage
+from tests.harness import Jetlake
+
+STREAM, CONSUMER = "HISTORY", "LONGLIVED"
+
+
+async def api(url: str, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    try:
+        msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=60)
+        return json.loads(msg.data)
+    finally:
+        await nc.close()
+
+
+def write_history(root: StoreRoot, acks: int, rows_per_commit: int) -> int:
+    """1M messages, then a deliver and an ack row for each; returns the ack log rows written."""
+    messages = MessageTable(root)
+    version = messages.last_txn_version()
+    now = time.time_ns() - 3600 * 10**9  # an hour ago: outside any duplicate window
+    for start in range(1, acks + 1, 100_000):
+        version += 1
+        batch = [
+            StoredMessage(STREAM, 100_000, s, now + s, "history.x", None, b"payload-%d" % s)
+            for s in range(start, min(start + 100_000, acks + 1))
+        ]
+        messages.commit(batch, version)
+    table = al.AckLogTable(root)
+    lsn, rows, version = table.load().max_lsn, [], table.last_txn_version()
+    for seq in range(1, acks + 1):
+        ts = now + acks + 2 * seq
+        for kind, floor in ((al.DELIVER, seq - 1), (al.ACK, seq)):
+            lsn += 1
+            rows.append(
+                al.AckRecord(
+                    STREAM,
+                    CONSUMER,
+                    kind,
+                    seq=seq,
+                    cseq=seq if kind == al.DELIVER else 0,
+                    deliveries=1 if kind == al.DELIVER else 0,
+                    ts=ts + (kind == al.ACK),
+                    delivered_seq=seq,
+                    delivered_cseq=seq,
+                    floor_seq=floor,
+                    floor_cseq=floor,
+                    lsn=lsn,
+                )
+            )
+        if len(rows) >= rows_per_commit or seq == acks:
+            version += 1
+            table.append(rows, version)
+            rows = []
+    return 2 * acks
+
+
+def timed_start(lake: Jetlake, acks: int) -> tuple[float, dict[str, Any]]:
+    """Seconds from starting the gateway to a consumer info with the whole ack floor."""
+    t0 = time.monotonic()
+    lake.start_gateway(ready_s=3600)
+    info = asyncio.run(api(lake.url, f"CONSUMER.INFO.{STREAM}.{CONSUMER}"))
+    elapsed = time.monotonic() - t0
+    assert info["ack_floor"]["stream_seq"] == acks, info
+    return elapsed, info
+
+
+def replay_s(root: StoreRoot) -> tuple[float, int]:
+    """The ack log's part of a restart: load the table and replay the consumer's rows."""
+    t0 = time.monotonic()
+    log = al.AckLogTable(root).load()
+    created = next(e for e in CatalogTable(root).load() if e.name == CONSUMER).body["created"]
+    reduce(log.consumers[(STREAM, CONSUMER)], int(created))
+    return time.monotonic() - t0, log.rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--acks", type=int, default=1_000_000)
+    ap.add_argument("--rows-per-commit", type=int, default=10_000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="jetlake-acklog-bench-") as tmp:
+        lake = Jetlake(Path(tmp))
+        lake.start()
+        try:
+            asyncio.run(api(lake.url, f"STREAM.CREATE.{STREAM}", {"name": STREAM, "subjects": ["history.>"]}))
+            cfg = {"durable_name": CONSUMER, "ack_policy": "explicit"}
+            asyncio.run(
+                api(lake.url, f"CONSUMER.CREATE.{STREAM}.{CONSUMER}", {"stream_name": STREAM, "config": cfg})
+            )
+            assert lake.stop_gateway() == 0
+            root = StoreRoot(str(lake.data_root))
+            t0 = time.monotonic()
+            write_history(root, args.acks, args.rows_per_commit)
+            setup_s = time.monotonic() - t0
+
+            before_s, before = timed_start(lake, args.acks)
+            assert lake.stop_gateway() == 0
+            before_replay_s, rows_before = replay_s(root)
+            t0 = time.monotonic()
+            compaction = al.compact_store(root)
+            compact_s = time.monotonic() - t0
+            after_replay_s, rows_after = replay_s(root)
+            after_s, after = timed_start(lake, args.acks)
+            same = {k: v for k, v in before.items() if k != "ts"} == {
+                k: v for k, v in after.items() if k != "ts"
+            }
+        finally:
+            lake.stop()
+    print(
+        json.dumps(
+            {
+                "workload": "acklog_restart",
+                "acks": args.acks,
+                "rows_per_commit": args.rows_per_commit,
+                "setup_s": round(setup_s, 1),
+                "restart_before_compaction_s": round(before_s, 2),
+                "acklog_replay_before_s": round(before_replay_s, 2),
+                "acklog_rows_before": rows_before,
+                "compaction_s": round(compact_s, 2),
+                "acklog_rows_after": rows_after,
+                "restart_after_compaction_s": round(after_s, 2),
+                "acklog_replay_after_s": round(after_replay_s, 3),
+                "consumer_info_unchanged": same,
+                "compaction_version": compaction.version,
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

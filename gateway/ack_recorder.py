@@ -1,0 +1,98 @@
+"""Turns consumer state changes into ack log rows: the thin adapter between the consumer state
+machines and :class:`~storage_delta.acklog.AckLogWriter`.
+
+Each method is called right after the state machine made the change, so the row carries the
+consumer's positions (last delivered, ack floor) as they now stand. Lifecycle rows (create,
+config, delete) are awaited: the API answers only once they are committed. Deliveries and plain
+acks are committed within the writer's flush interval; an ack with a reply gets a future that
+resolves once its row is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from gateway.consumer import Consumer
+from gateway.timefmt import now_ns
+from storage_delta import acklog as al
+
+
+class AckRecorder:
+    def __init__(self, writer: al.AckLogWriter) -> None:
+        self.writer = writer
+
+    def has_room(self) -> bool:
+        return self.writer.has_room()
+
+    @staticmethod
+    def _row(
+        consumer: Consumer,
+        kind: str,
+        seq: int = 0,
+        cseq: int = 0,
+        deliveries: int = 0,
+        ts: int = 0,
+        **body: Any,
+    ) -> al.AckRecord:
+        return al.AckRecord(
+            stream=consumer.stream.name,
+            consumer=consumer.name,
+            kind=kind,
+            seq=seq,
+            cseq=cseq,
+            deliveries=deliveries,
+            ts=ts or now_ns(),
+            delivered_seq=consumer.sseq,
+            delivered_cseq=consumer.dseq,
+            floor_seq=consumer.ack_floor_sseq,
+            floor_cseq=consumer.ack_floor_cseq,
+            body=json.dumps(body, separators=(",", ":")) if body else None,
+        )
+
+    async def _durable(self, record: al.AckRecord) -> None:
+        fut = self.writer.submit(record, sync=True)
+        assert fut is not None
+        await fut
+
+    async def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
+        await self._durable(
+            self._row(
+                consumer,
+                al.CREATE,
+                config=consumer.config,
+                created=consumer.created_ns,
+                start_after=start_after,
+                skip=skip,
+            )
+        )
+
+    async def config_changed(self, consumer: Consumer) -> None:
+        await self._durable(self._row(consumer, al.CONFIG, config=consumer.config))
+
+    async def reset(self, consumer: Consumer) -> None:
+        """``CONSUMER.RESET``: it starts again after its (new) delivered stream sequence."""
+        await self._durable(self._row(consumer, al.RESET, start_after=consumer.sseq, skip=[]))
+
+    async def deleted(self, consumer: Consumer) -> None:
+        await self._durable(self._row(consumer, al.DELETE))
+
+    def delivered(self, consumer: Consumer, seq: int, cseq: int, deliveries: int) -> None:
+        self.writer.submit(self._row(consumer, al.DELIVER, seq, cseq, deliveries, consumer.last_active_ns))
+
+    def dropped(self, consumer: Consumer, seq: int) -> None:
+        """``seq`` left the pending set unacknowledged (deliveries ran out, or it is gone)."""
+        self.writer.submit(self._row(consumer, al.DROP, seq))
+
+    def acked(
+        self, consumer: Consumer, kind: str, seq: int, changed: bool, sync: bool, **body: Any
+    ) -> asyncio.Future[None] | None:
+        """Record an ack of ``kind`` that ``changed`` the state (or not: a late duplicate). With
+        ``sync`` the future resolves when it, or for a duplicate everything before it, is durable."""
+        # The ack floor's last_active is the ack's time: the row keeps it exactly for a restart.
+        ts = consumer.ack_floor_active_ns if kind in (al.ACK, al.TERM) else 0
+        row = self._row(consumer, kind, seq, ts=ts, **body) if changed else None
+        if row is None and not sync:
+            return None
+        return self.writer.submit(row, sync=sync)

@@ -1,0 +1,91 @@
+"""Servers with their HTTP monitors on (jetlake with a monitor token, the real nats-server with
+``-m``), HTTP helpers, and the ack-floor scenario the monitor, dashboard and notebook tests share."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from tests.harness import Jetlake, ReferenceJetStream, free_port, wait_port
+
+TOKEN = "monitor-test-token"
+
+
+class MonitoredJetlake(Jetlake):
+    """jetlake whose gateway asks for a monitor token (set through the environment, as documented)."""
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.start_server()
+        self.start_gateway({"JETLAKE_MONITOR_TOKEN": TOKEN})
+        assert self.gateway is not None
+        wait_port(self.monitor_port, self.gateway)  # uvicorn binds after the API answers
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MonitoredJetlake]:
+    target = MonitoredJetlake(Path(tmp_path_factory.mktemp("monitored")))
+    target.start()
+    yield target
+    target.stop()
+
+
+@pytest.fixture(scope="module")
+def monitored_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceJetStream]:
+    """The real JetStream with its HTTP monitor on (its /jsz is the shape jetlake's copies)."""
+    server = ReferenceJetStream(
+        Path(tmp_path_factory.mktemp("monitored-reference")), monitor_port=free_port()
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def monitor_url(target: ReferenceJetStream | MonitoredJetlake) -> str:
+    return f"http://127.0.0.1:{target.monitor_port}"
+
+
+def http_get(url: str, token: str | None = TOKEN) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as res:
+            return res.status, res.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def get_json(url: str, token: str | None = TOKEN) -> Any:
+    status, body = http_get(url, token)
+    assert status == 200, body
+    return json.loads(body)
+
+
+async def api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    msg = await nc.request(f"$JS.API.{subject}", json.dumps(body).encode() if body else b"", timeout=5)
+    return dict(json.loads(msg.data))
+
+
+async def ack_floor_scenario(nc: Client, name: str) -> None:
+    """A stream of 10 messages on two subjects and two consumers at different points: ``fast`` has
+    acked a prefix and holds two unacked; ``slow`` holds one unacked and one redelivered (NAK)."""
+    js = nc.jetstream()
+    await js.add_stream(name=name, subjects=[f"{name.lower()}.>"])
+    for i in range(10):
+        await js.publish(f"{name.lower()}.{'a' if i % 3 else 'b'}", f"m{i}".encode() * (i + 1))
+    fast = await js.pull_subscribe(f"{name.lower()}.>", durable="fast", stream=name)
+    msgs = await fast.fetch(6, timeout=5)
+    for m in msgs[:4]:
+        await m.ack_sync()
+    slow = await js.pull_subscribe(f"{name.lower()}.>", durable="slow", stream=name)
+    first = await slow.fetch(2, timeout=5)
+    await first[1].ack_sync()
+    await nc.request(first[0].reply, b"-NAK", timeout=5)  # answered once the NAK is processed
+    again = await slow.fetch(1, timeout=5)
+    assert again[0].metadata.num_delivered == 2

@@ -1,0 +1,296 @@
+"""Consumer state across restarts and crashes: the ack log brings every durable consumer back.
+
+A clean restart: each consumer's info is identical to before (jetlake against itself), and the
+same sequence against the real JetStream, restarted from its on-disk store, gives the same answers.
+``kill -9`` at random moments of a consume-and-ack load: nothing whose ``ack_sync`` returned comes
+back, everything else does, delivery counts and ``num_redelivered`` carry on, durable consumers and
+their configs survive and ephemeral ones do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from tests.harness import Jetlake, ReferenceJetStream, scrub
+
+STREAM = "RESTART"
+
+
+async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    msg = await nc.request(f"$JS.API.{subject}", data, timeout=5)
+    return json.loads(msg.data)
+
+
+# Durable consumers whose state the restart must keep, one per behaviour it pins.
+CONSUMERS: dict[str, dict[str, Any]] = {
+    # explicit acks with holes in the floor, a nak'd (redelivered) and a terminated message
+    "EXPLICIT": {"ack_policy": "explicit"},
+    # filtered: num_pending and sequences count only matching messages
+    "FILTERED": {"ack_policy": "explicit", "filter_subject": "restart.even"},
+    # ack all: one ack moves the floor over everything below it
+    "ACKALL": {"ack_policy": "all"},
+    # ack none: the floor follows deliveries
+    "NOACK": {"ack_policy": "none"},
+    # paused until far in the future
+    "PAUSED": {"ack_policy": "explicit", "pause_until": "2099-01-01T00:00:00Z"},
+    # starts at a sequence
+    "FROM": {"ack_policy": "explicit", "deliver_policy": "by_start_sequence", "opt_start_seq": 20},
+    # CONSUMER.RESET after some deliveries and acks: it starts again from the reset sequence
+    "RESETME": {"ack_policy": "explicit"},
+}
+
+
+async def build_state(nc: Client) -> None:
+    """Publish, then drive each consumer to a state with something in every part of it."""
+    js = nc.jetstream()
+    await js.add_stream(name=STREAM, subjects=["restart.>"])
+    for i in range(60):
+        await js.publish(f"restart.{'even' if i % 2 == 0 else 'odd'}", f"m{i}".encode())
+    for name, cfg in CONSUMERS.items():
+        body = {"stream_name": STREAM, "config": {"durable_name": name, **cfg}}
+        await api(nc, f"CONSUMER.CREATE.{STREAM}.{name}", body)
+    for name in ("EXPLICIT", "FILTERED", "ACKALL", "NOACK", "FROM"):
+        sub = await js.pull_subscribe_bind(name, STREAM)
+        msgs = await sub.fetch(12, timeout=5)
+        for i, m in enumerate(msgs):
+            if name == "ACKALL" and i == 7:
+                await m.ack_sync()
+            elif name in ("EXPLICIT", "FILTERED", "FROM"):
+                if i in (0, 1, 4, 5, 9):
+                    await m.ack_sync()
+                elif i == 2:
+                    await m.nak()
+                elif i == 3:
+                    await m.term()
+        if name in ("EXPLICIT", "FILTERED"):
+            # the nak'd message comes back (delivery 2) with the next ones; all stay pending
+            await sub.fetch(3, timeout=5)
+        await nc.flush()
+    sub = await js.pull_subscribe_bind("RESETME", STREAM)
+    for m in await sub.fetch(8, timeout=5):
+        if m.metadata.sequence.stream % 3 == 0:
+            await m.ack_sync()
+    await api(nc, f"CONSUMER.RESET.{STREAM}.RESETME", {"seq": 5})
+    for m in await sub.fetch(4, timeout=5):
+        if m.metadata.sequence.stream == 6:
+            await m.ack_sync()
+    await asyncio.sleep(0.3)
+
+
+async def infos(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    try:
+        out = {name: await api(nc, f"CONSUMER.INFO.{STREAM}.{name}") for name in CONSUMERS}
+        out["_stream"] = (await api(nc, f"STREAM.INFO.{STREAM}"))["state"]
+        return out
+    finally:
+        await nc.close()
+
+
+async def run_build(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await build_state(nc)
+    finally:
+        await nc.close()
+
+
+#: Fields relative to the moment of the answer: its time, and how long a pause still runs.
+NOW_RELATIVE = {"ts", "pause_remaining"}
+
+
+def without_now(answers: dict[str, Any]) -> dict[str, Any]:
+    return {k: {f: v for f, v in a.items() if f not in NOW_RELATIVE} for k, a in answers.items()}
+
+
+def test_clean_restart_keeps_every_consumer_info(tmp_path: Path) -> None:
+    gw = Jetlake(tmp_path / "jetlake")
+    ref = ReferenceJetStream(tmp_path / "reference")
+    gw.start()
+    ref.start()
+    try:
+        asyncio.run(run_build(gw.url))
+        asyncio.run(run_build(ref.url))
+        before = asyncio.run(infos(gw.url))
+        ref_before = asyncio.run(infos(ref.url))
+        assert scrub(without_now(before)) == scrub(without_now(ref_before))
+        assert before["EXPLICIT"]["num_redelivered"] == 1
+        assert before["EXPLICIT"]["ack_floor"]["stream_seq"] == 2
+        assert before["EXPLICIT"]["num_ack_pending"] == 8
+        assert before["PAUSED"]["config"]["pause_until"] == "2099-01-01T00:00:00Z"
+
+        assert gw.stop_gateway() == 0
+        gw.start_gateway()
+        ref.stop()
+        ref.start()
+        after = asyncio.run(infos(gw.url))
+        # identical to before, timestamps included (only the answer's own time differs)
+        assert without_now(after) == without_now(before)
+        # and the same as the real JetStream after its restart
+        assert scrub(without_now(after)) == scrub(without_now(asyncio.run(infos(ref.url))))
+    finally:
+        gw.stop()
+        ref.stop()
+
+
+# ---- kill -9 during a consume-and-ack load -------------------------------------------------------
+
+MARGIN_S = 3.0  # deliveries older than this at the kill are surely committed (flush is 50 ms)
+
+
+class Observed:
+    """What the client saw before the kill."""
+
+    def __init__(self) -> None:
+        self.synced: set[int] = set()  # ack_sync returned
+        self.in_flight: set[int] = set()  # ack_sync sent, no answer before the kill
+        self.deliveries: dict[int, list[tuple[int, float]]] = {}  # seq -> [(delivery count, when)]
+
+
+async def consume_until_killed(
+    gw: Jetlake, kill_at: float, seed: int
+) -> tuple[Observed, float, dict[str, Any]]:
+    nc = await nats.connect(gw.url)
+    js = nc.jetstream()
+    await js.add_stream(name=STREAM, subjects=["restart.>"])
+    for chunk in range(0, 400, 50):  # in order, many in flight (each PubAck waits for a commit)
+        futs = [
+            await js.publish_async(f"restart.{i % 4}", f"m{i}".encode()) for i in range(chunk, chunk + 50)
+        ]
+        await asyncio.gather(*futs)
+    cfg = {
+        "durable_name": "WORK",
+        "ack_policy": "explicit",
+        "ack_wait": 1_500_000_000,
+        "max_ack_pending": 100,
+    }
+    await api(nc, f"CONSUMER.CREATE.{STREAM}.WORK", {"stream_name": STREAM, "config": cfg})
+    eph = await api(
+        nc, f"CONSUMER.CREATE.{STREAM}", {"stream_name": STREAM, "config": {"ack_policy": "explicit"}}
+    )
+    config = (await api(nc, f"CONSUMER.INFO.{STREAM}.WORK"))["config"]
+    sub = await js.pull_subscribe_bind("WORK", STREAM)
+    rng = random.Random(seed)
+    seen = Observed()
+    start = time.monotonic()
+    killer = threading.Timer(kill_at, gw.kill_gateway)
+    killer.start()
+
+    async def ack(m: Msg, seq: int) -> None:
+        seen.in_flight.add(seq)
+        try:
+            await m.ack_sync(timeout=2)
+        except Exception:
+            return
+        seen.in_flight.discard(seq)
+        seen.synced.add(seq)
+
+    try:
+        while time.monotonic() - start < kill_at + 1:
+            try:
+                msgs = await sub.fetch(20, timeout=0.5)
+            except Exception:
+                await asyncio.sleep(0.05)
+                continue
+            acks = []
+            for m in msgs:
+                seq = m.metadata.sequence.stream
+                seen.deliveries.setdefault(seq, []).append(
+                    (m.metadata.num_delivered, time.monotonic() - start)
+                )
+                # every 13th is never acked before the kill, a fifth of the rest left for redelivery
+                if seq % 13 and rng.random() < 0.8:
+                    acks.append(ack(m, seq))
+            await asyncio.gather(*acks)
+    finally:
+        killer.join()
+        await nc.close()
+    return seen, kill_at, {"config": config, "ephemeral": eph["name"]}
+
+
+async def drain_after_restart(gw: Jetlake, seen: Observed) -> tuple[dict[int, list[int]], dict[str, Any]]:
+    """Consume everything that comes back, acking each; the first info is taken before any fetch."""
+    nc = await nats.connect(gw.url)
+    after: dict[int, list[int]] = {}
+    try:
+        first = await api(nc, f"CONSUMER.INFO.{STREAM}.WORK")
+        js = nc.jetstream()
+        sub = await js.pull_subscribe_bind("WORK", STREAM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = await api(nc, f"CONSUMER.INFO.{STREAM}.WORK")
+            if info["num_pending"] == 0 and info["num_ack_pending"] == 0:
+                break
+            try:
+                msgs = await sub.fetch(50, timeout=0.5)
+            except Exception:
+                continue
+            for m in msgs:
+                after.setdefault(m.metadata.sequence.stream, []).append(m.metadata.num_delivered)
+            await asyncio.gather(*(m.ack_sync(timeout=5) for m in msgs))
+        first["_final"] = await api(nc, f"CONSUMER.INFO.{STREAM}.WORK")
+        return after, first
+    finally:
+        await nc.close()
+
+
+async def ephemeral_gone(gw: Jetlake, name: str) -> dict[str, Any]:
+    nc = await nats.connect(gw.url)
+    try:
+        return await api(nc, f"CONSUMER.INFO.{STREAM}.{name}")
+    finally:
+        await nc.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(3))
+def test_kill_9_keeps_acked_acked_and_redelivers_the_rest(tmp_path: Path, trial: int) -> None:
+    gw = Jetlake(tmp_path)
+    gw.start_server()
+    gw.start_gateway({"JETLAKE_ACK_FLUSH_INTERVAL_MS": "50"})
+    try:
+        kill_at = random.Random(100 + trial).uniform(4.0, 7.0)
+        seen, kill_at, before = asyncio.run(consume_until_killed(gw, kill_at, trial))
+        assert seen.synced, "no ack_sync returned before the kill"
+        gw.start_gateway({"JETLAKE_ACK_FLUSH_INTERVAL_MS": "50"})
+        after, info = asyncio.run(drain_after_restart(gw, seen))
+
+        # no message whose ack_sync returned is delivered again
+        assert not seen.synced & set(after)
+        # every message not acked is delivered again (or for the first time)
+        assert set(range(1, 401)) - seen.synced - seen.in_flight <= set(after)
+        assert info["_final"]["ack_floor"]["stream_seq"] == 400
+        # delivery counts carry on: a message seen (unacked) long enough before the kill comes back
+        # with a higher count than the client saw
+        old = {
+            seq: max(dc for dc, when in ds if when < kill_at - MARGIN_S)
+            for seq, ds in seen.deliveries.items()
+            if seq not in seen.synced | seen.in_flight and any(when < kill_at - MARGIN_S for _, when in ds)
+        }
+        assert old, "no unacked delivery old enough to check"
+        for seq, dc in old.items():
+            assert after[seq][0] > dc, (seq, dc, after[seq])
+        # num_redelivered carries on: messages seen redelivered long before the kill still count
+        redelivered_old = {s for s, dc in old.items() if dc > 1}
+        assert info["num_redelivered"] >= len(redelivered_old)
+        assert info["delivered"]["consumer_seq"] >= sum(
+            1 for ds in seen.deliveries.values() for _, when in ds if when < kill_at - MARGIN_S
+        )
+        # the durable consumer and its config survive; the ephemeral one does not
+        assert info["config"] == before["config"]
+        gone = asyncio.run(ephemeral_gone(gw, before["ephemeral"]))
+        assert gone["error"]["err_code"] == 10014
+    finally:
+        gw.stop()
