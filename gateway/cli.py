@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gateway import inspect_cli
 from gateway import settings as settings_mod
+from spark_jobs import cli as jobs_cli
 
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -30,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
     serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
     inspect_cli.add_parsers(sub)
+    jobs_cli.add_parser(sub)
     return p
 
 
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         return asyncio.run(serve(settings))
+    if args.command == "jobs":
+        return jobs_cli.main(args)
     return inspect_cli.run(args)
 
 
