@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test check lint java chromium bench
+.PHONY: run test check lint java chromium bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -48,3 +48,8 @@ $(BENCH_NODE_MODULES): bench/node/package.json bench/node/package-lock.json
 # BENCH_ARGS=--quick for a smoke run with small sizes.
 bench: $(STAMP) $(BENCH_NODE_MODULES)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# The bounded soak of tests/test_soak.py for longer than CI's 150 s (SOAK_S seconds); prints its figures.
+SOAK_S ?= 900
+soak: $(STAMP)
+	JETLAKE_SOAK_S=$(SOAK_S) $(PY) -m pytest tests/test_soak.py -s -q
