@@ -28,7 +28,14 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta import schema as sch
-from storage_delta.tables import CommitConflict, StoreRoot, commit_adds, open_existing, write_data_file
+from storage_delta.tables import (
+    CommitConflict,
+    StoreRoot,
+    commit_adds,
+    open_existing,
+    retry_listing,
+    write_data_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +198,8 @@ def checkpoint(root: StoreRoot) -> None:
     """A Delta checkpoint and removal of expired log files: readers replay less log."""
     dt = open_existing(root, sch.MESSAGES)
     if dt is not None:
-        dt.create_checkpoint()
-        dt.cleanup_metadata()
+        retry_listing(dt.create_checkpoint)
+        retry_listing(dt.cleanup_metadata)
 
 
 def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[str]:
@@ -209,9 +216,11 @@ def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[st
     dt = open_existing(root, sch.MESSAGES)
     if dt is None:
         return []
-    return dt.vacuum(
-        retention_hours=margin_hours,
-        dry_run=dry_run,
-        enforce_retention_duration=False,
-        full=margin_hours >= 1,
+    return retry_listing(
+        lambda: dt.vacuum(
+            retention_hours=margin_hours,
+            dry_run=dry_run,
+            enforce_retention_duration=False,
+            full=margin_hours >= 1,
+        )
     )

@@ -67,19 +67,20 @@ class StoreRoot:
 T = TypeVar("T")
 
 
-def retry_listing(load: Callable[[], T], attempts: int = 5) -> T:
+def retry_listing(load: Callable[[], T], attempts: int = 20) -> T:
     """Run a delta-rs load again when its listing of ``_delta_log`` saw a gap in the versions.
 
     A directory listing that runs while commits are created may return a newer commit file and miss
     an older one (``readdir`` makes no promise about entries created during the listing), and
-    delta-rs then refuses the log as non-contiguous. The next listing sees both."""
+    delta-rs then refuses the log as non-contiguous. A later listing sees both; in a large log under
+    a steady stream of commits several listings in a row can race, hence the many backed-off tries."""
     for attempt in range(attempts):
         try:
             return load()
         except DeltaError as exc:
             if "contiguous" not in str(exc) or attempt == attempts - 1:
                 raise
-            time.sleep(0.01 * (attempt + 1))
+            time.sleep(min(0.01 * 2**attempt, 0.25))
     raise AssertionError("unreachable")
 
 
