@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import acklog_restart, consumers
 from bench import workloads as wl
 from bench.targets import BENCH_DIR, start_targets
 from storage_delta.tables import StoreRoot
@@ -35,6 +36,10 @@ class Sizes:
     bytes_msgs: int
     commit_versions: tuple[int, int]
     commit_sample: int
+    consume: int
+    consume_window: int
+    catch_up: int
+    acks: int
 
 
 FULL = Sizes(
@@ -45,6 +50,10 @@ FULL = Sizes(
     bytes_msgs=1_000_000,
     commit_versions=(100, 10_000),
     commit_sample=50,
+    consume=100_000,
+    consume_window=256,
+    catch_up=1_000_000,
+    acks=1_000_000,
 )
 QUICK = Sizes(
     sync=200,
@@ -54,6 +63,10 @@ QUICK = Sizes(
     bytes_msgs=20_000,
     commit_versions=(100, 300),
     commit_sample=30,
+    consume=5_000,
+    consume_window=128,
+    catch_up=20_000,
+    acks=20_000,
 )
 
 
@@ -94,6 +107,10 @@ def main() -> None:
                 targets, sizes.bytes_msgs, "random128", lake_root
             ),
             "commit_latency": lambda: wl.commit_latency(list(sizes.commit_versions), sizes.commit_sample),
+            "pull_consume": lambda: consumers.consume(targets, "pull", sizes.consume, sizes.consume_window),
+            "push_consume": lambda: consumers.consume(targets, "push", sizes.consume, sizes.consume_window),
+            "catch_up": lambda: consumers.catch_up(targets, lake, sizes.catch_up, sizes.consume_window),
+            "acklog_restart": lambda: acklog_restart.measure(sizes.acks, 10_000),
         }
         results = []
         try:
