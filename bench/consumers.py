@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from bench.stored import write_messages
 from bench.targets import Target, add_stream, barrier, loadgen, wait_stream_messages
+from bench.workloads import profiled
 from storage_delta.tables import StoreRoot
 from tests.harness import Jetlake
 
@@ -20,7 +23,7 @@ def _ratio(out: Result) -> float | None:
     return round(lake / ref, 3) if ref else None
 
 
-def consume(targets: list[Target], mode: str, count: int, window: int) -> Result:
+def consume(targets: list[Target], mode: str, count: int, window: int, profile: Path | None = None) -> Result:
     """A stream filled by acked publishes (its tail still warm in jetlake), then drained by one
     consumer: ``pull`` fetches batches of ``window``, ``push`` has ``window`` acks pending at most."""
     stream = f"BCONS_{mode.upper()}"
@@ -29,7 +32,7 @@ def consume(targets: list[Target], mode: str, count: int, window: int) -> Result
     for t in targets:
         asyncio.run(add_stream(t.url, stream, [f"{prefix}.>"]))
         loadgen("pipelined", t.url, prefix, count, "json", 512)
-        out[t.name] = loadgen(mode, t.url, stream, count, "json", window)
+        out[t.name] = profiled(t, profile, partial(loadgen, mode, t.url, stream, count, "json", window))
     out["ratio"] = _ratio(out)
     return out
 
@@ -52,20 +55,26 @@ def _fill_in_delta(lake: Jetlake, stream: str, prefix: str, count: int) -> None:
     lake.start_gateway(ready_s=3600)
 
 
+def fill_stored(t: Target, lake: Jetlake, stream: str, prefix: str, count: int) -> float:
+    """A new stream holding ``count`` messages, stored the fastest way each server allows; returns
+    the seconds it took."""
+    asyncio.run(add_stream(t.url, stream, [f"{prefix}.>"]))
+    t0 = time.monotonic()
+    if t.name == "jetlake":
+        _fill_in_delta(lake, stream, prefix, count)
+    else:
+        _fill_by_publishing(t, prefix, count)
+    asyncio.run(wait_stream_messages(t.url, stream, count))
+    return round(time.monotonic() - t0, 1)
+
+
 def catch_up(targets: list[Target], lake: Jetlake, count: int, window: int) -> Result:
     """A new pull consumer catching up on ``count`` stored messages: JetStream's from its file store,
     jetlake's from the Delta table (written there directly, then the gateway restarted)."""
     stream, prefix = "BCATCHUP", "bcatchup"
     out: Result = {"workload": "catch_up", "messages": count, "window": window}
     for t in targets:
-        asyncio.run(add_stream(t.url, stream, [f"{prefix}.>"]))
-        t0 = time.monotonic()
-        if t.name == "jetlake":
-            _fill_in_delta(lake, stream, prefix, count)
-        else:
-            _fill_by_publishing(t, prefix, count)
-        asyncio.run(wait_stream_messages(t.url, stream, count))
-        fill_s = round(time.monotonic() - t0, 1)
+        fill_s = fill_stored(t, lake, stream, prefix, count)
         out[t.name] = loadgen("pull", t.url, stream, count, "seq", window) | {"fill_s": fill_s}
     out["ratio"] = _ratio(out)
     return out
