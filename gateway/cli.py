@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gateway import inspect_cli
 from gateway import settings as settings_mod
+from spark_jobs import cli as jobs_cli
 
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -30,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
     serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
     inspect_cli.add_parsers(sub)
+    jobs_cli.add_parser(sub)
     return p
 
 
@@ -59,7 +61,7 @@ async def serve(settings: settings_mod.Settings) -> int:
         if settings.monitor_port:
             import uvicorn
 
-            from gateway.monitor import build_app
+            from gateway.monitor import MonitorServer, build_app
 
             if not settings.monitor_token and settings.monitor_host not in LOOPBACK:
                 log.warning(
@@ -73,8 +75,7 @@ async def serve(settings: settings_mod.Settings) -> int:
                 log_level="warning",
                 lifespan="off",
             )
-            uv_server = uvicorn.Server(config)
-            uv_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+            uv_server = MonitorServer(config)
             monitor_task = asyncio.create_task(uv_server.serve(), name="monitor")
         print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
         await stop.wait()
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         return asyncio.run(serve(settings))
+    if args.command == "jobs":
+        return jobs_cli.main(args)
     return inspect_cli.run(args)
 
 

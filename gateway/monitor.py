@@ -10,10 +10,13 @@ token it is given in its URL fragment) and the API description stay open.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+from collections.abc import Iterator
 from importlib import resources
 from typing import Annotated, Any
 
+import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -128,3 +131,12 @@ def _counters(gateway: Gateway) -> metrics.Counters:
         leaf_reconnects=leaf.reconnects,
         leaf_dropped_writes=leaf.dropped_writes,
     )
+
+
+class MonitorServer(uvicorn.Server):
+    """uvicorn without signal handlers of its own: the gateway owns SIGINT/SIGTERM, finishes the
+    commit in flight and then stops the monitor, so uvicorn must not take the signals first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

@@ -6,26 +6,39 @@ pyarrow on the executors, one task per block::
 
     spark.read.format("jetlake").option("root", "/data/store").option("stream", "ORDERS").load()
 
-Options: ``root`` and ``stream`` (required); ``start_seq`` / ``end_seq`` (an inclusive range, as
-JetStream's ranges are); ``subject`` (a NATS subject filter with ``*`` and ``>``); ``storage.<KEY>``
-(a delta-rs storage option for an object-store root, e.g. ``storage.AWS_REGION``).
+    spark.readStream.format("jetlake").option("root", ...).option("stream", "ORDERS").load()
 
-:func:`list_blocks` and :func:`read_block` hold all the work so that a stream reader can plan
-micro-batches from sequence offsets with the same two calls.
+Options: ``root`` and ``stream`` (required); ``start_seq`` / ``end_seq`` (an inclusive range, as
+JetStream's ranges are); ``start_time`` (ISO 8601, UTC when no zone is given: the first message
+stored at or after it, as a consumer's ``opt_start_time``); ``subject`` (a NATS subject filter with
+``*`` and ``>``); ``view`` (``logical``, the default: what the JetStream API shows, without the
+messages removed by limits, purges, deletes, TTL or acks that compaction has not removed yet, and
+without a deleted stream's rows; ``raw``: every stored row); ``max_messages_per_trigger``
+(streaming: at most this many sequences per micro-batch); ``storage.<KEY>`` (a delta-rs storage
+option for an object-store root, e.g. ``storage.AWS_REGION``).
+
+:func:`list_blocks` and :func:`read_block` hold all the work; the batch reader and the stream
+reader differ only in how they pick the sequence range (options, or micro-batch offsets).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from urllib.parse import unquote
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     BinaryType,
     LongType,
@@ -37,8 +50,10 @@ from pyspark.sql.types import (
 )
 
 from storage_delta import schema as sch
+from storage_delta.maintenance import LiveFile, live_files, visible
 from storage_delta.natsfmt import parse_headers, subject_matches
-from storage_delta.tables import StoreRoot, open_existing
+from storage_delta.stream_state import StreamLogicalState, load_stream_states
+from storage_delta.tables import StoreRoot
 
 NAME = "jetlake"
 
@@ -78,6 +93,10 @@ class BlockPartition(InputPartition):
     files: tuple[str, ...]
     first_seq: int | None = None
     last_seq: int | None = None
+    #: The logical view: rows stored before ``created`` (an earlier incarnation of the stream) and
+    #: sequences in ``removed`` (ranges clipped to this block's files) are hidden. Raw reads: 0, ().
+    created: int = 0
+    removed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,7 +107,11 @@ class ReadOptions:
     stream: str
     first_seq: int | None = None
     last_seq: int | None = None
+    start_time_ns: int | None = None
     subject: str | None = None
+    max_per_trigger: int | None = None
+    #: ``view=raw``: every stored row, also what the API no longer shows.
+    raw: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -109,8 +132,18 @@ class ReadOptions:
             stream=stream,
             first_seq=_int_option(options, "start_seq"),
             last_seq=_int_option(options, "end_seq"),
+            start_time_ns=_time_option(options, "start_time"),
             subject=options.get("subject") or None,
+            max_per_trigger=_int_option(options, "max_messages_per_trigger"),
+            raw=_view_option(options),
         )
+
+
+def _view_option(options: Mapping[str, str]) -> bool:
+    view = options.get("view", "logical")
+    if view not in ("logical", "raw"):
+        raise ValueError(f"jetlake option 'view' must be 'logical' or 'raw', got {view!r}")
+    return view == "raw"
 
 
 def _int_option(options: Mapping[str, str], key: str) -> int | None:
@@ -123,40 +156,94 @@ def _int_option(options: Mapping[str, str], key: str) -> int | None:
         raise ValueError(f"jetlake option {key!r} must be an integer, got {value!r}") from None
 
 
-def list_blocks(
-    root: StoreRoot, stream: str, first_seq: int | None = None, last_seq: int | None = None
-) -> list[BlockPartition]:
-    """The partitions holding ``first_seq..last_seq`` of a stream, from the Delta log's ``add`` actions.
+def _time_option(options: Mapping[str, str], key: str) -> int | None:
+    value = options.get(key)
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"jetlake option {key!r} must be an ISO 8601 time, got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
-    Files are dropped by their ``seq`` statistics, so a narrow range plans few tasks. The log is read
-    through delta-rs because it alone knows which files are live; the executors never touch it.
+
+def list_blocks(
+    root: StoreRoot,
+    stream: str,
+    first_seq: int | None = None,
+    last_seq: int | None = None,
+    files: Sequence[LiveFile] | None = None,
+    state: StreamLogicalState | None = None,
+) -> list[BlockPartition]:
+    """The partitions holding ``first_seq..last_seq`` of a stream (``files``: a listing already made),
+    hiding what ``state`` (the logical view) removes; without a state the read is raw.
+
+    Files are dropped by their ``seq`` statistics, so a narrow range plans few tasks.
     """
-    dt = open_existing(root, sch.MESSAGES)
-    if dt is None:
-        return []
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return []
-    actions = actions.filter(pc.equal(actions["partition.stream"], stream))
-    files: dict[int, list[tuple[int | None, str]]] = {}
-    for row in actions.to_pylist():
-        lo, hi = row.get("min.seq"), row.get("max.seq")
-        if first_seq is not None and hi is not None and hi < first_seq:
+    if files is None:
+        files = live_files(root, stream)
+    by_block: dict[int, list[tuple[int | None, str]]] = {}
+    for f in files:
+        if first_seq is not None and f.max_seq is not None and f.max_seq < first_seq:
             continue
-        if last_seq is not None and lo is not None and lo > last_seq:
+        if last_seq is not None and f.min_seq is not None and f.min_seq > last_seq:
             continue
-        # The log holds paths URL-encoded (a stream "A B" lives under "stream=A%20B").
-        files.setdefault(int(row["partition.block"]), []).append((lo, unquote(row["path"])))
-    return [
-        BlockPartition(
-            stream=stream,
-            block=block,
-            files=tuple(path for _, path in sorted(entries, key=lambda e: (e[0] is None, e[0] or 0, e[1]))),
-            first_seq=first_seq,
-            last_seq=last_seq,
+        by_block.setdefault(f.block, []).append((f.min_seq, f.path))
+    out = []
+    for block, entries in sorted(by_block.items()):
+        paths = tuple(path for _, path in sorted(entries, key=lambda e: (e[0] is None, e[0] or 0, e[1])))
+        part = BlockPartition(stream=stream, block=block, files=paths, first_seq=first_seq, last_seq=last_seq)
+        if state is not None:
+            part = _hide(part, [f for f in (files or []) if f.block == block], state)
+        out.append(part)
+    return out
+
+
+def _hide(part: BlockPartition, files: Sequence[LiveFile], state: StreamLogicalState) -> BlockPartition:
+    lows = [f.min_seq for f in files if f.min_seq is not None]
+    highs = [f.max_seq for f in files if f.max_seq is not None]
+    if not lows or not highs:
+        # No statistics: every removal might concern the block.
+        return replace(part, created=state.created, removed=tuple(state.removed))
+    lo, hi = min(lows), max(highs)
+    return replace(
+        part, created=state.created, removed=tuple((a, b) for a, b in state.removed if a <= hi and b >= lo)
+    )
+
+
+def first_seq_at(root: StoreRoot, files: Sequence[LiveFile], ts_ns: int) -> int:
+    """The first sequence stored at or after ``ts_ns`` (one past the last if none is): only files
+    whose newest message is late enough are opened, and only their ``seq``/``ts`` columns."""
+    fs, base = root.filesystem()
+    best: int | None = None
+    for f in files:
+        if f.max_ts is not None and f.max_ts < ts_ns:
+            continue
+        if best is not None and f.min_seq is not None and f.min_seq >= best:
+            continue
+        table = pq.read_table(
+            f"{base}/{sch.MESSAGES}/{f.path}", filesystem=fs, columns=["seq", "ts"], partitioning=None
         )
-        for block, entries in sorted(files.items())
-    ]
+        seqs = table.filter(pc.greater_equal(table["ts"], ts_ns))["seq"]
+        if len(seqs):
+            low = pc.min(seqs).as_py()
+            best = low if best is None else min(best, low)
+    if best is not None:
+        return best
+    bounds = seq_bounds(files)
+    return bounds[1] + 1 if bounds else 1
+
+
+def seq_bounds(files: Sequence[LiveFile]) -> tuple[int, int] | None:
+    """Lowest and highest stored sequence: the writer commits a stream's sequences in order, so every
+    sequence up to the highest is durable and a micro-batch may end there."""
+    lows = [f.min_seq for f in files if f.min_seq is not None]
+    highs = [f.max_seq for f in files if f.max_seq is not None]
+    if not lows or not highs:
+        return None
+    return min(lows), max(highs)
 
 
 def read_block(
@@ -183,6 +270,8 @@ def read_block(
             filters=expr,
             partitioning=None,
         )
+        if partition.created or partition.removed:
+            table = table.filter(visible(table, partition.created, partition.removed))
         if subject and table.num_rows:
             distinct = pc.unique(table["subject"]).to_pylist()
             for s in distinct:
@@ -256,6 +345,28 @@ class JetlakeDataSource(DataSource):
     def reader(self, schema: StructType) -> JetlakeReader:
         return JetlakeReader(ReadOptions.parse(self.options), schema)
 
+    def streamReader(self, schema: StructType) -> JetlakeStreamReader:
+        return JetlakeStreamReader(ReadOptions.parse(self.options), schema)
+
+
+def _plan(options: ReadOptions, first: int | None, last: int | None) -> list[BlockPartition]:
+    """The partitions of ``first..last``; in the logical view, with what the API hides. The files are
+    listed before the removals are loaded, so every listed row's removal is already known."""
+    files = live_files(options.root, options.stream)
+    state = None
+    if not options.raw:
+        state = load_stream_states(options.root).get(options.stream)
+        if state is None:
+            return []  # no such stream (or a deleted one): the API shows nothing
+    return list_blocks(options.root, options.stream, first, last, files, state)
+
+
+def _read(options: ReadOptions, arrow: pa.Schema, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    # Spark substitutes a bare InputPartition(None) when there are no blocks at all.
+    if not isinstance(partition, BlockPartition):
+        return iter(())
+    return read_block(options.root, partition, options.subject, arrow)
+
 
 class JetlakeReader(DataSourceReader):
     """Plans one task per block on the planner and reads the blocks on the executors.
@@ -270,10 +381,66 @@ class JetlakeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        return list(list_blocks(o.root, o.stream, o.first_seq, o.last_seq))
+        first = o.first_seq
+        if o.start_time_ns is not None:
+            at = first_seq_at(o.root, live_files(o.root, o.stream), o.start_time_ns)
+            first = at if first is None else max(first, at)
+        return _plan(o, first, o.last_seq)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        # Spark substitutes a bare InputPartition(None) when there are no blocks at all.
-        if not isinstance(partition, BlockPartition):
-            return iter(())
-        return read_block(self.options.root, partition, self.options.subject, self.arrow_schema)
+        return _read(self.options, self.arrow_schema, partition)
+
+
+class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over a stream; an offset is ``{"seq": n}``, the next sequence to read.
+
+    A micro-batch ``[start, end)`` only ever covers sequences already committed (the end is one past
+    the highest stored sequence), and a committed sequence's message never changes, so replaying a
+    batch after a restart reads the same rows: with Spark's checkpoint that is exactly-once.
+    Each batch is planned like a batch read, one task per block.
+    """
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.arrow_schema = arrow_schema(schema)
+        #: ``Trigger.AvailableNow``: the end fixed when the query started; later messages wait.
+        self._target: int | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
+        self._target = bounds[1] + 1 if bounds else 0
+
+    def initialOffset(self) -> dict[str, int]:
+        o = self.options
+        if o.first_seq is not None:
+            return {"seq": o.first_seq}
+        if o.start_time_ns is not None:
+            return {"seq": first_seq_at(o.root, live_files(o.root, o.stream), o.start_time_ns)}
+        return {"seq": 1}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
+        if bounds is None:
+            return start
+        # Skip what retention removed below the stored range instead of planning empty batches.
+        begin = max(start["seq"], bounds[0])
+        end = bounds[1] + 1 if self._target is None else self._target
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.max_rows)
+        return {"seq": max(end, start["seq"])}
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
+        return {"seq": bounds[1] + 1} if bounds else None
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        if end["seq"] <= start["seq"]:
+            return []
+        return _plan(self.options, start["seq"], end["seq"] - 1)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, self.arrow_schema, partition)

@@ -44,15 +44,18 @@ def build_spark_session(
     # Executors must run the interpreter (and so the venv) we run in, not whatever "python3" is.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     settings["spark.pyspark.python"] = sys.executable
-    resolved_master = master or file_master or DEFAULT_MASTER
-    if resolved_master.startswith("local"):
+    # Under spark-submit the master (and the rest) come from its command line, unless given here.
+    resolved_master = master or (None if _under_spark_submit() else file_master or DEFAULT_MASTER)
+    if resolved_master and resolved_master.startswith("local"):
         # A local session has no other node to talk to: binding to loopback avoids Spark guessing an
         # interface (and warning about it) on machines whose hostname resolves oddly.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if quiet:
         settings["spark.ui.enabled"] = "false"
         settings["spark.ui.showConsoleProgress"] = "false"
-    builder = SparkSession.builder.master(resolved_master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if resolved_master:
+        builder = builder.master(resolved_master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -60,6 +63,11 @@ def build_spark_session(
         spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(JetlakeDataSource)
     return spark
+
+
+def _under_spark_submit() -> bool:
+    """spark-submit starts the JVM first and hands Python the gateway port."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def check_java() -> None:

@@ -1,0 +1,163 @@
+"""``jetlake jobs``: run a maintenance job once, or keep running them on the intervals of
+``conf/jobs.toml``. Also runnable through ``spark-submit spark_jobs/cli.py run seal``, in which case
+the master and resources are spark-submit's.
+
+PySpark is imported only when a job runs, so ``jetlake serve`` never pays for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("jetlake.jobs")
+
+CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "jobs.toml"
+JOBS = ("seal", "retention")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """``conf/jobs.toml``, then ``JETLAKE_JOBS_*`` variables, then flags."""
+
+    data_root: str = "./data"
+    vacuum_margin_hours: int = 24
+    seal_min_files: int = 2
+    every: Mapping[str, float] = field(default_factory=lambda: {"retention": 300, "seal": 900})
+
+    @classmethod
+    def load(cls, conf_file: str | None, overrides: Mapping[str, Any]) -> JobSettings:
+        path = Path(conf_file) if conf_file else CONFIG_FILE
+        doc: dict[str, Any] = {}
+        if path.is_file():
+            with path.open("rb") as f:
+                doc = tomllib.load(f)
+        values: dict[str, Any] = {}
+        for name in ("data_root", "vacuum_margin_hours", "seal_min_files"):
+            value = doc.get(name)
+            env = os.environ.get(f"JETLAKE_JOBS_{name.upper()}")
+            if env is not None:
+                value = env
+            if overrides.get(name) is not None:
+                value = overrides[name]
+            if value is not None:
+                values[name] = value if name == "data_root" else int(value)
+        every = {**cls().every, **{k: float(v) for k, v in doc.get("every", {}).items()}}
+        unknown = set(every) - set(JOBS)
+        if unknown:
+            raise ValueError(f"{path}: [every] names unknown jobs {sorted(unknown)}")
+        return cls(**values, every=every)
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``jobs run`` and ``jobs schedule`` to a parent parser's subcommands."""
+    jobs = sub.add_parser("jobs", help="run the Spark maintenance jobs")
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
+    run = jobs_sub.add_parser("run", help="run jobs once, in the order given")
+    run.add_argument("job", choices=JOBS, nargs="+")
+    schedule = jobs_sub.add_parser("schedule", help="run every job on its interval until stopped")
+    for p in (run, schedule):
+        p.add_argument("--conf", help="configuration file (default conf/jobs.toml)")
+        p.add_argument("--data-root", help="store root: a directory or an object-store URI")
+        p.add_argument("--master", help="Spark master URL (default conf/spark.toml, or spark-submit's)")
+        p.add_argument("--vacuum-margin-hours", type=int, help="keep removed files this long")
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = JobSettings.load(
+        args.conf, {"data_root": args.data_root, "vacuum_margin_hours": args.vacuum_margin_hours}
+    )
+    from spark_jobs.session import build_spark_session
+
+    spark = build_spark_session(master=args.master, app_name=f"jetlake-jobs-{args.jobs_command}")
+    try:
+        if args.jobs_command == "run":
+            for job in args.job:
+                run_job(spark, job, settings)
+            return 0
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        schedule(lambda job: run_job(spark, job, settings), settings.every, stop)
+        return 0
+    finally:
+        spark.stop()
+
+
+def run_job(spark: Any, job: str, settings: JobSettings) -> None:
+    """One job, then a vacuum that keeps the margin and a Delta checkpoint."""
+    from spark_jobs import compaction
+    from storage_delta import maintenance
+    from storage_delta.stream_state import load_stream_states
+    from storage_delta.tables import StoreRoot
+
+    root = StoreRoot(settings.data_root)
+    started = time.monotonic()
+    log.info("%s: starting on %s", job, root.uri)
+    if job == "seal":
+        out = compaction.seal(spark, root, settings.seal_min_files)
+    elif job == "retention":
+        out = compaction.retention(spark, root, load_stream_states)
+    else:
+        raise ValueError(f"unknown job {job!r}")
+    vacuumed = maintenance.vacuum(root, settings.vacuum_margin_hours)
+    maintenance.checkpoint(root)
+    log.info(
+        "%s: done in %.1fs: %d files removed, %d added, %d rows removed, live bytes %d -> %d, "
+        "%d files vacuumed, %d swaps abandoned",
+        job,
+        time.monotonic() - started,
+        out.files_removed,
+        out.files_added,
+        out.rows_removed,
+        out.bytes_before,
+        out.bytes_after,
+        len(vacuumed),
+        out.abandoned,
+    )
+
+
+def schedule(
+    run: Callable[[str], None],
+    every: Mapping[str, float],
+    stop: threading.Event,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Run each job when due, one at a time, until ``stop`` is set. A failed run is logged and
+    retried at its next interval: one bad run must not end the schedule."""
+    due = dict.fromkeys(every, clock())
+    while not stop.is_set():
+        job = min(due, key=lambda j: due[j])
+        wait = due[job] - clock()
+        if wait > 0:
+            stop.wait(wait)
+            continue
+        try:
+            run(job)
+        except Exception:
+            log.exception("%s failed; next attempt in %gs", job, every[job])
+        due[job] = clock() + every[job]
+
+
+def _standalone(argv: list[str] | None = None) -> int:
+    """Entry point for ``spark-submit spark_jobs/cli.py run|schedule ...``."""
+    parser = argparse.ArgumentParser(prog="jetlake")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return main(parser.parse_args(["jobs", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    # Run as a file (spark-submit), the repository root is not on the path by itself.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.exit(_standalone())

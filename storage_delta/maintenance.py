@@ -1,0 +1,217 @@
+"""The table side of jetlake's maintenance jobs: list live files, rewrite a block's files, swap files
+in one commit, checkpoint, vacuum.
+
+The jobs run beside a gateway that appends all the time. delta-rs counts a plain append as reading
+the whole table (#3890), so whichever of a job's swap and an append commits second fails its
+conflict check: the gateway's writer retries its append; :func:`swap_files` retries the swap after
+checking that the files it removes are still live. Every swap carries an app transaction
+(``jetlake-jobs``, n) so that a commit reported as failed but landed (#2509) is recognised.
+
+Vacuum keeps removed files for a margin, so that a reader that planned on an older version still
+finds them, and never deletes a file a concurrent writer has written but not committed yet (#3645):
+see :func:`vacuum`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from storage_delta import schema as sch
+from storage_delta.tables import CommitConflict, StoreRoot, commit_adds, open_existing, write_data_file
+
+log = logging.getLogger(__name__)
+
+APP_ID = "jetlake-jobs"
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    """One file of the ``messages`` table's current version, as its ``add`` action describes it."""
+
+    stream: str
+    block: int
+    #: The path as the log holds it (URL-encoded): what a ``remove`` action must name.
+    log_path: str
+    size: int
+    min_seq: int | None
+    max_seq: int | None
+    max_ts: int | None
+    rows: int | None
+
+    @property
+    def path(self) -> str:
+        """The path relative to the table directory, for reading the file."""
+        return unquote(self.log_path)
+
+
+def live_files(root: StoreRoot, stream: str | None = None) -> list[LiveFile]:
+    """The live files of one stream, or of every stream."""
+    dt = open_existing(root, sch.MESSAGES)
+    return [] if dt is None else _live(dt, stream)
+
+
+def _live(dt: DeltaTable, stream: str | None = None) -> list[LiveFile]:
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    if stream is not None:
+        actions = actions.filter(pc.equal(actions["partition.stream"], stream))
+    return [
+        LiveFile(
+            stream=row["partition.stream"],
+            block=int(row["partition.block"]),
+            log_path=row["path"],
+            size=int(row["size_bytes"]),
+            min_seq=row.get("min.seq"),
+            max_seq=row.get("max.seq"),
+            max_ts=row.get("max.ts"),
+            rows=row.get("num_records"),
+        )
+        for row in actions.to_pylist()
+    ]
+
+
+def rewrite_files(
+    root: StoreRoot,
+    stream: str,
+    block: int,
+    paths: Sequence[str],
+    drop: Sequence[tuple[int, int]] = (),
+    created: int = 0,
+    data_change: bool = False,
+) -> tuple[bool, AddAction | None]:
+    """Merge files of one block into one sequence-sorted file with the sealed encoding, leaving out
+    the sequence ranges ``drop`` (inclusive) and rows stored before ``created`` (an earlier
+    incarnation of the stream). Runs on a Spark executor and commits nothing: the driver swaps all
+    rewritten blocks at once. Returns whether anything was left out (when nothing was and the
+    rewrite removes rows, ``(False, None)``: statistics only showed the files *might* hold removed
+    sequences) and the new file (``None`` when no row is left)."""
+    fs, base = root.filesystem()
+    table = pa.concat_tables(
+        [
+            pq.read_table(
+                f"{base}/{sch.MESSAGES}/{p}",
+                filesystem=fs,
+                columns=sch.MESSAGE_FILE_SCHEMA.names,
+                partitioning=None,
+            )
+            for p in paths
+        ]
+    ).cast(sch.MESSAGE_FILE_SCHEMA)
+    kept = table.filter(visible(table, created, drop))
+    changed = kept.num_rows < table.num_rows
+    if kept.num_rows == 0 or (data_change and not changed):
+        return changed, None
+    add = write_data_file(
+        root, sch.MESSAGES, {"stream": stream, "block": str(block)}, kept.sort_by("seq"), sealed=True
+    )
+    return changed, replace(add, data_change=data_change)
+
+
+def visible(table: pa.Table, created: int, removed: Sequence[tuple[int, int]]) -> pa.BooleanArray:
+    """Which rows (``seq``, ``ts`` columns) the logical stream shows: stored at or after the
+    incarnation's ``created`` and in none of the ``removed`` ranges (ascending, disjoint). A binary
+    search per row, so a work-queue stream with a range per acked message costs rows * log(ranges)."""
+    seqs = table["seq"].to_numpy()
+    keep = table["ts"].to_numpy() >= created
+    if removed:
+        firsts = np.fromiter((a for a, _ in removed), np.int64, len(removed))
+        lasts = np.fromiter((b for _, b in removed), np.int64, len(removed))
+        i = np.searchsorted(firsts, seqs, side="right") - 1
+        inside = (i >= 0) & (seqs <= lasts[np.maximum(i, 0)])
+        keep &= ~inside
+    return pa.array(keep, pa.bool_())
+
+
+def swap_files(
+    root: StoreRoot,
+    removes: Sequence[LiveFile],
+    adds: Sequence[AddAction],
+    data_change: bool,
+    retries: int = 20,
+) -> bool:
+    """Remove ``removes`` and add ``adds`` in one commit, retrying lost races with appends.
+
+    Returns ``False``, committing nothing, when a file to remove is no longer live (another job got
+    there first): the caller then deletes its new files, which no version references.
+    """
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [
+        *adds,
+        *(
+            RemoveAction(
+                path=f.log_path,
+                data_change=data_change,
+                deletion_timestamp=now,
+                size=f.size,
+                partition_values={"stream": f.stream, "block": str(f.block)},
+            )
+            for f in removes
+        ),
+    ]
+    wanted = {f.log_path for f in removes}
+    for attempt in range(retries + 1):
+        dt = open_existing(root, sch.MESSAGES)
+        if dt is None:
+            return False
+        version = (dt.transaction_version(APP_ID) or 0) + 1
+        if not wanted <= {f.log_path for f in _live(dt)}:
+            return False
+        try:
+            commit_adds(dt, actions, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, (APP_ID, version))
+            return True
+        except CommitConflict:
+            dt = open_existing(root, sch.MESSAGES)
+            if dt is not None and (dt.transaction_version(APP_ID) or 0) >= version:
+                return True  # it landed although the call reported an error
+            log.info("swap of %d files lost a race (attempt %d), retrying", len(removes), attempt + 1)
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+    raise CommitConflict(f"swap of {len(removes)} files still conflicting after {retries} retries")
+
+
+def delete_unreferenced(root: StoreRoot, adds: Sequence[AddAction]) -> None:
+    """Delete files a job wrote but did not commit (its swap was abandoned)."""
+    fs, base = root.filesystem()
+    for a in adds:
+        fs.delete_file(f"{base}/{sch.MESSAGES}/{unquote(a.path)}")
+
+
+def checkpoint(root: StoreRoot) -> None:
+    """A Delta checkpoint and removal of expired log files: readers replay less log."""
+    dt = open_existing(root, sch.MESSAGES)
+    if dt is not None:
+        dt.create_checkpoint()
+        dt.cleanup_metadata()
+
+
+def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[str]:
+    """Delete files removed from the table more than ``margin_hours`` ago; returns their paths.
+
+    With a margin of an hour or more the vacuum is ``full``: it also finds removed files whose
+    ``remove`` action is older than the last checkpoint (a lite vacuum looks only past it, #3644),
+    and delta-rs spares unreferenced files younger than the margin (#3835), which is what protects a
+    concurrent writer's written but not yet committed files (#3645). A zero margin is allowed only in
+    lite mode, which never deletes an unreferenced file: run it before a checkpoint.
+    """
+    if margin_hours < 0:
+        raise ValueError("the vacuum margin cannot be negative")
+    dt = open_existing(root, sch.MESSAGES)
+    if dt is None:
+        return []
+    return dt.vacuum(
+        retention_hours=margin_hours,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=margin_hours >= 1,
+    )
