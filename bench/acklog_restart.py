@@ -23,11 +23,11 @@ from typing import Any
 
 import nats
 
+from bench.stored import write_messages
 from gateway.consumer_log import reduce
 from storage_delta import acklog as al
 from storage_delta.catalog import CatalogTable
 from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
 from tests.harness import Jetlake
 
 STREAM, CONSUMER = "HISTORY", "LONGLIVED"
@@ -44,16 +44,8 @@ async def api(url: str, subject: str, body: dict[str, Any] | None = None) -> dic
 
 def write_history(root: StoreRoot, acks: int, rows_per_commit: int) -> int:
     """1M messages, then a deliver and an ack row for each; returns the ack log rows written."""
-    messages = MessageTable(root)
-    version = messages.last_txn_version()
     now = time.time_ns() - 3600 * 10**9  # an hour ago: outside any duplicate window
-    for start in range(1, acks + 1, 100_000):
-        version += 1
-        batch = [
-            StoredMessage(STREAM, 100_000, s, now + s, "history.x", None, b"payload-%d" % s)
-            for s in range(start, min(start + 100_000, acks + 1))
-        ]
-        messages.commit(batch, version)
+    write_messages(root, STREAM, "history.x", acks, now)
     table = al.AckLogTable(root)
     lsn, rows, version = table.load().max_lsn, [], table.last_txn_version()
     for seq in range(1, acks + 1):
@@ -102,11 +94,8 @@ def replay_s(root: StoreRoot) -> tuple[float, int]:
     return time.monotonic() - t0, log.rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--acks", type=int, default=1_000_000)
-    ap.add_argument("--rows-per-commit", type=int, default=10_000)
-    args = ap.parse_args()
+def measure(acks: int, rows_per_commit: int) -> dict[str, Any]:
+    """The whole measurement in a jetlake of its own (JetStream has no ack log to compare with)."""
     with tempfile.TemporaryDirectory(prefix="jetlake-acklog-bench-") as tmp:
         lake = Jetlake(Path(tmp))
         lake.start()
@@ -119,42 +108,46 @@ def main() -> None:
             assert lake.stop_gateway() == 0
             root = StoreRoot(str(lake.data_root))
             t0 = time.monotonic()
-            write_history(root, args.acks, args.rows_per_commit)
+            write_history(root, acks, rows_per_commit)
             setup_s = time.monotonic() - t0
 
-            before_s, before = timed_start(lake, args.acks)
+            before_s, before = timed_start(lake, acks)
             assert lake.stop_gateway() == 0
             before_replay_s, rows_before = replay_s(root)
             t0 = time.monotonic()
             compaction = al.compact_store(root)
             compact_s = time.monotonic() - t0
             after_replay_s, rows_after = replay_s(root)
-            after_s, after = timed_start(lake, args.acks)
+            after_s, after = timed_start(lake, acks)
             same = {k: v for k, v in before.items() if k != "ts"} == {
                 k: v for k, v in after.items() if k != "ts"
             }
         finally:
             lake.stop()
-    print(
-        json.dumps(
-            {
-                "workload": "acklog_restart",
-                "acks": args.acks,
-                "rows_per_commit": args.rows_per_commit,
-                "setup_s": round(setup_s, 1),
-                "restart_before_compaction_s": round(before_s, 2),
-                "acklog_replay_before_s": round(before_replay_s, 2),
-                "acklog_rows_before": rows_before,
-                "compaction_s": round(compact_s, 2),
-                "acklog_rows_after": rows_after,
-                "restart_after_compaction_s": round(after_s, 2),
-                "acklog_replay_after_s": round(after_replay_s, 3),
-                "consumer_info_unchanged": same,
-                "compaction_version": compaction.version,
-            }
-        ),
-        flush=True,
-    )
+    return {
+        "workload": "acklog_restart",
+        "acks": acks,
+        "rows_per_commit": rows_per_commit,
+        "setup_s": round(setup_s, 1),
+        "restart_before_compaction_s": round(before_s, 2),
+        "acklog_replay_before_s": round(before_replay_s, 2),
+        "acklog_rows_before": rows_before,
+        "compaction_s": round(compact_s, 2),
+        "acklog_rows_after": rows_after,
+        "restart_after_compaction_s": round(after_s, 2),
+        "acklog_replay_after_s": round(after_replay_s, 3),
+        "consumer_info_unchanged": same,
+        "compaction_version": compaction.version,
+        "ratio": round(after_s / before_s, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--acks", type=int, default=1_000_000)
+    ap.add_argument("--rows-per-commit", type=int, default=10_000)
+    args = ap.parse_args()
+    print(json.dumps(measure(args.acks, args.rows_per_commit)), flush=True)
 
 
 if __name__ == "__main__":

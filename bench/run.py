@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import acklog_restart, consumers, spark_read
 from bench import workloads as wl
 from bench.targets import BENCH_DIR, start_targets
 from storage_delta.tables import StoreRoot
@@ -35,6 +36,10 @@ class Sizes:
     bytes_msgs: int
     commit_versions: tuple[int, int]
     commit_sample: int
+    consume: int
+    consume_window: int
+    catch_up: int
+    acks: int
 
 
 FULL = Sizes(
@@ -45,6 +50,10 @@ FULL = Sizes(
     bytes_msgs=1_000_000,
     commit_versions=(100, 10_000),
     commit_sample=50,
+    consume=100_000,
+    consume_window=256,
+    catch_up=1_000_000,
+    acks=1_000_000,
 )
 QUICK = Sizes(
     sync=200,
@@ -54,6 +63,10 @@ QUICK = Sizes(
     bytes_msgs=20_000,
     commit_versions=(100, 300),
     commit_sample=30,
+    consume=5_000,
+    consume_window=128,
+    catch_up=20_000,
+    acks=20_000,
 )
 
 
@@ -71,7 +84,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     ap.add_argument(
-        "--profile", action="store_true", help="py-spy on the gateway during the publish workloads"
+        "--profile",
+        action="store_true",
+        help="py-spy on the gateway during the publish and consume workloads",
     )
     args = ap.parse_args()
     sizes = QUICK if args.quick else FULL
@@ -94,6 +109,15 @@ def main() -> None:
                 targets, sizes.bytes_msgs, "random128", lake_root
             ),
             "commit_latency": lambda: wl.commit_latency(list(sizes.commit_versions), sizes.commit_sample),
+            "pull_consume": lambda: consumers.consume(
+                targets, "pull", sizes.consume, sizes.consume_window, profile
+            ),
+            "push_consume": lambda: consumers.consume(
+                targets, "push", sizes.consume, sizes.consume_window, profile
+            ),
+            "catch_up": lambda: consumers.catch_up(targets, lake, sizes.catch_up, sizes.consume_window),
+            "acklog_restart": lambda: acklog_restart.measure(sizes.acks, 10_000),
+            "spark_vs_drain": lambda: spark_read.spark_vs_drain(targets, lake, sizes.catch_up, 1000),
         }
         results = []
         try:

@@ -36,7 +36,7 @@ def sync_publish(targets: list[Target], count: int) -> Result:
     return out
 
 
-def _profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Result:
+def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Result:
     """Run a workload step, with py-spy on jetlake's gateway when ``profile`` names a directory."""
     if profile is None or t.name != "jetlake":
         return run()
@@ -52,7 +52,7 @@ def pipelined_publish(targets: list[Target], count: int, window: int, profile: P
     out: Result = {"workload": "pipelined_publish", "messages": count, "window": window}
     for t in targets:
         asyncio.run(add_stream(t.url, "BPIPE", ["bpipe.>"]))
-        out[t.name] = _profiled(
+        out[t.name] = profiled(
             t, profile, partial(loadgen, "pipelined", t.url, "bpipe", count, "json", window)
         )
     out["ratio"] = _ratio(out["jetlake"]["acked_per_s"], out["jetstream"]["acked_per_s"])
@@ -81,7 +81,7 @@ def core_publish(targets: list[Target], count: int, profile: Path | None = None)
     out: Result = {"workload": "core_publish", "messages": count}
     for t in targets:
         asyncio.run(add_stream(t.url, "BCORE", ["bcore.>"]))
-        out[t.name] = _profiled(t, profile, partial(_core_load, t, count))
+        out[t.name] = profiled(t, profile, partial(_core_load, t, count))
     out["ratio"] = _ratio(out["jetlake"]["stored_per_s"], out["jetstream"]["stored_per_s"])
     return out
 

@@ -6,12 +6,18 @@
 //            pipelined js.publish with <window> PubAcks outstanding: acked messages per second
 //            core      plain publishes as fast as the connection takes them, then flush: the caller
 //                      counts what the stream stored
-//   payload  json (realistic JSON documents of ~200 bytes) or random128 (incompressible bytes)
+//            pull      a durable pull consumer on stream <subject-prefix>: fetch batches of <window>,
+//                      ack every message; <count> messages, timed until the ack floor reaches them
+//            push      a push consumer delivering to an inbox, <window> acks pending at most, ack every
+//                      message; timed the same way
+//   payload  json (realistic JSON documents of ~200 bytes), random128 (incompressible bytes) or seq
+//            ("payload-<n>", what bench/stored.py writes straight into a Delta table); the
+//            consumer modes ignore it
 // Prints ONE JSON line with the figures; on error {"error": "..."} and exit code 1.
 
 import { randomBytes } from "node:crypto";
 import { connect } from "@nats-io/transport-node";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 
 const [mode, url, prefix, countArg, payloadKind, windowArg] = process.argv.slice(2);
 const count = Number(countArg);
@@ -47,6 +53,7 @@ function jsonPayload(i) {
 }
 
 function payloadFor(i) {
+  if (payloadKind === "seq") return enc.encode(`payload-${i + 1}`); // what bench/stored.py writes
   return payloadKind === "random128" ? randomBytes(128) : jsonPayload(i);
 }
 
@@ -115,6 +122,71 @@ async function runCore(nc) {
   return { messages: count, seconds: secs, sent_per_s: count / secs, t0_ms: Date.now() - secs * 1000 };
 }
 
+// Both consumer modes start at the stream's first message and stop after <count>; the clock stops when
+// the server's ack floor has reached the last one, so unprocessed acks are not counted as done.
+async function consumed(nc, name, start, received, lastSeq) {
+  const jsm = await jetstreamManager(nc);
+  await nc.flush();
+  for (;;) {
+    const info = await jsm.consumers.info(prefix, name);
+    if (info.ack_floor.stream_seq >= lastSeq) break;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const secs = Number(process.hrtime.bigint() - start) / 1e9;
+  await jsm.consumers.delete(prefix, name);
+  return { messages: received, seconds: secs, consumed_per_s: received / secs };
+}
+
+async function runPull(nc, js) {
+  const jsm = await jetstreamManager(nc);
+  const name = `bpull${Date.now()}`;
+  await jsm.consumers.add(prefix, { durable_name: name, ack_policy: "explicit", max_ack_pending: -1 });
+  const consumer = await js.consumers.get(prefix, name);
+  let received = 0;
+  let lastSeq = 0;
+  const start = process.hrtime.bigint();
+  while (received < count) {
+    const batch = await consumer.fetch({ max_messages: Math.min(window, count - received), expires: 10_000 });
+    for await (const m of batch) {
+      m.ack();
+      lastSeq = m.seq;
+      received++;
+    }
+  }
+  return consumed(nc, name, start, received, lastSeq);
+}
+
+async function runPush(nc) {
+  const jsm = await jetstreamManager(nc);
+  const name = `bpush${Date.now()}`;
+  const inbox = `_INBOX.bench.${name}`;
+  let received = 0;
+  let lastSeq = 0;
+  let done;
+  const finished = new Promise((r) => (done = r));
+  // Acks are plain publishes to the reply subject: the same bytes any JetStream client sends.
+  const sub = nc.subscribe(inbox, {
+    callback: (_err, m) => {
+      if (!m.reply) return; // no flow control or heartbeats are asked for; anything else is ignored
+      nc.publish(m.reply, "+ACK");
+      const tokens = m.reply.split(".");
+      lastSeq = Number(tokens[tokens.length === 9 ? 5 : 7]); // $JS.ACK v1 and v2 (domain, hash) forms
+      if (++received === count) done();
+    },
+  });
+  await nc.flush();
+  const start = process.hrtime.bigint();
+  await jsm.consumers.add(prefix, {
+    durable_name: name,
+    deliver_subject: inbox,
+    ack_policy: "explicit",
+    max_ack_pending: window,
+  });
+  await finished;
+  sub.unsubscribe();
+  return consumed(nc, name, start, received, lastSeq);
+}
+
 async function main() {
   const nc = await connect({ servers: url, name: `jetlake-bench-${mode}`, reconnect: false });
   try {
@@ -123,6 +195,8 @@ async function main() {
     if (mode === "sync") out = await runSync(js);
     else if (mode === "pipelined") out = await runPipelined(js);
     else if (mode === "core") out = await runCore(nc);
+    else if (mode === "pull") out = await runPull(nc, js);
+    else if (mode === "push") out = await runPush(nc);
     else throw new Error(`unknown mode ${mode}`);
     process.stdout.write(JSON.stringify(out) + "\n");
   } finally {
