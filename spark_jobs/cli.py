@@ -23,7 +23,7 @@ from typing import Any
 log = logging.getLogger("jetlake.jobs")
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "jobs.toml"
-JOBS = ("seal", "retention")
+JOBS = ("seal", "retention", "ackfloors")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class JobSettings:
     data_root: str = "./data"
     vacuum_margin_hours: int = 24
     seal_min_files: int = 2
-    every: Mapping[str, float] = field(default_factory=lambda: {"retention": 300, "seal": 900})
+    every: Mapping[str, float] = field(
+        default_factory=lambda: {"retention": 300, "seal": 900, "ackfloors": 60}
+    )
 
     @classmethod
     def load(cls, conf_file: str | None, overrides: Mapping[str, Any]) -> JobSettings:
@@ -95,8 +97,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_job(spark: Any, job: str, settings: JobSettings) -> None:
-    """One job, then a vacuum that keeps the margin and a Delta checkpoint."""
+    """One job; a job that rewrites ``messages`` is followed by a vacuum that keeps the margin and a
+    Delta checkpoint."""
     from spark_jobs import compaction
+    from spark_jobs.ackfloors import ackfloors
     from storage_delta import maintenance
     from storage_delta.stream_state import load_stream_states
     from storage_delta.tables import StoreRoot
@@ -104,6 +108,10 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
     root = StoreRoot(settings.data_root)
     started = time.monotonic()
     log.info("%s: starting on %s", job, root.uri)
+    if job == "ackfloors":
+        run, rows = ackfloors(spark, root)
+        log.info("ackfloors: run %d done in %.1fs: %d consumers", run, time.monotonic() - started, len(rows))
+        return
     if job == "seal":
         out = compaction.seal(spark, root, settings.seal_min_files)
     elif job == "retention":
