@@ -124,3 +124,19 @@ ACKFLOORS_SCHEMA = pa.schema(
         pa.field("lag", pa.int64(), nullable=False),
     ]
 )
+
+JOBRUNS = "jobruns"
+
+#: One row per finished run of a ``jetlake jobs`` job: what the monitor reports about the jobs.
+JOBRUNS_SCHEMA = pa.schema(
+    [
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("started", pa.int64(), nullable=False),
+        pa.field("seconds", pa.float64(), nullable=False),
+        pa.field("rows_removed", pa.int64(), nullable=False),
+        pa.field("files_removed", pa.int64(), nullable=False),
+        pa.field("files_added", pa.int64(), nullable=False),
+        pa.field("bytes_before", pa.int64(), nullable=False),
+        pa.field("bytes_after", pa.int64(), nullable=False),
+    ]
+)

@@ -12,8 +12,9 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from spark_jobs.ackfloors import ackfloors
+from spark_jobs.cli import JobSettings, run_job
 from storage_delta.ackfloors import latest_run
+from storage_delta.jobruns import job_figures
 from storage_delta.tables import StoreRoot
 from tests.harness import Jetlake, duckdb_connection
 from tests.jsapi import api, consumer, publish, pull, stream
@@ -46,9 +47,12 @@ async def _live(nc: Any, name: str) -> list[tuple[Any, ...]]:
 
 
 def _job(spark: SparkSession, root: StoreRoot, name: str) -> list[tuple[Any, ...]]:
-    ackfloors(spark, root)
+    """``jetlake jobs run ackfloors``, as the CLI runs it (and records it in ``jobruns``)."""
+    runs = job_figures(root).get("ackfloors")
+    run_job(spark, "ackfloors", JobSettings(data_root=root.uri))
     run = latest_run(root)
     assert run is not None
+    assert job_figures(root)["ackfloors"].runs == (runs.runs if runs else 0) + 1
     return [tuple(r[c] for c in COLUMNS) for r in run.rows if r["stream"] == name]
 
 
