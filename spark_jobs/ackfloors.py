@@ -42,7 +42,10 @@ def consumer_row(
 def ackfloors(spark: SparkSession, root: StoreRoot, partitions: int = 8) -> tuple[int, list[AckFloorRow]]:
     """Compute and append one run; returns the run number and its rows. The catalog is read after
     the log, so every consumer with rows in the snapshot is known (a consumer created meanwhile
-    shows with no rows: a fresh state)."""
+    shows with no rows: a fresh state). A store without consumers gets an empty run, and no ack log
+    table is created for it."""
+    if not live_consumers(root):
+        return append_run(root, []), []
     log = acklog.AckLogTable(root).load()
     consumers = live_consumers(root)
     states = load_stream_states(root)

@@ -48,7 +48,10 @@ class LatestRun:
 
 
 def live_consumers(root: StoreRoot) -> dict[tuple[str, str], int]:
-    """(stream, consumer) → created time (ns) of every consumer the catalog has."""
+    """(stream, consumer) → created time (ns) of every consumer the catalog has (none, and no table
+    created, in a store without a catalog)."""
+    if open_existing(root, sch.CATALOG) is None:
+        return {}
     return {
         (e.stream, e.name): int(e.body["created"]) for e in CatalogTable(root).load() if e.kind == "consumer"
     }
