@@ -41,6 +41,7 @@ def load_request(body: bytes, fields: Mapping[str, str] | None = None) -> dict[s
 
 # Go types of request fields, as ``fields`` maps them, and what JSON each accepts (null: any).
 INT, UINT, STRING, BOOL, TIME, STRINGS = "int", "uint64", "string", "bool", "time.Time", "[]string"
+OBJECT = "struct"
 _ACCEPTS: dict[str, Callable[[Any], bool]] = {
     INT: lambda v: type(v) is int and -(2**63) <= v < 2**63,
     UINT: lambda v: type(v) is int and 0 <= v < 2**64,
@@ -48,6 +49,7 @@ _ACCEPTS: dict[str, Callable[[Any], bool]] = {
     BOOL: lambda v: isinstance(v, bool),
     TIME: lambda v: isinstance(v, str) and _is_rfc3339(v),
     STRINGS: lambda v: isinstance(v, list) and all(x is None or isinstance(x, str) for x in v),
+    OBJECT: lambda v: isinstance(v, dict),
 }
 
 
@@ -93,16 +95,21 @@ def load_optional_request(body: bytes, fields: Mapping[str, str] | None = None) 
     return load_request(body, fields)
 
 
-def require_empty_request(body: bytes) -> None:
-    """Requests that take no body (STREAM.DELETE): anything but nothing or an empty object is
-    refused with 10038 before the stream is even looked up, as the real server does."""
+def is_empty_request(body: bytes) -> bool:
+    """Nothing, or an empty JSON object (the real server's ``isEmptyRequest``; ``null`` and blanks
+    are not empty)."""
     if not body or body == b"{}":
-        return
+        return True
     try:
-        value = json.loads(body)
+        return bool(json.loads(body) == {})
     except ValueError:
-        value = None
-    if value != {}:
+        return False
+
+
+def require_empty_request(body: bytes) -> None:
+    """Requests that take no body (STREAM.DELETE, CONSUMER.INFO): anything but nothing or an empty
+    object is refused with 10038 before the stream is even looked up, as the real server does."""
+    if not is_empty_request(body):
         raise errors.NOT_EMPTY_REQUEST
 
 

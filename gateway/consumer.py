@@ -6,9 +6,11 @@ Every change is one method call (``deliver``, ``ack``, ``nak``, ``progress``, ``
 
 Numbers follow the real server (``server/consumer.go``), see WIRE-NOTES: info shows the *last*
 delivered sequences; an explicit ack moves the floor only when it acks the delivery right above
-it (or empties the pending set); ``max_deliver`` running out drops the message from pending
-without moving the floor. ``num_pending`` is kept incrementally: the stream's new messages are
-counted once, as the consumer catches up with them, never recounted per delivery.
+it (or empties the pending set), a redelivered message counting by the consumer sequence of its
+first delivery (the server's pending record keeps it); ``max_deliver`` running out drops the
+message from pending without moving the floor. ``num_pending`` is kept incrementally: the
+stream's new messages are counted once, as the consumer catches up with them, never recounted per
+delivery.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from gateway.timefmt import rfc3339
 
 @dataclass(slots=True)
 class Pending:
-    """A delivered, not yet acknowledged message (keyed by stream sequence)."""
+    """A delivered, not yet acknowledged message (keyed by stream sequence). ``cseq`` is its first
+    delivery's consumer sequence: the ack floor moves by it, also after redeliveries."""
 
     cseq: int
     deliveries: int
@@ -283,7 +286,6 @@ class Consumer:
         if p is not None:
             self.redeliver.popleft()
             self._queued.discard(seq)
-            p.cseq = self.dseq
             p.sent_ns = now_ns
             p.deliveries += 1
             self._redelivered.add(seq)

@@ -14,7 +14,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import advisories, consumer_config, errors, retention
-from gateway.apicommon import NAMES_PAGE, Publish, T, load_request
+from gateway.apicommon import (
+    BOOL,
+    NAMES_PAGE,
+    OBJECT,
+    STRING,
+    Publish,
+    T,
+    load_request,
+    require_empty_request,
+)
 from gateway.consumer import Consumer, start_position
 from gateway.registry import Registry
 from gateway.stream import Stream
@@ -40,6 +49,9 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "CONSUMER.LIST": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
     "CONSUMER.RESET": {"reset_seq": 0},
 }
+
+#: The create request (``JSApiConsumerCreateRequest``), decoded strictly.
+CREATE_FIELDS = {"stream_name": STRING, "config": OBJECT, "action": STRING, "pedantic": BOOL}
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
 SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
@@ -67,6 +79,7 @@ class ConsumerApi:
         if op == "CONSUMER.DURABLE" and n == 5 and toks[2] == "CREATE":
             return await self.create(toks[3], toks[4], None, body, durable_subject=True)
         if op == "CONSUMER.INFO" and n == 4:
+            require_empty_request(body)
             return self.info(toks[2], toks[3])
         if op == "CONSUMER.DELETE" and n == 4:
             return await self.delete(toks[2], toks[3])
@@ -101,8 +114,9 @@ class ConsumerApi:
         body: bytes,
         durable_subject: bool,
     ) -> dict[str, Any]:
-        raw = load_request(body)
-        if raw.get("stream_name") and raw["stream_name"] != stream_name:
+        raw = load_request(body, CREATE_FIELDS)
+        # checked before anything else: a body without it (even an empty one) is a mismatch too
+        if raw.get("stream_name") != stream_name:
             raise errors.STREAM_MISMATCH
         stream = self._stream(stream_name)
         cfg_in = dict(raw.get("config") or {})

@@ -69,7 +69,9 @@ def _apply(state: ConsumerState, r: al.AckRecord) -> None:
         state.redelivered |= set(body.get("redelivered") or ())
     if r.kind == al.DELIVER:
         state.delivered_ns = max(state.delivered_ns, r.ts)
-        state.pending[r.seq] = PendingState(r.cseq, r.deliveries, r.ts)
+        # a redelivery keeps the first delivery's consumer sequence (the floor moves by it)
+        first = state.pending.get(r.seq)
+        state.pending[r.seq] = PendingState(first.cseq if first else r.cseq, r.deliveries, r.ts)
     elif r.kind in (al.ACK, al.TERM, al.DROP):
         state.pending.pop(r.seq, None)
         if r.kind != al.DROP:

@@ -27,6 +27,7 @@ from gateway.pull import (
     NO_MESSAGES,
     PUSH_BASED,
     limit_status,
+    no_consumer,
     parse_pull_request,
     timeout_status,
     too_big_status,
@@ -98,7 +99,10 @@ class Delivery:
 
     def pull_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
         consumer = self._consumer(stream, name)
-        if consumer is None or not reply:
+        if not reply:
+            return
+        if consumer is None:
+            self._send_status(no_consumer(reply, stream, name))
             return
         now = now_ns()
         self._last_seen[id(consumer)] = now

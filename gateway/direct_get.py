@@ -9,16 +9,28 @@ from typing import Any
 
 from gateway import errors
 from gateway.apicommon import RawReply, load_request
-from gateway.headers import status_block
+from gateway.headers import no_responders, status_block
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.timefmt import rfc3339
 from storage_delta.writer import StoredMessage
 
-#: What a requester sees when nobody listens: the server's "no responders" status.
-NO_RESPONDERS = RawReply(status_block(503, ""))
 NOT_FOUND = RawReply(status_block(404, "Message Not Found"))
+
+
+def check_get_request(req: dict[str, Any]) -> None:
+    """MSG.GET's refusals of the request itself (10003), made before the stream is looked up: no
+    batches in this API, and ``seq``, ``last_by_subj`` and ``start_time`` exclude each other
+    (``next_by_subj`` pairs with ``seq`` or ``start_time``), one of them being required."""
+    seq, start = int(req.get("seq") or 0), req.get("start_time")
+    last_by, next_by = req.get("last_by_subj"), req.get("next_by_subj")
+    if int(req.get("batch") or 0) > 0 or int(req.get("max_bytes") or 0) > 0:
+        raise errors.BAD_REQUEST
+    if sum(map(bool, (seq, last_by, start))) > 1 or (last_by and next_by):
+        raise errors.BAD_REQUEST
+    if not (seq or last_by or next_by or start):
+        raise errors.BAD_REQUEST
 
 
 def find_seq(stream: Stream, req: dict[str, Any]) -> int | None:
@@ -58,7 +70,8 @@ class DirectGet:
         """The messages to send the requester, in order."""
         stream = self.reg.streams.get(name)
         if stream is None or not stream.config.get("allow_direct"):
-            return [NO_RESPONDERS]
+            asked = f"DIRECT.GET.{name}.{subject}" if subject else f"DIRECT.GET.{name}"
+            return [RawReply(status_block(503, "", no_responders(asked)))]
         if subject:
             req: dict[str, Any] = {"last_by_subj": subject}
         elif not body.strip():

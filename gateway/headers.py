@@ -9,3 +9,11 @@ def status_block(code: int, text: str, extra: dict[str, str] | None = None) -> b
     for key, value in (extra or {}).items():
         lines.append(f"{key}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def no_responders(api_subject: str) -> dict[str, str]:
+    """The headers of the server's "no responders" status (503) for an API request nobody
+    subscribes to; ``api_subject`` is the part after ``$JS.API.``. The gateway listens to the whole
+    API, so it sends this itself, naming the subject as clients send it (before the hub maps it
+    into jetlake's domain)."""
+    return {"Nats-Subject": "$JS.API." + api_subject}

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.consumer import PullRequest, Status
 from gateway.durations import go_duration
+from gateway.headers import no_responders
 
 NO_MESSAGES = (404, "No Messages")
 REQUEST_TIMEOUT = (408, "Request Timeout")
@@ -20,6 +21,13 @@ EXCEEDED_MAX_WAITING = (409, "Exceeded MaxWaiting")
 PUSH_BASED = (409, "Consumer is push based")
 CONSUMER_DELETED = (409, "Consumer Deleted")
 SIZE_EXCEEDS_MAX_BYTES = (409, "Message Size Exceeds MaxBytes")
+NO_RESPONDERS = (503, "")
+
+
+def no_consumer(reply: str, stream: str, consumer: str) -> Status:
+    """What a pull request for a consumer (or stream) that does not exist hears: on the real
+    server nobody subscribes to its subject."""
+    return Status(reply, *NO_RESPONDERS, no_responders(f"CONSUMER.MSG.NEXT.{stream}.{consumer}"))
 
 
 def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest:

@@ -24,11 +24,12 @@ from gateway.apicommon import (
     Publish,
     RawReply,
     T,
+    is_empty_request,
     load_optional_request,
     load_request,
     require_empty_request,
 )
-from gateway.direct_get import DirectGet, find_seq
+from gateway.direct_get import DirectGet, check_get_request, find_seq
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
@@ -268,17 +269,17 @@ class StreamApi:
         return {"type": T + "stream_purge_response", "success": True, "purged": purged}
 
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
+        if is_empty_request(body):  # refused before the stream is looked up
+            raise errors.BAD_REQUEST
         req = load_request(body, MSG_DELETE_FIELDS)
         refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
         stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
-        if seq <= 0:
-            raise errors.BAD_REQUEST
         if not stream.remove(seq):
             st = stream.state
             if seq > st.last_seq:
                 raise errors.STREAM_MSG_DELETE_FAILED.format(err="stream store EOF")
-            if seq < st.first_seq:
+            if seq < st.first_seq or not seq:
                 raise errors.STREAM_MSG_DELETE_FAILED.format(err="no message found")
             raise errors.SEQUENCE_NOT_FOUND.format(seq=seq)
         # ``no_erase: false`` asks the file store to overwrite the bytes; here the removal log
@@ -290,6 +291,7 @@ class StreamApi:
 
     async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_request(body, MSG_GET_FIELDS)
+        check_get_request(req)  # before the stream is looked up
         stream = self._stream(name)
         seq = find_seq(stream, req)
         msg = await self.loader.load(stream, seq) if seq else None

@@ -253,3 +253,33 @@ async def test_ack_next(targets: dict[str, str], unique: str) -> None:
         return {"first": first, "got": got, "info": state(await api(nc, f"CONSUMER.INFO.{name}.x"))}
 
     await same(targets, case, unique)
+
+
+async def test_ack_floor_after_redelivered_ack(targets: dict[str, str], unique: str) -> None:
+    """A redelivered message keeps its first consumer sequence for the floor: acking it right
+    above the floor moves the floor, and a later ack below a redelivered pending message stops
+    the floor just under it (not under its new consumer sequence)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        await publish(nc, name, 6)
+        await consumer(nc, name, "r", ack_policy="explicit", ack_wait=30_000_000_000)
+        sub = await js.pull_subscribe_bind("r", name)
+        first = await sub.fetch(6, timeout=3)
+        await first[2].nak()
+        (again,) = await sub.fetch(1, timeout=3)
+        await first[5].nak()
+        (later,) = await sub.fetch(1, timeout=3)
+        seqs = [m.metadata.sequence for m in (again, later)]
+        steps: dict[str, Any] = {"redelivered": [(s.consumer, s.stream) for s in seqs]}
+        for label, m in [("1", first[0]), ("2", first[1]), ("3", again), ("5", first[4]), ("4", first[3])]:
+            await m.ack_sync()
+            steps[label] = state(await api(nc, f"CONSUMER.INFO.{name}.r"))
+        await later.ack_sync()
+        steps["6"] = state(await api(nc, f"CONSUMER.INFO.{name}.r"))
+        return steps
+
+    out = await same(targets, case, unique)
+    assert out["3"]["ack_floor"] == {"consumer_seq": 3, "stream_seq": 3}
+    assert out["4"]["ack_floor"] == {"consumer_seq": 5, "stream_seq": 5}

@@ -222,25 +222,34 @@ async def test_pause_resume(targets: dict[str, str], unique: str) -> None:
         paused.pop("pause_remaining")
         info = await api(nc, f"CONSUMER.INFO.{name}.p")
         info.pop("pause_remaining")
+        listed = (await api(nc, f"CONSUMER.LIST.{name}"))["consumers"][0]
+        listed.pop("pause_remaining")
         try:
             got: Any = len(await sub.fetch(1, timeout=1))
         except Exception as exc:
             got = type(exc).__name__
         resumed = await api(nc, f"CONSUMER.PAUSE.{name}.p")
+        resumed_info = await api(nc, f"CONSUMER.INFO.{name}.p")
         after = [m.data.decode() for m in await sub.fetch(1, timeout=3)]
         past = await api(nc, f"CONSUMER.PAUSE.{name}.p", {"pause_until": "2001-01-01T00:00:00Z"})
+        past_info = await api(nc, f"CONSUMER.INFO.{name}.p")
         missing = await api(nc, f"CONSUMER.PAUSE.{name}.zz")
         return {
             "paused": paused,
             "info": info,
+            "listed": listed,
             "got": got,
             "resumed": resumed,
+            "resumed_info": resumed_info,
             "after": after,
             "past": past,
+            "past_info": past_info,
             "missing": missing,
         }
 
-    await same(targets, case, unique)
+    out = await same(targets, case, unique)
+    levels = [out[k]["config"]["metadata"]["_nats.req.level"] for k in ("info", "resumed_info", "past_info")]
+    assert levels == ["1", "0", "1"]
 
 
 @pytest.mark.slow

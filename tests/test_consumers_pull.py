@@ -160,3 +160,33 @@ async def test_consumer_catches_up_from_delta(targets: dict[str, str], jetlake: 
 
     out = await same(targets, case, unique)
     assert [g[0] for g in out["got"]] == list(range(1, 3001))
+
+
+async def test_pull_from_missing_consumer(targets: dict[str, str], unique: str) -> None:
+    """Nobody serves a consumer that does not exist (or whose stream does not): a raw MSG.NEXT
+    gets the server's "no responders" status naming the request subject, and nats-py's fetch
+    on a consumer deleted after binding fails the same way on both."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        await publish(nc, name, 1)
+        await consumer(nc, name, "gone", ack_policy="explicit")
+        sub = await js.pull_subscribe_bind("gone", name)
+        await api(nc, f"CONSUMER.DELETE.{name}.gone")
+        out: dict[str, Any] = {}
+        for n in (1, 3):
+            try:
+                out[f"fetch {n}"] = len(await sub.fetch(n, timeout=1))
+            except Exception as exc:
+                out[f"fetch {n}"] = type(exc).__name__
+        inbox = nc.new_inbox()
+        raw = await nc.subscribe(inbox)
+        for subject in (f"CONSUMER.MSG.NEXT.{name}.nosuch", "CONSUMER.MSG.NEXT.NOSUCH.c"):
+            await nc.publish(f"$JS.API.{subject}", b'{"batch":1}', reply=inbox)
+            msg = await raw.next_msg(timeout=2)
+            out[subject.replace(name, "S")] = (dict(msg.headers or {}), msg.data)
+        return out
+
+    out = await same(targets, case, unique)
+    assert out["fetch 1"] == "ServiceUnavailableError"

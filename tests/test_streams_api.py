@@ -256,6 +256,12 @@ async def test_direct_get(targets: dict[str, str], unique: str) -> None:
             out.append((hdrs, msg.data, "Nats-Time-Stamp" in (msg.headers or {})))
         got = await js.get_msg(name, subject=f"{n}.b", direct=True)
         out.append((got.subject, got.seq, got.data))
+        # the "no responders" status itself names the subject asked
+        raw = await nc.subscribe(inbox := nc.new_inbox())
+        for subject in (f"DIRECT.GET.{name}NO", f"DIRECT.GET.{name}NO.{n}no.a"):
+            await nc.publish(f"$JS.API.{subject}", b"", reply=inbox)
+            msg = await raw.next_msg(timeout=3)
+            out.append((dict(msg.headers or {}), msg.data))
         return out
 
     await assert_same(targets, case, unique)
