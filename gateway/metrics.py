@@ -7,7 +7,7 @@ when scraped, together with a :class:`~gateway.jsz.Snapshot` of the API's answer
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 
 from gateway.jsz import Snapshot
+from storage_delta.jobruns import JobFigures
 from storage_delta.stats import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -114,7 +115,23 @@ def consumer_lag(last_seq: int, consumer_info: dict[str, object]) -> int:
     return max(0, last_seq - int(floor["stream_seq"]))
 
 
-def families(snap: Snapshot, c: Counters) -> Iterator[Metric]:
+def _job_families(jobs: Mapping[str, JobFigures]) -> Iterator[Metric]:
+    """What the maintenance jobs left in the ``jobruns`` table (they run in their own process)."""
+    runs = CounterMetricFamily("jetlake_job_runs", "Finished runs of a maintenance job", labels=["job"])
+    last = GaugeMetricFamily(
+        "jetlake_job_last_run_timestamp_seconds", "When the job's newest run started", labels=["job"]
+    )
+    removed = CounterMetricFamily(
+        "jetlake_job_rows_removed", "Message rows the job removed from storage", labels=["job"]
+    )
+    for job, f in sorted(jobs.items()):
+        runs.add_metric([job], f.runs)
+        last.add_metric([job], f.last_started / 1e9)
+        removed.add_metric([job], f.rows_removed)
+    yield from (runs, last, removed)
+
+
+def families(snap: Snapshot, c: Counters, jobs: Mapping[str, JobFigures]) -> Iterator[Metric]:
     api = snap.account.get("api") or {"total": 0, "errors": 0}
     yield _counter("jetlake_publish_received", "Publishes to a stream subject", c.publishes)
     yield _counter("jetlake_publish_errors", "Publishes answered with an error", c.publish_errors)
@@ -141,6 +158,7 @@ def families(snap: Snapshot, c: Counters) -> Iterator[Metric]:
     )
     yield from _stream_families(snap)
     yield from _consumer_families(snap)
+    yield from _job_families(jobs)
 
 
 class _Collector:
@@ -151,8 +169,8 @@ class _Collector:
         return self._metrics
 
 
-def render(snap: Snapshot, counters: Counters) -> bytes:
+def render(snap: Snapshot, counters: Counters, jobs: Mapping[str, JobFigures]) -> bytes:
     """Prometheus text exposition (format 0.0.4) of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(families(snap, counters)))
+    registry.register(_Collector(families(snap, counters, jobs)))
     return generate_latest(registry)

@@ -10,6 +10,7 @@ token it is given in its URL fragment) and the API description stay open.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gateway import metrics
 from gateway.jsz import JszOptions, Snapshot, render_jsz, take_snapshot
 from gateway.service import Gateway
+from storage_delta.jobruns import job_figures
 
 BEARER = HTTPBearer(auto_error=False, description="the gateway's monitor_token")
 
@@ -100,7 +102,9 @@ def build_app(gateway: Gateway) -> FastAPI:
     )
     async def prometheus() -> Response:
         snap = await snapshot()
-        return Response(metrics.render(snap, _counters(gateway)), media_type=metrics.CONTENT_TYPE)
+        loop = asyncio.get_running_loop()
+        jobs = await loop.run_in_executor(gateway.executor, job_figures, gateway.root)
+        return Response(metrics.render(snap, _counters(gateway), jobs), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def dashboard() -> HTMLResponse:

@@ -23,7 +23,7 @@ from typing import Any
 log = logging.getLogger("jetlake.jobs")
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "jobs.toml"
-JOBS = ("seal", "retention")
+JOBS = ("seal", "retention", "ackfloors")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class JobSettings:
     data_root: str = "./data"
     vacuum_margin_hours: int = 24
     seal_min_files: int = 2
-    every: Mapping[str, float] = field(default_factory=lambda: {"retention": 300, "seal": 900})
+    every: Mapping[str, float] = field(
+        default_factory=lambda: {"retention": 300, "seal": 900, "ackfloors": 60}
+    )
 
     @classmethod
     def load(cls, conf_file: str | None, overrides: Mapping[str, Any]) -> JobSettings:
@@ -95,15 +97,24 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_job(spark: Any, job: str, settings: JobSettings) -> None:
-    """One job, then a vacuum that keeps the margin and a Delta checkpoint."""
+    """One job, recorded in the ``jobruns`` table once done; a job that rewrites ``messages`` is
+    followed by a vacuum that keeps the margin and a Delta checkpoint."""
     from spark_jobs import compaction
+    from spark_jobs.ackfloors import ackfloors
     from storage_delta import maintenance
+    from storage_delta.jobruns import JobRun, record_run
     from storage_delta.stream_state import load_stream_states
     from storage_delta.tables import StoreRoot
 
     root = StoreRoot(settings.data_root)
+    started_ns = time.time_ns()
     started = time.monotonic()
     log.info("%s: starting on %s", job, root.uri)
+    if job == "ackfloors":
+        run, rows = ackfloors(spark, root)
+        record_run(root, JobRun(job, started_ns, time.monotonic() - started))
+        log.info("ackfloors: run %d done in %.1fs: %d consumers", run, time.monotonic() - started, len(rows))
+        return
     if job == "seal":
         out = compaction.seal(spark, root, settings.seal_min_files)
     elif job == "retention":
@@ -112,6 +123,19 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
         raise ValueError(f"unknown job {job!r}")
     vacuumed = maintenance.vacuum(root, settings.vacuum_margin_hours)
     maintenance.checkpoint(root)
+    record_run(
+        root,
+        JobRun(
+            job,
+            started_ns,
+            time.monotonic() - started,
+            out.rows_removed,
+            out.files_removed,
+            out.files_added,
+            out.bytes_before,
+            out.bytes_after,
+        ),
+    )
     log.info(
         "%s: done in %.1fs: %d files removed, %d added, %d rows removed, live bytes %d -> %d, "
         "%d files vacuumed, %d swaps abandoned",

@@ -104,3 +104,39 @@ ACK_SCHEMA = pa.schema(
         pa.field("body", pa.string(), nullable=True),
     ]
 )
+
+ACKFLOORS = "ackfloors"
+
+#: What the ack-floor job found, one row per consumer per run (``run_ts``, Unix ns, is the same for
+#: every row of a run), so history can be plotted: positions, pending, redelivered and lag.
+ACKFLOORS_SCHEMA = pa.schema(
+    [
+        pa.field("run_ts", pa.int64(), nullable=False),
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("consumer", pa.string(), nullable=False),
+        pa.field("floor_seq", pa.int64(), nullable=False),
+        pa.field("floor_cseq", pa.int64(), nullable=False),
+        pa.field("delivered_seq", pa.int64(), nullable=False),
+        pa.field("delivered_cseq", pa.int64(), nullable=False),
+        pa.field("num_ack_pending", pa.int64(), nullable=False),
+        pa.field("num_redelivered", pa.int64(), nullable=False),
+        pa.field("stream_last_seq", pa.int64(), nullable=False),
+        pa.field("lag", pa.int64(), nullable=False),
+    ]
+)
+
+JOBRUNS = "jobruns"
+
+#: One row per finished run of a ``jetlake jobs`` job: what the monitor reports about the jobs.
+JOBRUNS_SCHEMA = pa.schema(
+    [
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("started", pa.int64(), nullable=False),
+        pa.field("seconds", pa.float64(), nullable=False),
+        pa.field("rows_removed", pa.int64(), nullable=False),
+        pa.field("files_removed", pa.int64(), nullable=False),
+        pa.field("files_added", pa.int64(), nullable=False),
+        pa.field("bytes_before", pa.int64(), nullable=False),
+        pa.field("bytes_after", pa.int64(), nullable=False),
+    ]
+)

@@ -1,84 +1,40 @@
-"""Sealing a block: its many small commit files replaced by one sequence-sorted file, in one commit.
+"""Sealing a stream on the driver, without Spark: each block's many small commit files replaced by
+one sequence-sorted file, all in one commit. The bench and the storage tests use it.
 
-What a reader sees does not change (the same rows, the same sequences); what it costs to store and
-to scan does. The commit removes exactly the files it read and adds the new one, so a concurrent
-append to another block only meets delta-rs's conflict check, and the caller retries (#3890).
+The block rewrite is :func:`storage_delta.maintenance.rewrite_files`, the very function the Spark
+sealing job (``spark_jobs/compaction.py``) runs on its executors, and the commit is the same
+:func:`~storage_delta.maintenance.swap_files`; only the distribution differs. What a reader sees does
+not change (the same rows, the same sequences); what it costs to store and to scan does.
 """
 
 from __future__ import annotations
 
-import time
+from itertools import groupby
 
-import pyarrow as pa
-import pyarrow.dataset as ds
-from deltalake import DeltaTable
-from deltalake.transaction import RemoveAction
-
-from storage_delta import schema as sch
-from storage_delta.tables import StoreRoot, commit_adds, open_existing, write_data_file
+from storage_delta.maintenance import delete_unreferenced, live_files, rewrite_files, swap_files
+from storage_delta.tables import StoreRoot
 
 
 def stream_bytes(root: StoreRoot, stream: str) -> int:
     """Bytes of the parquet files the table's current version holds for a stream."""
-    dt = open_existing(root, sch.MESSAGES)
-    if dt is None:
-        return 0
-    adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-    return sum(
-        size
-        for size, part in zip(adds["size_bytes"], adds["partition.stream"], strict=True)
-        if part == stream
-    )
-
-
-def stream_blocks(dt: DeltaTable, stream: str) -> dict[int, list[tuple[str, int]]]:
-    """(path, size) of every live file of a stream, by block."""
-    adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-    out: dict[int, list[tuple[str, int]]] = {}
-    for path, size, part, block in zip(
-        adds["path"], adds["size_bytes"], adds["partition.stream"], adds["partition.block"], strict=True
-    ):
-        if part == stream:
-            out.setdefault(int(block), []).append((path, size))
-    return out
-
-
-def seal_block(
-    root: StoreRoot, dt: DeltaTable, stream: str, block: int, files: list[tuple[str, int]]
-) -> None:
-    """Rewrite one block's files as one sorted file, with the sealed (heavier) encoding."""
-    fs, base = root.filesystem()
-    dset = ds.dataset(
-        [f"{base}/{sch.MESSAGES}/{p}" for p, _ in files],
-        schema=sch.MESSAGE_FILE_SCHEMA,
-        format="parquet",
-        filesystem=fs,
-    )
-    table = dset.to_table(columns=sch.MESSAGE_FILE_SCHEMA.names).sort_by("seq")
-    add = write_data_file(root, sch.MESSAGES, {"stream": stream, "block": str(block)}, table, sealed=True)
-    now = int(time.time() * 1000)
-    removes = [
-        RemoveAction(
-            path=p,
-            data_change=False,
-            deletion_timestamp=now,
-            size=size,
-            partition_values={"stream": stream, "block": str(block)},
-        )
-        for p, size in files
-    ]
-    add.data_change = False
-    commit_adds(dt, [add, *removes], sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS)
+    return sum(f.size for f in live_files(root, stream))
 
 
 def seal_stream(root: StoreRoot, stream: str, min_files: int = 2) -> int:
-    """Seal every block of a stream that has at least ``min_files`` files; returns how many."""
-    dt = open_existing(root, sch.MESSAGES)
-    if dt is None:
+    """Seal every block of a stream that has at least ``min_files`` files; returns how many. The
+    swap retries a lost race with an append (#3890); if another job changed the files first, the
+    new files are deleted and nothing is sealed."""
+    files = sorted(live_files(root, stream), key=lambda f: (f.block, f.min_seq or 0))
+    blocks = [list(fs) for _, fs in groupby(files, key=lambda f: f.block)]
+    blocks = [fs for fs in blocks if len(fs) >= min_files]
+    adds = []
+    for fs in blocks:
+        _, add = rewrite_files(root, stream, fs[0].block, [f.path for f in fs])
+        if add is not None:
+            adds.append(add)
+    if not blocks:
         return 0
-    sealed = 0
-    for block, files in sorted(stream_blocks(dt, stream).items()):
-        if len(files) >= min_files:
-            seal_block(root, dt, stream, block, files)
-            sealed += 1
-    return sealed
+    if not swap_files(root, [f for fs in blocks for f in fs], adds, data_change=False):
+        delete_unreferenced(root, adds)
+        return 0
+    return len(blocks)

@@ -12,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.jsz import stored_config
+from storage_delta.jobruns import JobRun, record_run
+from storage_delta.tables import StoreRoot
 from tests.harness import ReferenceJetStream, scrub, stop
 from tests.monitor_fixtures import (
     TOKEN,
@@ -173,6 +175,33 @@ async def test_metrics_parse_and_match_the_api(monitored: MonitoredJetlake, uniq
         lag = state["last_seq"] - ci["ack_floor"]["stream_seq"]
         assert after[("jetlake_consumer_lag", labels)] == lag
     assert after[("jetlake_consumer_lag", frozenset({("stream", unique), ("consumer", "fast")}))] == 6
+
+
+async def test_metrics_report_the_job_runs(monitored: MonitoredJetlake) -> None:
+    """Job runs recorded in the store's ``jobruns`` table (as ``jetlake jobs`` records them, from
+    its own process) show in /metrics: runs, the newest run's time, rows removed, per job."""
+    url = monitor_url(monitored) + "/metrics"
+    before = samples(http_get(url)[1].decode())
+    root = StoreRoot(str(monitored.data_root))
+    t0 = 1_800_000_000_000_000_000
+    for job, started, removed in (
+        ("retention", t0, 5),
+        ("retention", t0 + 2_000_000_000, 7),
+        ("seal", t0, 0),
+    ):
+        await asyncio.to_thread(record_run, root, JobRun(job, started, 0.5, rows_removed=removed))
+    after = samples(http_get(url)[1].decode())
+
+    def delta(name: str, job: str) -> float:
+        key = (name, frozenset({("job", job)}))
+        return after[key] - before.get(key, 0.0)
+
+    assert delta("jetlake_job_runs_total", "retention") == 2
+    assert delta("jetlake_job_runs_total", "seal") == 1
+    assert delta("jetlake_job_rows_removed_total", "retention") == 12
+    assert delta("jetlake_job_rows_removed_total", "seal") == 0
+    retention_last = after[("jetlake_job_last_run_timestamp_seconds", frozenset({("job", "retention")}))]
+    assert retention_last == (t0 + 2_000_000_000) / 1e9
 
 
 async def test_openapi_describes_the_endpoints(monitored: MonitoredJetlake) -> None:
