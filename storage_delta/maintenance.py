@@ -15,6 +15,7 @@ see :func:`vacuum`.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -146,7 +147,7 @@ def swap_files(
     removes: Sequence[LiveFile],
     adds: Sequence[AddAction],
     data_change: bool,
-    retries: int = 20,
+    retries: int = 200,
 ) -> bool:
     """Remove ``removes`` and add ``adds`` in one commit, retrying lost races with appends.
 
@@ -168,22 +169,25 @@ def swap_files(
         ),
     ]
     wanted = {f.log_path for f in removes}
+    dt = open_existing(root, sch.MESSAGES)
+    if dt is None:
+        return False
+    version = (dt.transaction_version(APP_ID) or 0) + 1
     for attempt in range(retries + 1):
-        dt = open_existing(root, sch.MESSAGES)
-        if dt is None:
-            return False
-        version = (dt.transaction_version(APP_ID) or 0) + 1
         if not wanted <= {f.log_path for f in _live(dt)}:
             return False
         try:
             commit_adds(dt, actions, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, (APP_ID, version))
             return True
         except CommitConflict:
-            dt = open_existing(root, sch.MESSAGES)
-            if dt is not None and (dt.transaction_version(APP_ID) or 0) >= version:
+            # Catch up on the commits that won (an incremental read, not a reload), so the next
+            # try's window between its snapshot and its commit is as short as it can be: under
+            # steady ingest only a short window fits between two of the gateway's appends.
+            retry_listing(dt.update_incremental)
+            if (dt.transaction_version(APP_ID) or 0) >= version:
                 return True  # it landed although the call reported an error
             log.info("swap of %d files lost a race (attempt %d), retrying", len(removes), attempt + 1)
-            time.sleep(min(0.05 * 2**attempt, 1.0))
+            time.sleep(random.uniform(0, min(0.005 * 2**attempt, 0.1)))
     raise CommitConflict(f"swap of {len(removes)} files still conflicting after {retries} retries")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,10 +23,25 @@ ROOT = Path(__file__).resolve().parent.parent
 VOLATILE = {"ts", "created", "first_ts", "last_ts", "last_active", "cluster", "_nats.ver"}
 
 
+# Below Linux's ephemeral range (32768-60999): a port the kernel hands out for "any free port" can go
+# to an outbound connection before the server binds it ("address already in use" in a crash trial).
+PORT_RANGE = (20000, 32767)
+_given_ports: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port no outbound connection will take, and not handed out before in this process."""
+    while True:
+        port = random.randint(*PORT_RANGE)
+        if port in _given_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
