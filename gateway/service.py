@@ -23,7 +23,7 @@ from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
 from gateway.protocol import Msg
 from gateway.publish import PublishPath
-from gateway.publish_state import needs_full_scan, replay_headers
+from gateway.publish_state import headers_since, replay_headers
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
@@ -140,17 +140,18 @@ class Gateway:
         for entry in entries:
             if entry.kind == "stream":
                 stream = self.registry.install_stream(entry.body["config"], int(entry.body["created"]))
-                rows = await loop.run_in_executor(
-                    self.executor, self.reader.scan_index, stream.name, stream.created_ns
+                now = now_ns()
+                since = headers_since(stream.config, stream.created_ns, now)
+                stored = await loop.run_in_executor(
+                    self.executor, self.reader.stored_index, stream.name, stream.created_ns, since
                 )
-                for seq, ts, subject, size in rows:
-                    stream.restore(seq, ts, subject, size)
+                stream.restore_stored(stored)
                 state = logical.get(stream.name)
                 if state is not None and state.created == stream.created_ns:
                     for first, last in state.removed:
                         stream.restore_removed(first, last)
                     stream.restore_last_seq(state.last_seq)
-                await self._recover_publish_state(stream)
+                replay_headers(stream, stored.headers, now)
                 stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in self.registry.streams:
                 created = int(entry.body["created"])
@@ -166,16 +167,6 @@ class Gateway:
                 consumer.restore(cstate)
                 if not entry.body["config"].get("durable_name"):
                     await self.registry.remove_consumer(consumer)  # ephemeral: ends with the process
-
-    async def _recover_publish_state(self, stream: Stream) -> None:
-        """Refill the duplicate window, the TTL schedule and replay rollups (``publish_state``)."""
-        loop = asyncio.get_running_loop()
-        now = now_ns()
-        since = stream.created_ns
-        if not needs_full_scan(stream.config):
-            since = max(since, now - int(stream.config["duplicate_window"]))
-        rows = await loop.run_in_executor(self.executor, self.reader.scan_headers_since, stream.name, since)
-        replay_headers(stream, rows, now)
 
     def _on_connected(self, info: dict[str, object]) -> None:
         if self.registry is not None and info.get("version"):

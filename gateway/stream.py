@@ -14,12 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gateway import errors
 from gateway.dedup import DedupWindow
 from gateway.msg_ttl import TTLSchedule
 from gateway.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
+from storage_delta.reader import StoredIndex
 from storage_delta.schema import DEFAULT_BLOCK_SIZE, stored_size
 from storage_delta.writer import StoredMessage
 
@@ -203,6 +206,29 @@ class Stream:
         by ``enforce_limits``, once the removal log has been replayed)."""
         self._add(seq, subject, size, ts)
         self.durable_last_seq = seq
+
+    def restore_stored(self, stored: StoredIndex) -> None:
+        """Account for every message found in the table at start-up at once, with array operations
+        rather than a call per message (a million messages take well under a second). Only for a
+        stream that holds nothing yet; limits apply afterwards, as after :meth:`restore`."""
+        n = len(stored.seq)
+        if not n:
+            return
+        if self.state.messages or len(self._index.sid):
+            raise ValueError("restore_stored needs a stream with nothing in it")
+        sid = np.array([self._subject_id(name) for name in stored.subjects], np.uint32)[stored.subject_codes]
+        self._index = SeqIndex.of(stored.seq, sid, stored.size, stored.ts)
+        counts = np.bincount(sid)
+        by_subject = stored.seq[np.argsort(sid, kind="stable")]
+        ends = np.cumsum(counts)
+        for s in np.flatnonzero(counts).tolist():
+            self._subject_counts[s] = int(counts[s])
+            self._by_subject[s] = SubjectSeqs(by_subject[ends[s] - counts[s] : ends[s]])
+        st = self.state
+        st.messages, st.bytes = n, int(stored.size.sum())
+        st.first_seq, st.first_ts = int(stored.seq[0]), int(stored.ts[0])
+        st.last_seq, st.last_ts = int(stored.seq[-1]), int(stored.ts[-1])
+        self.durable_last_seq = st.last_seq
 
     def restore_last_seq(self, last_seq: int) -> None:
         """The removal log knows of sequences above the highest stored one (they were removed and

@@ -11,6 +11,8 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
+import numpy as np
+
 from storage_delta.writer import StoredMessage
 
 #: Holes kept below the first live sequence before the arrays are cut (amortizes the cut).
@@ -25,6 +27,21 @@ class SeqIndex:
         self.sid = array("I")
         self.size = array("I")
         self.ts = array("q")
+
+    @classmethod
+    def of(cls, seq: np.ndarray, sid: np.ndarray, size: np.ndarray, ts: np.ndarray) -> SeqIndex:
+        """The index of ascending sequences ``seq`` in one go (recovery); missing sequences are holes."""
+        index = cls()
+        if not len(seq):
+            return index
+        index.base = int(seq[0])
+        width = int(seq[-1]) - index.base + 1
+        at = seq - index.base
+        for name, values, dtype in (("sid", sid, np.uint32), ("size", size, np.uint32), ("ts", ts, np.int64)):
+            column = np.zeros(width, dtype)
+            column[at] = values
+            getattr(index, name).frombytes(column.tobytes())
+        return index
 
     @property
     def end(self) -> int:
@@ -68,8 +85,10 @@ class SubjectSeqs:
 
     __slots__ = ("head", "seqs")
 
-    def __init__(self) -> None:
+    def __init__(self, seqs: np.ndarray | None = None) -> None:
         self.seqs = array("q")
+        if seqs is not None:
+            self.seqs.frombytes(seqs.astype(np.int64).tobytes())
         self.head = 0
 
     def add(self, seq: int) -> None:

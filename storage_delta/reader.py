@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -129,54 +130,104 @@ class MessageReader:
         last = table.group_by("subject").aggregate([("seq", "max")])
         return dict(zip(last.column("subject").to_pylist(), last.column("seq_max").to_pylist(), strict=True))
 
+    def stored_index(self, stream: str, min_ts: int = 0, headers_since: int | None = None) -> StoredIndex:
+        """The index of every stored message of a stream stored at or after ``min_ts`` (its
+        incarnation), in sequence order, as arrays: what the gateway rebuilds its state from without
+        a Python object per message. Sizes come from the binary lengths; the header blocks of the
+        messages stored at or after ``headers_since`` that have one come along (the same scan)."""
+        files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
+        if not files:
+            return StoredIndex.empty()
+        older = any(f.min_ts < min_ts for f in files)  # rows of an earlier stream of the same name
+        dset = ds.dataset(
+            [f"{self._base}/{f.path}" for f in files],
+            schema=sch.MESSAGE_FILE_SCHEMA,
+            format="parquet",
+            filesystem=self._fs,
+        )
+        # Batch by batch, so the payloads (read only for their lengths) never all sit in memory;
+        # everything else is computed once over the whole columns (a batch is a file of a few
+        # hundred rows: per-batch work would cost more than the read).
+        batches, data_len = [], []
+        for batch in dset.to_batches(columns=["seq", "ts", "subject", "hdrs", "data"]):
+            if older:
+                batch = batch.filter(pc.greater_equal(batch.column("ts"), min_ts))
+            data_len.append(pc.binary_length(batch.column("data")))
+            batches.append(batch.select(["seq", "ts", "subject", "hdrs"]))
+        return StoredIndex.build(pa.Table.from_batches(batches), data_len, headers_since)
+
     def scan_index(self, stream: str, min_ts: int = 0) -> list[tuple[int, int, str, int]]:
         """(seq, ts, subject, stored size) of every stored message of a stream stored at or after
-        ``min_ts``, in sequence order: what the gateway needs to rebuild its state. Sizes come from
-        the binary offsets."""
-        files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
-        table = self._read(files, ["seq", "ts", "subject", "hdrs", "data"], ds.field("ts") >= min_ts)
-        if table.num_rows == 0:
-            return []
-        hdr_len = pc.add(pc.fill_null(pc.binary_length(table.column("hdrs")), -4), 4)
-        size = pc.add(
-            pc.add(pc.binary_length(table.column("subject")), pc.binary_length(table.column("data"))),
-            pc.add(hdr_len, 30),
-        )
-        # Only the small columns go on: sorting a million payloads costs more than reading them.
-        index = pa.table(
-            {
-                "seq": table.column("seq"),
-                "ts": table.column("ts"),
-                "subject": table.column("subject"),
-                "size": size,
-            }
-        )
-        seq = index.column("seq")
-        if len(seq) > 1 and not pc.all(pc.greater(seq[1:], seq[:-1])).as_py():
-            index = index.sort_by("seq")
+        ``min_ts``, in sequence order, as Python tuples (:meth:`stored_index` is the bulk form)."""
+        index = self.stored_index(stream, min_ts)
+        names = index.subjects
         return list(
             zip(
-                index.column("seq").to_pylist(),
-                index.column("ts").to_pylist(),
-                index.column("subject").to_pylist(),
-                index.column("size").to_pylist(),
+                index.seq.tolist(),
+                index.ts.tolist(),
+                [names[c] for c in index.subject_codes.tolist()],
+                index.size.tolist(),
                 strict=True,
             )
         )
 
-    def scan_headers_since(self, stream: str, since_ts: int) -> list[tuple[int, int, bytes | None]]:
-        """(seq, ts, header block) of a stream's messages stored at or after ``since_ts``, in
-        sequence order: the gateway rebuilds its ``Nats-Msg-Id`` duplicate window from them."""
-        files = [f for f in self.stream_files(stream) if f.max_ts >= since_ts]
-        table = self._read(files, ["seq", "ts", "hdrs"], ds.field("ts") >= since_ts).sort_by("seq")
-        return list(
-            zip(
-                table.column("seq").to_pylist(),
-                table.column("ts").to_pylist(),
-                table.column("hdrs").to_pylist(),
-                strict=True,
+
+@dataclass(frozen=True, slots=True)
+class StoredIndex:
+    """A stream's stored messages as arrays in sequence order: ``seq``, ``ts``, ``size`` (int64)
+    and ``subject_codes`` (int64 positions in ``subjects``); ``headers`` holds (seq, ts, header
+    block) of the messages with a header block, in sequence order."""
+
+    seq: np.ndarray
+    ts: np.ndarray
+    size: np.ndarray
+    subject_codes: np.ndarray
+    subjects: list[str]
+    headers: list[tuple[int, int, bytes]]
+
+    @classmethod
+    def empty(cls) -> StoredIndex:
+        none = np.zeros(0, np.int64)
+        return cls(none, none, none, none, [], [])
+
+    @classmethod
+    def build(cls, table: pa.Table, data_len: list[pa.Array], headers_since: int | None) -> StoredIndex:
+        """From the stream's ``seq``, ``ts``, ``subject`` and ``hdrs`` columns and the lengths of
+        its payloads; header blocks of the rows stored at or after ``headers_since`` come along."""
+        seq = _int64(table.column("seq").chunks)
+        if len(seq) == 0:
+            return cls.empty()
+        encoded = table.column("subject").dictionary_encode()
+        codes = _int64([c.indices for c in encoded.chunks])
+        names = encoded.chunk(0).dictionary.to_pylist()
+        hdrs = table.column("hdrs")
+        # A record's stored size as JetStream's file store counts it (schema.stored_size).
+        size = 30 + np.array([len(n) for n in names], np.int64)[codes] + _int64(data_len)
+        if hdrs.null_count < len(hdrs):
+            size += _int64(pc.fill_null(pc.add(pc.binary_length(hdrs), 4), 0).chunks)
+        ts = _int64(table.column("ts").chunks)
+        if len(seq) > 1 and not bool(np.all(seq[1:] > seq[:-1])):
+            order = np.argsort(seq, kind="stable")
+            seq, ts, size, codes = seq[order], ts[order], size[order], codes[order]
+        headers: list[tuple[int, int, bytes]] = []
+        if headers_since is not None and hdrs.null_count < len(hdrs):
+            with_hdrs = table.filter(pc.and_(pc.is_valid(hdrs), pc.greater_equal(table["ts"], headers_since)))
+            with_hdrs = with_hdrs.sort_by("seq")
+            headers = list(
+                zip(
+                    with_hdrs.column("seq").to_pylist(),
+                    with_hdrs.column("ts").to_pylist(),
+                    with_hdrs.column("hdrs").to_pylist(),
+                    strict=True,
+                )
             )
-        )
+        return cls(seq, ts, size, codes, names, headers)
+
+
+def _int64(chunks: list[pa.Array]) -> np.ndarray:
+    if not chunks:
+        return np.zeros(0, np.int64)
+    return pa.chunked_array(chunks).to_numpy().astype(np.int64, copy=False)
 
 
 def _files_by_stream(dt: DeltaTable) -> dict[str, list[DataFile]]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gateway import errors
 from gateway.stream import Stream
 from gateway.stream_index import COMPACT_MIN
 from gateway.subjects import subject_matches
+from storage_delta.reader import StoredIndex
 from storage_delta.schema import stored_size
 
 
@@ -195,3 +197,43 @@ def test_last_matching_and_last_per_subject() -> None:
     assert stream.last_matching(["s.b"]) == 2
     assert stream.last_per_subject([]) == [2, 3]
     assert stream.last_per_subject(["s.a", "s.c"]) == [3]
+
+
+def test_bulk_restore_answers_as_row_by_row() -> None:
+    """``restore_stored`` (recovery, arrays at once) leaves the same stream as ``restore`` per row:
+    counts, holes where sequences are missing, per-subject answers, and what removals do next."""
+    rng = random.Random(7)
+    seqs = sorted(rng.sample(range(5, 400), 250))
+    rows = [(s, 1000 + s, f"s.{rng.choice('abcdefg')}", rng.randrange(31, 90)) for s in seqs]
+    one, bulk = make(max_msgs_per_subject=30), make(max_msgs_per_subject=30)
+    for row in rows:
+        one.restore(*row)
+    names = sorted({r[2] for r in rows})
+    bulk.restore_stored(
+        StoredIndex(
+            np.array(seqs, np.int64),
+            np.array([r[1] for r in rows], np.int64),
+            np.array([r[3] for r in rows], np.int64),
+            np.array([names.index(r[2]) for r in rows], np.int64),
+            names,
+            [],
+        )
+    )
+    for stream in (one, bulk):
+        stream.restore_removed(100, 120)
+        stream.enforce_limits(0)
+    assert bulk.info_state(0, ">", True) == one.info_state(0, ">", True)
+    for subject in names:
+        assert bulk.last_seq_for(subject) == one.last_seq_for(subject)
+        assert bulk.count_matching_after(50, [subject]) == one.count_matching_after(50, [subject])
+        assert bulk.first_seq_at_or_after(200, [subject]) == one.first_seq_at_or_after(200, [subject])
+    assert bulk.last_per_subject([]) == one.last_per_subject([])
+    assert bulk.purge("s.a", keep=2) == one.purge("s.a", keep=2)
+    assert bulk.accept("s.b", None, b"x", 0).seq == one.accept("s.b", None, b"x", 0).seq == seqs[-1] + 1
+    assert bulk.info_state(0, ">", True) == one.info_state(0, ">", True)
+
+    # the same sequences removed (limits go subject by subject, in another order)
+    def removed(stream: Stream) -> set[int]:
+        return {s for first, last in stream.take_removals() for s in range(first, last + 1)}
+
+    assert removed(bulk) == removed(one)
