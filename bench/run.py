@@ -15,7 +15,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -88,8 +88,16 @@ def main() -> None:
         action="store_true",
         help="py-spy on the gateway during the publish and consume workloads",
     )
+    ap.add_argument(
+        "--bytes-messages",
+        type=int,
+        default=0,
+        help="messages of the bytes_json/bytes_random128 workloads (default: the size's own)",
+    )
     args = ap.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.bytes_messages:
+        sizes = replace(sizes, bytes_msgs=args.bytes_messages)
     only = {w for w in args.only.split(",") if w}
 
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
@@ -135,6 +143,7 @@ def main() -> None:
     if not args.no_record:
         mode = "quick" if args.quick else "full sizes"
         mode += f"; only {', '.join(sorted(only))}" if only else ""
+        mode += f"; {args.bytes_messages} messages in the bytes workloads" if args.bytes_messages else ""
         mode += "; --profile: py-spy on the gateway" if args.profile else ""
         record(results, mode)
 

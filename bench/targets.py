@@ -27,8 +27,9 @@ class Target:
     name: str
     url: str
     workdir: Path
-    #: Stop and start the server that holds the streams (jetlake: the gateway process alone).
-    restart: Callable[[], None]
+    #: Stop and start the server that holds the streams (jetlake: the gateway process alone),
+    #: running the given step, if any, while it is down.
+    restart: Callable[[Callable[[], None] | None], None]
     #: The process that stores the messages (jetlake: the gateway), for profiles.
     pid: Callable[[], int]
 
@@ -44,12 +45,16 @@ def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Targ
     lake = Jetlake(workdir / "jetlake")
     lake.start()
 
-    def restart_ref() -> None:
+    def restart_ref(between: Callable[[], None] | None = None) -> None:
         ref.stop()
+        if between is not None:
+            between()
         ref.start()
 
-    def restart_lake() -> None:
+    def restart_lake(between: Callable[[], None] | None = None) -> None:
         lake.stop_gateway()
+        if between is not None:
+            between()
         lake.start_gateway()  # returns once the API answers, which is after recovery
 
     return (
@@ -71,20 +76,27 @@ async def wait_stream_messages(url: str, name: str, messages: int, wait_s: float
     """Poll until the stream answers with all its messages (JetStream answers STREAM.INFO while it
     is still recovering a stream)."""
     deadline = time.monotonic() + wait_s
+    seen: object = None
     while True:
         try:
-            if (await stream_state(url, name))["messages"] == messages:
+            seen = (await stream_state(url, name))["messages"]
+            if seen == messages:
                 return
         except Exception:
             if time.monotonic() > deadline:
                 raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"stream {name} has {seen} messages after {wait_s} s, not {messages}")
         await asyncio.sleep(0.05)
 
 
-def timed_restart(target: Target, stream: str, messages: int) -> float:
-    """Seconds from stop to a stream that answers with all its messages again."""
+def timed_restart(
+    target: Target, stream: str, messages: int, between: Callable[[], None] | None = None
+) -> float:
+    """Seconds from stop to a stream that answers with all its messages again (``between`` runs
+    while the server is down)."""
     t0 = time.monotonic()
-    target.restart()
+    target.restart(between)
     asyncio.run(wait_stream_messages(target.url, stream, messages))
     return round(time.monotonic() - t0, 2)
 

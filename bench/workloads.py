@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 from bench.profile import sampled, summarize
 from bench.targets import Target, add_stream, barrier, loadgen, stream_state, timed_restart, tree_bytes
-from storage_delta import seal
+from storage_delta import index_snapshot, seal
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import MessageTable, StoredMessage
 
@@ -86,10 +87,17 @@ def core_publish(targets: list[Target], count: int, profile: Path | None = None)
     return out
 
 
+def _drop_snapshots(root: StoreRoot) -> None:
+    local = root.local_path()
+    assert local is not None
+    shutil.rmtree(Path(local) / index_snapshot.DIR, ignore_errors=True)
+
+
 def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root: StoreRoot) -> Result:
     """Bytes on disk per stored message: JetStream's file store directory against the stream's
     parquet files in the Delta table, as written and after sealing its blocks; and the time a
-    restart takes until the stream answers with all its messages again."""
+    restart takes until the stream answers with all its messages again (jetlake also without its
+    index snapshots, as after a ``kill -9`` at worst)."""
     stream = f"BBYTES_{payload.upper()}"
     prefix = f"bbytes{payload}"
     out: Result = {"workload": f"bytes_per_message_{payload}", "messages": count}
@@ -99,6 +107,12 @@ def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root
         state = asyncio.run(stream_state(t.url, stream))
         res: Result = {"stored": state["messages"], "state_bytes_per_msg": round(state["bytes"] / count, 1)}
         res["restart_s"] = timed_restart(t, stream, count)
+        if t.name == "jetlake":
+            # the same without the index snapshots the clean stop wrote: what a restart after
+            # kill -9 costs at worst (it reads the files above the last snapshot)
+            res["restart_no_snapshot_s"] = timed_restart(
+                t, stream, count, partial(_drop_snapshots, lake_root)
+            )
         if t.name == "jetstream":
             res["disk_bytes_per_msg"] = round(tree_bytes(t.stream_dir(stream)) / count, 1)
         else:
@@ -108,6 +122,8 @@ def bytes_per_message(targets: list[Target], count: int, payload: str, lake_root
             res["seal_seconds"] = round(time.monotonic() - t0, 2)
             res["disk_bytes_per_msg"] = round(seal.stream_bytes(lake_root, stream) / count, 1)
             res["restart_sealed_s"] = timed_restart(t, stream, count)
+            drop = partial(_drop_snapshots, lake_root)
+            res["restart_sealed_no_snapshot_s"] = timed_restart(t, stream, count, drop)
         out[t.name] = res
     out["ratio"] = _ratio(out["jetlake"]["disk_bytes_per_msg"], out["jetstream"]["disk_bytes_per_msg"])
     return out

@@ -27,10 +27,12 @@ from gateway.publish_state import headers_since, replay_headers
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
 from gateway.settings import Settings
+from gateway.snapshots import Snapshots
 from gateway.stream import Stream
 from gateway.stream_api import StreamApi
 from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
+from storage_delta import index_snapshot
 from storage_delta.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
 from storage_delta.reader import MessageReader
@@ -60,6 +62,7 @@ class Gateway:
         self.delivery: Delivery | None = None
         self.api: Api | None = None  # the router, once the API worker runs (the monitor asks it too)
         self.recorder: RemovalRecorder | None = None
+        self.snapshots: Snapshots | None = None
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
         self.api_dropped = 0
@@ -98,8 +101,18 @@ class Gateway:
             self._subjects_changed,
         )
         self.recorder = RemovalRecorder(self.registry, removal_log, self.executor)
+        self.snapshots = Snapshots(
+            self.registry,
+            self.recorder,
+            self.root,
+            self.executor,
+            self.settings.index_snapshot_interval_ms / 1000,
+            self.settings.index_snapshot_min_new,
+        )
         await self.acklog.start()
+        t0 = time.monotonic()
         await self._recover(catalog, history)
+        log.info("recovered %d streams in %.2f s", len(self.registry.streams), time.monotonic() - t0)
         self.writer = GroupCommitWriter(
             table, self.executor, self.settings.max_pending_bytes, self.registry.rollback
         )
@@ -124,6 +137,7 @@ class Gateway:
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
         self.tasks.own(self.recorder.run(), "removals")
+        self.tasks.own(self.snapshots.run(), "index-snapshots")
         self.tasks.own(self.publish.marker_ticker(), "delete-markers")
         await self.leaf.start()
         self.started = True
@@ -134,6 +148,7 @@ class Gateway:
         that came before the removal was recorded). Durable consumers' state comes from the ack
         log; ephemeral consumers end with the process."""
         assert self.registry is not None
+        assert self.snapshots is not None
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
         logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
@@ -142,10 +157,17 @@ class Gateway:
                 stream = self.registry.install_stream(entry.body["config"], int(entry.body["created"]))
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)
-                stored = await loop.run_in_executor(
-                    self.executor, self.reader.stored_index, stream.name, stream.created_ns, since
+                stored, through = await loop.run_in_executor(
+                    self.executor,
+                    index_snapshot.load_index,
+                    self.root,
+                    self.reader,
+                    stream.name,
+                    stream.created_ns,
+                    since,
                 )
                 stream.restore_stored(stored)
+                self.snapshots.restored(stream, through)
                 state = logical.get(stream.name)
                 if state is not None and state.created == stream.created_ns:
                     for first, last in state.removed:
@@ -185,6 +207,11 @@ class Gateway:
                 await self.recorder.flush()  # limit removals; recovery would re-derive them anyway
             except Exception:
                 log.exception("recording removals at shutdown failed")
+        if self.snapshots is not None:
+            try:
+                await self.snapshots.take(every_changed=True)  # the next start reads little
+            except Exception:
+                log.exception("writing index snapshots at shutdown failed")
         if self.acklog is not None:
             await self.acklog.close()
         await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write

@@ -32,6 +32,8 @@ class Settings:
     ack_flush_interval_ms: int = 100
     acklog_max_pending: int = 100_000
     acklog_compact_rows: int = 250_000
+    index_snapshot_interval_ms: int = 10_000
+    index_snapshot_min_new: int = 10_000
     leaf_name: str = "jetlake"
     creds_file: str = ""
     nkey_seed_file: str = ""

@@ -36,10 +36,13 @@ class SeqIndex:
             return index
         index.base = int(seq[0])
         width = int(seq[-1]) - index.base + 1
-        at = seq - index.base
+        dense = width == len(seq)
         for name, values, dtype in (("sid", sid, np.uint32), ("size", size, np.uint32), ("ts", ts, np.int64)):
-            column = np.zeros(width, dtype)
-            column[at] = values
+            if dense:
+                column = values.astype(dtype, copy=False)
+            else:
+                column = np.zeros(width, dtype)
+                column[seq - index.base] = values
             getattr(index, name).frombytes(column.tobytes())
         return index
 

@@ -11,7 +11,7 @@ stream never overlap in sequences: that is what lets a search stop at the first 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,8 @@ class DataFile:
     max_seq: int
     min_ts: int
     max_ts: int
+    #: Whether the file may hold a header block (its statistics count fewer nulls than rows).
+    has_headers: bool = True
 
 
 class MessageReader:
@@ -130,31 +132,57 @@ class MessageReader:
         last = table.group_by("subject").aggregate([("seq", "max")])
         return dict(zip(last.column("subject").to_pylist(), last.column("seq_max").to_pylist(), strict=True))
 
-    def stored_index(self, stream: str, min_ts: int = 0, headers_since: int | None = None) -> StoredIndex:
-        """The index of every stored message of a stream stored at or after ``min_ts`` (its
-        incarnation), in sequence order, as arrays: what the gateway rebuilds its state from without
-        a Python object per message. Sizes come from the binary lengths; the header blocks of the
-        messages stored at or after ``headers_since`` that have one come along (the same scan)."""
+    def stored_index(
+        self, stream: str, min_ts: int = 0, headers_since: int | None = None, after: int = 0
+    ) -> StoredIndex:
+        """The index of the stored messages of a stream above sequence ``after`` stored at or after
+        ``min_ts`` (its incarnation), in sequence order, as arrays: what the gateway rebuilds its
+        state from without a Python object per message. Sizes come from the binary lengths.
+
+        With ``headers_since``, the header blocks of every message stored since then that has one
+        come along (also below ``after``): from the same scan, and from the older files whose
+        statistics say they hold a header block at all."""
         files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
+        tail = [f for f in files if f.max_seq > after]
+        table, data_len = self._index_rows(tail, min_ts, after)
+        headers = []
+        if headers_since is not None:
+            older = [f for f in files if f.max_seq <= after and f.max_ts >= headers_since and f.has_headers]
+            headers.append(self._read(older, ["seq", "ts", "hdrs"], ds.field("ts") >= headers_since))
+            rows = table.select(["seq", "ts", "hdrs"])
+            headers.append(
+                rows.filter(pc.and_(pc.is_valid(rows["hdrs"]), pc.greater_equal(rows["ts"], headers_since)))
+            )
+        return StoredIndex.build(table, data_len, headers)
+
+    def _index_rows(self, files: list[DataFile], min_ts: int, after: int) -> tuple[pa.Table, list[pa.Array]]:
+        """``seq``, ``ts``, ``subject``, ``hdrs`` of the files' rows stored at or after ``min_ts``
+        above ``after``, and the lengths of their payloads. Batch by batch, so the payloads (read
+        only for their lengths) never all sit in memory; everything else is computed once over the
+        whole columns (a batch is a commit file of a few hundred rows: per-batch work would cost
+        more than the read)."""
+        columns = ["seq", "ts", "subject", "hdrs"]
         if not files:
-            return StoredIndex.empty()
+            return sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns), []
         older = any(f.min_ts < min_ts for f in files)  # rows of an earlier stream of the same name
+        straddles = any(f.min_seq <= after for f in files)
         dset = ds.dataset(
             [f"{self._base}/{f.path}" for f in files],
             schema=sch.MESSAGE_FILE_SCHEMA,
             format="parquet",
             filesystem=self._fs,
         )
-        # Batch by batch, so the payloads (read only for their lengths) never all sit in memory;
-        # everything else is computed once over the whole columns (a batch is a file of a few
-        # hundred rows: per-batch work would cost more than the read).
         batches, data_len = [], []
-        for batch in dset.to_batches(columns=["seq", "ts", "subject", "hdrs", "data"]):
+        for batch in dset.to_batches(columns=[*columns, "data"]):
             if older:
                 batch = batch.filter(pc.greater_equal(batch.column("ts"), min_ts))
+            if straddles:
+                batch = batch.filter(pc.greater(batch.column("seq"), after))
             data_len.append(pc.binary_length(batch.column("data")))
-            batches.append(batch.select(["seq", "ts", "subject", "hdrs"]))
-        return StoredIndex.build(pa.Table.from_batches(batches), data_len, headers_since)
+            batches.append(batch.select(columns))
+        return pa.Table.from_batches(
+            batches, sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns).schema
+        ), data_len
 
     def scan_index(self, stream: str, min_ts: int = 0) -> list[tuple[int, int, str, int]]:
         """(seq, ts, subject, stored size) of every stored message of a stream stored at or after
@@ -191,12 +219,25 @@ class StoredIndex:
         return cls(none, none, none, none, [], [])
 
     @classmethod
-    def build(cls, table: pa.Table, data_len: list[pa.Array], headers_since: int | None) -> StoredIndex:
-        """From the stream's ``seq``, ``ts``, ``subject`` and ``hdrs`` columns and the lengths of
-        its payloads; header blocks of the rows stored at or after ``headers_since`` come along."""
+    def build(cls, table: pa.Table, data_len: list[pa.Array], headers: list[pa.Table]) -> StoredIndex:
+        """From the ``seq``, ``ts``, ``subject`` and ``hdrs`` columns and the lengths of the
+        payloads; ``headers`` are tables of (``seq``, ``ts``, ``hdrs``) rows with a header block."""
+        with_hdrs = pa.concat_tables(headers).sort_by("seq") if headers else None
+        header_rows = (
+            list(
+                zip(
+                    with_hdrs.column("seq").to_pylist(),
+                    with_hdrs.column("ts").to_pylist(),
+                    with_hdrs.column("hdrs").to_pylist(),
+                    strict=True,
+                )
+            )
+            if with_hdrs is not None
+            else []
+        )
         seq = _int64(table.column("seq").chunks)
         if len(seq) == 0:
-            return cls.empty()
+            return replace(cls.empty(), headers=header_rows)
         encoded = table.column("subject").dictionary_encode()
         codes = _int64([c.indices for c in encoded.chunks])
         names = encoded.chunk(0).dictionary.to_pylist()
@@ -209,19 +250,20 @@ class StoredIndex:
         if len(seq) > 1 and not bool(np.all(seq[1:] > seq[:-1])):
             order = np.argsort(seq, kind="stable")
             seq, ts, size, codes = seq[order], ts[order], size[order], codes[order]
-        headers: list[tuple[int, int, bytes]] = []
-        if headers_since is not None and hdrs.null_count < len(hdrs):
-            with_hdrs = table.filter(pc.and_(pc.is_valid(hdrs), pc.greater_equal(table["ts"], headers_since)))
-            with_hdrs = with_hdrs.sort_by("seq")
-            headers = list(
-                zip(
-                    with_hdrs.column("seq").to_pylist(),
-                    with_hdrs.column("ts").to_pylist(),
-                    with_hdrs.column("hdrs").to_pylist(),
-                    strict=True,
-                )
-            )
-        return cls(seq, ts, size, codes, names, headers)
+        return cls(seq, ts, size, codes, names, header_rows)
+
+    def after(self, tail: StoredIndex) -> StoredIndex:
+        """This index followed by ``tail``, whose sequences are all higher; the headers are
+        ``tail``'s (they were read for the whole stream)."""
+        offset = len(self.subjects)
+        return StoredIndex(
+            np.concatenate([self.seq, tail.seq]),
+            np.concatenate([self.ts, tail.ts]),
+            np.concatenate([self.size, tail.size]),
+            np.concatenate([self.subject_codes, tail.subject_codes + offset]),
+            self.subjects + tail.subjects,
+            tail.headers,
+        )
 
 
 def _int64(chunks: list[pa.Array]) -> np.ndarray:
@@ -236,10 +278,23 @@ def _files_by_stream(dt: DeltaTable) -> dict[str, list[DataFile]]:
         return {}
     cols = {name: adds.column(name).to_pylist() for name in ("path", "partition.stream")}
     stats = {name: _stat(adds, name) for name in ("min.seq", "max.seq", "min.ts", "max.ts")}
+    rows, hdr_nulls = (
+        adds.column(name).to_pylist() if name in adds.column_names else [None] * adds.num_rows
+        for name in ("num_records", "null_count.hdrs")
+    )
     out: dict[str, list[DataFile]] = {}
     for i, (path, stream) in enumerate(zip(cols["path"], cols["partition.stream"], strict=True)):
+        n, nulls = rows[i], hdr_nulls[i]
+        has_headers = n is None or nulls is None or nulls < n
         out.setdefault(stream, []).append(
-            DataFile(path, stats["min.seq"][i], stats["max.seq"][i], stats["min.ts"][i], stats["max.ts"][i])
+            DataFile(
+                path,
+                stats["min.seq"][i],
+                stats["max.seq"][i],
+                stats["min.ts"][i],
+                stats["max.ts"][i],
+                has_headers,
+            )
         )
     for files in out.values():
         files.sort(key=lambda f: f.min_seq)
