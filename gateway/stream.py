@@ -30,6 +30,9 @@ __all__ = ["Stream", "StreamState", "TailCache"]
 
 MAX_MSGS = errors.STREAM_STORE_FAILED.format(err="maximum messages exceeded")
 MAX_BYTES = errors.STREAM_STORE_FAILED.format(err="maximum bytes exceeded")
+#: Removal-log ranges longer than this are replayed with array operations.
+BULK_RESTORE = 64
+
 MAX_MSGS_PER_SUBJECT = errors.STREAM_STORE_FAILED.format(err="maximum messages per subject exceeded")
 
 
@@ -655,8 +658,49 @@ class Stream:
     def restore_removed(self, first: int, last: int) -> None:
         """Replay a range from the durable removal log at start-up (not recorded again)."""
         idx = self._index
-        for s in range(max(first, idx.base), min(last + 1, idx.end)):
-            if idx.subject_id(s):
-                self._drop(s)
+        lo, hi = max(first, idx.base), min(last + 1, idx.end)
+        if hi - lo > BULK_RESTORE:
+            self._drop_range(lo, hi)
+            st = self.state
+            if st.messages and lo <= st.first_seq < hi:  # skip the holes at once, not one by one
+                rest = np.frombuffer(idx.sid, np.uint32)[hi - idx.base :]
+                st.first_seq = hi + int(np.flatnonzero(rest)[0])
+                del rest
+                self._advance_first()  # its time, and the cut of the holes below it
+        else:
+            for s in range(lo, hi):
+                if idx.subject_id(s):
+                    self._drop(s)
         if self.state.messages == 0 or not idx.subject_id(self.state.first_seq):
             self._advance_first()
+
+    def _drop_range(self, lo: int, hi: int) -> None:
+        """``_drop`` of every live sequence in ``[lo, hi)`` with array operations: a work-queue
+        stream's acked messages come back from the removal log as one long range."""
+        idx = self._index
+        sid_view = memoryview(idx.sid)[lo - idx.base : hi - idx.base]
+        try:
+            sids = np.frombuffer(sid_view, np.uint32)
+            live = np.flatnonzero(sids)
+            gone = sids[live]
+            sizes = np.frombuffer(idx.size, np.uint32, hi - lo, (lo - idx.base) * 4)[live]
+            sids[live] = 0  # writes through to the index: holes
+            del sids
+        finally:
+            sid_view.release()
+        seqs = (live + lo).tolist()
+        names = self._subject_names
+        if self.on_removed is not None:
+            for seq, sid in zip(seqs, gone.tolist(), strict=True):
+                self.on_removed(seq, names[sid])
+        self.tail.drop_seqs(seqs)
+        st = self.state
+        st.messages -= len(seqs)
+        st.bytes -= int(sizes.sum(dtype=np.int64))
+        per_subject = np.bincount(gone)
+        for sid in np.flatnonzero(per_subject).tolist():
+            left = self._subject_counts[sid] - int(per_subject[sid])
+            if left:
+                self._subject_counts[sid] = left
+            else:
+                self._forget_subject(sid)

@@ -164,6 +164,16 @@ class TailCache:
         self._items.clear()
         self._bytes = 0
 
+    def drop_seqs(self, seqs: list[int]) -> None:
+        """Drop these sequences (those it holds: it holds few, so the smaller side is walked)."""
+        if not self._items:
+            return
+        if len(seqs) > len(self._items):
+            wanted = set(seqs)
+            seqs = [s for s in self._items if s in wanted]
+        for s in seqs:
+            self.drop(s)
+
     def drop_from(self, seq: int) -> None:
         for s in [s for s in self._items if s >= seq]:
             self.drop(s)
