@@ -74,6 +74,7 @@ class Snapshots:
                 await loop.run_in_executor(self.executor, index_snapshot.write, self.root, name, snapshot)
                 self._taken[name] = (snapshot.created, snapshot.through)
             live = {s.name for s in streams}
+            self._taken = {name: taken for name, taken in self._taken.items() if name in live}
             await loop.run_in_executor(self.executor, index_snapshot.remove_others, self.root, live)
             return len(copies)
 

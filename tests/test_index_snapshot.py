@@ -9,19 +9,25 @@ import asyncio
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import nats
 import numpy as np
 
+from gateway.ack_recorder import AckRecorder
+from gateway.registry import Registry
+from gateway.removals import RemovalRecorder
+from gateway.snapshots import Snapshots
 from gateway.stream import Stream
 from storage_delta import index_snapshot
+from storage_delta.acklog import AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
 from storage_delta.index_snapshot import IndexSnapshot
 from storage_delta.maintenance import live_files
 from storage_delta.reader import MessageReader
-from storage_delta.stream_state import load_stream_states
+from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot
 from storage_delta.writer import MessageTable
 from tests.harness import Jetlake
@@ -165,3 +171,33 @@ def test_recovery_from_a_snapshot_equals_a_full_scan_after_kill_9(tmp_path: Path
         assert snap.through == state["last_seq"]
     finally:
         gw.stop()
+
+
+async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path) -> None:
+    """Removals made in memory and not yet recorded (limits, TTLs, acked work-queue messages are
+    recorded within seconds) are made durable before a snapshot that shows them is written: a
+    snapshot never knows of a removal that the tables (and Spark) do not."""
+    root = StoreRoot(str(tmp_path))
+    executor = ThreadPoolExecutor(2)
+    try:
+        acks = AckRecorder(AckLogWriter(AckLogTable(root), executor, 0, 0.1, 1000, 0))
+        registry = Registry(CatalogTable(root), executor, 1 << 20, lambda stream: None, acks)
+        stream = await registry.add_stream({"name": "S", "subjects": ["s.>"]}, CREATED)
+        for i in range(100):
+            stream.committed(stream.accept(f"s.{i % 4}", None, b"x", CREATED + i).seq)
+        stream.remove(10)
+        stream.purge("s.1", seq=50)
+        assert load_stream_states(root)["S"].removed == []  # nothing recorded yet
+        snapshots = Snapshots(
+            registry, RemovalRecorder(registry, RemovalLog(root), executor), root, executor, 1, 1
+        )
+        assert await snapshots.take() == 1
+        assert await snapshots.take() == 0  # nothing new since
+        snap = index_snapshot.read(root, "S", CREATED)
+        assert snap is not None
+        holes = set(range(1, snap.through + 1)) - set(snap.index.seq.tolist())
+        assert holes == {10} | set(range(2, 50, 4))
+        removed = load_stream_states(root)["S"]
+        assert all(removed.is_removed(s) for s in holes)
+    finally:
+        executor.shutdown()
