@@ -115,7 +115,9 @@ def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_pat
             if first == 1:
                 await js.add_stream(name="S3", subjects=["s3.>"])
             for i in range(first, first + count):
-                ack = await js.publish(f"s3.k{i % 3}", b"m%d" % i, headers={"Nats-Msg-Id": f"i{i}"})
+                ack = await js.publish(
+                    f"s3.k{i % 3}", b"m%d" % i, timeout=15, headers={"Nats-Msg-Id": f"i{i}"}
+                )
                 assert ack.seq == i
             await nc.close()
 
@@ -125,7 +127,7 @@ def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_pat
             got = []
             while len(got) < count:
                 for msg in await sub.fetch(count - len(got), timeout=10):
-                    await msg.ack_sync()
+                    await msg.ack_sync(timeout=15)  # a commit to S3 under load
                     got.append(msg.data)
             await nc.close()
             return got
