@@ -114,11 +114,14 @@ def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_pat
             js = nc.jetstream()
             if first == 1:
                 await js.add_stream(name="S3", subjects=["s3.>"])
-            for i in range(first, first + count):
-                ack = await js.publish(
-                    f"s3.k{i % 3}", b"m%d" % i, timeout=15, headers={"Nats-Msg-Id": f"i{i}"}
+            # all at once: they share group commits (each commit is a few round trips to S3)
+            acks = await asyncio.gather(
+                *(
+                    js.publish(f"s3.k{i % 3}", b"m%d" % i, timeout=30, headers={"Nats-Msg-Id": f"i{i}"})
+                    for i in range(first, first + count)
                 )
-                assert ack.seq == i
+            )
+            assert [a.seq for a in acks] == list(range(first, first + count))
             await nc.close()
 
         async def consume(count: int) -> list[bytes]:
@@ -126,9 +129,12 @@ def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_pat
             sub = await nc.jetstream().pull_subscribe("s3.>", "C", stream="S3")
             got = []
             while len(got) < count:
-                for msg in await sub.fetch(count - len(got), timeout=10):
-                    await msg.ack_sync(timeout=15)  # a commit to S3 under load
-                    got.append(msg.data)
+                msgs = await sub.fetch(count - len(got), timeout=10)
+                for msg in msgs[:-1]:
+                    await msg.ack()
+                # committed after every ack before it (the ack log commits in order)
+                await msgs[-1].ack_sync(timeout=30)
+                got += [m.data for m in msgs]
             await nc.close()
             return got
 
