@@ -6,16 +6,27 @@ gateway, the Spark data source and the retention job all see the same stream. Ph
 ``messages`` comes later (Spark). Rows are append-only; a stream incarnation is identified by its
 ``created`` time (a stream deleted and created again under the same name starts over), and rows of
 ``messages`` stored before that time belong to an earlier incarnation. docs/storage.md has the schema.
+
+The gateway appends a file every few seconds, so the table is compacted by a job
+(:func:`compact_removals`): every live stream's ranges merged into one file, which changes no
+:func:`load_stream_states` answer.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import random
 import time
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta import schema as sch
 from storage_delta.tables import (
@@ -24,10 +35,14 @@ from storage_delta.tables import (
     commit_adds,
     open_existing,
     open_or_create,
+    retry_listing,
     write_data_file,
 )
 
+log = logging.getLogger(__name__)
+
 APP_ID = "jetlake-removals"
+COMPACT_APP_ID = "jetlake-removals-compact"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +166,94 @@ def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
     for stream, found in ranges.items():
         states[stream].removed = merge_ranges(found)
     return states
+
+
+def fold_removals(table: pa.Table, live: Mapping[str, int]) -> pa.Table:
+    """The rows of ``table`` (the removals schema) that :func:`load_stream_states` would use, each
+    live stream's ranges merged; a merged row keeps the newest ``ts`` of the rows it stands for.
+    Rows of deleted streams and earlier incarnations are left out: no reader counts them, and an
+    incarnation that is gone never comes back (a new one has a new ``created``)."""
+    rows: dict[str, tuple[list[tuple[int, int]], int]] = {}
+    for stream, created, first, last, ts in zip(
+        *(table.column(c).to_pylist() for c in ("stream", "created", "first", "last", "ts")), strict=True
+    ):
+        if live.get(stream) == created:
+            ranges, newest = rows.get(stream, ([], 0))
+            ranges.append((first, last))
+            rows[stream] = (ranges, max(newest, ts))
+    out = [
+        (stream, live[stream], first, last, newest)
+        for stream, (ranges, newest) in sorted(rows.items())
+        for first, last in merge_ranges(ranges)
+    ]
+    columns = [list(c) for c in zip(*out, strict=True)] if out else [[] for _ in sch.REMOVALS_SCHEMA]
+    return pa.table(columns, schema=sch.REMOVALS_SCHEMA)
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalCompaction:
+    """What :func:`compact_removals` did: the table's files and rows before and after (equal when
+    it found nothing to do or gave way to another compaction)."""
+
+    files_before: int
+    files_after: int
+    rows_before: int
+    rows_after: int
+
+
+def compact_removals(root: StoreRoot, retries: int = 50) -> RemovalCompaction:
+    """Replace the files of the ``removals`` table by one holding the folded rows, in one commit.
+
+    Safe beside a gateway that keeps appending: the commit removes exactly the files it read (an
+    append made meanwhile is a new file and stays), so every snapshot, before or after, gives the
+    same :func:`load_stream_states`. Whichever of this commit and an append lands second loses
+    delta-rs's conflict check (#3890): the gateway's ``RemovalLog`` retries its append, and this
+    retries its commit after catching up, as long as the files it folded are still live (another
+    compaction may have folded them first; then its file is deleted and nothing is committed). The
+    commit carries ``(jetlake-removals-compact, n)``, so one reported as failed but landed (#2509)
+    is recognised. A checkpoint follows, so a reader replays a short log."""
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is None:
+        return RemovalCompaction(0, 0, 0, 0)
+    files = pa.table(dt.get_add_actions(flatten=True))
+    table = dt.to_pyarrow_table()
+    # The catalog is read after the snapshot, so it knows every incarnation with rows in it.
+    folded = fold_removals(table, _live_streams(root))
+    unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
+    if files.num_rows <= 1 and folded.num_rows == table.num_rows:
+        return unchanged
+    now = int(time.time() * 1000)
+    paths = files["path"].to_pylist()
+    sizes = files["size_bytes"].to_pylist()
+    actions = [
+        RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
+        for p, n in zip(paths, sizes, strict=True)
+    ]
+    add = write_data_file(root, sch.REMOVALS, {}, folded) if folded.num_rows else None
+    if _swap(dt, set(paths), [*actions, *([add] if add else [])], retries):
+        retry_listing(dt.update_incremental)  # a handle does not advance past its own commit
+        retry_listing(dt.create_checkpoint)
+        retry_listing(dt.cleanup_metadata)
+        return RemovalCompaction(files.num_rows, 1 if add else 0, table.num_rows, folded.num_rows)
+    if add is not None:
+        fs, base = root.filesystem()
+        fs.delete_file(f"{base}/{sch.REMOVALS}/{unquote(add.path)}")
+    return unchanged
+
+
+def _swap(dt: DeltaTable, folded: set[str], actions: list[AddAction | RemoveAction], retries: int) -> bool:
+    version = (dt.transaction_version(COMPACT_APP_ID) or 0) + 1
+    for attempt in range(retries + 1):
+        live = set(pc.unique(pa.table(dt.get_add_actions(flatten=True))["path"]).to_pylist())
+        if not folded <= live:
+            log.info("the removal log was compacted meanwhile; this compaction gives way")
+            return False
+        try:
+            commit_adds(dt, actions, sch.REMOVALS_SCHEMA, [], (COMPACT_APP_ID, version))
+            return True
+        except CommitConflict:
+            retry_listing(dt.update_incremental)
+            if (dt.transaction_version(COMPACT_APP_ID) or 0) >= version:
+                return True
+            time.sleep(random.uniform(0, min(0.005 * 2**attempt, 0.1)))
+    raise CommitConflict(f"compaction of the removal log still conflicting after {retries} retries")
