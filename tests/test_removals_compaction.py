@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import pyarrow as pa
@@ -28,14 +26,6 @@ from tests.harness import Jetlake, duckdb_connection
 from tests.jsapi import api, stream
 
 COUNT = 600
-
-
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Jetlake]:
-    target = Jetlake(tmp_path)
-    target.start()
-    yield target
-    target.stop()
 
 
 def duckdb_removed(root: StoreRoot, states: dict[str, StreamLogicalState]) -> dict[str, set[int]]:
@@ -75,7 +65,9 @@ async def _deleted_details(nc: Client, name: str) -> tuple[int, set[int]]:
 
 
 @pytest.mark.slow
-async def test_compaction_keeps_the_logical_state_while_the_gateway_deletes(gateway: Jetlake) -> None:
+async def test_compaction_keeps_the_logical_state_while_the_gateway_deletes(own_jetlake: Jetlake) -> None:
+    gateway = own_jetlake
+
     root = StoreRoot(str(gateway.data_root))
     nc = await nats.connect(gateway.url)
     try:
