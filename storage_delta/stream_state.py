@@ -15,20 +15,16 @@ The gateway appends a file every few seconds, so the table is compacted by a job
 from __future__ import annotations
 
 import json
-import logging
-import random
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import RemoveAction
 
 from storage_delta import schema as sch
+from storage_delta.maintenance import delete_unreferenced, swap_actions
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
@@ -39,10 +35,7 @@ from storage_delta.tables import (
     write_data_file,
 )
 
-log = logging.getLogger(__name__)
-
 APP_ID = "jetlake-removals"
-COMPACT_APP_ID = "jetlake-removals-compact"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,17 +194,15 @@ class RemovalCompaction:
     rows_after: int
 
 
-def compact_removals(root: StoreRoot, retries: int = 50) -> RemovalCompaction:
+def compact_removals(root: StoreRoot) -> RemovalCompaction:
     """Replace the files of the ``removals`` table by one holding the folded rows, in one commit.
 
     Safe beside a gateway that keeps appending: the commit removes exactly the files it read (an
     append made meanwhile is a new file and stays), so every snapshot, before or after, gives the
-    same :func:`load_stream_states`. Whichever of this commit and an append lands second loses
-    delta-rs's conflict check (#3890): the gateway's ``RemovalLog`` retries its append, and this
-    retries its commit after catching up, as long as the files it folded are still live (another
-    compaction may have folded them first; then its file is deleted and nothing is committed). The
-    commit carries ``(jetlake-removals-compact, n)``, so one reported as failed but landed (#2509)
-    is recognised. A checkpoint follows, so a reader replays a short log."""
+    same :func:`load_stream_states`. The commit is the jobs' swap
+    (:func:`storage_delta.maintenance.swap_actions`): it gives way, deleting its file, when another
+    compaction removed the same files first; the gateway's ``RemovalLog`` retries an append that
+    lands after it (delta-rs #3890). A checkpoint follows, so a reader replays a short log."""
     dt = open_existing(root, sch.REMOVALS)
     if dt is None:
         return RemovalCompaction(0, 0, 0, 0)
@@ -223,37 +214,16 @@ def compact_removals(root: StoreRoot, retries: int = 50) -> RemovalCompaction:
     if files.num_rows <= 1 and folded.num_rows == table.num_rows:
         return unchanged
     now = int(time.time() * 1000)
-    paths = files["path"].to_pylist()
-    sizes = files["size_bytes"].to_pylist()
-    actions = [
+    removes = [
         RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
-        for p, n in zip(paths, sizes, strict=True)
+        for p, n in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True)
     ]
-    add = write_data_file(root, sch.REMOVALS, {}, folded) if folded.num_rows else None
-    if _swap(dt, set(paths), [*actions, *([add] if add else [])], retries):
-        retry_listing(dt.update_incremental)  # a handle does not advance past its own commit
+    adds = [write_data_file(root, sch.REMOVALS, {}, folded)] if folded.num_rows else []
+    if not swap_actions(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [], removes, adds):
+        delete_unreferenced(root, adds, sch.REMOVALS)
+        return unchanged
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is not None:
         retry_listing(dt.create_checkpoint)
         retry_listing(dt.cleanup_metadata)
-        return RemovalCompaction(files.num_rows, 1 if add else 0, table.num_rows, folded.num_rows)
-    if add is not None:
-        fs, base = root.filesystem()
-        fs.delete_file(f"{base}/{sch.REMOVALS}/{unquote(add.path)}")
-    return unchanged
-
-
-def _swap(dt: DeltaTable, folded: set[str], actions: list[AddAction | RemoveAction], retries: int) -> bool:
-    version = (dt.transaction_version(COMPACT_APP_ID) or 0) + 1
-    for attempt in range(retries + 1):
-        live = set(pc.unique(pa.table(dt.get_add_actions(flatten=True))["path"]).to_pylist())
-        if not folded <= live:
-            log.info("the removal log was compacted meanwhile; this compaction gives way")
-            return False
-        try:
-            commit_adds(dt, actions, sch.REMOVALS_SCHEMA, [], (COMPACT_APP_ID, version))
-            return True
-        except CommitConflict:
-            retry_listing(dt.update_incremental)
-            if (dt.transaction_version(COMPACT_APP_ID) or 0) >= version:
-                return True
-            time.sleep(random.uniform(0, min(0.005 * 2**attempt, 0.1)))
-    raise CommitConflict(f"compaction of the removal log still conflicting after {retries} retries")
+    return RemovalCompaction(files.num_rows, len(adds), table.num_rows, folded.num_rows)
