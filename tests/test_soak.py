@@ -23,10 +23,11 @@ Thresholds, and why:
   gateway): the writer's checkpoint every 100 commits opens a fresh delta-rs handle, whose load
   and checkpoint allocate in proportion to the table's log state — live files *and* the
   tombstones of removed ones, which checkpoints keep for ``delta.deletedFileRetentionDuration``
-  (a week by default) — and the allocator keeps the peak: 12,000 one-file commits grow a bare
-  ``MessageTable`` by ~80 MB with that checkpoint and by 0 MB without it; repeating the checkpoint
-  on a table of constant size levels off (no growth per round), and a long-lived handle refreshed
-  with ``update_incremental`` instead grows by ~280 MB in 8,000 commits. Python's own heap
+  (a week by default, an hour for tables jetlake creates now) — and the allocator keeps the
+  peak: 12,000 one-file commits grow a bare ``MessageTable`` by ~80 MB with that checkpoint and
+  by 0 MB without it; repeating the checkpoint on a table of constant size levels off (no
+  growth per round), and a long-lived handle refreshed with ``update_incremental`` instead grows
+  by ~280 MB in 8,000 commits. Python's own heap
   (tracemalloc in the gateway) grows by ~8 MB while RSS grows by ~100 MB. So it is table state,
   not a leak of ours; the bound leaves room for it and catches what is clearly a leak: anything
   keeping ~3 KB or more per message (a message with its payload and futures, a task per
