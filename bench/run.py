@@ -3,7 +3,7 @@
 Prints one JSON line per workload (both figures and the ratio) and appends them to bench/RESULTS.md
 with the date and the machine. ``--quick`` runs small sizes for a smoke test.
 
-    python -m bench.run [--quick] [--only sync_publish,core_publish,...] [--no-record]
+    python -m bench.run [--quick] [--scale 0.2] [--only sync_publish,core_publish,...] [--no-record]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -70,6 +70,14 @@ QUICK = Sizes(
 )
 
 
+def scaled(sizes: Sizes, factor: float) -> Sizes:
+    """The sizes with every message count multiplied by ``factor`` (windows and versions kept)."""
+    if factor == 1.0:
+        return sizes
+    counts = ("sync", "pipelined", "core", "bytes_msgs", "consume", "catch_up", "acks")
+    return replace(sizes, **{k: max(1, round(getattr(sizes, k) * factor)) for k in counts})
+
+
 def machine() -> str:
     mem_kb = next(
         int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line
@@ -88,8 +96,14 @@ def main() -> None:
         action="store_true",
         help="py-spy on the gateway during the publish and consume workloads",
     )
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply the message counts (not windows or versions), e.g. 0.2 for a moderate run",
+    )
     args = ap.parse_args()
-    sizes = QUICK if args.quick else FULL
+    sizes = scaled(QUICK if args.quick else FULL, args.scale)
     only = {w for w in args.only.split(",") if w}
 
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
@@ -134,6 +148,7 @@ def main() -> None:
             ref.stop()
     if not args.no_record:
         mode = "quick" if args.quick else "full sizes"
+        mode += f" x{args.scale:g}" if args.scale != 1.0 else ""
         mode += f"; only {', '.join(sorted(only))}" if only else ""
         mode += "; --profile: py-spy on the gateway" if args.profile else ""
         record(results, mode)

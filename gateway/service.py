@@ -109,6 +109,7 @@ class Gateway:
             name=self.settings.leaf_name,
             on_msg=self._on_msg,
             on_connected=self._on_connected,
+            on_read_done=self._on_read_done,
         )
         self.delivery = Delivery(
             self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
@@ -231,6 +232,10 @@ class Gateway:
             self.delivery.on_flow_control(subject)
             return
         self.publish.on_publish(msg)
+
+    def _on_read_done(self) -> None:
+        if self.publish is not None:
+            self.publish.flush()
 
     async def _api_worker(self) -> None:
         assert self.registry is not None

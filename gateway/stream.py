@@ -108,7 +108,7 @@ class Stream:
 
     @property
     def name(self) -> str:
-        return str(self.config["name"])
+        return self._name
 
     @property
     def subjects(self) -> list[str]:
@@ -129,6 +129,10 @@ class Stream:
     def config(self, config: dict[str, Any]) -> None:
         self._config = config
         self.limits = Limits.of(config)
+        # Read for every publish, so derived once per config.
+        self._name = str(config["name"])
+        self.name_bytes = self._name.encode()
+        self.no_ack = bool(config.get("no_ack"))
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -145,9 +149,12 @@ class Stream:
         return sid
 
     def _add(self, seq: int, subject: str, size: int, ts: int) -> int:
-        sid = self._subject_id(subject)
+        sid = self._subject_ids.get(subject)
+        if sid is None:
+            sid = self._subject_id(subject)
         self._index.append(seq, sid, size, ts)
-        self._subject_counts[sid] = self._subject_counts.get(sid, 0) + 1
+        counts = self._subject_counts
+        counts[sid] = counts.get(sid, 0) + 1
         seqs = self._by_subject.get(sid)
         if seqs is None:
             seqs = self._by_subject[sid] = SubjectSeqs()
@@ -185,17 +192,22 @@ class Stream:
     def accept(self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> StoredMessage:
         """Give a publish the next sequence and apply the limits at once; durable only once
         committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it."""
-        if self.limits.sealed:
+        lim = self.limits
+        if lim.sealed:
             raise errors.STREAM_SEALED
         size = stored_size(subject, hdrs, data)
-        self._check_discard_new(subject, size)
-        seq = self.state.last_seq + 1
-        ts = max(now_ns, self.state.last_ts + 1)
-        msg = StoredMessage(self.name, self.block_size, seq, ts, subject, hdrs, data)
+        if lim.discard_new:
+            self._check_discard_new(subject, size)
+        st = self.state
+        seq = st.last_seq + 1
+        ts = now_ns if now_ns > st.last_ts else st.last_ts + 1
+        msg = StoredMessage(self._name, self.block_size, seq, ts, subject, hdrs, data)
         sid = self._add(seq, subject, size, ts)
         self.tail.put(msg)
-        self._enforce_subject_limit(sid)
-        self._enforce_size_limits()
+        if lim.per_subject:
+            self._enforce_subject_limit(sid)
+        if lim.max_msgs or lim.max_bytes:
+            self._enforce_size_limits()
         return msg
 
     def restore(self, seq: int, ts: int, subject: str, size: int) -> None:

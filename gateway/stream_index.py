@@ -34,10 +34,11 @@ class SeqIndex:
     def append(self, seq: int, sid: int, size: int, ts: int) -> None:
         if not self.sid:
             self.base = seq
-        while self.end < seq:  # a gap: sequences removed before a restart
-            self.sid.append(0)
-            self.size.append(0)
-            self.ts.append(0)
+        elif self.base + len(self.sid) < seq:  # a gap: sequences removed before a restart
+            while self.end < seq:
+                self.sid.append(0)
+                self.size.append(0)
+                self.ts.append(0)
         self.sid.append(sid)
         self.size.append(size)
         self.ts.append(ts)
