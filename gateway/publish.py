@@ -21,7 +21,7 @@ from gateway.durations import go_duration
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
 from gateway.protocol import Msg
-from gateway.publish_checks import Accepted, Duplicate, check_publish
+from gateway.publish_checks import Accepted, Duplicate, check_publish, size_limit
 from gateway.registry import Registry
 from gateway.stream import Stream
 from gateway.timefmt import now_ns
@@ -36,6 +36,7 @@ from storage_delta.writer import (
 ROUTE_CACHE_SIZE = 100_000
 MARKER_TICK_S = 0.05
 NO_RESPONDERS = status_block(503, "")
+PUBACK = b'{"stream":"%s","seq":%d}'
 
 
 @dataclass(slots=True, eq=False)
@@ -44,6 +45,9 @@ class _Run:
     together, wait on one future, and their PubAcks leave in sequence order in one write."""
 
     stream: Stream
+    #: Publishes without headers not yet accepted (subject, payload, reply): ``_accept_queued``
+    #: takes them in one call, before the stream's next publish with headers and at ``flush``.
+    queued: list[tuple[str, bytes, str]] = field(default_factory=list)
     msgs: list[StoredMessage] = field(default_factory=list)
     acks: list[tuple[str, bytes]] = field(default_factory=list)  # (reply, PubAck body)
     msg_ids: list[tuple[str, int]] = field(default_factory=list)  # keys in ``_inflight_ids``
@@ -87,21 +91,60 @@ class PublishPath:
         return found
 
     def on_publish(self, msg: Msg) -> None:
-        """Check and accept one publish; what is accepted is submitted by the next ``flush``,
-        which the leaf calls once the messages of a read are handed over."""
+        """Check and accept one publish. What is accepted is submitted by the next ``flush``,
+        which the leaf calls once the messages of a read are handed over; publishes without
+        headers (most) wait there too, to be accepted together."""
         stream = self.route(msg.subject)
         if stream is None:
             return
         self.received += 1
         reply = "" if stream.no_ack else msg.reply
+        run = self._run_of(stream)
+        if msg.hdrs is None and stream.takes_runs:
+            run.queued.append((msg.subject, msg.data, reply))
+            return
+        if run.queued:  # what came before is accepted first: the checks below see it
+            self._accept_queued(run)
         now = now_ns()
         verdict = check_publish(stream, msg.subject, msg.hdrs, msg.data, now)
         if type(verdict) is Accepted:
-            self._store(stream, msg.subject, msg.data, verdict, reply, now)
+            self._store(run, msg.subject, msg.data, verdict, reply, now)
         elif type(verdict) is Duplicate:
             self._duplicate(stream, verdict.seq, reply)
         elif isinstance(verdict, errors.ApiError):
             self._reply_error(reply, stream, verdict)
+
+    def _accept_queued(self, run: _Run) -> None:
+        """Accept a run's queued publishes without headers in one ``accept_run``; each is checked
+        (``size_limit``: nothing else can refuse one while the stream ``takes_runs``) and admitted
+        as a single publish would be."""
+        stream, queued, run.queued = run.stream, run.queued, []
+        now = now_ns()
+        items: list[tuple[str, bytes | None, bytes]] = []
+        replies: list[str] = []
+        limit = size_limit(stream.config)
+        admit = self.writer.admit
+        for subject, data, reply in queued:
+            if 0 <= limit < len(data):
+                self._reply_error(reply, stream, errors.STREAM_MESSAGE_EXCEEDS_MAXIMUM)
+                continue
+            try:
+                admit(message_bytes(subject, None, data))
+            except (WriterOverloaded, WriterClosed) as exc:
+                self._reply_error(reply, stream, _store_failed(exc))
+                continue
+            items.append((subject, None, data))
+            replies.append(reply)
+        if not items:
+            return
+        stored = stream.accept_run(items, now)
+        last = stored[-1]
+        stream.dedup.record("", last.seq, last.ts, now, stream.config["duplicate_window"])
+        run.msgs += stored
+        name = stream.name_bytes
+        run.acks += [
+            (reply, PUBACK % (name, m.seq)) for reply, m in zip(replies, stored, strict=True) if reply
+        ]
 
     def on_kv_publish(self, msg: Msg) -> None:
         """A ``$KV`` publish, which reaches the gateway through the API domain mapping whether or
@@ -129,19 +172,20 @@ class PublishPath:
             self.writer.unadmit(size)
             raise
 
-    def _enqueue(self, stream: Stream, stored: StoredMessage, reply: str) -> _Run:
+    def _run_of(self, stream: Stream) -> _Run:
         run = self._runs.get(stream)
         if run is None:
             run = self._runs[stream] = _Run(stream)
-        run.msgs.append(stored)
-        if reply:
-            run.acks.append((reply, b'{"stream":"%s","seq":%d}' % (stream.name_bytes, stored.seq)))
         return run
 
-    def _store(
-        self, stream: Stream, subject: str, data: bytes, verdict: Accepted, reply: str, now: int
-    ) -> None:
-        hdrs = verdict.hdrs
+    @staticmethod
+    def _enqueue(run: _Run, stored: StoredMessage, reply: str) -> None:
+        run.msgs.append(stored)
+        if reply:
+            run.acks.append((reply, PUBACK % (run.stream.name_bytes, stored.seq)))
+
+    def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> None:
+        stream, hdrs = run.stream, verdict.hdrs
         try:
             stored = self._accept(stream, subject, hdrs, data, now)
         except errors.ApiError as err:
@@ -149,7 +193,7 @@ class PublishPath:
             return
         seq = stored.seq
         stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config["duplicate_window"])
-        run = self._enqueue(stream, stored, reply)
+        self._enqueue(run, stored, reply)
         if hdrs is None:
             return
         if verdict.ttl:
@@ -169,6 +213,10 @@ class PublishPath:
             return
         runs, self._runs = self._runs, {}
         for run in runs.values():
+            if run.queued:
+                self._accept_queued(run)
+            if not run.msgs:
+                continue
             self.writer.submit(run.msgs, admitted=True).add_done_callback(partial(self._committed, run))
 
     def place_markers(self, stream: Stream, now: int) -> None:
@@ -188,7 +236,7 @@ class PublishPath:
                 continue
             stream.ttl.add(stored.seq, stored.ts, marker_ns // 1_000_000_000)
             stream.ttl.markers.add(stored.seq)
-            self._enqueue(stream, stored, "")
+            self._enqueue(self._run_of(stream), stored, "")
         self.flush()
 
     async def marker_ticker(self) -> None:

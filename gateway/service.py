@@ -209,6 +209,9 @@ class Gateway:
         assert self.delivery is not None
         assert self.publish is not None
         subject = msg.subject
+        if subject[:1] != "$":  # none of the prefixes below: a publish (most messages)
+            self.publish.on_publish(msg)
+            return
         if subject.startswith(self.api_prefix):
             if subject.startswith(self._kv_prefix):
                 # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API

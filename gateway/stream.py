@@ -10,7 +10,7 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,9 @@ from storage_delta.schema import DEFAULT_BLOCK_SIZE, stored_size
 from storage_delta.writer import StoredMessage
 
 __all__ = ["Stream", "StreamState", "TailCache"]
+
+#: A publish as ``accept_run`` takes it: subject, header block (or None), payload.
+Publish = tuple[str, bytes | None, bytes]
 
 MAX_MSGS = errors.STREAM_STORE_FAILED.format(err="maximum messages exceeded")
 MAX_BYTES = errors.STREAM_STORE_FAILED.format(err="maximum bytes exceeded")
@@ -195,20 +198,41 @@ class Stream:
         lim = self.limits
         if lim.sealed:
             raise errors.STREAM_SEALED
-        size = stored_size(subject, hdrs, data)
         if lim.discard_new:
-            self._check_discard_new(subject, size)
-        st = self.state
-        seq = st.last_seq + 1
-        ts = now_ns if now_ns > st.last_ts else st.last_ts + 1
-        msg = StoredMessage(self._name, self.block_size, seq, ts, subject, hdrs, data)
-        sid = self._add(seq, subject, size, ts)
-        self.tail.put(msg)
-        if lim.per_subject:
-            self._enforce_subject_limit(sid)
-        if lim.max_msgs or lim.max_bytes:
-            self._enforce_size_limits()
-        return msg
+            self._check_discard_new(subject, stored_size(subject, hdrs, data))
+        return self._append(((subject, hdrs, data),), now_ns)[0]
+
+    @property
+    def takes_runs(self) -> bool:
+        """No limit can refuse a publish (not sealed, no ``discard: new``): ``accept_run`` may
+        take several at once."""
+        return not (self.limits.sealed or self.limits.discard_new)
+
+    def accept_run(
+        self, items: Iterable[tuple[str, bytes | None, bytes]], now_ns: int
+    ) -> list[StoredMessage]:
+        """``accept`` for several publishes (subject, headers, payload) in one call, with the same
+        outcome as one call each; only while ``takes_runs``."""
+        assert self.takes_runs
+        return self._append(items, now_ns)
+
+    def _append(self, items: Iterable[Publish], now_ns: int) -> list[StoredMessage]:
+        lim = self.limits
+        per_subject, sized = lim.per_subject, lim.max_msgs or lim.max_bytes
+        st, name, block_size, put = self.state, self._name, self.block_size, self.tail.put
+        out = []
+        for subject, hdrs, data in items:
+            seq = st.last_seq + 1
+            ts = now_ns if now_ns > st.last_ts else st.last_ts + 1
+            msg = StoredMessage(name, block_size, seq, ts, subject, hdrs, data)
+            sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
+            put(msg)
+            if per_subject:
+                self._enforce_subject_limit(sid)
+            if sized:
+                self._enforce_size_limits()
+            out.append(msg)
+        return out
 
     def restore(self, seq: int, ts: int, subject: str, size: int) -> None:
         """Account for a message found in the table at start-up (limits are applied afterwards,

@@ -109,6 +109,8 @@ def _groups(batch: list[StoredMessage]) -> dict[tuple[str, int], list[StoredMess
 
 
 _STREAM = attrgetter("stream")
+#: The data file's columns (``MESSAGE_FILE_SCHEMA``): name, how to read it off a message, Arrow type.
+_COLUMNS = [(f.name, attrgetter(f.name), f.type) for f in sch.MESSAGE_FILE_SCHEMA]
 
 
 class MessageTable:
@@ -143,13 +145,7 @@ class MessageTable:
         actions = []
         for (stream, block), rows in _groups(batch).items():
             table = pa.table(
-                {
-                    "seq": pa.array([r.seq for r in rows], pa.int64()),
-                    "ts": pa.array([r.ts for r in rows], pa.int64()),
-                    "subject": pa.array([r.subject for r in rows], pa.string()),
-                    "hdrs": pa.array([r.hdrs for r in rows], pa.binary()),
-                    "data": pa.array([r.data for r in rows], pa.binary()),
-                },
+                {name: pa.array(list(map(get, rows)), typ) for name, get, typ in _COLUMNS},
                 schema=sch.MESSAGE_FILE_SCHEMA,
             )
             actions.append(
@@ -245,31 +241,26 @@ class GroupCommitWriter:
         self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
         self._task = asyncio.create_task(self._run(), name="group-commit")
 
-    def admit(self, size: int) -> None:
-        """Make room for a message of ``size`` bytes before its stream gives it a sequence, so a
-        refusal leaves nothing to undo. The caller submits it (``admitted=True``) before it next
-        yields to the event loop."""
+    def admit(self, size: int, count: int = 1) -> None:
+        """Make room for ``count`` messages of ``size`` bytes in all before their stream gives them
+        sequences, so a refusal leaves nothing to undo. The caller submits them
+        (``admitted=True``) before it next yields to the event loop."""
         if self._closed:
             raise WriterClosed("writer closed")
-        self._reserve(size, 1)
-
-    def unadmit(self, size: int) -> None:
-        """Give back the room of an admitted message that was not accepted after all."""
-        self._pending_bytes -= size
-
-    def _reserve(self, size: int, count: int) -> None:
         if self._pending_bytes + size > self._max_pending_bytes and self._pending_bytes:
             # Counted here because a core publish has no reply to carry the error.
             self.refused += count
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
         self._pending_bytes += size
 
+    def unadmit(self, size: int) -> None:
+        """Give back the room of an admitted message that was not accepted after all."""
+        self._pending_bytes -= size
+
     def submit(self, messages: list[StoredMessage], admitted: bool = False) -> asyncio.Future[None]:
         """Queue messages for the next commit; the future resolves once they are durable."""
         if not admitted:
-            if self._closed:
-                raise WriterClosed("writer closed")
-            self._reserve(sum(m.nbytes for m in messages), len(messages))
+            self.admit(sum(m.nbytes for m in messages), len(messages))
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.extend(messages)
         self._waiters.append(fut)
