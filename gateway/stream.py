@@ -10,7 +10,8 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,17 +209,17 @@ class Stream:
         take several at once."""
         return not (self.limits.sealed or self.limits.discard_new)
 
-    def accept_run(
-        self, items: Iterable[tuple[str, bytes | None, bytes]], now_ns: int
-    ) -> list[StoredMessage]:
+    def accept_run(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
         """``accept`` for several publishes (subject, headers, payload) in one call, with the same
         outcome as one call each; only while ``takes_runs``."""
         assert self.takes_runs
         return self._append(items, now_ns)
 
-    def _append(self, items: Iterable[Publish], now_ns: int) -> list[StoredMessage]:
+    def _append(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
         lim = self.limits
         per_subject, sized = lim.per_subject, lim.max_msgs or lim.max_bytes
+        if not (per_subject or sized):
+            return self._append_unlimited(items, now_ns)
         st, name, block_size, put = self.state, self._name, self.block_size, self.tail.put
         out = []
         for subject, hdrs, data in items:
@@ -232,6 +233,41 @@ class Stream:
             if sized:
                 self._enforce_size_limits()
             out.append(msg)
+        return out
+
+    def _append_unlimited(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
+        """``_add`` for a whole run at once, where no limit removes anything in between: the
+        per-sequence index, the counts and the tail cache take the run in one step each."""
+        st, name, block_size = self.state, self._name, self.block_size
+        ids, counts, by_subject = self._subject_ids, self._subject_counts, self._by_subject
+        first = seq = st.last_seq + 1
+        ts = st.last_ts
+        out: list[StoredMessage] = []
+        sids, sizes, times = array("I"), array("I"), array("q")
+        for subject, hdrs, data in items:
+            ts = now_ns if now_ns > ts else ts + 1
+            sid = ids.get(subject)
+            if sid is None:
+                sid = self._subject_id(subject)
+            out.append(StoredMessage(name, block_size, seq, ts, subject, hdrs, data))
+            sids.append(sid)
+            sizes.append(stored_size(subject, hdrs, data))
+            times.append(ts)
+            counts[sid] = counts.get(sid, 0) + 1
+            seqs = by_subject.get(sid)
+            if seqs is None:
+                seqs = by_subject[sid] = SubjectSeqs()
+            seqs.add(seq)
+            seq += 1
+        if not out:
+            return out
+        self._index.extend(first, sids, sizes, times)
+        if st.messages == 0:
+            st.first_seq, st.first_ts = first, out[0].ts
+        st.messages += len(out)
+        st.bytes += sum(sizes)
+        st.last_seq, st.last_ts = seq - 1, ts
+        self.tail.put_many(out)
         return out
 
     def restore(self, seq: int, ts: int, subject: str, size: int) -> None:

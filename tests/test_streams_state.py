@@ -236,3 +236,22 @@ def test_streams_that_may_refuse_take_no_runs() -> None:
     assert not make(discard="new", max_msgs=1).takes_runs
     assert not make(sealed=True).takes_runs
     assert make(max_msgs=1).takes_runs
+
+
+def test_runs_without_limits_match_runs_with_limits_that_never_bite() -> None:
+    """Without limits a run is indexed in bulk (``_append_unlimited``); with a limit that never
+    bites it goes message by message: the same messages, counts, index and tail cache."""
+    items = [(f"s.{'abcd'[i % 4]}", None if i % 3 else b"NATS/1.0\r\n\r\n", b"p" * i) for i in range(50)]
+    bulk, single = make(), make(max_msgs=10**9)
+    for stream in (bulk, single):
+        for _ in range(3):
+            stream.accept("s.z", None, b"", 7)
+        stream.remove(2)  # a hole before the run
+    assert bulk.accept_run(items, 5) == single.accept_run(items, 5)
+    assert bulk.state == single.state
+    assert bulk.deleted() == single.deleted() == [2]
+    assert bulk.subject_counts("s.*") == single.subject_counts("s.*")
+    for subj in ("s.a", "s.d", "s.z"):
+        assert bulk.last_seq_for(subj) == single.last_seq_for(subj)
+    assert bulk.first_seq_at_or_after(0, ["s.b"]) == single.first_seq_at_or_after(0, ["s.b"])
+    assert [bulk.tail.get(s) for s in range(1, 55)] == [single.tail.get(s) for s in range(1, 55)]
