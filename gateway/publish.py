@@ -114,6 +114,13 @@ class PublishPath:
         elif isinstance(verdict, errors.ApiError):
             self._reply_error(reply, stream, verdict)
 
+    def accept_queued(self) -> None:
+        """Accept every queued publish now: before a message that is not a publish (an ack may
+        remove a message), so streams change in the order the link delivered."""
+        for run in self._runs.values():
+            if run.queued:
+                self._accept_queued(run)
+
     def _accept_queued(self, run: _Run) -> None:
         """Accept a run's queued publishes without headers in one ``accept_run``; each is checked
         (``size_limit``: nothing else can refuse one while the stream ``takes_runs``) and admitted

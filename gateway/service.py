@@ -212,13 +212,15 @@ class Gateway:
         if subject[:1] != "$":  # none of the prefixes below: a publish (most messages)
             self.publish.on_publish(msg)
             return
-        if subject.startswith(self.api_prefix):
-            if subject.startswith(self._kv_prefix):
-                # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
-                # domain (DESIGN); it is stored under its $KV subject.
-                msg.subject = subject[len(self.api_prefix) :]
-                self.publish.on_kv_publish(msg)
-                return
+        is_api = subject.startswith(self.api_prefix)
+        if is_api and subject.startswith(self._kv_prefix):
+            # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
+            # domain (DESIGN); it is stored under its $KV subject.
+            msg.subject = subject[len(self.api_prefix) :]
+            self.publish.on_kv_publish(msg)
+            return
+        self.publish.accept_queued()  # what this message sees or changes comes after them
+        if is_api:
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
                 self.delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
