@@ -4,6 +4,7 @@ Prints one JSON line per workload (both figures and the ratio) and appends them 
 with the date and the machine. ``--quick`` runs small sizes for a smoke test.
 
     python -m bench.run [--quick] [--only sync_publish,core_publish,...] [--no-record]
+        [--consume N] [--catch-up N]
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -88,8 +89,11 @@ def main() -> None:
         action="store_true",
         help="py-spy on the gateway during the publish and consume workloads",
     )
+    ap.add_argument("--consume", type=int, default=0, help="messages for pull_consume and push_consume")
+    ap.add_argument("--catch-up", type=int, default=0, help="messages for catch_up")
     args = ap.parse_args()
     sizes = QUICK if args.quick else FULL
+    sizes = replace(sizes, consume=args.consume or sizes.consume, catch_up=args.catch_up or sizes.catch_up)
     only = {w for w in args.only.split(",") if w}
 
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
@@ -135,6 +139,8 @@ def main() -> None:
     if not args.no_record:
         mode = "quick" if args.quick else "full sizes"
         mode += f"; only {', '.join(sorted(only))}" if only else ""
+        mode += f"; --consume {args.consume}" if args.consume else ""
+        mode += f"; --catch-up {args.catch_up}" if args.catch_up else ""
         mode += "; --profile: py-spy on the gateway" if args.profile else ""
         record(results, mode)
 

@@ -180,7 +180,9 @@ class Delivery:
                         self._send_status(Status(req.reply, *NO_MESSAGES))
                         continue
                     return
-                msg = await self._load(consumer.stream, seq)
+                msg = consumer.stream.tail.get(seq)
+                if msg is None:
+                    msg = await self.cold_read(consumer.stream, seq)
                 if msg is None:
                     was_pending = seq in consumer.pending
                     consumer.passed(seq)
@@ -189,7 +191,8 @@ class Delivery:
                     continue
                 if req is not None and consumer.waiting.peek() is not req:
                     continue  # the request expired or went away while we read
-                await self._pace(consumer, key, msg)
+                if consumer.is_push:
+                    await self._pace(consumer, key, msg)
                 if (
                     req is not None
                     and req.max_bytes
@@ -213,15 +216,14 @@ class Delivery:
                         req.next_heartbeat_ns = now_ns() + req.heartbeat_ns
                     if req.delivered >= req.batch:
                         consumer.waiting.pop()
-                await self.leaf.drain()
+                if self.leaf.backlogged():
+                    await self.leaf.drain()
         finally:
             self._serving.discard(key)
 
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
         """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
         holds the average rate down."""
-        if not consumer.is_push:
-            return
         if consumer.config.get("replay_policy") == "original":
             prev = self._replay_ts.get(key)
             if prev is not None and msg.ts > prev:
@@ -253,12 +255,6 @@ class Delivery:
                     hdrs = status_block(*FLOW_CONTROL_REQUEST)
                     self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
         return size
-
-    async def _load(self, stream: Stream, seq: int) -> StoredMessage | None:
-        cached = stream.tail.get(seq)
-        if cached is not None:
-            return cached
-        return await self.cold_read(stream, seq)
 
     def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
         hdrs = status_block(status.code, status.text, status.headers)

@@ -107,10 +107,6 @@ class Stream:
         self.on_removed: Callable[[int, str], None] | None = None
 
     @property
-    def name(self) -> str:
-        return str(self.config["name"])
-
-    @property
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
 
@@ -128,6 +124,7 @@ class Stream:
     @config.setter
     def config(self, config: dict[str, Any]) -> None:
         self._config = config
+        self.name = str(config["name"])  # read per delivered message and per ack
         self.limits = Limits.of(config)
 
     # ---- adding --------------------------------------------------------------------------------
@@ -509,11 +506,22 @@ class Stream:
             seqs = self._by_subject.get(sid)
             found = seqs.first_at_or_after(start, idx, sid) if seqs else 0
             return found if found and found < end else None
+        sids, base = idx.sid, idx.base
+        if not filters:
+            for s in range(start, end):
+                if sids[s - base]:
+                    return s
+            return None
         names = self._subject_names
+        hits: dict[int, bool] = {}  # a subject is matched once per search, not once per message
         for s in range(start, end):
-            sid = idx.sid[s - idx.base]
-            if sid and (not filters or any(subject_matches(f, names[sid]) for f in filters)):
-                return s
+            sid = sids[s - base]
+            if sid:
+                hit = hits.get(sid)
+                if hit is None:
+                    hit = hits[sid] = any(subject_matches(f, names[sid]) for f in filters)
+                if hit:
+                    return s
         return None
 
     def next_matching(self, after: int, filters: list[str]) -> int | None:

@@ -103,10 +103,42 @@ _FIELD_ORDER = [
 ]
 
 
+#: A row as the appender queues it: the fields in ``ACK_SCHEMA`` order (``lsn`` first), a plain
+#: tuple because the gateway queues one per delivery and one per ack.
+AckRow = tuple[int, str, str, str, int, int, int, int, int, int, int, int, str | None]
+
+
 def to_arrow(records: list[AckRecord]) -> pa.Table:
     return pa.table(
         {name: [getattr(r, name) for r in records] for name in sch.ACK_SCHEMA.names},
         schema=sch.ACK_SCHEMA,
+    )
+
+
+def rows_to_arrow(rows: list[AckRow]) -> pa.Table:
+    """Queued rows as one Arrow table, column by column."""
+    columns = zip(*rows, strict=True) if rows else ([] for _ in sch.ACK_SCHEMA)
+    return pa.Table.from_arrays(
+        [pa.array(col, f.type) for col, f in zip(columns, sch.ACK_SCHEMA, strict=True)],
+        schema=sch.ACK_SCHEMA,
+    )
+
+
+def _as_row(r: AckRecord) -> AckRow:
+    return (
+        r.lsn,
+        r.stream,
+        r.consumer,
+        r.kind,
+        r.seq,
+        r.cseq,
+        r.deliveries,
+        r.ts,
+        r.delivered_seq,
+        r.delivered_cseq,
+        r.floor_seq,
+        r.floor_cseq,
+        r.body,
     )
 
 
@@ -309,13 +341,14 @@ class AckLogTable:
     def last_txn_version(self) -> int:
         return self.dt.transaction_version(APP_ID) or 0
 
-    def append(self, records: list[AckRecord], version: int, retries: int = 5) -> None:
+    def append(self, records: list[AckRecord] | pa.Table, version: int, retries: int = 5) -> None:
         """Commit rows as one Delta version tagged ``(jetlake-acklog, version)``; a version that
         already landed (a retry after an error that hid a success) is not stored again."""
         self.dt.update_incremental()
         if self.last_txn_version() >= version:
             return
-        action = write_data_file(self.root, sch.ACKS, {}, to_arrow(records))
+        table = records if isinstance(records, pa.Table) else to_arrow(records)
+        action = write_data_file(self.root, sch.ACKS, {}, table)
         for attempt in range(retries + 1):
             try:
                 commit_adds(self.dt, [action], sch.ACK_SCHEMA, sch.ACK_PARTITIONS, (APP_ID, version))
@@ -408,7 +441,7 @@ class AckLogWriter:
         self._flush_interval_s = flush_interval_s
         self._max_pending = max_pending
         self._compact_every = compact_every
-        self._pending: list[AckRecord] = []
+        self._pending: list[AckRow] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent = False
         self._in_flight = False
@@ -436,7 +469,28 @@ class AckLogWriter:
         if record is not None:
             self._lsn += 1
             record.lsn = self._lsn
-            self._pending.append(record)
+            self._pending.append(_as_row(record))
+        return self._queued(sync)
+
+    def add(
+        self,
+        stream: str,
+        consumer: str,
+        kind: str,
+        seq: int,
+        cseq: int,
+        deliveries: int,
+        ts: int,
+        positions: tuple[int, int, int, int],
+        sync: bool = False,
+    ) -> asyncio.Future[None] | None:
+        """:meth:`submit` for the frequent rows (deliveries, acks) without building a record:
+        ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
+        self._lsn += 1
+        self._pending.append((self._lsn, stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
+        return self._queued(sync)
+
+    def _queued(self, sync: bool) -> asyncio.Future[None] | None:
         if not sync:
             self._wakeup.set()
             return None
@@ -493,11 +547,15 @@ class AckLogWriter:
                     await self._compaction
                 return
 
-    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRecord]) -> None:
+    def _append(self, batch: list[AckRow], version: int) -> None:
+        """On the executor: the batch's columns are built there, not on the event loop."""
+        self._table.append(rows_to_arrow(batch), version)
+
+    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRow]) -> None:
         delay = 0.05
         while True:
             try:
-                await loop.run_in_executor(self._executor, self._table.append, batch, self._version)
+                await loop.run_in_executor(self._executor, self._append, batch, self._version)
                 break
             except Exception:
                 # The rows stay ours: their waiters keep waiting, the same txn version is tried
