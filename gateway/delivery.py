@@ -375,8 +375,8 @@ class Delivery:
                 )
         elif kind.kind == "wpi":
             record, changed = al.WPI, consumer.progress(token.seq, now)
-        if kind.kind in ("ack", "next", "term"):
-            acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
+        if kind.kind in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
+            acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
             retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
         sync = bool(reply) and kind.kind != "next"
         durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
