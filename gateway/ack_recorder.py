@@ -22,9 +22,8 @@ from storage_delta import acklog as al
 class AckRecorder:
     def __init__(self, writer: al.AckLogWriter) -> None:
         self.writer = writer
-
-    def has_room(self) -> bool:
-        return self.writer.has_room()
+        #: Whether the ack log takes more rows (asked once per delivery and once per ack).
+        self.has_room = writer.has_room
 
     @staticmethod
     def _row(

@@ -148,7 +148,7 @@ class Consumer:
     ) -> None:
         self.stream = stream
         self.name = str(name or config.get("name") or config.get("durable_name"))
-        self.config = config
+        self._configure(config)
         self.created_ns = created_ns
         self.filters = filters_of(config)
         # The cursor: the next matching live sequence above ``sseq`` the last search found (0:
@@ -181,15 +181,10 @@ class Consumer:
 
     # ---- properties ---------------------------------------------------------------------------
 
-    @property
-    def config(self) -> dict[str, Any]:
-        return self._config
-
-    @config.setter
-    def config(self, config: dict[str, Any]) -> None:
+    def _configure(self, config: dict[str, Any]) -> None:
         """The settings every delivery and ack consults, read once per config rather than per
         message."""
-        self._config = config
+        self.config = config
         self.ack_policy = str(config["ack_policy"])
         self.ack_none = self.ack_policy in ("none", "flow_control")
         self.ack_all = self.ack_policy == "all"
@@ -215,7 +210,7 @@ class Consumer:
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """An accepted update (see ``consumer_config.check_update``): new limits and filters."""
-        self.config = config
+        self._configure(config)
         self.waiting.max_waiting = int(config.get("max_waiting") or 0)
         self.paused_until_ns = _pause_ns(config)
         filters = filters_of(config)

@@ -191,7 +191,8 @@ class Delivery:
                     continue
                 if req is not None and consumer.waiting.peek() is not req:
                     continue  # the request expired or went away while we read
-                if consumer.is_push:
+                cfg = consumer.config
+                if consumer.is_push and (cfg.get("replay_policy") == "original" or cfg.get("rate_limit_bps")):
                     await self._pace(consumer, key, msg)
                 if (
                     req is not None
@@ -341,10 +342,11 @@ class Delivery:
         if not self.recorder.has_room():
             return  # the ack log is full: the ack is not taken, the message is redelivered
         now = now_ns()
+        k = kind.kind
         stream, name = token.stream, token.consumer
         floor = consumer.ack_floor_sseq
         record, changed, delay = al.ACK, False, {}
-        if kind.kind in ("ack", "next"):
+        if k in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
             changed = settled is not None
             freq = consumer.config.get("sample_freq")
@@ -355,7 +357,7 @@ class Delivery:
                         stream, name, token.cseq, token.seq, now - settled.sent_ns, settled.deliveries, now
                     )
                 )
-        elif kind.kind == "term":
+        elif k == "term":
             record = al.TERM
             changed = consumer.term(token.seq, token.cseq, now) is not None
             if changed:
@@ -364,7 +366,7 @@ class Delivery:
                         stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
                     )
                 )
-        elif kind.kind == "nak":
+        elif k == "nak":
             record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
             p = consumer.pending.get(token.seq)
             if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
@@ -373,14 +375,14 @@ class Delivery:
                 self._publish_event(
                     advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
                 )
-        elif kind.kind == "wpi":
+        elif k == "wpi":
             record, changed = al.WPI, consumer.progress(token.seq, now)
-        if kind.kind in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
+        if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
             acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
             retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
-        sync = bool(reply) and kind.kind != "next"
+        sync = bool(reply) and k != "next"
         durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
-        if kind.kind == "next":
+        if k == "next":
             if reply:
                 self.pull_request(stream, name, reply, kind.next_request)
         elif durable is not None:
