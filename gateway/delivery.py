@@ -309,15 +309,15 @@ class Delivery:
             self.kick(consumer)
 
     def _heartbeat(self, consumer: Consumer, inbox: str) -> None:
+        """``100 Idle Heartbeat`` with the last sequences; while a flow-control request is
+        unanswered it also names that request's reply (``Nats-Consumer-Stalled``), as the server
+        does, so a client that missed the request can answer it."""
         group = consumer.config.get("deliver_group") if consumer.is_push else None
-        self._send_status(
-            Status(
-                inbox,
-                *IDLE_HEARTBEAT,
-                {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)},
-            ),
-            (group,) if group else (),
-        )
+        headers = {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)}
+        flow = self._flow.get(id(consumer))
+        if flow is not None and flow.outstanding is not None:
+            headers["Nats-Consumer-Stalled"] = flow.outstanding
+        self._send_status(Status(inbox, *IDLE_HEARTBEAT, headers), (group,) if group else ())
 
     def on_flow_control(self, subject: str) -> None:
         """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
