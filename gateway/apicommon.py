@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway import errors
+from gateway.gojson import stream_syntax_error
 
 T = "io.nats.jetstream.api.v1."
 NAMES_PAGE = 1024
@@ -25,11 +26,11 @@ def load_request(body: bytes, fields: Mapping[str, str] | None = None) -> dict[s
     invalid JSON too."""
     if not body.strip():
         return {}
-    try:
-        # Go keeps invalid UTF-8 inside strings as U+FFFD; outside strings it is a syntax error
-        value = json.loads(body.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError as exc:
-        raise errors.INVALID_JSON.format(err=exc.msg) from exc
+    problem = stream_syntax_error(body)
+    if problem is not None:
+        raise errors.INVALID_JSON.format(err=problem)
+    # Go keeps invalid UTF-8 inside strings as U+FFFD
+    value = json.loads(body.decode("utf-8", errors="replace"))
     if value is None:
         return {}
     if not isinstance(value, dict):

@@ -110,6 +110,9 @@ class Delivery:
             self._send_status(Status(reply, *PUSH_BASED))
             return
         req = parse_pull_request(reply, body, now)
+        if isinstance(req, Status):
+            self._send_status(req)
+            return
         refused = limit_status(req, consumer.config, now)
         if refused is not None:
             self._send_status(refused)

@@ -1,17 +1,19 @@
 """Pull request parsing and the status messages of the pull protocol, as pure functions.
 
-What the real server does with odd bodies was asked of it: a body that is not JSON or a batch
-below 1 is served as batch 1; requests above the consumer's ``max_batch``, ``max_expires`` or
-``max_bytes`` get a 409 naming the limit.
+What the real server does with odd bodies was asked of it: a body that does not start with ``{``
+and is not a number, or a batch below 1, is served as batch 1; a body that starts with ``{`` but
+does not decode into the request struct gets ``400 Bad Request - <the decoder's error>``; one with
+a negative ``expires`` has expired on arrival (408 at once); requests above the consumer's ``max_batch``,
+``max_expires`` or ``max_bytes`` get a 409 naming the limit.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gateway.consumer import PullRequest, Status
 from gateway.durations import go_duration
+from gateway.gojson import BOOL, DURATION, INT, INT64, STRING, GoJsonError, decode_struct
 from gateway.headers import no_responders
 
 NO_MESSAGES = (404, "No Messages")
@@ -30,36 +32,46 @@ def no_consumer(reply: str, stream: str, consumer: str) -> Status:
     return Status(reply, *NO_RESPONDERS, no_responders(f"CONSUMER.MSG.NEXT.{stream}.{consumer}"))
 
 
-def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest:
-    """A ``CONSUMER.MSG.NEXT`` body (empty, a bare batch number, or JSON) as a request."""
+#: The server's pull request struct (``JSApiConsumerGetNextRequest`` with its priority group).
+PULL_REQUEST_FIELDS = {
+    "expires": DURATION,
+    "batch": INT,
+    "max_bytes": INT,
+    "no_wait": BOOL,
+    "idle_heartbeat": DURATION,
+    "group": STRING,
+    "min_pending": INT64,
+    "min_ack_pending": INT64,
+    "id": STRING,
+    "priority": INT,
+}
+
+
+def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | Status:
+    """A ``CONSUMER.MSG.NEXT`` body (empty, a bare batch number, or JSON) as a request, or the
+    ``400`` that refuses it."""
     text = body.strip()
     req: dict[str, Any] = {}
-    if text.isdigit():
-        req = {"batch": int(text)}
-    elif text:
+    if text.startswith(b"{"):
         try:
-            loaded = json.loads(text)
-            req = loaded if isinstance(loaded, dict) else {}
-        except ValueError:
-            req = {}
-    expires = _int(req.get("expires"))
-    heartbeat = _int(req.get("idle_heartbeat"))
+            req = decode_struct(text, PULL_REQUEST_FIELDS)
+        except GoJsonError as exc:
+            return Status(reply, 400, f"Bad Request - {exc}")
+    elif text.isdigit():
+        req = {"batch": int(text)}
+    expires = req.get("expires", 0)
+    if expires < 0:  # expired on arrival: the server's own 408, which counts nothing pending
+        return Status(reply, *REQUEST_TIMEOUT, {"Nats-Pending-Messages": "0", "Nats-Pending-Bytes": "0"})
+    heartbeat = req.get("idle_heartbeat", 0)
     return PullRequest(
         reply=reply,
-        batch=max(_int(req.get("batch")), 1),
-        max_bytes=max(_int(req.get("max_bytes")), 0),
-        expires_at_ns=now_ns + expires if expires > 0 else 0,
-        no_wait=bool(req.get("no_wait")),
+        batch=max(req.get("batch", 0), 1),
+        max_bytes=max(req.get("max_bytes", 0), 0),
+        expires_at_ns=now_ns + expires if expires else 0,
+        no_wait=req.get("no_wait", False),
         heartbeat_ns=heartbeat,
         next_heartbeat_ns=now_ns + heartbeat if heartbeat else 0,
     )
-
-
-def _int(value: object) -> int:
-    try:
-        return int(value)  # type: ignore[call-overload, no-any-return]
-    except (TypeError, ValueError):
-        return 0
 
 
 def limit_status(req: PullRequest, cfg: dict[str, Any], now_ns: int) -> Status | None:

@@ -152,17 +152,13 @@ class StreamApi:
         }
 
     async def stream_update(self, name: str, body: bytes) -> dict[str, Any]:
-        raw = load_request(body)
-        if not raw:
-            raise errors.STREAM_INVALID_CONFIG.format(
-                err="stream name is required and can not contain '.', '*', '>', '\\', '/'"
-            )
-        if raw.get("name", name) != name:
+        # As the server: the whole config is checked (a name is required) before it is compared
+        # with the subject's and before the stream is looked up.
+        req = stream_config.normalize(stream_config.decode(load_request(body)), self.reg.server_version)
+        if req["name"] != name:
             raise errors.STREAM_MISMATCH
-        req = stream_config.decode(raw)
         stream = self._stream(name)
-        req["name"] = name
-        cfg = apply_update(stream.config, stream_config.normalize(req, self.reg.server_version))
+        cfg = apply_update(stream.config, req)
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once

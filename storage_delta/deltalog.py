@@ -1,20 +1,22 @@
-"""A blind-append commit path for Delta tables on a local filesystem: one JSON file per version,
-published with put-if-absent, no table state loaded.
+"""A commit path for Delta tables on a local filesystem that reads no table state: one JSON file per
+version, published with put-if-absent, checked against the commits that landed meanwhile.
 
 Why not ``DeltaTable.create_write_transaction`` on the hot path: a delta-rs handle does not advance
 past its own commit, so the next commit through it conflicts with the previous one (both carry a
 ``txn`` for the same app id) and must reload and retry; reload and commit each cost ~10 ms on this
 kind of machine and grow with the table's state. And delta-rs never marks an append as blind, so an
 append conflicts with any ``remove`` a retention or sealing job committed meanwhile, even in another
-partition (delta-rs #3890). An append of new files that reads nothing cannot conflict with a
-removal of other files; this path knows that, and needs no state beyond the next version number.
+partition (delta-rs #3890), and a job's swap of files conflicts with every append the gateway made
+meanwhile: under steady ingest the swap never wins. What really conflicts is narrower, and this path
+checks just that: an append of new files reads nothing, so nothing conflicts with it; a swap read
+the files it removes, so it conflicts only with a commit that removed one of them too.
 
 The protocol facts relied on (Delta protocol, "Delta Log Entries"): version ``n`` is the file
 ``_delta_log/<n:020>.json``, one action per line; a writer claims a version by creating that file
 only if it does not exist (local filesystems: ``link(2)``, which fails on an existing name, the
 mechanism delta-rs uses too); a table with ``minWriterVersion`` 2 and no writer features needs
-nothing beyond ``add``/``txn``/``commitInfo`` from an appender. Object stores keep delta-rs's commit
-(their put-if-absent is delta-rs's business), see :mod:`storage_delta.tables`.
+nothing beyond ``add``/``remove``/``txn``/``commitInfo`` from such a writer. Object stores keep
+delta-rs's commit (their put-if-absent is delta-rs's business), see :mod:`storage_delta.tables`.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 #: Writer protocol this appender understands; a table that asks for more is left to delta-rs.
 SUPPORTED_WRITER_VERSION = 2
@@ -34,6 +36,10 @@ SUPPORTED_WRITER_VERSION = 2
 
 class UnsupportedTable(Exception):
     """A concurrent commit changed the table's protocol or metadata: blind appends are not safe."""
+
+
+class ConcurrentRemoval(Exception):
+    """A commit that landed meanwhile removed a file this swap removes: the swap's plan is stale."""
 
 
 def commit_path(log_dir: str, version: int) -> str:
@@ -53,8 +59,33 @@ def add_line(add: AddAction) -> dict[str, Any]:
     }
 
 
+def remove_line(remove: RemoveAction) -> dict[str, Any]:
+    return {
+        "remove": {
+            "path": remove.path,
+            "deletionTimestamp": remove.deletion_timestamp,
+            "dataChange": remove.data_change,
+            "extendedFileMetadata": True,
+            "partitionValues": dict(remove.partition_values or {}),
+            "size": remove.size,
+        }
+    }
+
+
+def commit_info(operation: str, blind: bool, now: int) -> dict[str, Any]:
+    return {
+        "commitInfo": {
+            "timestamp": now,
+            "operation": operation,
+            "clientVersion": "jetlake",
+            "isBlindAppend": blind,
+        }
+    }
+
+
 class LocalLogAppender:
-    """Claims the next version of a local Delta table's log for a commit of ``add`` actions.
+    """Claims the next version of a local Delta table's log for a commit of ``add`` actions, or of a
+    swap of files (``remove`` and ``add`` actions).
 
     Not thread-safe: one appender per table per process, used from one thread at a time.
     """
@@ -77,18 +108,36 @@ class LocalLogAppender:
         """
         now = int(time.time() * 1000)
         lines = [
-            {
-                "commitInfo": {
-                    "timestamp": now,
-                    "operation": "WRITE",
-                    "operationParameters": {"mode": "Append"},
-                    "clientVersion": "jetlake",
-                    "isBlindAppend": True,
-                }
-            },
+            commit_info("WRITE", True, now),
             {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": now}},
             *(add_line(a) for a in adds),
         ]
+        return self._claim(lines, lambda version: self._landed_or_check(version, txn))
+
+    def swap(self, removes: Sequence[RemoveAction], adds: Iterable[AddAction], operation: str) -> int:
+        """Commit the removal of ``removes`` and the addition of ``adds`` as one version; returns it.
+
+        The caller read ``removes`` as live at version ``next_version - 1``. Commits that landed
+        since are checked, not reloaded: one that removed any of the same files raises
+        :class:`ConcurrentRemoval` (another job got there first), a protocol or metadata change
+        :class:`UnsupportedTable`; appends of other files are no conflict. No ``txn`` is needed:
+        ``link(2)`` either claims the version or fails, so a swap never lands unawares.
+        """
+        gone = {r.path for r in removes}
+        lines = [
+            commit_info(
+                "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE",
+                False,
+                int(time.time() * 1000),
+            ),
+            *(remove_line(r) for r in removes),
+            *(add_line(a) for a in adds),
+        ]
+        return self._claim(lines, lambda version: self._check_removals(version, gone))
+
+    def _claim(self, lines: list[dict[str, Any]], landed: Callable[[int], bool]) -> int:
+        """Link the commit at the first free version; ``landed(v)`` judges a version taken by
+        another writer (True: our commit is already there)."""
         body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
         tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
         with open(tmp, "wb") as fh:
@@ -100,7 +149,7 @@ class LocalLogAppender:
                     os.link(tmp, commit_path(self.log_dir, version))
                 except FileExistsError:
                     self.next_version += 1
-                    if self._landed_or_check(version, txn):
+                    if landed(version):
                         return version
                     continue
                 self.next_version = version + 1
@@ -108,15 +157,26 @@ class LocalLogAppender:
         finally:
             os.unlink(tmp)
 
-    def _landed_or_check(self, version: int, txn: tuple[str, int]) -> bool:
-        """Read another writer's commit: True when it holds our ``txn`` (already committed)."""
+    def _actions(self, version: int) -> Iterator[dict[str, Any]]:
+        """Another writer's commit, action by action; a protocol or metadata change stops us."""
         with open(commit_path(self.log_dir, version), "rb") as fh:
             for raw in fh:
                 action = json.loads(raw)
-                if "txn" in action:
-                    t = action["txn"]
-                    if t.get("appId") == txn[0] and int(t.get("version", -1)) >= txn[1]:
-                        return True
-                elif "protocol" in action or "metaData" in action:
+                if "protocol" in action or "metaData" in action:
                     raise UnsupportedTable(f"version {version} changed the table's protocol or schema")
+                yield action
+
+    def _landed_or_check(self, version: int, txn: tuple[str, int]) -> bool:
+        """True when another writer's commit holds our ``txn`` (so ours is already committed)."""
+        for action in self._actions(version):
+            t = action.get("txn")
+            if t is not None and t.get("appId") == txn[0] and int(t.get("version", -1)) >= txn[1]:
+                return True
+        return False
+
+    def _check_removals(self, version: int, gone: set[str]) -> bool:
+        for action in self._actions(version):
+            r = action.get("remove")
+            if r is not None and r.get("path") in gone:
+                raise ConcurrentRemoval(f"version {version} removed {r.get('path')} first")
         return False

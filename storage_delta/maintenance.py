@@ -2,9 +2,11 @@
 in one commit, checkpoint, vacuum.
 
 The jobs run beside a gateway that appends all the time. delta-rs counts a plain append as reading
-the whole table (#3890), so whichever of a job's swap and an append commits second fails its
-conflict check: the gateway's writer retries its append; :func:`swap_files` retries the swap after
-checking that the files it removes are still live. Every swap carries an app transaction
+the whole table (#3890), so whichever of a job's swap and an append commits second fails delta-rs's
+conflict check, and under steady ingest a swap through delta-rs loses every race. On a local store
+root :func:`swap_files` therefore commits through :class:`~storage_delta.deltalog.LocalLogAppender`,
+which conflicts a swap only with a commit that removed one of the same files. On an object store
+the swap goes through delta-rs and retries lost races; there it carries an app transaction
 (``jetlake-jobs``, n) so that a commit reported as failed but landed (#2509) is recognised.
 
 Vacuum keeps removed files for a margin, so that a reader that planned on an older version still
@@ -29,9 +31,11 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta import schema as sch
+from storage_delta.deltalog import ConcurrentRemoval, LocalLogAppender, UnsupportedTable
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
+    blind_appends_allowed,
     commit_adds,
     open_existing,
     retry_listing,
@@ -149,29 +153,44 @@ def swap_files(
     data_change: bool,
     retries: int = 200,
 ) -> bool:
-    """Remove ``removes`` and add ``adds`` in one commit, retrying lost races with appends.
+    """Remove ``removes`` and add ``adds`` in one commit.
 
     Returns ``False``, committing nothing, when a file to remove is no longer live (another job got
     there first): the caller then deletes its new files, which no version references.
     """
     now = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = [
-        *adds,
-        *(
-            RemoveAction(
-                path=f.log_path,
-                data_change=data_change,
-                deletion_timestamp=now,
-                size=f.size,
-                partition_values={"stream": f.stream, "block": str(f.block)},
-            )
-            for f in removes
-        ),
+    remove_actions = [
+        RemoveAction(
+            path=f.log_path,
+            data_change=data_change,
+            deletion_timestamp=now,
+            size=f.size,
+            partition_values={"stream": f.stream, "block": str(f.block)},
+        )
+        for f in removes
     ]
-    wanted = {f.log_path for f in removes}
     dt = open_existing(root, sch.MESSAGES)
-    if dt is None:
+    if dt is None or not {f.log_path for f in removes} <= {f.log_path for f in _live(dt)}:
         return False
+    local = root.local_path()
+    if local is not None and blind_appends_allowed(dt):
+        try:
+            LocalLogAppender(f"{local}/{sch.MESSAGES}", dt.version() + 1).swap(
+                remove_actions, adds, "DELETE" if data_change else "OPTIMIZE"
+            )
+            return True
+        except ConcurrentRemoval as exc:
+            log.info("swap abandoned: %s", exc)
+            return False
+        except UnsupportedTable:
+            retry_listing(dt.update_incremental)  # delta-rs's commit judges the new protocol
+    return _swap_delta_rs(dt, [*adds, *remove_actions], {f.log_path for f in removes}, retries)
+
+
+def _swap_delta_rs(
+    dt: DeltaTable, actions: list[AddAction | RemoveAction], wanted: set[str], retries: int
+) -> bool:
+    """The swap through delta-rs's commit (object stores), retrying races lost to appends."""
     version = (dt.transaction_version(APP_ID) or 0) + 1
     for attempt in range(retries + 1):
         if not wanted <= {f.log_path for f in _live(dt)}:
@@ -181,14 +200,13 @@ def swap_files(
             return True
         except CommitConflict:
             # Catch up on the commits that won (an incremental read, not a reload), so the next
-            # try's window between its snapshot and its commit is as short as it can be: under
-            # steady ingest only a short window fits between two of the gateway's appends.
+            # try's window between its snapshot and its commit is as short as it can be.
             retry_listing(dt.update_incremental)
             if (dt.transaction_version(APP_ID) or 0) >= version:
                 return True  # it landed although the call reported an error
-            log.info("swap of %d files lost a race (attempt %d), retrying", len(removes), attempt + 1)
+            log.info("swap of %d files lost a race (attempt %d), retrying", len(wanted), attempt + 1)
             time.sleep(random.uniform(0, min(0.005 * 2**attempt, 0.1)))
-    raise CommitConflict(f"swap of {len(removes)} files still conflicting after {retries} retries")
+    raise CommitConflict(f"swap of {len(wanted)} files still conflicting after {retries} retries")
 
 
 def delete_unreferenced(root: StoreRoot, adds: Sequence[AddAction]) -> None:

@@ -7,25 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Jetlake, ReferenceJetStream
+from tests.harness import Jetlake, ReferenceJetStream, serving
 from tests.monitor_fixtures import monitored, monitored_reference  # noqa: F401  (module fixtures)
 from tests.spark_fixtures import spark  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceJetStream]:
-    server = ReferenceJetStream(Path(tmp_path_factory.mktemp("reference")))
-    server.start()
-    yield server
-    server.stop()
+    yield from serving(ReferenceJetStream(Path(tmp_path_factory.mktemp("reference"))))
 
 
 @pytest.fixture(scope="session")
 def jetlake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jetlake]:
-    target = Jetlake(Path(tmp_path_factory.mktemp("jetlake")))
-    target.start()
-    yield target
-    target.stop()
+    yield from serving(Jetlake(Path(tmp_path_factory.mktemp("jetlake"))))
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 
@@ -205,6 +206,19 @@ class Jetlake:
     def stop(self) -> None:
         stop(self.gateway)
         stop(self.server)
+
+
+Server = TypeVar("Server", ReferenceJetStream, Jetlake)
+
+
+def serving(target: Server) -> Iterator[Server]:
+    """A started server for a fixture's lifetime (``yield from serving(...)``), stopped after it,
+    also when the fixture's user failed."""
+    target.start()
+    try:
+        yield target
+    finally:
+        target.stop()
 
 
 def duckdb_connection() -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from tests.harness import Jetlake, ReferenceJetStream, free_port, wait_port
+from tests.harness import Jetlake, ReferenceJetStream, free_port, serving, wait_port
 
 TOKEN = "monitor-test-token"
 
@@ -31,21 +31,15 @@ class MonitoredJetlake(Jetlake):
 
 @pytest.fixture(scope="module")
 def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MonitoredJetlake]:
-    target = MonitoredJetlake(Path(tmp_path_factory.mktemp("monitored")))
-    target.start()
-    yield target
-    target.stop()
+    yield from serving(MonitoredJetlake(Path(tmp_path_factory.mktemp("monitored"))))
 
 
 @pytest.fixture(scope="module")
 def monitored_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceJetStream]:
     """The real JetStream with its HTTP monitor on (its /jsz is the shape jetlake's copies)."""
-    server = ReferenceJetStream(
-        Path(tmp_path_factory.mktemp("monitored-reference")), monitor_port=free_port()
+    yield from serving(
+        ReferenceJetStream(Path(tmp_path_factory.mktemp("monitored-reference")), monitor_port=free_port())
     )
-    server.start()
-    yield server
-    server.stop()
 
 
 def monitor_url(target: ReferenceJetStream | MonitoredJetlake) -> str:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from deltalake.transaction import RemoveAction
 
 from storage_delta import schema as sch
-from storage_delta.deltalog import LocalLogAppender, commit_path
+from storage_delta.deltalog import ConcurrentRemoval, LocalLogAppender, commit_path
+from storage_delta.maintenance import live_files, swap_files
 from storage_delta.seal import seal_stream
 from storage_delta.tables import StoreRoot, write_data_file
 from storage_delta.vacuum import vacuum
@@ -76,6 +78,51 @@ def test_append_after_a_removal_in_another_partition(root: StoreRoot) -> None:
     assert seqs_in_table(root) == {"A": [1, 2, 3, 4], "B": [1, 2, 3]}
     assert len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")]) == version_before + 1
     assert MessageTable(root).last_txn_version() == 4
+
+
+def test_swap_wins_over_appends_it_has_not_seen(root: StoreRoot) -> None:
+    """delta-rs #3890 the other way round: through delta-rs a job's swap conflicts with every append
+    that landed after its snapshot, so under steady ingest it never commits. jetlake's swap checks
+    only what can conflict: appends of other files landed since its snapshot, and it commits after
+    them, reading no table state; the appended rows stay, the swapped ones are gone."""
+    table = MessageTable(root)
+    for seq in range(1, 4):
+        table.commit([message("S", seq)], seq)
+    snapshot = len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")])
+    stale = live_files(root, "S")
+    for seq in range(4, 9):  # the gateway keeps appending after the job's snapshot
+        table.commit([message("S", seq), message("T", seq)], seq)
+    removes = [
+        RemoveAction(f.log_path, True, 0, f.size, {"stream": f.stream, "block": str(f.block)})
+        for f in stale
+        if f.max_seq is not None and f.max_seq <= 2
+    ]
+    swapper = LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=snapshot)
+    assert swapper.swap(removes, [], "DELETE") == snapshot + 5
+    table.commit([message("S", 9)], 9)  # and the gateway's next append follows the swap
+    table.close()
+    assert seqs_in_table(root) == {"S": [3, 4, 5, 6, 7, 8, 9], "T": [4, 5, 6, 7, 8]}
+
+
+def test_swap_of_files_another_job_removed_commits_nothing(root: StoreRoot) -> None:
+    """Two jobs planned on the same files: the second swap finds the first one's removal among the
+    commits since its snapshot and gives up, so no file is removed twice and no rows come back."""
+    table = MessageTable(root)
+    for seq in range(1, 5):
+        table.commit([message("S", seq)], seq)
+    files = sorted(live_files(root, "S"), key=lambda f: f.min_seq or 0)
+    snapshot = len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")])
+    assert swap_files(root, files[:2], [], data_change=True)
+    table.commit([message("S", 5)], 5)
+    removes = [
+        RemoveAction(f.log_path, True, 0, f.size, {"stream": f.stream, "block": str(f.block)})
+        for f in files[1:3]
+    ]
+    with pytest.raises(ConcurrentRemoval):
+        LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=snapshot).swap(removes, [], "DELETE")
+    assert not swap_files(root, files[1:3], [], data_change=True)
+    table.close()
+    assert seqs_in_table(root) == {"S": [3, 4, 5]}
 
 
 def test_retry_of_a_commit_that_landed_writes_nothing(root: StoreRoot) -> None:

@@ -67,10 +67,15 @@ async def test_stream_update(
 
 
 async def test_stream_update_errors(targets: dict[str, str], unique: str) -> None:
-    """Unknown stream, empty body, bad JSON; a sealed stream cannot be unsealed."""
+    """Unknown stream, empty body, bad JSON; the config is checked (a name required, then the name
+    compared) before the stream is looked up; a sealed stream cannot be unsealed."""
 
     async def case(nc: Client, name: str) -> Any:
         out = [await api(nc, f"STREAM.UPDATE.{name}", {"name": name})]
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", {"max_bytes": None}))
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", {"name": None, "max_msgs": 5}))
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", {"name": name, "max_age": -1}))
+        out.append(await api(nc, f"STREAM.UPDATE.{name}", {"name": "OTHER"}))
         await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"]})
         out.append(await api(nc, f"STREAM.UPDATE.{name}", b""))
         out.append((await api(nc, f"STREAM.UPDATE.{name}", b"{bad"))["error"]["err_code"])
