@@ -30,12 +30,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.transaction import AddAction
 
 from storage_delta import schema as sch
 from storage_delta.catalog import CatalogTable
+from storage_delta.deltalog import LocalLogAppender, UnsupportedTable
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
+    blind_appends_allowed,
     commit_adds,
     open_or_create,
     write_data_file,
@@ -335,6 +338,16 @@ class AckLogTable:
     def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
         self.root = root
         self.dt = open_or_create(root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS)
+        local = root.local_path()
+        # Locally appends go through our own log appender, as the messages table's do (deltalog.py):
+        # about a millisecond a commit instead of a reload plus a delta-rs transaction (~11 ms of
+        # CPU together, ten commits a second: a fifth of the delivery path's CPU under load).
+        self._appender = (
+            LocalLogAppender(f"{local}/{sch.ACKS}", self.dt.version() + 1)
+            if local is not None and blind_appends_allowed(self.dt)
+            else None
+        )
+        self._landed = self.last_txn_version()
         self._checkpoint_every = checkpoint_every
         self._commits = 0
 
@@ -344,11 +357,30 @@ class AckLogTable:
     def append(self, records: list[AckRecord] | pa.Table, version: int, retries: int = 5) -> None:
         """Commit rows as one Delta version tagged ``(jetlake-acklog, version)``; a version that
         already landed (a retry after an error that hid a success) is not stored again."""
-        self.dt.update_incremental()
-        if self.last_txn_version() >= version:
+        if self._appender is None:
+            self.dt.update_incremental()
+            self._landed = max(self._landed, self.last_txn_version())
+        if self._landed >= version:
             return
         table = records if isinstance(records, pa.Table) else to_arrow(records)
         action = write_data_file(self.root, sch.ACKS, {}, table)
+        if self._appender is not None:
+            try:
+                self._appender.append([action], (APP_ID, version))
+            except UnsupportedTable:
+                # Someone changed the table beyond what a blind append may assume: delta-rs from now.
+                self._appender = None
+                self.dt.update_incremental()
+                self._commit(action, version, retries)
+        else:
+            self._commit(action, version, retries)
+        self._landed = version
+        self._commits += 1
+        if self._commits % self._checkpoint_every == 0:
+            self.hygiene()
+
+    def _commit(self, action: AddAction, version: int, retries: int) -> None:
+        """A commit through delta-rs (object stores), retried on a conflict unless it landed."""
         for attempt in range(retries + 1):
             try:
                 commit_adds(self.dt, [action], sch.ACK_SCHEMA, sch.ACK_PARTITIONS, (APP_ID, version))
@@ -359,9 +391,6 @@ class AckLogTable:
                     break
                 if attempt == retries:
                     raise
-        self._commits += 1
-        if self._commits % self._checkpoint_every == 0:
-            self.hygiene()
 
     def load(self) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
