@@ -24,9 +24,9 @@ from typing import Any
 import nats
 
 from bench.stored import write_messages
-from gateway.consumer_log import reduce
 from storage_delta import acklog as al
 from storage_delta.catalog import CatalogTable
+from storage_delta.consumer_log import reduce
 from storage_delta.tables import StoreRoot
 from tests.harness import Jetlake
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import acklog_restart, consumers, spark_read
+from bench import acklog_restart, compaction, consumers, spark_read
 from bench import workloads as wl
 from bench.targets import BENCH_DIR, start_targets
 from storage_delta.tables import StoreRoot
@@ -122,6 +122,7 @@ def main() -> None:
             "catch_up": lambda: consumers.catch_up(targets, lake, sizes.catch_up, sizes.consume_window),
             "acklog_restart": lambda: acklog_restart.measure(sizes.acks, 10_000),
             "spark_vs_drain": lambda: spark_read.spark_vs_drain(targets, lake, sizes.catch_up, 1000),
+            "compaction": lambda: compaction.compaction_throughput(targets, lake, sizes.catch_up, Path(tmp)),
         }
         results = []
         try:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gateway.consumer_config import filters_of, parse_time_ns
-from gateway.consumer_log import ConsumerState
 from gateway.stream import Stream
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
+from storage_delta.consumer_log import ConsumerState
 
 
 @dataclass(slots=True)

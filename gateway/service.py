@@ -17,7 +17,6 @@ from gateway.ack_recorder import AckRecorder
 from gateway.api import Api, split_api_subject
 from gateway.coldread import ColdReader
 from gateway.consumer import Consumer
-from gateway.consumer_log import reduce
 from gateway.delivery import Delivery
 from gateway.leaf import LeafConnection, LeafTarget
 from gateway.loader import MessageLoader
@@ -33,6 +32,7 @@ from gateway.tasks import TaskOwner
 from gateway.timefmt import now_ns
 from storage_delta.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.catalog import CatalogTable
+from storage_delta.consumer_log import reduce
 from storage_delta.reader import MessageReader
 from storage_delta.stream_state import RemovalLog, load_stream_states
 from storage_delta.tables import StoreRoot

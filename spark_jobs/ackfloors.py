@@ -2,8 +2,9 @@
 ack log, appended to the ``ackfloors`` table as one run.
 
 The driver reads the log once (folded, as the gateway's loader reads it) and the catalog; the
-executors replay each consumer's rows with the gateway's own reducer (one task per group of
-consumers), so the figures are those the consumer API would give after a restart.
+executors replay each consumer's rows with the reducer the gateway restores consumers with
+(``storage_delta.consumer_log``; one task per group of consumers), so the figures are those the
+consumer API would give after a restart.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import time
 
 from pyspark.sql import SparkSession
 
-from gateway.consumer_log import reduce
 from storage_delta import acklog
 from storage_delta.ackfloors import AckFloorRow, append_run, live_consumers, stream_last_seqs
+from storage_delta.consumer_log import reduce
 from storage_delta.stream_state import load_stream_states
 from storage_delta.tables import StoreRoot
 

@@ -23,7 +23,7 @@ from typing import Any
 log = logging.getLogger("jetlake.jobs")
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "jobs.toml"
-JOBS = ("seal", "retention", "ackfloors")
+JOBS = ("seal", "retention", "ackfloors", "removals")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class JobSettings:
     vacuum_margin_hours: int = 24
     seal_min_files: int = 2
     every: Mapping[str, float] = field(
-        default_factory=lambda: {"retention": 300, "seal": 900, "ackfloors": 60}
+        default_factory=lambda: {"retention": 300, "seal": 900, "ackfloors": 60, "removals": 600}
     )
 
     @classmethod
@@ -102,9 +102,11 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
     from spark_jobs import compaction
     from spark_jobs.ackfloors import ackfloors
     from storage_delta import maintenance
+    from storage_delta import schema as sch
     from storage_delta.jobruns import JobRun, record_run
-    from storage_delta.stream_state import load_stream_states
+    from storage_delta.stream_state import compact_removals, load_stream_states
     from storage_delta.tables import StoreRoot
+    from storage_delta.vacuum import MIN_RETENTION_HOURS, vacuum
 
     root = StoreRoot(settings.data_root)
     started_ns = time.time_ns()
@@ -114,6 +116,24 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
         run, rows = ackfloors(spark, root)
         record_run(root, JobRun(job, started_ns, time.monotonic() - started))
         log.info("ackfloors: run %d done in %.1fs: %d consumers", run, time.monotonic() - started, len(rows))
+        return
+    if job == "removals":
+        folded = compact_removals(root)
+        # The folded files go after the margin, as in ``messages``; never sooner (a reader that
+        # listed them may still be reading), so a shorter margin leaves them to a later run.
+        gone = []
+        if settings.vacuum_margin_hours >= MIN_RETENTION_HOURS:
+            gone = vacuum(root, settings.vacuum_margin_hours, dry_run=False, table=sch.REMOVALS)
+        record_run(root, JobRun(job, started_ns, time.monotonic() - started))
+        log.info(
+            "removals: done in %.1fs: files %d -> %d, rows %d -> %d, %d files vacuumed",
+            time.monotonic() - started,
+            folded.files_before,
+            folded.files_after,
+            folded.rows_before,
+            folded.rows_after,
+            len(gone),
+        )
         return
     if job == "seal":
         out = compaction.seal(spark, root, settings.seal_min_files)

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -293,22 +294,24 @@ def to_output(stream: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
     n = table.num_rows
     ts_ns = table["ts"].combine_chunks()
     headers_type = schema.field("headers").type
-    offsets: list[int] = [0]
+    hdrs = table["hdrs"].combine_chunks()
+    # Most messages carry no headers: only the rows that do are parsed in Python.
+    counts = np.zeros(n + 1, np.int32)
     keys: list[str] = []
     values: list[str] = []
-    for block in table["hdrs"].to_pylist():
-        parsed = parse_headers(block)
+    for i in pc.indices_nonzero(pc.is_valid(hdrs)).to_numpy():
+        parsed = parse_headers(hdrs[i].as_py())
         keys.extend(parsed)
         values.extend(parsed.values())
-        offsets.append(len(keys))
+        counts[i + 1] = len(parsed)
     headers = pa.MapArray.from_arrays(
-        pa.array(offsets, pa.int32()),
+        pa.array(np.cumsum(counts, dtype=np.int32), pa.int32()),
         pa.array(keys, pa.string()),
         pa.array(values, pa.string()),
         type=headers_type,
     )
     arrays = [
-        pa.array([stream] * n, pa.string()),
+        pa.repeat(pa.scalar(stream, pa.string()), n),
         table["seq"].combine_chunks(),
         pc.divide(ts_ns, pa.scalar(1000, pa.int64())).cast(schema.field("ts").type),
         ts_ns,

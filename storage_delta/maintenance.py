@@ -153,7 +153,7 @@ def swap_files(
     data_change: bool,
     retries: int = 200,
 ) -> bool:
-    """Remove ``removes`` and add ``adds`` in one commit.
+    """Remove ``removes`` and add ``adds`` in one commit of the ``messages`` table.
 
     Returns ``False``, committing nothing, when a file to remove is no longer live (another job got
     there first): the caller then deletes its new files, which no version references.
@@ -169,14 +169,32 @@ def swap_files(
         )
         for f in removes
     ]
-    dt = open_existing(root, sch.MESSAGES)
-    if dt is None or not {f.log_path for f in removes} <= {f.log_path for f in _live(dt)}:
+    return swap_actions(
+        root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, remove_actions, adds, retries
+    )
+
+
+def swap_actions(
+    root: StoreRoot,
+    table: str,
+    schema: pa.Schema,
+    partitions: list[str],
+    removes: Sequence[RemoveAction],
+    adds: Sequence[AddAction],
+    retries: int = 200,
+) -> bool:
+    """Commit ``removes`` and ``adds`` as one version of ``table`` (any of jetlake's tables: the
+    ``removals`` compaction swaps its files this way too); ``False``, committing nothing, when a
+    file to remove is no longer live."""
+    wanted = {r.path for r in removes}
+    dt = open_existing(root, table)
+    if dt is None or not wanted <= _live_paths(dt):
         return False
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
-            LocalLogAppender(f"{local}/{sch.MESSAGES}", dt.version() + 1).swap(
-                remove_actions, adds, "DELETE" if data_change else "OPTIMIZE"
+            LocalLogAppender(f"{local}/{table}", dt.version() + 1).swap(
+                removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE"
             )
             return True
         except ConcurrentRemoval as exc:
@@ -184,19 +202,28 @@ def swap_files(
             return False
         except UnsupportedTable:
             retry_listing(dt.update_incremental)  # delta-rs's commit judges the new protocol
-    return _swap_delta_rs(dt, [*adds, *remove_actions], {f.log_path for f in removes}, retries)
+    return _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
+
+
+def _live_paths(dt: DeltaTable) -> set[str]:
+    return set(pa.table(dt.get_add_actions(flatten=True))["path"].to_pylist())
 
 
 def _swap_delta_rs(
-    dt: DeltaTable, actions: list[AddAction | RemoveAction], wanted: set[str], retries: int
+    dt: DeltaTable,
+    schema: pa.Schema,
+    partitions: list[str],
+    actions: list[AddAction | RemoveAction],
+    wanted: set[str],
+    retries: int,
 ) -> bool:
     """The swap through delta-rs's commit (object stores), retrying races lost to appends."""
     version = (dt.transaction_version(APP_ID) or 0) + 1
     for attempt in range(retries + 1):
-        if not wanted <= {f.log_path for f in _live(dt)}:
+        if not wanted <= _live_paths(dt):
             return False
         try:
-            commit_adds(dt, actions, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, (APP_ID, version))
+            commit_adds(dt, actions, schema, partitions, (APP_ID, version))
             return True
         except CommitConflict:
             # Catch up on the commits that won (an incremental read, not a reload), so the next
@@ -209,11 +236,11 @@ def _swap_delta_rs(
     raise CommitConflict(f"swap of {len(wanted)} files still conflicting after {retries} retries")
 
 
-def delete_unreferenced(root: StoreRoot, adds: Sequence[AddAction]) -> None:
+def delete_unreferenced(root: StoreRoot, adds: Sequence[AddAction], table: str = sch.MESSAGES) -> None:
     """Delete files a job wrote but did not commit (its swap was abandoned)."""
     fs, base = root.filesystem()
     for a in adds:
-        fs.delete_file(f"{base}/{sch.MESSAGES}/{unquote(a.path)}")
+        fs.delete_file(f"{base}/{table}/{unquote(a.path)}")
 
 
 def checkpoint(root: StoreRoot) -> None:

@@ -6,6 +6,10 @@ gateway, the Spark data source and the retention job all see the same stream. Ph
 ``messages`` comes later (Spark). Rows are append-only; a stream incarnation is identified by its
 ``created`` time (a stream deleted and created again under the same name starts over), and rows of
 ``messages`` stored before that time belong to an earlier incarnation. docs/storage.md has the schema.
+
+The gateway appends a file every few seconds, so the table is compacted by a job
+(:func:`compact_removals`): every live stream's ranges merged into one file, which changes no
+:func:`load_stream_states` answer.
 """
 
 from __future__ import annotations
@@ -13,17 +17,21 @@ from __future__ import annotations
 import json
 import time
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from deltalake.transaction import RemoveAction
 
 from storage_delta import schema as sch
+from storage_delta.maintenance import delete_unreferenced, swap_actions
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
     commit_adds,
     open_existing,
     open_or_create,
+    retry_listing,
     write_data_file,
 )
 
@@ -151,3 +159,71 @@ def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
     for stream, found in ranges.items():
         states[stream].removed = merge_ranges(found)
     return states
+
+
+def fold_removals(table: pa.Table, live: Mapping[str, int]) -> pa.Table:
+    """The rows of ``table`` (the removals schema) that :func:`load_stream_states` would use, each
+    live stream's ranges merged; a merged row keeps the newest ``ts`` of the rows it stands for.
+    Rows of deleted streams and earlier incarnations are left out: no reader counts them, and an
+    incarnation that is gone never comes back (a new one has a new ``created``)."""
+    rows: dict[str, tuple[list[tuple[int, int]], int]] = {}
+    for stream, created, first, last, ts in zip(
+        *(table.column(c).to_pylist() for c in ("stream", "created", "first", "last", "ts")), strict=True
+    ):
+        if live.get(stream) == created:
+            ranges, newest = rows.get(stream, ([], 0))
+            ranges.append((first, last))
+            rows[stream] = (ranges, max(newest, ts))
+    out = [
+        (stream, live[stream], first, last, newest)
+        for stream, (ranges, newest) in sorted(rows.items())
+        for first, last in merge_ranges(ranges)
+    ]
+    columns = [list(c) for c in zip(*out, strict=True)] if out else [[] for _ in sch.REMOVALS_SCHEMA]
+    return pa.table(columns, schema=sch.REMOVALS_SCHEMA)
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalCompaction:
+    """What :func:`compact_removals` did: the table's files and rows before and after (equal when
+    it found nothing to do or gave way to another compaction)."""
+
+    files_before: int
+    files_after: int
+    rows_before: int
+    rows_after: int
+
+
+def compact_removals(root: StoreRoot) -> RemovalCompaction:
+    """Replace the files of the ``removals`` table by one holding the folded rows, in one commit.
+
+    Safe beside a gateway that keeps appending: the commit removes exactly the files it read (an
+    append made meanwhile is a new file and stays), so every snapshot, before or after, gives the
+    same :func:`load_stream_states`. The commit is the jobs' swap
+    (:func:`storage_delta.maintenance.swap_actions`): it gives way, deleting its file, when another
+    compaction removed the same files first; the gateway's ``RemovalLog`` retries an append that
+    lands after it (delta-rs #3890). A checkpoint follows, so a reader replays a short log."""
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is None:
+        return RemovalCompaction(0, 0, 0, 0)
+    files = pa.table(dt.get_add_actions(flatten=True))
+    table = dt.to_pyarrow_table()
+    # The catalog is read after the snapshot, so it knows every incarnation with rows in it.
+    folded = fold_removals(table, _live_streams(root))
+    unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
+    if files.num_rows <= 1 and folded.num_rows == table.num_rows:
+        return unchanged
+    now = int(time.time() * 1000)
+    removes = [
+        RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
+        for p, n in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True)
+    ]
+    adds = [write_data_file(root, sch.REMOVALS, {}, folded)] if folded.num_rows else []
+    if not swap_actions(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [], removes, adds):
+        delete_unreferenced(root, adds, sch.REMOVALS)
+        return unchanged
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is not None:
+        retry_listing(dt.create_checkpoint)
+        retry_listing(dt.cleanup_metadata)
+    return RemovalCompaction(files.num_rows, len(adds), table.num_rows, folded.num_rows)

@@ -84,6 +84,18 @@ def retry_listing(load: Callable[[], T], attempts: int = 20) -> T:
     raise AssertionError("unreachable")
 
 
+#: Table properties of every table jetlake creates. Checkpoints keep a removed file's tombstone for
+#: ``deletedFileRetentionDuration`` (a week by default): with the jobs removing files all day, the
+#: checkpoints, and the memory of every handle that loads them (the writer's checkpoint opens one
+#: every 100 commits), would grow with a week of tombstones. Nothing of jetlake needs them that long:
+#: its vacuum with a margin of an hour or more is a full one, which finds unreferenced files without
+#: tombstones, and readers of older versions read those versions' own log.
+TABLE_PROPERTIES = {
+    "delta.checkpointInterval": "100",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
+
+
 def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
     uri = root.table_uri(name)
     opts = dict(root.storage_options) if root.storage_options else None
@@ -95,7 +107,7 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         partition_by=partition_by or None,
         mode="ignore",
         storage_options=opts,
-        configuration={"delta.checkpointInterval": "100"},
+        configuration=TABLE_PROPERTIES,
     )
     return DeltaTable(uri, storage_options=opts)
 

@@ -13,7 +13,7 @@ opened an older version to finish.
 from __future__ import annotations
 
 from storage_delta import schema as sch
-from storage_delta.tables import StoreRoot, open_existing
+from storage_delta.tables import StoreRoot, open_existing, retry_listing
 
 MIN_RETENTION_HOURS = 1
 
@@ -31,6 +31,9 @@ def vacuum(
     dt = open_existing(root, table)
     if dt is None:
         return []
-    return dt.vacuum(
-        retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False, full=True
+    # the table may be one a gateway appends to: its listing can race a commit
+    return retry_listing(
+        lambda: dt.vacuum(
+            retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False, full=True
+        )
     )

@@ -22,6 +22,15 @@ def jetlake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jetlake]:
     yield from serving(Jetlake(Path(tmp_path_factory.mktemp("jetlake"))))
 
 
+@pytest.fixture
+def own_jetlake(tmp_path: Path) -> Iterator[Jetlake]:
+    """A jetlake of the test's own, for tests that stop, restart or load it."""
+    target = Jetlake(tmp_path)
+    target.start()
+    yield target
+    target.stop()
+
+
 @pytest.fixture(scope="session")
 def targets(reference: ReferenceJetStream, jetlake: Jetlake) -> dict[str, str]:
     """Both servers by name: every differential case runs against each and compares."""

@@ -16,11 +16,11 @@ import pytest
 from gateway import consumer_config
 from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer
-from gateway.consumer_log import ConsumerState, reduce
 from gateway.stream import Stream
 from gateway.timefmt import now_ns
 from storage_delta import acklog as al
 from storage_delta.catalog import CatalogTable
+from storage_delta.consumer_log import ConsumerState, reduce
 from storage_delta.tables import StoreRoot, commit_adds, write_data_file
 from tests.harness import duckdb_connection
 

@@ -9,72 +9,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 
 from storage_delta.catalog import CatalogTable
 from storage_delta.maintenance import live_files
 from storage_delta.stream_state import Removal, RemovalLog
-from tests.harness import ROOT, free_port, stop, wait_port
+from tests.harness import ROOT
+from tests.standalone import standalone_cluster
 from tests.test_spark_jobs import COUNT, build_store, duckdb_seqs
-
-SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}
-    out = open(log, "ab")  # noqa: SIM115
-    return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out, stderr=out, env=env)
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[str, list[Path]]]:
     """A master and two one-core workers; yields the master URL and the workers' work dirs."""
-    port = free_port()
-    master = _spark_class(
-        [
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(free_port()),
-        ],
-        tmp_path / "master.log",
-    )
-    url = f"spark://127.0.0.1:{port}"
-    procs = [master]
-    work_dirs = []
-    try:
-        wait_port(port, master, timeout=120)
-        for i in range(2):
-            work = tmp_path / f"worker{i}"
-            work.mkdir()
-            work_dirs.append(work)
-            procs.append(
-                _spark_class(
-                    [
-                        "org.apache.spark.deploy.worker.Worker",
-                        url,
-                        "--host",
-                        "127.0.0.1",
-                        "--cores",
-                        "1",
-                        "--memory",
-                        "1g",
-                        "--work-dir",
-                        str(work),
-                        "--webui-port",
-                        str(free_port()),
-                    ],
-                    tmp_path / f"worker{i}.log",
-                )
-            )
-        yield url, work_dirs
-    finally:
-        for p in reversed(procs):
-            stop(p)
+    with standalone_cluster(tmp_path / "cluster", workers=2) as running:
+        yield running
 
 
 def _jobs(*args: str) -> subprocess.CompletedProcess[str]:

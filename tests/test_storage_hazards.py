@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake.transaction import RemoveAction
 
 from storage_delta import schema as sch
+from storage_delta import tables
 from storage_delta.deltalog import ConcurrentRemoval, LocalLogAppender, commit_path
 from storage_delta.maintenance import live_files, swap_files
 from storage_delta.seal import seal_stream
@@ -196,3 +199,38 @@ def test_vacuum_keeps_files_a_writer_has_not_committed(root: StoreRoot) -> None:
     LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version).append([in_flight], (APP_ID, 4))
     table.close()
     assert seqs_in_table(root) == {"S": [1, 2, 3, 4]}
+
+
+def checkpoint_actions(root: StoreRoot) -> tuple[int, int]:
+    """Adds and removes (tombstones) in the newest checkpoint of ``messages``."""
+    cps = sorted(f for f in os.listdir(log_dir(root)) if f.endswith(".checkpoint.parquet"))
+    actions = pq.read_table(f"{log_dir(root)}/{cps[-1]}", columns=["add", "remove"])
+    return (
+        actions.num_rows - actions["add"].null_count,
+        actions.num_rows - actions["remove"].null_count,
+    )
+
+
+@pytest.mark.parametrize(("retention", "tombstones"), [("interval 1 hours", 6), ("interval 1 seconds", 0)])
+def test_checkpoints_keep_tombstones_only_for_the_tables_retention(
+    root: StoreRoot, monkeypatch: pytest.MonkeyPatch, retention: str, tombstones: int
+) -> None:
+    """delta-rs keeps a removed file's tombstone in every checkpoint for the table's
+    ``deletedFileRetentionDuration`` (a week unless set): with the jobs removing files all day, the
+    checkpoints and every handle that loads them would grow with a week of tombstones. jetlake's
+    tables keep them an hour (``TABLE_PROPERTIES``; a second here, so the test need not wait an
+    hour); what the table holds is unchanged."""
+    if retention != tables.TABLE_PROPERTIES["delta.deletedFileRetentionDuration"]:
+        monkeypatch.setitem(tables.TABLE_PROPERTIES, "delta.deletedFileRetentionDuration", retention)
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 8):
+        table.commit([message("S", seq)], seq)
+    table.close()
+    assert swap_files(root, [f for f in live_files(root, "S") if (f.max_seq or 0) <= 6], [], True)
+    time.sleep(1.5)
+    dt = tables.open_existing(root, sch.MESSAGES)
+    assert dt is not None
+    assert dt.metadata().configuration["delta.deletedFileRetentionDuration"] == retention
+    dt.create_checkpoint()
+    assert checkpoint_actions(root) == (1, tombstones)
+    assert seqs_in_table(root) == {"S": [7]}

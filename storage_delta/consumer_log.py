@@ -6,6 +6,9 @@ stream sequences, the ack floor, the pending set with delivery counts, and the c
 ``pause_until``). A ``state`` row (written by compaction) stands for everything at or below its
 floor. Rows of an earlier consumer of the same name, or of a create whose catalog entry is not the
 one being restored, are not replayed.
+
+It lives here, beside the table it reduces, because both the gateway (restoring consumers at start)
+and the ack-floor Spark job replay the log, and Spark jobs do not import the gateway.
 """
 
 from __future__ import annotations
