@@ -4,6 +4,7 @@ Prints one JSON line per workload (both figures and the ratio) and appends them 
 with the date and the machine. ``--quick`` runs small sizes for a smoke test.
 
     python -m bench.run [--quick] [--scale 0.2] [--only sync_publish,core_publish,...] [--no-record]
+        [--consume N] [--catch-up N]
 """
 
 from __future__ import annotations
@@ -102,8 +103,11 @@ def main() -> None:
         default=1.0,
         help="multiply the message counts (not windows or versions), e.g. 0.2 for a moderate run",
     )
+    ap.add_argument("--consume", type=int, default=0, help="messages for pull_consume and push_consume")
+    ap.add_argument("--catch-up", type=int, default=0, help="messages for catch_up")
     args = ap.parse_args()
     sizes = scaled(QUICK if args.quick else FULL, args.scale)
+    sizes = replace(sizes, consume=args.consume or sizes.consume, catch_up=args.catch_up or sizes.catch_up)
     only = {w for w in args.only.split(",") if w}
 
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
@@ -151,6 +155,8 @@ def main() -> None:
         mode = "quick" if args.quick else "full sizes"
         mode += f" x{args.scale:g}" if args.scale != 1.0 else ""
         mode += f"; only {', '.join(sorted(only))}" if only else ""
+        mode += f"; --consume {args.consume}" if args.consume else ""
+        mode += f"; --catch-up {args.catch_up}" if args.catch_up else ""
         mode += "; --profile: py-spy on the gateway" if args.profile else ""
         record(results, mode)
 

@@ -252,11 +252,16 @@ class LeafConnection:
             return
         w.write(data)
 
+    def backlogged(self) -> bool:
+        """Whether the socket's send buffer is above its high-water mark (senders should drain)."""
+        w = self._writer
+        return w is not None and w.transport.get_write_buffer_size() > HIGH_WATER
+
     async def drain(self) -> None:
         """Wait while the socket's send buffer is above its high-water mark."""
-        w = self._writer
-        if w is not None and w.transport.get_write_buffer_size() > HIGH_WATER:
-            await w.drain()
+        if self.backlogged():
+            assert self._writer is not None
+            await self._writer.drain()
 
     async def close(self) -> None:
         self._closing = True

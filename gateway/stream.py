@@ -111,10 +111,6 @@ class Stream:
         self.on_removed: Callable[[int, str], None] | None = None
 
     @property
-    def name(self) -> str:
-        return self._name
-
-    @property
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
 
@@ -132,10 +128,10 @@ class Stream:
     @config.setter
     def config(self, config: dict[str, Any]) -> None:
         self._config = config
+        self.name = str(config["name"])  # read per delivered message and per ack
         self.limits = Limits.of(config)
         # Read for every publish, so derived once per config.
-        self._name = str(config["name"])
-        self.name_bytes = self._name.encode()
+        self.name_bytes = self.name.encode()
         self.no_ack = bool(config.get("no_ack"))
 
     # ---- adding --------------------------------------------------------------------------------
@@ -220,7 +216,7 @@ class Stream:
         per_subject, sized = lim.per_subject, lim.max_msgs or lim.max_bytes
         if not (per_subject or sized):
             return self._append_unlimited(items, now_ns)
-        st, name, block_size, put = self.state, self._name, self.block_size, self.tail.put
+        st, name, block_size, put = self.state, self.name, self.block_size, self.tail.put
         out = []
         for subject, hdrs, data in items:
             seq = st.last_seq + 1
@@ -238,7 +234,7 @@ class Stream:
     def _append_unlimited(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
         """``_add`` for a whole run at once, where no limit removes anything in between: the
         per-sequence index, the counts and the tail cache take the run in one step each."""
-        st, name, block_size = self.state, self._name, self.block_size
+        st, name, block_size = self.state, self.name, self.block_size
         ids, counts, by_subject = self._subject_ids, self._subject_counts, self._by_subject
         first = seq = st.last_seq + 1
         ts = st.last_ts
@@ -581,11 +577,22 @@ class Stream:
             seqs = self._by_subject.get(sid)
             found = seqs.first_at_or_after(start, idx, sid) if seqs else 0
             return found if found and found < end else None
+        sids, base = idx.sid, idx.base
+        if not filters:
+            for s in range(start, end):
+                if sids[s - base]:
+                    return s
+            return None
         names = self._subject_names
+        hits: dict[int, bool] = {}  # a subject is matched once per search, not once per message
         for s in range(start, end):
-            sid = idx.sid[s - idx.base]
-            if sid and (not filters or any(subject_matches(f, names[sid]) for f in filters)):
-                return s
+            sid = sids[s - base]
+            if sid:
+                hit = hits.get(sid)
+                if hit is None:
+                    hit = hits[sid] = any(subject_matches(f, names[sid]) for f in filters)
+                if hit:
+                    return s
         return None
 
     def next_matching(self, after: int, filters: list[str]) -> int | None:
