@@ -3,7 +3,8 @@
 Prints one JSON line per workload (both figures and the ratio) and appends them to bench/RESULTS.md
 with the date and the machine. ``--quick`` runs small sizes for a smoke test.
 
-    python -m bench.run [--quick] [--only sync_publish,core_publish,...] [--no-record]
+    python -m bench.run [--quick] [--scale 0.2] [--only sync_publish,core_publish,...] [--no-record]
+        [--consume N] [--catch-up N]
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ QUICK = Sizes(
 )
 
 
+def scaled(sizes: Sizes, factor: float) -> Sizes:
+    """The sizes with every message count multiplied by ``factor`` (windows and versions kept)."""
+    if factor == 1.0:
+        return sizes
+    counts = ("sync", "pipelined", "core", "bytes_msgs", "consume", "catch_up", "acks")
+    return replace(sizes, **{k: max(1, round(getattr(sizes, k) * factor)) for k in counts})
+
+
 def machine() -> str:
     mem_kb = next(
         int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line
@@ -89,15 +98,24 @@ def main() -> None:
         help="py-spy on the gateway during the publish and consume workloads",
     )
     ap.add_argument(
-        "--bytes-messages",
-        type=int,
-        default=0,
-        help="messages of the bytes_json/bytes_random128 workloads (default: the size's own)",
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply the message counts (not windows or versions), e.g. 0.2 for a moderate run",
+    )
+    ap.add_argument("--consume", type=int, default=0, help="messages for pull_consume and push_consume")
+    ap.add_argument("--catch-up", type=int, default=0, help="messages for catch_up")
+    ap.add_argument(
+        "--bytes-messages", type=int, default=0, help="messages for bytes_json and bytes_random128"
     )
     args = ap.parse_args()
-    sizes = QUICK if args.quick else FULL
-    if args.bytes_messages:
-        sizes = replace(sizes, bytes_msgs=args.bytes_messages)
+    sizes = scaled(QUICK if args.quick else FULL, args.scale)
+    sizes = replace(
+        sizes,
+        consume=args.consume or sizes.consume,
+        catch_up=args.catch_up or sizes.catch_up,
+        bytes_msgs=args.bytes_messages or sizes.bytes_msgs,
+    )
     only = {w for w in args.only.split(",") if w}
 
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
@@ -143,8 +161,11 @@ def main() -> None:
             ref.stop()
     if not args.no_record:
         mode = "quick" if args.quick else "full sizes"
+        mode += f" x{args.scale:g}" if args.scale != 1.0 else ""
         mode += f"; only {', '.join(sorted(only))}" if only else ""
-        mode += f"; {args.bytes_messages} messages in the bytes workloads" if args.bytes_messages else ""
+        mode += f"; --consume {args.consume}" if args.consume else ""
+        mode += f"; --catch-up {args.catch_up}" if args.catch_up else ""
+        mode += f"; --bytes-messages {args.bytes_messages}" if args.bytes_messages else ""
         mode += "; --profile: py-spy on the gateway" if args.profile else ""
         record(results, mode)
 

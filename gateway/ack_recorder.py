@@ -22,9 +22,8 @@ from storage_delta import acklog as al
 class AckRecorder:
     def __init__(self, writer: al.AckLogWriter) -> None:
         self.writer = writer
-
-    def has_room(self) -> bool:
-        return self.writer.has_room()
+        #: Whether the ack log takes more rows (asked once per delivery and once per ack).
+        self.has_room = writer.has_room
 
     @staticmethod
     def _row(
@@ -78,21 +77,39 @@ class AckRecorder:
     async def deleted(self, consumer: Consumer) -> None:
         await self._durable(self._row(consumer, al.DELETE))
 
+    @staticmethod
+    def _positions(consumer: Consumer) -> tuple[int, int, int, int]:
+        return consumer.sseq, consumer.dseq, consumer.ack_floor_sseq, consumer.ack_floor_cseq
+
     def delivered(self, consumer: Consumer, seq: int, cseq: int, deliveries: int) -> None:
-        self.writer.submit(self._row(consumer, al.DELIVER, seq, cseq, deliveries, consumer.last_active_ns))
+        self.writer.add(
+            consumer.stream.name,
+            consumer.name,
+            al.DELIVER,
+            seq,
+            cseq,
+            deliveries,
+            consumer.last_active_ns,
+            self._positions(consumer),
+        )
 
     def dropped(self, consumer: Consumer, seq: int) -> None:
         """``seq`` left the pending set unacknowledged (deliveries ran out, or it is gone)."""
-        self.writer.submit(self._row(consumer, al.DROP, seq))
+        self.writer.add(
+            consumer.stream.name, consumer.name, al.DROP, seq, 0, 0, now_ns(), self._positions(consumer)
+        )
 
     def acked(
         self, consumer: Consumer, kind: str, seq: int, changed: bool, sync: bool, **body: Any
     ) -> asyncio.Future[None] | None:
         """Record an ack of ``kind`` that ``changed`` the state (or not: a late duplicate). With
         ``sync`` the future resolves when it, or for a duplicate everything before it, is durable."""
+        if not changed:
+            return self.writer.submit(None, sync=True) if sync else None
         # The ack floor's last_active is the ack's time: the row keeps it exactly for a restart.
-        ts = consumer.ack_floor_active_ns if kind in (al.ACK, al.TERM) else 0
-        row = self._row(consumer, kind, seq, ts=ts, **body) if changed else None
-        if row is None and not sync:
-            return None
-        return self.writer.submit(row, sync=sync)
+        ts = (consumer.ack_floor_active_ns if kind in (al.ACK, al.TERM) else 0) or now_ns()
+        if body:
+            return self.writer.submit(self._row(consumer, kind, seq, ts=ts, **body), sync=sync)
+        return self.writer.add(
+            consumer.stream.name, consumer.name, kind, seq, 0, 0, ts, self._positions(consumer), sync
+        )

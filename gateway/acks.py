@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class AckToken:
+class AckToken(NamedTuple):
+    """The numbers of an ack reply subject (a tuple: one is parsed per ack)."""
+
     stream: str
     consumer: str
     deliveries: int
@@ -38,27 +40,39 @@ def ack_subject(
 
 def parse_ack_subject(subject: str) -> AckToken | None:
     toks = subject.split(".")
-    if len(toks) < 9 or toks[0] != "$JS" or toks[1] != "ACK":
+    n = len(toks)
+    if n < 9 or toks[0] != "$JS" or toks[1] != "ACK":
         return None
-    if len(toks) >= 11:
-        toks = toks[:2] + toks[4:11]  # drop domain and account hash, and the trailing token
+    i = 4 if n >= 11 else 2  # the newer form: skip domain and account hash (and the trailing token)
     try:
         return AckToken(
-            toks[2], toks[3], int(toks[4]), int(toks[5]), int(toks[6]), int(toks[7]), int(toks[8])
+            toks[i],
+            toks[i + 1],
+            int(toks[i + 2]),
+            int(toks[i + 3]),
+            int(toks[i + 4]),
+            int(toks[i + 5]),
+            int(toks[i + 6]),
         )
     except ValueError:
         return None
 
 
+_ACK = AckKind("ack")
+_WPI = AckKind("wpi")
+
+
 def parse_ack_body(body: bytes) -> AckKind | None:
     """The kind of an ack message; None for a body JetStream ignores."""
+    if not body or body == b"+ACK":  # what nearly every ack is: no strip, no allocation
+        return _ACK
     text = body.strip()
     if text in (b"", b"+ACK", b"+OK"):
-        return AckKind("ack")
+        return _ACK
     if text.startswith(b"-NAK"):
         return AckKind("nak", delay_ns=_nak_delay(text[4:].strip()))
     if text == b"+WPI":
-        return AckKind("wpi")
+        return _WPI
     if text.startswith(b"+TERM"):
         return AckKind("term", reason=text[5:].strip().decode(errors="replace"))
     if text.startswith(b"+NXT"):

@@ -19,7 +19,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.consumer_config import filters_of, parse_time_ns
 from gateway.stream import Stream
@@ -54,9 +54,9 @@ class PullRequest:
     next_heartbeat_ns: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """What ``deliver`` decided: the ack token's numbers for one message."""
+class Delivered(NamedTuple):
+    """What ``deliver`` decided: the ack token's numbers for one message (a tuple: one is made
+    per delivery)."""
 
     seq: int
     cseq: int
@@ -148,9 +148,14 @@ class Consumer:
     ) -> None:
         self.stream = stream
         self.name = str(name or config.get("name") or config.get("durable_name"))
-        self.config = config
+        self._configure(config)
         self.created_ns = created_ns
         self.filters = filters_of(config)
+        # The cursor: the next matching live sequence above ``sseq`` the last search found (0:
+        # none), and how far that search looked. Deliveries move past it, deletes make it dead,
+        # new messages extend the search from ``_scanned``; a filter change or reset clears it.
+        self._cursor = 0
+        self._scanned = 0
         self.dseq = 0  # last consumer sequence delivered
         # last stream sequence passed by new deliveries; a skip list is served before resuming
         self.sseq = skip[0] - 1 if skip else start_after
@@ -176,21 +181,19 @@ class Consumer:
 
     # ---- properties ---------------------------------------------------------------------------
 
-    @property
-    def ack_policy(self) -> str:
-        return str(self.config["ack_policy"])
-
-    @property
-    def ack_none(self) -> bool:
-        return self.ack_policy in ("none", "flow_control")
-
-    @property
-    def is_push(self) -> bool:
-        return bool(self.config.get("deliver_subject"))
-
-    @property
-    def max_deliver(self) -> int:
-        return int(self.config.get("max_deliver") or -1)
+    def _configure(self, config: dict[str, Any]) -> None:
+        """The settings every delivery and ack consults, read once per config rather than per
+        message."""
+        self.config = config
+        self.ack_policy = str(config["ack_policy"])
+        self.ack_none = self.ack_policy in ("none", "flow_control")
+        self.ack_all = self.ack_policy == "all"
+        self.is_push = bool(config.get("deliver_subject"))
+        self.max_deliver = int(config.get("max_deliver") or -1)
+        self._backoff: list[int] = list(config.get("backoff") or [])
+        self._ack_wait_ns = int(config.get("ack_wait") or 0)
+        limit = int(config.get("max_ack_pending") or 0)
+        self._ack_limit = limit if limit > 0 and not self.ack_none else 0
 
     def matches(self, subject: str) -> bool:
         hit = self._match_cache.get(subject)
@@ -200,20 +203,21 @@ class Consumer:
         return hit
 
     def _ack_wait(self, deliveries: int) -> int:
-        backoff = self.config.get("backoff")
+        backoff = self._backoff
         if backoff:
             return int(backoff[min(deliveries, len(backoff)) - 1])
-        return int(self.config["ack_wait"])
+        return self._ack_wait_ns
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """An accepted update (see ``consumer_config.check_update``): new limits and filters."""
-        self.config = config
+        self._configure(config)
         self.waiting.max_waiting = int(config.get("max_waiting") or 0)
         self.paused_until_ns = _pause_ns(config)
         filters = filters_of(config)
         if filters != self.filters:
             self.filters = filters
             self._match_cache.clear()
+            self._cursor = self._scanned = 0
             self._counted = self.stream.state.last_seq
             self._npc = self.stream.count_matching_after(max(self.sseq, self._resume), filters)
 
@@ -255,8 +259,7 @@ class Consumer:
         return self.paused_until_ns > now_ns
 
     def at_ack_limit(self) -> bool:
-        limit = int(self.config.get("max_ack_pending") or 0)
-        return not self.ack_none and limit > 0 and len(self.pending) >= limit
+        return 0 < self._ack_limit <= len(self.pending)
 
     def next_seq(self) -> int | None:
         """The stream sequence ``deliver`` would take next (a redelivery first), without taking it."""
@@ -266,11 +269,26 @@ class Consumer:
                 return seq
             self.redeliver.popleft()
             self._queued.discard(seq)
-        if self.at_ack_limit():
+        if 0 < self._ack_limit <= len(self.pending):
             return None
         if self._skip:
             return self._skip[0]
-        return self.stream.next_matching(self.sseq, self.filters)
+        return self._next_new()
+
+    def _next_new(self) -> int | None:
+        """The next message above ``sseq`` not delivered yet, through the cursor: a search only
+        when the cursor was delivered or deleted, and then only from where it stood."""
+        cur, sseq, stream = self._cursor, self.sseq, self.stream
+        if cur > sseq:
+            if stream.is_live(cur):
+                return cur
+            start = cur  # nothing matched between sseq and the dead cursor
+        else:
+            start = max(sseq, self._scanned) if not cur else sseq
+        found = stream.next_matching(start, self.filters)
+        self._cursor = found or 0
+        self._scanned = max(start, stream.durable_last_seq)
+        return found
 
     def has_work(self) -> bool:
         return self.next_seq() is not None
@@ -306,7 +324,8 @@ class Consumer:
                 self._order.append(seq)
         if p is not None:
             self._arm(seq, p, now_ns + self._ack_wait(deliveries))
-        return Delivered(seq, self.dseq, deliveries, self.num_pending())
+        self._catch_up()
+        return Delivered(seq, self.dseq, deliveries, self._npc + len(self._skip))
 
     def _arm(self, seq: int, p: Pending, deadline_ns: int) -> None:
         p.deadline_ns = deadline_ns
@@ -322,7 +341,7 @@ class Consumer:
     def ack(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
         """A positive ack (``+ACK``, ``+NXT``, and ``+TERM`` underneath): the pending record it
         settled, or None when nothing changed (a late or repeated ack)."""
-        if self.ack_policy == "all":
+        if self.ack_all:
             return self._ack_all(seq, cseq, now_ns)
         p = self.pending.pop(seq, None)
         if p is None:
@@ -369,7 +388,7 @@ class Consumer:
         p = self.pending.get(seq)
         if p is None:
             return False
-        if not delay_ns and self.config.get("backoff"):
+        if not delay_ns and self._backoff:
             delay_ns = self._ack_wait(p.deliveries)
         if delay_ns > 0:
             self._arm(seq, p, now_ns + delay_ns)
@@ -391,6 +410,7 @@ class Consumer:
         self._redelivered.clear()
         self._deadlines.clear()
         self._skip.clear()
+        self._cursor = self._scanned = 0
         self._counted = self.stream.state.last_seq
         self._npc = self.stream.count_matching_after(start, self.filters)
 
@@ -456,6 +476,7 @@ class Consumer:
             pending = self.pending[seq] = Pending(p.cseq, p.deliveries, 0, p.since_ns)
             due = p.due_ns if p.due_ns is not None else p.since_ns + self._ack_wait(p.deliveries)
             self._arm(seq, pending, due)
+        self._cursor = self._scanned = 0
         self._counted = self.stream.state.last_seq
         self._npc = self.stream.count_matching_after(max(self.sseq, self._resume), self.filters)
 

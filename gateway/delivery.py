@@ -183,7 +183,9 @@ class Delivery:
                         self._send_status(Status(req.reply, *NO_MESSAGES))
                         continue
                     return
-                msg = await self._load(consumer.stream, seq)
+                msg = consumer.stream.tail.get(seq)
+                if msg is None:
+                    msg = await self.cold_read(consumer.stream, seq)
                 if msg is None:
                     was_pending = seq in consumer.pending
                     consumer.passed(seq)
@@ -192,7 +194,9 @@ class Delivery:
                     continue
                 if req is not None and consumer.waiting.peek() is not req:
                     continue  # the request expired or went away while we read
-                await self._pace(consumer, key, msg)
+                cfg = consumer.config
+                if consumer.is_push and (cfg.get("replay_policy") == "original" or cfg.get("rate_limit_bps")):
+                    await self._pace(consumer, key, msg)
                 if (
                     req is not None
                     and req.max_bytes
@@ -216,15 +220,14 @@ class Delivery:
                         req.next_heartbeat_ns = now_ns() + req.heartbeat_ns
                     if req.delivered >= req.batch:
                         consumer.waiting.pop()
-                await self.leaf.drain()
+                if self.leaf.backlogged():
+                    await self.leaf.drain()
         finally:
             self._serving.discard(key)
 
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
         """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
         holds the average rate down."""
-        if not consumer.is_push:
-            return
         if consumer.config.get("replay_policy") == "original":
             prev = self._replay_ts.get(key)
             if prev is not None and msg.ts > prev:
@@ -256,12 +259,6 @@ class Delivery:
                     hdrs = status_block(*FLOW_CONTROL_REQUEST)
                     self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
         return size
-
-    async def _load(self, stream: Stream, seq: int) -> StoredMessage | None:
-        cached = stream.tail.get(seq)
-        if cached is not None:
-            return cached
-        return await self.cold_read(stream, seq)
 
     def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
         hdrs = status_block(status.code, status.text, status.headers)
@@ -315,15 +312,15 @@ class Delivery:
             self.kick(consumer)
 
     def _heartbeat(self, consumer: Consumer, inbox: str) -> None:
+        """``100 Idle Heartbeat`` with the last sequences; while a flow-control request is
+        unanswered it also names that request's reply (``Nats-Consumer-Stalled``), as the server
+        does, so a client that missed the request can answer it."""
         group = consumer.config.get("deliver_group") if consumer.is_push else None
-        self._send_status(
-            Status(
-                inbox,
-                *IDLE_HEARTBEAT,
-                {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)},
-            ),
-            (group,) if group else (),
-        )
+        headers = {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)}
+        flow = self._flow.get(id(consumer))
+        if flow is not None and flow.outstanding is not None:
+            headers["Nats-Consumer-Stalled"] = flow.outstanding
+        self._send_status(Status(inbox, *IDLE_HEARTBEAT, headers), (group,) if group else ())
 
     def on_flow_control(self, subject: str) -> None:
         """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
@@ -348,10 +345,11 @@ class Delivery:
         if not self.recorder.has_room():
             return  # the ack log is full: the ack is not taken, the message is redelivered
         now = now_ns()
+        k = kind.kind
         stream, name = token.stream, token.consumer
         floor = consumer.ack_floor_sseq
         record, changed, delay = al.ACK, False, {}
-        if kind.kind in ("ack", "next"):
+        if k in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
             changed = settled is not None
             freq = consumer.config.get("sample_freq")
@@ -362,7 +360,7 @@ class Delivery:
                         stream, name, token.cseq, token.seq, now - settled.sent_ns, settled.deliveries, now
                     )
                 )
-        elif kind.kind == "term":
+        elif k == "term":
             record = al.TERM
             changed = consumer.term(token.seq, token.cseq, now) is not None
             if changed:
@@ -371,7 +369,7 @@ class Delivery:
                         stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
                     )
                 )
-        elif kind.kind == "nak":
+        elif k == "nak":
             record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
             p = consumer.pending.get(token.seq)
             if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
@@ -380,14 +378,14 @@ class Delivery:
                 self._publish_event(
                     advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
                 )
-        elif kind.kind == "wpi":
+        elif k == "wpi":
             record, changed = al.WPI, consumer.progress(token.seq, now)
-        if kind.kind in ("ack", "next", "term"):
-            acked = range(floor + 1, token.seq + 1) if consumer.ack_policy == "all" else (token.seq,)
+        if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
+            acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
             retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
-        sync = bool(reply) and kind.kind != "next"
+        sync = bool(reply) and k != "next"
         durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
-        if kind.kind == "next":
+        if k == "next":
             if reply:
                 self.pull_request(stream, name, reply, kind.next_request)
         elif durable is not None:

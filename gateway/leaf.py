@@ -60,10 +60,14 @@ class LeafConnection:
         name: str,
         on_msg: Callable[[proto.Msg], None],
         on_connected: Callable[[dict[str, object]], None] | None = None,
+        on_read_done: Callable[[], None] | None = None,
     ) -> None:
         self.target = target
         self.name = name
         self._on_msg = on_msg
+        # Called once the messages of one socket read are handed over, before the reader waits
+        # again: the publish path submits what that read accepted as one run per stream.
+        self._on_read_done = on_read_done
         self._on_connected = on_connected
         self._subs: set[str] = set()
         self.interest = Interest()
@@ -149,33 +153,37 @@ class LeafConnection:
                 data = await reader.read(1 << 20)
                 if not data:
                     raise ConnectionError("server closed the connection")
-                for frame in parser.feed(data):
-                    if isinstance(frame, proto.Msg):
-                        self._on_msg(frame)
-                    elif isinstance(frame, proto.Interest):
-                        if frame.added:
-                            self.interest.add(frame.subject)
-                        else:
-                            self.interest.remove(frame.subject)
-                    elif isinstance(frame, proto.Ping):
-                        writer.write(b"PONG\r\n")
-                    elif isinstance(frame, proto.Info):
-                        # sent after CONNECT: what this leaf may subscribe to
-                        self.server_info = frame.body
-                        self.permissions = SubscribePermissions.from_info(frame.body)
-                    elif isinstance(frame, proto.Pong) and not got_pong:
-                        got_pong = True
-                        writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
-                        self._writer = writer
-                        self._connected.set()
-                        if self._on_connected:
-                            self._on_connected(self.server_info)
-                    elif isinstance(frame, proto.ServerError):
-                        if frame.text.startswith("Permissions Violation"):
-                            # the server refused one subject and keeps the link up; so does the gateway
-                            log.warning("leaf link: %s", frame.text)
-                            continue
-                        raise ConnectionError(f"server error: {frame.text}")
+                try:
+                    for frame in parser.feed(data):
+                        if isinstance(frame, proto.Msg):
+                            self._on_msg(frame)
+                        elif isinstance(frame, proto.Interest):
+                            if frame.added:
+                                self.interest.add(frame.subject)
+                            else:
+                                self.interest.remove(frame.subject)
+                        elif isinstance(frame, proto.Ping):
+                            writer.write(b"PONG\r\n")
+                        elif isinstance(frame, proto.Info):
+                            # sent after CONNECT: what this leaf may subscribe to
+                            self.server_info = frame.body
+                            self.permissions = SubscribePermissions.from_info(frame.body)
+                        elif isinstance(frame, proto.Pong) and not got_pong:
+                            got_pong = True
+                            writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
+                            self._writer = writer
+                            self._connected.set()
+                            if self._on_connected:
+                                self._on_connected(self.server_info)
+                        elif isinstance(frame, proto.ServerError):
+                            if frame.text.startswith("Permissions Violation"):
+                                # the server refused one subject and keeps the link up; so does the gateway
+                                log.warning("leaf link: %s", frame.text)
+                                continue
+                            raise ConnectionError(f"server error: {frame.text}")
+                finally:
+                    if self._on_read_done is not None:
+                        self._on_read_done()
         finally:
             self._connected.clear()
             writer.close()
@@ -212,6 +220,10 @@ class LeafConnection:
     ) -> None:
         self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
 
+    def publish_many(self, frames: list[tuple[str, bytes]]) -> None:
+        """Plain messages (subject, payload), e.g. a commit's PubAcks, as one queued write."""
+        self._write(proto.encode_msgs(frames))
+
     def _write(self, data: bytes) -> None:
         """Queue a frame; the frames of one event-loop turn go out in one socket write (a write
         per message was most of the delivery path's cost)."""
@@ -240,11 +252,16 @@ class LeafConnection:
             return
         w.write(data)
 
+    def backlogged(self) -> bool:
+        """Whether the socket's send buffer is above its high-water mark (senders should drain)."""
+        w = self._writer
+        return w is not None and w.transport.get_write_buffer_size() > HIGH_WATER
+
     async def drain(self) -> None:
         """Wait while the socket's send buffer is above its high-water mark."""
-        w = self._writer
-        if w is not None and w.transport.get_write_buffer_size() > HIGH_WATER:
-            await w.drain()
+        if self.backlogged():
+            assert self._writer is not None
+            await self._writer.drain()
 
     async def close(self) -> None:
         self._closing = True

@@ -8,6 +8,7 @@ which is what lets the ingest path keep up with a fast publisher.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,76 +57,99 @@ class ServerError:
 Frame = Msg | Info | Interest | Ping | Pong | ServerError
 
 
+_MSG_OPS = (b"LMSG", b"HMSG")
+_H = b"Hh"
+
+
 class ProtocolError(Exception):
     """The server sent something this parser does not understand; the connection is dropped."""
 
 
 class FrameParser:
-    """Incremental parser: ``feed`` bytes, get back the frames completed so far."""
+    """Incremental parser: ``feed`` bytes, get back the frames completed so far.
+
+    Messages are most of the traffic, so their lines are recognised first and cut with
+    ``bytes.find`` on the read buffer itself: one copy per payload and one per line, no
+    ``bytearray`` kept between reads unless a frame is split across them."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._rest = b""
 
     def feed(self, data: bytes) -> list[Frame]:
-        buf = self._buf
-        buf += data
+        buf = self._rest + data if self._rest else bytes(data)
         frames: list[Frame] = []
+        append = frames.append
+        find = buf.find
+        startswith = buf.startswith
         pos = 0
         n = len(buf)
         while pos < n:
-            eol = buf.find(CRLF, pos)
+            eol = find(CRLF, pos)
             if eol < 0:
                 break
-            line = bytes(buf[pos:eol])
-            op = line[:4].upper()
-            if op in (b"LMSG", b"HMSG"):
-                args = line.split()
-                is_hdr = op == b"HMSG"
+            if (
+                startswith(b"LMSG ", pos)
+                or startswith(b"HMSG ", pos)
+                or buf[pos : pos + 4].upper() in _MSG_OPS
+            ):
+                is_hdr = buf[pos] in _H
+                args = buf[pos + 4 : eol].split()
                 try:
                     total = int(args[-1])
                     hdr_len = int(args[-2]) if is_hdr else 0
                 except (ValueError, IndexError) as exc:
-                    raise ProtocolError(f"bad message line {line!r}") from exc
+                    raise ProtocolError(f"bad message line {buf[pos:eol]!r}") from exc
                 start = eol + 2
                 end = start + total
                 if end + 2 > n:
                     break
-                subject = args[1].decode()
-                rest = args[2:-2] if is_hdr else args[2:-1]
-                reply = _reply_of(rest)
-                payload = bytes(buf[start:end])
-                if is_hdr:
-                    frames.append(Msg(subject, reply, payload[:hdr_len], payload[hdr_len:]))
+                nargs = len(args)
+                if nargs == 2 and not is_hdr:  # the common publish: subject and size
+                    reply = ""
+                elif (nargs == 3 and not is_hdr) or (nargs == 4 and is_hdr):  # subject, reply, sizes
+                    reply = args[1].decode()
                 else:
-                    frames.append(Msg(subject, reply, None, payload))
+                    reply = _reply_of(args[1:-2] if is_hdr else args[1:-1])
+                if is_hdr:
+                    split = start + hdr_len
+                    append(Msg(args[0].decode(), reply, buf[start:split], buf[split:end]))
+                else:
+                    append(Msg(args[0].decode(), reply, None, buf[start:end]))
                 pos = end + 2
                 continue
+            line = buf[pos:eol]
             pos = eol + 2
-            if op == b"PING":
-                frames.append(Ping())
-            elif op == b"PONG":
-                frames.append(Pong())
-            elif op.startswith(b"LS+") or op.startswith(b"LS-"):
-                args = line.split()
-                if len(args) < 2:
-                    raise ProtocolError(f"bad interest line {line!r}")
-                frames.append(
-                    Interest(
-                        added=args[0] == b"LS+",
-                        subject=args[1].decode(),
-                        queue=args[2].decode() if len(args) > 2 else None,
-                    )
-                )
-            elif op == b"INFO":
-                frames.append(Info(json.loads(line[5:])))
-            elif op == b"-ERR":
-                frames.append(ServerError(line[5:].decode(errors="replace").strip("' ")))
-            elif op.startswith(b"+OK") or not line:
-                continue
-            else:
-                raise ProtocolError(f"unknown operation {line[:40]!r}")
-        del buf[:pos]
+            self._control(line, append)
+        self._rest = buf[pos:] if pos < n else b""
         return frames
+
+    @staticmethod
+    def _control(line: bytes, append: Callable[[Frame], None]) -> None:
+        """Every frame but a message (rare: handshake, interest changes, pings)."""
+        op = line[:4].upper()
+        if op == b"PING":
+            append(Ping())
+        elif op == b"PONG":
+            append(Pong())
+        elif op.startswith(b"LS+") or op.startswith(b"LS-"):
+            args = line.split()
+            if len(args) < 2:
+                raise ProtocolError(f"bad interest line {line!r}")
+            append(
+                Interest(
+                    added=args[0] == b"LS+",
+                    subject=args[1].decode(),
+                    queue=args[2].decode() if len(args) > 2 else None,
+                )
+            )
+        elif op == b"INFO":
+            append(Info(json.loads(line[5:])))
+        elif op == b"-ERR":
+            append(ServerError(line[5:].decode(errors="replace").strip("' ")))
+        elif op.startswith(b"+OK") or not line:
+            return
+        else:
+            raise ProtocolError(f"unknown operation {line[:40]!r}")
 
 
 def _reply_of(args: list[bytes]) -> str:
@@ -177,3 +201,10 @@ def encode_msg(
             )
         )
     return b"".join((b"LMSG ", head.encode(), str(len(data)).encode(), CRLF, data, CRLF))
+
+
+def encode_msgs(frames: list[tuple[str, bytes]]) -> bytes:
+    """Several ``LMSG`` without reply or headers (subject, payload) as one buffer."""
+    return b"".join(
+        [b"LMSG %s %d\r\n%s\r\n" % (subject.encode(), len(data), data) for subject, data in frames]
+    )

@@ -122,6 +122,7 @@ class Gateway:
             name=self.settings.leaf_name,
             on_msg=self._on_msg,
             on_connected=self._on_connected,
+            on_read_done=self._on_read_done,
         )
         self.delivery = Delivery(
             self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
@@ -226,13 +227,18 @@ class Gateway:
         assert self.delivery is not None
         assert self.publish is not None
         subject = msg.subject
-        if subject.startswith(self.api_prefix):
-            if subject.startswith(self._kv_prefix):
-                # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
-                # domain (DESIGN); it is stored under its $KV subject.
-                msg.subject = subject[len(self.api_prefix) :]
-                self.publish.on_kv_publish(msg)
-                return
+        if subject[:1] != "$":  # none of the prefixes below: a publish (most messages)
+            self.publish.on_publish(msg)
+            return
+        is_api = subject.startswith(self.api_prefix)
+        if is_api and subject.startswith(self._kv_prefix):
+            # A KV publish: leaf links may not carry $KV.>, so the hub maps it into the API
+            # domain (DESIGN); it is stored under its $KV subject.
+            msg.subject = subject[len(self.api_prefix) :]
+            self.publish.on_kv_publish(msg)
+            return
+        self.publish.accept_queued()  # what this message sees or changes comes after them
+        if is_api:
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
                 self.delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
@@ -249,6 +255,10 @@ class Gateway:
             self.delivery.on_flow_control(subject)
             return
         self.publish.on_publish(msg)
+
+    def _on_read_done(self) -> None:
+        if self.publish is not None:
+            self.publish.flush()
 
     async def _api_worker(self) -> None:
         assert self.registry is not None

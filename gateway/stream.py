@@ -10,7 +10,8 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,9 @@ from storage_delta.schema import DEFAULT_BLOCK_SIZE, stored_size
 from storage_delta.writer import StoredMessage
 
 __all__ = ["Stream", "StreamState", "TailCache"]
+
+#: A publish as ``accept_run`` takes it: subject, header block (or None), payload.
+Publish = tuple[str, bytes | None, bytes]
 
 MAX_MSGS = errors.STREAM_STORE_FAILED.format(err="maximum messages exceeded")
 MAX_BYTES = errors.STREAM_STORE_FAILED.format(err="maximum bytes exceeded")
@@ -113,10 +117,6 @@ class Stream:
         self.on_removed: Callable[[int, str], None] | None = None
 
     @property
-    def name(self) -> str:
-        return str(self.config["name"])
-
-    @property
     def subjects(self) -> list[str]:
         return list(self.config.get("subjects") or [])
 
@@ -134,7 +134,11 @@ class Stream:
     @config.setter
     def config(self, config: dict[str, Any]) -> None:
         self._config = config
+        self.name = str(config["name"])  # read per delivered message and per ack
         self.limits = Limits.of(config)
+        # Read for every publish, so derived once per config.
+        self.name_bytes = self.name.encode()
+        self.no_ack = bool(config.get("no_ack"))
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -151,9 +155,12 @@ class Stream:
         return sid
 
     def _add(self, seq: int, subject: str, size: int, ts: int) -> int:
-        sid = self._subject_id(subject)
+        sid = self._subject_ids.get(subject)
+        if sid is None:
+            sid = self._subject_id(subject)
         self._index.append(seq, sid, size, ts)
-        self._subject_counts[sid] = self._subject_counts.get(sid, 0) + 1
+        counts = self._subject_counts
+        counts[sid] = counts.get(sid, 0) + 1
         seqs = self._by_subject.get(sid)
         if seqs is None:
             seqs = self._by_subject[sid] = SubjectSeqs()
@@ -191,18 +198,79 @@ class Stream:
     def accept(self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> StoredMessage:
         """Give a publish the next sequence and apply the limits at once; durable only once
         committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it."""
-        if self.limits.sealed:
+        lim = self.limits
+        if lim.sealed:
             raise errors.STREAM_SEALED
-        size = stored_size(subject, hdrs, data)
-        self._check_discard_new(subject, size)
-        seq = self.state.last_seq + 1
-        ts = max(now_ns, self.state.last_ts + 1)
-        msg = StoredMessage(self.name, self.block_size, seq, ts, subject, hdrs, data)
-        sid = self._add(seq, subject, size, ts)
-        self.tail.put(msg)
-        self._enforce_subject_limit(sid)
-        self._enforce_size_limits()
-        return msg
+        if lim.discard_new:
+            self._check_discard_new(subject, stored_size(subject, hdrs, data))
+        return self._append(((subject, hdrs, data),), now_ns)[0]
+
+    @property
+    def takes_runs(self) -> bool:
+        """No limit can refuse a publish (not sealed, no ``discard: new``): ``accept_run`` may
+        take several at once."""
+        return not (self.limits.sealed or self.limits.discard_new)
+
+    def accept_run(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
+        """``accept`` for several publishes (subject, headers, payload) in one call, with the same
+        outcome as one call each; only while ``takes_runs``."""
+        assert self.takes_runs
+        return self._append(items, now_ns)
+
+    def _append(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
+        lim = self.limits
+        per_subject, sized = lim.per_subject, lim.max_msgs or lim.max_bytes
+        if not (per_subject or sized):
+            return self._append_unlimited(items, now_ns)
+        st, name, block_size, put = self.state, self.name, self.block_size, self.tail.put
+        out = []
+        for subject, hdrs, data in items:
+            seq = st.last_seq + 1
+            ts = now_ns if now_ns > st.last_ts else st.last_ts + 1
+            msg = StoredMessage(name, block_size, seq, ts, subject, hdrs, data)
+            sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
+            put(msg)
+            if per_subject:
+                self._enforce_subject_limit(sid)
+            if sized:
+                self._enforce_size_limits()
+            out.append(msg)
+        return out
+
+    def _append_unlimited(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
+        """``_add`` for a whole run at once, where no limit removes anything in between: the
+        per-sequence index, the counts and the tail cache take the run in one step each."""
+        st, name, block_size = self.state, self.name, self.block_size
+        ids, counts, by_subject = self._subject_ids, self._subject_counts, self._by_subject
+        first = seq = st.last_seq + 1
+        ts = st.last_ts
+        out: list[StoredMessage] = []
+        sids, sizes, times = array("I"), array("I"), array("q")
+        for subject, hdrs, data in items:
+            ts = now_ns if now_ns > ts else ts + 1
+            sid = ids.get(subject)
+            if sid is None:
+                sid = self._subject_id(subject)
+            out.append(StoredMessage(name, block_size, seq, ts, subject, hdrs, data))
+            sids.append(sid)
+            sizes.append(stored_size(subject, hdrs, data))
+            times.append(ts)
+            counts[sid] = counts.get(sid, 0) + 1
+            seqs = by_subject.get(sid)
+            if seqs is None:
+                seqs = by_subject[sid] = SubjectSeqs()
+            seqs.add(seq)
+            seq += 1
+        if not out:
+            return out
+        self._index.extend(first, sids, sizes, times)
+        if st.messages == 0:
+            st.first_seq, st.first_ts = first, out[0].ts
+        st.messages += len(out)
+        st.bytes += sum(sizes)
+        st.last_seq, st.last_ts = seq - 1, ts
+        self.tail.put_many(out)
+        return out
 
     def restore(self, seq: int, ts: int, subject: str, size: int) -> None:
         """Account for a message found in the table at start-up (limits are applied afterwards,
@@ -563,11 +631,22 @@ class Stream:
             seqs = self._by_subject.get(sid)
             found = seqs.first_at_or_after(start, idx, sid) if seqs else 0
             return found if found and found < end else None
+        sids, base = idx.sid, idx.base
+        if not filters:
+            for s in range(start, end):
+                if sids[s - base]:
+                    return s
+            return None
         names = self._subject_names
+        hits: dict[int, bool] = {}  # a subject is matched once per search, not once per message
         for s in range(start, end):
-            sid = idx.sid[s - idx.base]
-            if sid and (not filters or any(subject_matches(f, names[sid]) for f in filters)):
-                return s
+            sid = sids[s - base]
+            if sid:
+                hit = hits.get(sid)
+                if hit is None:
+                    hit = hits[sid] = any(subject_matches(f, names[sid]) for f in filters)
+                if hit:
+                    return s
         return None
 
     def next_matching(self, after: int, filters: list[str]) -> int | None:

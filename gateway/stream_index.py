@@ -54,13 +54,21 @@ class SeqIndex:
     def append(self, seq: int, sid: int, size: int, ts: int) -> None:
         if not self.sid:
             self.base = seq
-        while self.end < seq:  # a gap: sequences removed before a restart
-            self.sid.append(0)
-            self.size.append(0)
-            self.ts.append(0)
+        elif self.base + len(self.sid) < seq:  # a gap: sequences removed before a restart
+            while self.end < seq:
+                self.sid.append(0)
+                self.size.append(0)
+                self.ts.append(0)
         self.sid.append(sid)
         self.size.append(size)
         self.ts.append(ts)
+
+    def extend(self, first: int, sids: array, sizes: array, ts: array) -> None:
+        """``append`` for consecutive sequences from ``first``, one array each."""
+        self.append(first, sids[0], sizes[0], ts[0])
+        self.sid.extend(sids[1:])
+        self.size.extend(sizes[1:])
+        self.ts.extend(ts[1:])
 
     def subject_id(self, seq: int) -> int:
         """The subject id of a live sequence, 0 for a hole or a sequence outside the index."""
@@ -148,6 +156,16 @@ class TailCache:
     def put(self, msg: StoredMessage) -> None:
         self._items[msg.seq] = msg
         self._bytes += msg.nbytes
+        self._evict()
+
+    def put_many(self, msgs: list[StoredMessage]) -> None:
+        items = self._items
+        for msg in msgs:
+            items[msg.seq] = msg
+        self._bytes += sum(m.nbytes for m in msgs)
+        self._evict()
+
+    def _evict(self) -> None:
         while self._bytes > self._max_bytes and self._items:
             _, old = self._items.popitem(last=False)
             self._bytes -= old.nbytes

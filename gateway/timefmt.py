@@ -18,5 +18,5 @@ def rfc3339(ns: int) -> str:
     return base + "Z"
 
 
-def now_ns() -> int:
-    return time.time_ns()
+#: The wall clock in Unix nanoseconds (the function itself: it is read several times per message).
+now_ns = time.time_ns

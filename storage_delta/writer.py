@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from bisect import bisect_left
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 
 import pyarrow as pa
 from deltalake.transaction import AddAction
@@ -72,7 +74,43 @@ class StoredMessage:
 
     @property
     def nbytes(self) -> int:
-        return len(self.subject) + len(self.data) + (len(self.hdrs) if self.hdrs else 0) + 48
+        return message_bytes(self.subject, self.hdrs, self.data)
+
+
+def message_bytes(subject: str, hdrs: bytes | None, data: bytes) -> int:
+    """What a message counts for against the writer's (and the tail cache's) byte bounds."""
+    return len(subject) + len(data) + (len(hdrs) if hdrs else 0) + 48
+
+
+def _groups(batch: list[StoredMessage]) -> dict[tuple[str, int], list[StoredMessage]]:
+    """The batch split by (stream, block). A stream's messages come in long ascending runs, so the
+    split works on runs and block boundaries rather than message by message."""
+    by_stream: dict[str, list[StoredMessage]] = {}
+    for stream, run in groupby(batch, key=_STREAM):
+        rows = by_stream.get(stream)
+        if rows is None:
+            by_stream[stream] = list(run)
+        else:
+            rows.extend(run)
+    groups: dict[tuple[str, int], list[StoredMessage]] = {}
+    for stream, rows in by_stream.items():
+        size = rows[0].block_size
+        seqs = [r.seq for r in rows]
+        if seqs == sorted(seqs):  # one Stream's messages (always, but for a name deleted and reused)
+            first, last = sch.block_of(seqs[0], size), sch.block_of(seqs[-1], size)
+            for block in range(first, last + 1):
+                lo, hi = bisect_left(seqs, block * size), bisect_left(seqs, (block + 1) * size)
+                if hi > lo:
+                    groups[(stream, block)] = rows[lo:hi]
+            continue
+        for r in rows:
+            groups.setdefault((stream, sch.block_of(r.seq, size)), []).append(r)
+    return groups
+
+
+_STREAM = attrgetter("stream")
+#: The data file's columns (``MESSAGE_FILE_SCHEMA``): name, how to read it off a message, Arrow type.
+_COLUMNS = [(f.name, attrgetter(f.name), f.type) for f in sch.MESSAGE_FILE_SCHEMA]
 
 
 class MessageTable:
@@ -104,19 +142,10 @@ class MessageTable:
         return self.dt.transaction_version(APP_ID) or 0
 
     def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
-        groups: dict[tuple[str, int], list[StoredMessage]] = defaultdict(list)
-        for m in batch:
-            groups[(m.stream, sch.block_of(m.seq, m.block_size))].append(m)
         actions = []
-        for (stream, block), rows in groups.items():
+        for (stream, block), rows in _groups(batch).items():
             table = pa.table(
-                {
-                    "seq": pa.array([r.seq for r in rows], pa.int64()),
-                    "ts": pa.array([r.ts for r in rows], pa.int64()),
-                    "subject": pa.array([r.subject for r in rows], pa.string()),
-                    "hdrs": pa.array([r.hdrs for r in rows], pa.binary()),
-                    "data": pa.array([r.data for r in rows], pa.binary()),
-                },
+                {name: pa.array(list(map(get, rows)), typ) for name, get, typ in _COLUMNS},
                 schema=sch.MESSAGE_FILE_SCHEMA,
             )
             actions.append(
@@ -212,20 +241,28 @@ class GroupCommitWriter:
         self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
         self._task = asyncio.create_task(self._run(), name="group-commit")
 
-    def submit(self, messages: list[StoredMessage]) -> asyncio.Future[None]:
-        """Queue messages for the next commit; the future resolves once they are durable."""
+    def admit(self, size: int, count: int = 1) -> None:
+        """Make room for ``count`` messages of ``size`` bytes in all before their stream gives them
+        sequences, so a refusal leaves nothing to undo. The caller submits them
+        (``admitted=True``) before it next yields to the event loop."""
         if self._closed:
             raise WriterClosed("writer closed")
-        size = 0
-        for m in messages:
-            size += m.nbytes
-        if self._pending_bytes + size > self._max_pending_bytes and self._pending:
+        if self._pending_bytes + size > self._max_pending_bytes and self._pending_bytes:
             # Counted here because a core publish has no reply to carry the error.
-            self.refused += len(messages)
+            self.refused += count
             raise WriterOverloaded(f"{self._pending_bytes} bytes waiting for commit")
+        self._pending_bytes += size
+
+    def unadmit(self, size: int) -> None:
+        """Give back the room of an admitted message that was not accepted after all."""
+        self._pending_bytes -= size
+
+    def submit(self, messages: list[StoredMessage], admitted: bool = False) -> asyncio.Future[None]:
+        """Queue messages for the next commit; the future resolves once they are durable."""
+        if not admitted:
+            self.admit(sum(m.nbytes for m in messages), len(messages))
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.extend(messages)
-        self._pending_bytes += size
         self._waiters.append(fut)
         if not self._wakeup.is_set():
             self._wakeup.set()

@@ -227,6 +227,50 @@ async def test_push_flow_control(targets: dict[str, str], unique: str) -> None:
     assert out["asked"] is True
 
 
+async def test_push_flow_control_stalled_heartbeat(targets: dict[str, str], unique: str) -> None:
+    """A subscriber that never answers flow control stalls the consumer; its idle heartbeats then
+    carry `Nats-Consumer-Stalled` naming the unanswered request's reply subject (the subject's
+    random token differs per server, so only its equality to the request's reply is compared)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream()
+        await stream(nc, name)
+        s = name.lower()
+        for start in range(0, 3000, 500):
+            await asyncio.gather(*(js.publish(f"{s}.x", b"y" * 1024) for _ in range(start, start + 500)))
+        requests: list[str] = []
+        beats: list[dict[str, str]] = []
+        stalled = asyncio.Event()
+
+        async def on(msg: Any) -> None:
+            if msg.headers and msg.headers.get("Status") == "100":
+                if msg.reply:
+                    requests.append(msg.reply)  # not answered
+                elif requests:
+                    beats.append(dict(msg.headers))
+                    stalled.set()
+
+        await nc.subscribe(f"st.{s}", cb=on)
+        cfg = {
+            "durable_name": "f",
+            "ack_policy": "none",
+            "deliver_subject": f"st.{s}",
+            "flow_control": True,
+            "idle_heartbeat": 500_000_000,
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.f", {"stream_name": name, "config": cfg})
+        await asyncio.wait_for(stalled.wait(), 20)
+        beat = beats[0]
+        return {
+            "requests": len(requests),
+            "stalled_on_request": beat.get("Nats-Consumer-Stalled") == requests[-1],
+            "keys": sorted(beat),
+        }
+
+    out = await same(targets, case, unique)
+    assert out["stalled_on_request"] is True
+
+
 @pytest.mark.slow
 async def test_ephemeral_push_goes_when_interest_goes(targets: dict[str, str], unique: str) -> None:
     """An ephemeral push consumer stays while its deliver subject has a subscriber and is deleted

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError
 
 from tests.differential import assert_same, assert_same_across_restart
@@ -337,3 +338,54 @@ async def test_concurrent_expected_last_sequence(targets: dict[str, str], unique
 
     out = await assert_same(targets, case, unique)
     assert sum(1 for a in out if '"seq": 1' in a) == 1
+
+
+# A burst sent without waiting: (subject suffix, payload, headers, with a reply). The gateway gets
+# it in few reads and accepts publishes without headers together; every step must still see all
+# the steps before it.
+BURST_STEPS: list[tuple[str, bytes, dict[str, str] | None, bool]] = [
+    *[("a", b"x", None, True) for _ in range(5)],  # seq 1-5
+    ("b", b"x" * 65, None, True),  # over max_msg_size: refused alone
+    ("a", b"x", {"Nats-Expected-Last-Sequence": "5"}, True),  # sees the five before it: seq 6
+    ("c", b"core", None, False),  # no reply: stored, answers nothing (seq 7)
+    ("a", b"y", {"Nats-Msg-Id": "k"}, True),  # seq 8
+    ("a", b"z", None, True),  # seq 9
+    ("a", b"y", {"Nats-Msg-Id": "k"}, True),  # duplicate of 8, still in flight
+    ("a", b"x", {"Nats-Expected-Last-Sequence": "9"}, True),  # seq 10
+    ("a", b"x", {"Nats-Expected-Last-Subject-Sequence": "10"}, True),  # a's last: seq 11
+    *[("b", b"x", None, True) for _ in range(5)],  # seq 12-16
+]
+
+
+async def test_burst_of_publishes_in_one_read(targets: dict[str, str], unique: str) -> None:
+    """Publishes sent back to back, with and without headers and replies: each PubAck, error and
+    duplicate answer is what JetStream gives, and the stream holds the same messages."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{s}.>"], "max_msg_size": 64})
+        inbox = nc.new_inbox()
+        answers: dict[str, Any] = {}
+        wanted = sum(1 for *_, reply in BURST_STEPS if reply)
+        all_in = asyncio.Event()
+
+        async def answer(msg: Msg) -> None:
+            answers[msg.subject] = json.loads(msg.data)
+            if len(answers) == wanted:
+                all_in.set()
+
+        sub = await nc.subscribe(f"{inbox}.*", cb=answer)
+        for i, (suffix, data, hdrs, reply) in enumerate(BURST_STEPS):
+            await nc.publish(f"{s}.{suffix}", data, reply=f"{inbox}.{i}" if reply else "", headers=hdrs)
+        await nc.flush()
+        await asyncio.wait_for(all_in.wait(), 10)
+        await sub.unsubscribe()
+        return {
+            "answers": [answers.get(f"{inbox}.{i}") for i in range(len(BURST_STEPS))],
+            "state": state(await api(nc, f"STREAM.INFO.{name}")),
+        }
+
+    out = await assert_same(targets, case, unique)
+    assert out["answers"][6] == {"stream": unique, "seq": 6}
+    assert out["answers"][10] == {"stream": unique, "seq": 8, "duplicate": True}
+    assert out["state"]["messages"] == 16

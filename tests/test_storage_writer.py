@@ -60,3 +60,26 @@ async def test_closed_writer_refuses(tmp_path: Path) -> None:
         with pytest.raises(WriterClosed):
             writer.submit([message("S", 1)])
     await asyncio.sleep(0)
+
+
+async def test_admitted_messages_count_once(tmp_path: Path) -> None:
+    """The publish path admits a message's bytes before its stream gives it a sequence and submits
+    it later in the same step: the bound applies at admission, and the submit adds nothing."""
+    with ThreadPoolExecutor(1) as pool:
+        m = message("S", 1)
+        writer = GroupCommitWriter(
+            MessageTable(StoreRoot(str(tmp_path / "r"))), pool, 2 * m.nbytes, lambda s: None
+        )
+        await writer.start()
+        writer.admit(m.nbytes)
+        writer.admit(m.nbytes)
+        with pytest.raises(WriterOverloaded):
+            writer.admit(1)
+        assert writer.refused == 1
+        writer.unadmit(m.nbytes)  # the stream refused the second one after all
+        done = writer.submit([m], admitted=True)
+        writer.admit(m.nbytes)  # room for exactly one more: the submit counted nothing again
+        writer.unadmit(m.nbytes)
+        await done
+        await writer.close()
+    assert writer.refused == 1

@@ -244,3 +244,63 @@ def test_bulk_restore_answers_as_row_by_row() -> None:
         return {s for first, last in stream.take_removals() for s in range(first, last + 1)}
 
     assert removed(bulk) == removed(one)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},  # no limits: sequences and times only
+        {"max_msgs": 7},  # the oldest goes as each new one arrives
+        {"max_bytes": 400},  # by bytes, header blocks counted
+        {"max_msgs_per_subject": 2},  # per subject
+        {"max_msgs": 5, "max_msgs_per_subject": 1},  # both at once
+    ],
+)
+def test_accept_run_is_one_accept_per_publish(cfg: dict[str, Any]) -> None:
+    """The publish path accepts a read's publishes in one ``accept_run``: it must leave what one
+    ``accept`` per publish leaves (messages, times, limits' removals in order, tail cache)."""
+    items = [
+        (f"s.{'abc'[i % 3]}", b"NATS/1.0\r\nA: b\r\n\r\n" if i % 4 == 0 else None, b"%d" % i)
+        for i in range(20)
+    ]
+    one, run = make(**cfg), make(**cfg)
+    removed: dict[str, list[tuple[int, str]]] = {"one": [], "run": []}
+    one.on_removed = lambda seq, subj: removed["one"].append((seq, subj))
+    run.on_removed = lambda seq, subj: removed["run"].append((seq, subj))
+    for stream in (one, run):  # something before, so times must stay increasing
+        stream.accept("s.a", None, b"first", 1_000)
+    singles = [one.accept(subj, hdrs, data, 500) for subj, hdrs, data in items]
+    assert run.takes_runs
+    assert run.accept_run(items, 500) == singles
+    assert [m.ts for m in singles] == list(range(1_001, 1_021))
+    assert removed["run"] == removed["one"]
+    assert run.state == one.state
+    assert run.deleted() == one.deleted()
+    assert run.take_removals() == one.take_removals()
+    assert [run.tail.get(s) for s in range(1, 22)] == [one.tail.get(s) for s in range(1, 22)]
+
+
+def test_streams_that_may_refuse_take_no_runs() -> None:
+    """Sealed and discard-new streams refuse publishes one by one (``accept`` raises)."""
+    assert not make(discard="new", max_msgs=1).takes_runs
+    assert not make(sealed=True).takes_runs
+    assert make(max_msgs=1).takes_runs
+
+
+def test_runs_without_limits_match_runs_with_limits_that_never_bite() -> None:
+    """Without limits a run is indexed in bulk (``_append_unlimited``); with a limit that never
+    bites it goes message by message: the same messages, counts, index and tail cache."""
+    items = [(f"s.{'abcd'[i % 4]}", None if i % 3 else b"NATS/1.0\r\n\r\n", b"p" * i) for i in range(50)]
+    bulk, single = make(), make(max_msgs=10**9)
+    for stream in (bulk, single):
+        for _ in range(3):
+            stream.accept("s.z", None, b"", 7)
+        stream.remove(2)  # a hole before the run
+    assert bulk.accept_run(items, 5) == single.accept_run(items, 5)
+    assert bulk.state == single.state
+    assert bulk.deleted() == single.deleted() == [2]
+    assert bulk.subject_counts("s.*") == single.subject_counts("s.*")
+    for subj in ("s.a", "s.d", "s.z"):
+        assert bulk.last_seq_for(subj) == single.last_seq_for(subj)
+    assert bulk.first_seq_at_or_after(0, ["s.b"]) == single.first_seq_at_or_after(0, ["s.b"])
+    assert [bulk.tail.get(s) for s in range(1, 55)] == [single.tail.get(s) for s in range(1, 55)]
