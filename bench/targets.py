@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError
 
 from tests.harness import Jetlake, ReferenceJetStream
 
@@ -138,13 +140,26 @@ async def stream_state(url: str, name: str) -> dict[str, Any]:
         await nc.close()
 
 
+async def acked_publish(js: JetStreamContext, subject: str, data: bytes) -> int:
+    """A publish waiting for its PubAck; returns its sequence. A server still working through a flood
+    of core publishes refuses it with 429 (JetStream's ingest queue is full): it is sent again until
+    the queue has room."""
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            return (await js.publish(subject, data, timeout=120)).seq
+        except APIError as err:
+            if err.code != 429 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def barrier(url: str, subject: str) -> tuple[int, float]:
     """An acked publish after a core load: its sequence minus one is what the stream stored before it,
     and its PubAck time is when that was stored (both servers store a stream's messages in order)."""
     nc = await nats.connect(url)
     try:
-        ack = await nc.jetstream().publish(subject, b"barrier", timeout=120)
-        return ack.seq, time.time()
+        return await acked_publish(nc.jetstream(), subject, b"barrier"), time.time()
     finally:
         await nc.close()
 
