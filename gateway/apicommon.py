@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway import errors
-from gateway.gojson import stream_syntax_error
+from gateway.gojson import JsonSyntaxError, loads, stream_wording
 
 T = "io.nats.jetstream.api.v1."
 NAMES_PAGE = 1024
@@ -26,11 +26,10 @@ def load_request(body: bytes, fields: Mapping[str, str] | None = None) -> dict[s
     invalid JSON too."""
     if not body.strip():
         return {}
-    problem = stream_syntax_error(body)
-    if problem is not None:
-        raise errors.INVALID_JSON.format(err=problem)
-    # Go keeps invalid UTF-8 inside strings as U+FFFD
-    value = json.loads(body.decode("utf-8", errors="replace"))
+    try:
+        value = loads(body)
+    except JsonSyntaxError as exc:
+        raise errors.INVALID_JSON.format(err=stream_wording(exc)) from exc
     if value is None:
         return {}
     if not isinstance(value, dict):

@@ -3,8 +3,8 @@
 A pull request body is the one place a JSON error reaches the client as text (the ``Description``
 of a ``400 Bad Request`` status), so its wording must be the server's. The texts here were asked
 of nats-server 2.15 (``tests/test_fuzz.py`` and ``tests/test_pull_json.py`` send the same bodies to
-both servers): a syntax check of the whole body first, in the manner of Go's ``encoding/json``
-scanner (its state names appear in the messages), then decoding into the request struct, where the
+both servers): a syntax error first (worded by a scan in the manner of Go's ``encoding/json``
+scanner, whose state names appear in the messages), then decoding into the request struct, where the
 first value of the wrong type for a known field is the error (names match without regard to case;
 unknown fields are ignored; ``null`` leaves a field alone).
 """
@@ -62,14 +62,26 @@ def syntax_error(data: bytes) -> str | None:
     return None
 
 
-def stream_syntax_error(data: bytes) -> str | None:
+def stream_wording(exc: JsonSyntaxError) -> str:
     """The same error as the server's streaming decoder words it, which API requests report: an
     early end is ``unexpected EOF``, anything else names its offset (counted from one)."""
+    return "unexpected EOF" if exc.index is None else f"{exc} at offset {exc.index + 1}"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(data: bytes, **hooks: Any) -> Any:
+    """``data`` parsed by Python's parser, which refuses what Go's scanner refuses once ``NaN`` and
+    ``Infinity`` are refused too; the byte-by-byte scan runs only to word a refusal, so a valid body
+    (every pull request on the delivery path) is parsed once. Go keeps invalid UTF-8 inside
+    strings as U+FFFD."""
     try:
-        check_syntax(data)
-    except JsonSyntaxError as exc:
-        return "unexpected EOF" if exc.index is None else f"{exc} at offset {exc.index + 1}"
-    return None
+        return json.loads(data.decode("utf-8", errors="replace"), parse_constant=_refuse_constant, **hooks)
+    except ValueError:
+        check_syntax(data)  # raises JsonSyntaxError with the server's words
+        raise
 
 
 def check_syntax(data: bytes) -> None:
@@ -212,13 +224,7 @@ def decode_struct(data: bytes, fields: Mapping[str, str]) -> dict[str, Any]:
     """A JSON object body decoded into a struct with ``fields`` (JSON name: Go type), as the
     server's ``json.Unmarshal`` does; the values of known fields keyed by their declared names
     (integers as ``int``). Raises :class:`GoJsonError` with the server's text."""
-    check_syntax(data)
-    pairs = json.loads(
-        data.decode("utf-8", errors="replace"),
-        object_pairs_hook=Pairs,
-        parse_int=NumberLiteral,
-        parse_float=NumberLiteral,
-    )
+    pairs = loads(data, object_pairs_hook=Pairs, parse_int=NumberLiteral, parse_float=NumberLiteral)
     if not isinstance(pairs, Pairs):
         raise GoJsonError("json: cannot unmarshal into Go value of type object")
     by_lower = {name.lower(): name for name in fields}
