@@ -14,7 +14,7 @@ import asyncio
 import json
 from typing import Any
 
-from gateway.consumer import Consumer
+from gateway.consumer import Consumer, Delivered
 from gateway.timefmt import now_ns
 from storage_delta import acklog as al
 
@@ -81,23 +81,37 @@ class AckRecorder:
     def _positions(consumer: Consumer) -> tuple[int, int, int, int]:
         return consumer.sseq, consumer.dseq, consumer.ack_floor_sseq, consumer.ack_floor_cseq
 
-    def delivered(self, consumer: Consumer, seq: int, cseq: int, deliveries: int) -> None:
-        self.writer.add(
-            consumer.stream.name,
-            consumer.name,
-            al.DELIVER,
-            seq,
-            cseq,
-            deliveries,
-            consumer.last_active_ns,
-            self._positions(consumer),
-        )
-
     def dropped(self, consumer: Consumer, seq: int) -> None:
         """``seq`` left the pending set unacknowledged (deliveries ran out, or it is gone)."""
         self.writer.add(
             consumer.stream.name, consumer.name, al.DROP, seq, 0, 0, now_ns(), self._positions(consumer)
         )
+
+    def acked_run(self, consumer: Consumer, settled: list[tuple[int, int, int]]) -> None:
+        """Record the plain acks of :meth:`Consumer.ack_run` that settled a message, one row each
+        with the positions right after it, stamped with the run's ack time."""
+        if settled:
+            ts, sseq, dseq = consumer.ack_floor_active_ns, consumer.sseq, consumer.dseq
+            self.writer.add_many(
+                consumer.stream.name,
+                consumer.name,
+                al.ACK,
+                [(seq, 0, 0, ts, sseq, dseq, fseq, fcseq) for seq, fseq, fcseq in settled],
+            )
+
+    def delivered_run(self, consumer: Consumer, run: list[Delivered]) -> None:
+        """Record deliveries (of :meth:`Consumer.deliver_run` or ``deliver``), one row each."""
+        ts = consumer.last_active_ns
+        self.writer.add_many(
+            consumer.stream.name,
+            consumer.name,
+            al.DELIVER,
+            [(d.seq, d.cseq, d.deliveries, ts, d.sseq, d.cseq, d.floor_sseq, d.floor_cseq) for d in run],
+        )
+
+    def room(self) -> int:
+        """How many more frequent rows the ack log takes now."""
+        return self.writer.room()
 
     def acked(
         self, consumer: Consumer, kind: str, seq: int, changed: bool, sync: bool, **body: Any

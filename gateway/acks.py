@@ -45,30 +45,27 @@ def parse_ack_subject(subject: str) -> AckToken | None:
         return None
     i = 4 if n >= 11 else 2  # the newer form: skip domain and account hash (and the trailing token)
     try:
-        return AckToken(
-            toks[i],
-            toks[i + 1],
-            int(toks[i + 2]),
-            int(toks[i + 3]),
-            int(toks[i + 4]),
-            int(toks[i + 5]),
-            int(toks[i + 6]),
-        )
+        # a named tuple without its Python-level constructor call: one is parsed per ack
+        return _new(AckToken, (toks[i], toks[i + 1], *map(int, toks[i + 2 : i + 7])))
     except ValueError:
         return None
 
 
-_ACK = AckKind("ack")
+_new = tuple.__new__
+
+
+#: ``+ACK`` (or an empty body): what nearly every ack is.
+PLAIN_ACK = AckKind("ack")
 _WPI = AckKind("wpi")
 
 
 def parse_ack_body(body: bytes) -> AckKind | None:
     """The kind of an ack message; None for a body JetStream ignores."""
     if not body or body == b"+ACK":  # what nearly every ack is: no strip, no allocation
-        return _ACK
+        return PLAIN_ACK
     text = body.strip()
     if text in (b"", b"+ACK", b"+OK"):
-        return _ACK
+        return PLAIN_ACK
     if text.startswith(b"-NAK"):
         return AckKind("nak", delay_ns=_nak_delay(text[4:].strip()))
     if text == b"+WPI":

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,6 +26,7 @@ from gateway.stream import Stream
 from gateway.subjects import subject_matches
 from gateway.timefmt import rfc3339
 from storage_delta.consumer_log import ConsumerState
+from storage_delta.writer import StoredMessage
 
 
 @dataclass(slots=True)
@@ -55,13 +56,16 @@ class PullRequest:
 
 
 class Delivered(NamedTuple):
-    """What ``deliver`` decided: the ack token's numbers for one message (a tuple: one is made
-    per delivery)."""
+    """What ``deliver`` decided: the ack token's numbers for one message, and the consumer's
+    positions right after it, which its ack log row carries (a tuple: one is made per delivery)."""
 
     seq: int
     cseq: int
     deliveries: int
     pending: int
+    sseq: int  # last delivered stream sequence
+    floor_sseq: int
+    floor_cseq: int
 
 
 @dataclass(slots=True)
@@ -298,6 +302,75 @@ class Consumer:
         pending with its ack deadline. None if it is no longer due (acked meanwhile)."""
         if self.next_seq() != seq:
             return None
+        return self._take(seq, now_ns)
+
+    def deliver_run(
+        self, limit: int, now_ns: int, lookup: Callable[[int], StoredMessage | None]
+    ) -> list[tuple[StoredMessage, Delivered]]:
+        """Up to ``limit`` deliveries in one call, each as ``next_seq`` then ``deliver`` would
+        make it, while ``lookup`` (the tail cache) holds the next message: the caller reads the
+        rest from storage one at a time."""
+        out: list[tuple[StoredMessage, Delivered]] = []
+        while len(out) < limit:
+            if not self.redeliver and not self._skip:
+                self._new_run(limit - len(out), now_ns, lookup, out)
+                break
+            seq = self.next_seq()
+            if seq is None:
+                break
+            msg = lookup(seq)
+            if msg is None:
+                break
+            out.append((msg, self._take(seq, now_ns)))
+        return out
+
+    def _new_run(
+        self,
+        limit: int,
+        now_ns: int,
+        lookup: Callable[[int], StoredMessage | None],
+        out: list[tuple[StoredMessage, Delivered]],
+    ) -> None:
+        """``deliver_run`` of messages never delivered (no redelivery or skip list due): one
+        search for the next sequences, each delivered as ``_take`` would."""
+        if self._ack_limit:
+            limit = min(limit, self._ack_limit - len(self.pending))
+        first = self._next_new() if limit > 0 else None
+        if first is None:
+            return
+        stream = self.stream
+        seqs = [first]
+        if limit > 1:
+            seqs += stream.seqs_at_or_after(first + 1, self.filters, stream.durable_last_seq, limit - 1)
+        self._catch_up()
+        deadline = now_ns + self._ack_wait(1)
+        dseq, npc, ack_none = self.dseq, self._npc, self.ack_none
+        floor_sseq, floor_cseq = self.ack_floor_sseq, self.ack_floor_cseq
+        pending, order, heap = self.pending, self._order, self._deadlines
+        new = tuple.__new__  # a named tuple without its Python-level constructor call
+        sseq = 0
+        for seq in seqs:
+            msg = lookup(seq)
+            if msg is None:
+                break
+            dseq += 1
+            npc -= 1
+            sseq = seq
+            if ack_none:
+                floor_sseq, floor_cseq = seq, dseq
+            else:
+                pending[seq] = Pending(dseq, 1, deadline, now_ns)
+                order.append(seq)
+                heapq.heappush(heap, (deadline, seq))
+            out.append((msg, new(Delivered, (seq, dseq, 1, npc, seq, floor_sseq, floor_cseq))))
+        if not sseq:
+            return
+        # the cursor stays on the first sequence not delivered, else on the last delivered
+        self._cursor = seq
+        self.sseq, self.dseq, self._npc, self.last_active_ns = sseq, dseq, npc, now_ns
+        self.ack_floor_sseq, self.ack_floor_cseq = floor_sseq, floor_cseq
+
+    def _take(self, seq: int, now_ns: int) -> Delivered:
         self.dseq += 1
         self.last_active_ns = now_ns
         p = self.pending.get(seq) if self.redeliver and self.redeliver[0] == seq else None
@@ -325,7 +398,15 @@ class Consumer:
         if p is not None:
             self._arm(seq, p, now_ns + self._ack_wait(deliveries))
         self._catch_up()
-        return Delivered(seq, self.dseq, deliveries, self._npc + len(self._skip))
+        return Delivered(
+            seq,
+            self.dseq,
+            deliveries,
+            self._npc + len(self._skip),
+            self.sseq,
+            self.ack_floor_sseq,
+            self.ack_floor_cseq,
+        )
 
     def _arm(self, seq: int, p: Pending, deadline_ns: int) -> None:
         p.deadline_ns = deadline_ns
@@ -349,6 +430,38 @@ class Consumer:
         self._queued.discard(seq)
         self._redelivered.discard(seq)
         self.ack_floor_active_ns = now_ns
+        self._floor_after(seq, p)
+        return p
+
+    def ack_run(self, seqs: list[int], now_ns: int, room: int) -> tuple[int, list[tuple[int, int, int]]]:
+        """Plain acks of ``seqs`` (explicit policy; AckAll goes through :meth:`ack`), applied in
+        one call exactly as ``ack`` one after the other would: how many were taken, and for each
+        that settled a pending message (stream seq, floor stream seq, floor consumer seq) as
+        they stood right after it. Taking stops once ``room`` acks have settled: the ack log
+        takes no more rows, so the rest are not taken (and their messages are redelivered)."""
+        assert not self.ack_all
+        pending, queued, redelivered = self.pending, self._queued, self._redelivered
+        settled: list[tuple[int, int, int]] = []
+        taken = 0
+        for seq in seqs:
+            if len(settled) >= room:
+                break
+            taken += 1
+            p = pending.pop(seq, None)
+            if p is None:
+                continue
+            if queued:
+                queued.discard(seq)
+            if redelivered:
+                redelivered.discard(seq)
+            self._floor_after(seq, p)
+            settled.append((seq, self.ack_floor_sseq, self.ack_floor_cseq))
+        if settled:
+            self.ack_floor_active_ns = now_ns
+        return taken, settled
+
+    def _floor_after(self, seq: int, p: Pending) -> None:
+        """Move the ack floor after ``seq`` (its pending record ``p``) left the pending set."""
         if not self.pending:
             self.ack_floor_cseq, self.ack_floor_sseq = self.dseq, self.sseq
         elif p.cseq == self.ack_floor_cseq + 1:
@@ -357,7 +470,6 @@ class Consumer:
             if lowest is not None and lowest < self.sseq + 1:
                 self.ack_floor_cseq = self.pending[lowest].cseq - 1
                 self.ack_floor_sseq = lowest - 1
-        return p
 
     def _lowest_pending_above(self, seq: int) -> int | None:
         order, pending = self._order, self.pending

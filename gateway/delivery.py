@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from gateway import acks, advisories, retention
@@ -20,6 +22,7 @@ from gateway.ack_recorder import AckRecorder
 from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
+from gateway.protocol import CRLF, msg_head
 from gateway.pull import (
     CONSUMER_DELETED,
     EXCEEDED_MAX_WAITING,
@@ -44,6 +47,7 @@ FLOW_CONTROL_REQUEST = (100, "FlowControl Request")
 TICK_S = 0.05
 NS = 1_000_000_000
 RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
+RUN = 256  # deliveries made in one go at most, between checks of the link's send buffer
 
 
 class TokenBucket:
@@ -91,6 +95,8 @@ class Delivery:
         self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
         self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
         self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
+        #: Plain acks of the current read of the leaf link (``protocol.AckRun``), not applied yet.
+        self.queued_acks: list[tuple[str, str, str, str]] = []
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
         return self.registry.consumers.get(stream, {}).get(name)
@@ -175,6 +181,10 @@ class Delivery:
                 if target is None or consumer.paused(now):
                     return
                 inbox, req = target
+                if self._runs(consumer, req) and self._serve_run(consumer, inbox, req, now):
+                    if self.leaf.backlogged():
+                        await self.leaf.drain()
+                    continue
                 seq = consumer.next_seq()
                 if seq is None:
                     # no_wait ends with 404 once it ran dry; with expires, an empty start waits
@@ -211,7 +221,7 @@ class Delivery:
                 done = consumer.deliver(seq, now_ns())
                 if done is None:
                     continue
-                self.recorder.delivered(consumer, done.seq, done.cseq, done.deliveries)
+                self.recorder.delivered_run(consumer, [done])
                 size = self._send(consumer, inbox, msg, done)
                 if req is not None:
                     req.delivered += 1
@@ -224,6 +234,35 @@ class Delivery:
                     await self.leaf.drain()
         finally:
             self._serving.discard(key)
+
+    @staticmethod
+    def _runs(consumer: Consumer, req: PullRequest | None) -> bool:
+        """Whether deliveries may go out as runs: nothing is paced, sized against a request's
+        ``max_bytes`` or counted for flow control per message."""
+        if req is not None:
+            return not req.max_bytes
+        cfg = consumer.config
+        paced = cfg.get("rate_limit_bps") or cfg.get("replay_policy") == "original"
+        return not (paced or cfg.get("flow_control"))
+
+    def _serve_run(self, consumer: Consumer, inbox: str, req: PullRequest | None, now: int) -> bool:
+        """Deliver what the tail cache holds of the next messages (up to a request's batch and the
+        ack log's room) in one state-machine call, one log append and one write; False when there
+        was nothing to deliver that way."""
+        limit = min(req.batch - req.delivered if req is not None else RUN, self.recorder.room(), RUN)
+        run = consumer.deliver_run(limit, now, consumer.stream.tail.get)
+        if not run:
+            return False
+        self.recorder.delivered_run(consumer, [d for _, d in run])
+        size = self._send_run(consumer, inbox, run)
+        if req is not None:
+            req.delivered += len(run)
+            req.bytes_sent += size
+            if req.heartbeat_ns:
+                req.next_heartbeat_ns = now + req.heartbeat_ns
+            if req.delivered >= req.batch:
+                consumer.waiting.pop()
+        return True
 
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
         """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
@@ -238,26 +277,43 @@ class Delivery:
             bucket = self._buckets.setdefault(key, TokenBucket(bps / 8, max(RATE_BURST_BYTES, bps / 8)))
             await asyncio.sleep(bucket.take(len(msg.data), time.monotonic()))
 
-    def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
-        token = acks.ack_subject(
-            consumer.stream.name, consumer.name, d.deliveries, d.seq, d.cseq, msg.ts, d.pending
-        )
-        data, hdrs = msg.data, msg.hdrs
-        if consumer.config.get("headers_only"):
-            data, hdrs = b"", _with_size_header(hdrs, len(msg.data))
+    def _send_run(self, consumer: Consumer, inbox: str, run: list[tuple[StoredMessage, Delivered]]) -> int:
+        """Deliveries as one write, each under its stored subject with the ack reply; the bytes a
+        pull request's ``max_bytes`` counts for them."""
+        stream, name = consumer.stream.name, consumer.name
+        headers_only = consumer.config.get("headers_only")
         group = consumer.config.get("deliver_group") if consumer.is_push else None
-        self.leaf.publish(
-            inbox, data, reply=f"{token}@{msg.subject}", hdrs=hdrs, queues=(group,) if group else ()
-        )
-        size = len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
+        queues = (group,) if group else ()
+        parts: list[bytes] = []
+        add = parts.append
+        size = 0
+        for msg, d in run:
+            token = acks.ack_subject(stream, name, d.deliveries, d.seq, d.cseq, msg.ts, d.pending)
+            data, hdrs = msg.data, msg.hdrs
+            if headers_only:
+                data, hdrs = b"", _with_size_header(hdrs, len(data))
+            hdr_len = len(hdrs) if hdrs else 0
+            add(msg_head(inbox, f"{token}@{msg.subject}", len(data), hdr_len, queues))
+            if hdrs:
+                add(hdrs)
+            add(data)
+            add(CRLF)
+            size += len(msg.subject) + len(token) + len(data) + hdr_len
+        self.leaf.publish_frames(parts)
         if consumer.is_push:
             self._last_sent[id(consumer)] = now_ns()
-            if consumer.config.get("flow_control"):
-                flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
-                request = flow.sent(size)
-                if request is not None:
-                    hdrs = status_block(*FLOW_CONTROL_REQUEST)
-                    self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
+        return size
+
+    def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
+        """One delivery (and the flow-control request it makes due, if any)."""
+        size = self._send_run(consumer, inbox, [(msg, d)])
+        if consumer.is_push and consumer.config.get("flow_control"):
+            flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+            request = flow.sent(size)
+            if request is not None:
+                group = consumer.config.get("deliver_group")
+                hdrs = status_block(*FLOW_CONTROL_REQUEST)
+                self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
         return size
 
     def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
@@ -335,13 +391,44 @@ class Delivery:
     # ---- acks ---------------------------------------------------------------------------------
 
     def on_ack(self, subject: str, reply: str, body: bytes) -> None:
+        """An ack that came as a message of its own (every kind but runs of plain ones)."""
         token = acks.parse_ack_subject(subject)
         kind = acks.parse_ack_body(body)
         if token is None or kind is None:
             return
         consumer = self._consumer(token.stream, token.consumer)
-        if consumer is None:
-            return  # nobody listens on a deleted consumer's acks, as on the real server
+        if consumer is not None:  # nobody listens on a deleted consumer's acks, as on the real server
+            self._ack(consumer, token, kind, reply)
+
+    def apply_acks(self) -> None:
+        """Apply the queued plain acks (``queued_acks``): each run of consecutive acks of one
+        consumer in one state-machine call, one log append and at most one delivery kick. The
+        gateway calls this before any other message of a read and at its end."""
+        found, self.queued_acks = self.queued_acks, []
+        for (stream, name), run in groupby(found, itemgetter(1, 2)):
+            consumer = self._consumer(stream, name)
+            if consumer is not None:  # nobody listens on a deleted consumer's acks
+                self._ack_run(consumer, list(run))
+
+    def _ack_run(self, consumer: Consumer, run: list[tuple[str, str, str, str]]) -> None:
+        if consumer.ack_all or consumer.config.get("sample_freq"):
+            # AckAll settles ranges and sampling answers per ack: one at a time, as ever
+            for subject, *_ in run:
+                token = acks.parse_ack_subject(subject)
+                assert token is not None  # the parser took only well-formed ack subjects
+                self._ack(consumer, token, acks.PLAIN_ACK, "")
+            return
+        seqs = [int(seq) for *_, seq in run]
+        taken, settled = consumer.ack_run(seqs, now_ns(), self.recorder.room())
+        if retention.policy(consumer.stream) != "limits":
+            stream = consumer.stream
+            retention.settle(stream, self.registry.consumers.get(stream.name, {}).values(), seqs[:taken])
+        self.recorder.acked_run(consumer, settled)
+        if taken:
+            self._kick_after_ack(consumer)
+
+    def _ack(self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, reply: str) -> None:
+        """One ack of any kind, applied on its own."""
         if not self.recorder.has_room():
             return  # the ack log is full: the ack is not taken, the message is redelivered
         now = now_ns()
@@ -391,6 +478,9 @@ class Delivery:
         elif durable is not None:
             # An ack with a reply is answered only once its row is committed (ack_sync).
             durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
+        self._kick_after_ack(consumer)
+
+    def _kick_after_ack(self, consumer: Consumer) -> None:
         listening = len(consumer.waiting) > 0 or consumer.is_push
         # an ack that frees nothing to deliver starts no task
         if listening and id(consumer) not in self._serving and consumer.has_work():

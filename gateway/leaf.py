@@ -61,6 +61,7 @@ class LeafConnection:
         on_msg: Callable[[proto.Msg], None],
         on_connected: Callable[[dict[str, object]], None] | None = None,
         on_read_done: Callable[[], None] | None = None,
+        on_acks: Callable[[list[tuple[str, str, str, str]]], None] | None = None,
     ) -> None:
         self.target = target
         self.name = name
@@ -69,6 +70,8 @@ class LeafConnection:
         # again: the publish path submits what that read accepted as one run per stream.
         self._on_read_done = on_read_done
         self._on_connected = on_connected
+        # Runs of plain acks (``protocol.AckRun``); without it every ack comes as a message.
+        self._on_acks = on_acks
         self._subs: set[str] = set()
         self.interest = Interest()
         self._writer: asyncio.StreamWriter | None = None
@@ -127,7 +130,7 @@ class LeafConnection:
         t = self.target
         reader, writer = await asyncio.open_connection(t.host, t.port, limit=1 << 20)
         try:
-            parser = proto.FrameParser()
+            parser = proto.FrameParser(ack_runs=self._on_acks is not None)
             line = await reader.readline()
             frames = parser.feed(line)
             info = next((f for f in frames if isinstance(f, proto.Info)), None)
@@ -155,8 +158,11 @@ class LeafConnection:
                     raise ConnectionError("server closed the connection")
                 try:
                     for frame in parser.feed(data):
-                        if isinstance(frame, proto.Msg):
+                        if type(frame) is proto.Msg:
                             self._on_msg(frame)
+                        elif type(frame) is proto.AckRun:
+                            assert self._on_acks is not None
+                            self._on_acks(frame.acks)
                         elif isinstance(frame, proto.Interest):
                             if frame.added:
                                 self.interest.add(frame.subject)
@@ -219,6 +225,10 @@ class LeafConnection:
         queues: tuple[str, ...] = (),
     ) -> None:
         self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
+
+    def publish_frames(self, frames: list[bytes]) -> None:
+        """Frames already encoded (``protocol.encode_msg``), as one queued write."""
+        self._write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def publish_many(self, frames: list[tuple[str, bytes]]) -> None:
         """Plain messages (subject, payload), e.g. a commit's PubAcks, as one queued write."""

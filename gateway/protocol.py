@@ -8,6 +8,7 @@ which is what lets the ingest path keep up with a fast publisher.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,11 +55,25 @@ class ServerError:
     text: str
 
 
-Frame = Msg | Info | Interest | Ping | Pong | ServerError
+@dataclass(slots=True)
+class AckRun:
+    """Consecutive plain JetStream acks: ``LMSG`` frames without reply to an ack subject in the
+    gateway's form (``$JS.ACK.<stream>.<consumer>`` and five numbers) with body ``+ACK`` or none,
+    which is most of what consuming clients send. The parser cuts such a run out of the buffer
+    with one regular expression and hands over (subject, stream, consumer, stream sequence) per
+    ack."""
+
+    acks: list[tuple[str, str, str, str]]
+
+
+Frame = Msg | Info | Interest | Ping | Pong | ServerError | AckRun
 
 
 _MSG_OPS = (b"LMSG", b"HMSG")
 _H = b"Hh"
+_ACK_START = b"LMSG $JS.ACK."
+_ACK_RUN = re.compile(rb"(?:LMSG \$JS\.ACK\.[^.\s]+\.[^.\s]+(?:\.\d+){5} (?:4\r\n\+ACK|0\r\n)\r\n)+")
+_ACK_FIELDS = re.compile(r"LMSG (\$JS\.ACK\.([^.]+)\.([^.]+)\.\d+\.(\d+)\.[^ ]+) ")
 
 
 class ProtocolError(Exception):
@@ -70,10 +85,12 @@ class FrameParser:
 
     Messages are most of the traffic, so their lines are recognised first and cut with
     ``bytes.find`` on the read buffer itself: one copy per payload and one per line, no
-    ``bytearray`` kept between reads unless a frame is split across them."""
+    ``bytearray`` kept between reads unless a frame is split across them. With ``ack_runs``,
+    plain acks come as :class:`AckRun` frames instead of one :class:`Msg` each."""
 
-    def __init__(self) -> None:
+    def __init__(self, ack_runs: bool = False) -> None:
         self._rest = b""
+        self._ack_runs = ack_runs
 
     def feed(self, data: bytes) -> list[Frame]:
         buf = self._rest + data if self._rest else bytes(data)
@@ -83,7 +100,15 @@ class FrameParser:
         startswith = buf.startswith
         pos = 0
         n = len(buf)
+        ack_runs = self._ack_runs
         while pos < n:
+            if ack_runs and startswith(_ACK_START, pos):
+                run = _ACK_RUN.match(buf, pos)
+                if run is not None:
+                    end = run.end()
+                    append(AckRun(_ACK_FIELDS.findall(buf[pos:end].decode())))
+                    pos = end
+                    continue
             eol = find(CRLF, pos)
             if eol < 0:
                 break
@@ -178,29 +203,25 @@ def encode_unsub(subject: str, queue: str | None = None) -> bytes:
 def encode_msg(
     subject: str, reply: str, data: bytes, hdrs: bytes | None = None, queues: tuple[str, ...] = ()
 ) -> bytes:
-    """An ``LMSG`` (or ``HMSG`` with headers) from the gateway to the server. A message for queue
-    subscribers names their groups (``+ <reply> <queues…>`` or ``| <queues…>``): the server hands
-    a leaf's message to a queue group only when the message lists it."""
+    """An ``LMSG`` (or ``HMSG`` with headers) from the gateway to the server."""
+    if hdrs:
+        return b"".join((msg_head(subject, reply, len(data), len(hdrs), queues), hdrs, data, CRLF))
+    return b"".join((msg_head(subject, reply, len(data), 0, queues), data, CRLF))
+
+
+def msg_head(subject: str, reply: str, size: int, hdr_len: int = 0, queues: tuple[str, ...] = ()) -> bytes:
+    """The line of an ``LMSG`` (``HMSG`` when ``hdr_len``) before its payload of ``size`` bytes
+    (headers excluded). A message for queue subscribers names their groups (``+ <reply>
+    <queues…>`` or ``| <queues…>``): the server hands a leaf's message to a queue group only when
+    the message lists it."""
     if queues:
         groups = " ".join(queues)
-        head = f"{subject} + {reply} {groups} " if reply else f"{subject} | {groups} "
+        head = f"{subject} + {reply} {groups}" if reply else f"{subject} | {groups}"
     else:
-        head = f"{subject} {reply} " if reply else f"{subject} "
-    if hdrs:
-        return b"".join(
-            (
-                b"HMSG ",
-                head.encode(),
-                str(len(hdrs)).encode(),
-                b" ",
-                str(len(hdrs) + len(data)).encode(),
-                CRLF,
-                hdrs,
-                data,
-                CRLF,
-            )
-        )
-    return b"".join((b"LMSG ", head.encode(), str(len(data)).encode(), CRLF, data, CRLF))
+        head = f"{subject} {reply}" if reply else subject
+    if hdr_len:
+        return f"HMSG {head} {hdr_len} {hdr_len + size}\r\n".encode()
+    return f"LMSG {head} {size}\r\n".encode()
 
 
 def encode_msgs(frames: list[tuple[str, bytes]]) -> bytes:

@@ -123,6 +123,7 @@ class Gateway:
             on_msg=self._on_msg,
             on_connected=self._on_connected,
             on_read_done=self._on_read_done,
+            on_acks=self._on_acks,
         )
         self.delivery = Delivery(
             self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
@@ -224,9 +225,12 @@ class Gateway:
     # ---- inbound ----------------------------------------------------------------------------
 
     def _on_msg(self, msg: Msg) -> None:
-        assert self.delivery is not None
+        delivery = self.delivery
+        assert delivery is not None
         assert self.publish is not None
         subject = msg.subject
+        if delivery.queued_acks:
+            delivery.apply_acks()  # what this message sees or changes comes after them
         if subject[:1] != "$":  # none of the prefixes below: a publish (most messages)
             self.publish.on_publish(msg)
             return
@@ -256,7 +260,18 @@ class Gateway:
             return
         self.publish.on_publish(msg)
 
+    def _on_acks(self, found: list[tuple[str, str, str, str]]) -> None:
+        """Plain acks from the leaf link: queued, applied before the next message or at the end
+        of the read (:meth:`Delivery.apply_acks`), so every change happens in link order."""
+        assert self.delivery is not None
+        assert self.publish is not None
+        if not self.delivery.queued_acks:
+            self.publish.accept_queued()  # what these acks see or change comes after them
+        self.delivery.queued_acks += found
+
     def _on_read_done(self) -> None:
+        if self.delivery is not None:
+            self.delivery.apply_acks()
         if self.publish is not None:
             self.publish.flush()
 

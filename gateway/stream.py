@@ -623,20 +623,34 @@ class Stream:
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
         last accepted) whose subject a filter matches, any subject when there are no filters."""
+        found = self.seqs_at_or_after(seq, filters, limit, 1)
+        return found[0] if found else None
+
+    def seqs_at_or_after(self, seq: int, filters: list[str], limit: int | None, count: int) -> list[int]:
+        """Up to ``count`` of the live sequences ``first_seq_at_or_after`` would name one after
+        the other, ascending, in one search."""
         idx = self._index
         end = min(idx.end, (limit if limit is not None else self.state.last_seq) + 1)
         start = max(seq, self.state.first_seq, idx.base)
+        out: list[int] = []
         if len(filters) == 1 and _literal(filters[0]):
             sid = self._subject_ids.get(filters[0], 0)
             seqs = self._by_subject.get(sid)
-            found = seqs.first_at_or_after(start, idx, sid) if seqs else 0
-            return found if found and found < end else None
+            while seqs is not None and len(out) < count:
+                found = seqs.first_at_or_after(start, idx, sid)
+                if not found or found >= end:
+                    break
+                out.append(found)
+                start = found + 1
+            return out
         sids, base = idx.sid, idx.base
         if not filters:
             for s in range(start, end):
                 if sids[s - base]:
-                    return s
-            return None
+                    out.append(s)
+                    if len(out) >= count:
+                        break
+            return out
         names = self._subject_names
         hits: dict[int, bool] = {}  # a subject is matched once per search, not once per message
         for s in range(start, end):
@@ -646,8 +660,10 @@ class Stream:
                 if hit is None:
                     hit = hits[sid] = any(subject_matches(f, names[sid]) for f in filters)
                 if hit:
-                    return s
-        return None
+                    out.append(s)
+                    if len(out) >= count:
+                        break
+        return out
 
     def next_matching(self, after: int, filters: list[str]) -> int | None:
         """The first durable live sequence above ``after`` whose subject a filter matches (any

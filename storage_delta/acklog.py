@@ -109,6 +109,9 @@ _FIELD_ORDER = [
 #: A row as the appender queues it: the fields in ``ACK_SCHEMA`` order (``lsn`` first), a plain
 #: tuple because the gateway queues one per delivery and one per ack.
 AckRow = tuple[int, str, str, str, int, int, int, int, int, int, int, int, str | None]
+#: A row's numbers for :meth:`AckLogWriter.add_many`: seq, cseq, deliveries, ts, delivered seq,
+#: delivered cseq, floor seq, floor cseq.
+RowNumbers = tuple[int, int, int, int, int, int, int, int]
 
 
 def to_arrow(records: list[AckRecord]) -> pa.Table:
@@ -492,6 +495,10 @@ class AckLogWriter:
     def has_room(self) -> bool:
         return not self._closed and len(self._pending) < self._max_pending
 
+    def room(self) -> int:
+        """How many more rows :meth:`has_room` would take one after the other."""
+        return 0 if self._closed else max(self._max_pending - len(self._pending), 0)
+
     def submit(self, record: AckRecord | None, sync: bool = False) -> asyncio.Future[None] | None:
         """Queue a row. With ``sync`` the returned future resolves once it (and every row queued
         before it) is committed; a ``None`` record is such a barrier alone."""
@@ -518,6 +525,15 @@ class AckLogWriter:
         self._lsn += 1
         self._pending.append((self._lsn, stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
         return self._queued(sync)
+
+    def add_many(self, stream: str, consumer: str, kind: str, items: list[RowNumbers]) -> None:
+        """:meth:`add` for a run of rows of one consumer and kind in one call (no sync)."""
+        lsn = self._lsn
+        self._pending.extend(
+            [(lsn + i, stream, consumer, kind, *numbers, None) for i, numbers in enumerate(items, 1)]
+        )
+        self._lsn = lsn + len(items)
+        self._queued(False)
 
     def _queued(self, sync: bool) -> asyncio.Future[None] | None:
         if not sync:

@@ -283,3 +283,55 @@ async def test_ack_floor_after_redelivered_ack(targets: dict[str, str], unique: 
     out = await same(targets, case, unique)
     assert out["3"]["ack_floor"] == {"consumer_seq": 3, "stream_seq": 3}
     assert out["4"]["ack_floor"] == {"consumer_seq": 5, "stream_seq": 5}
+
+
+async def test_acks_back_to_back(targets: dict[str, str], unique: str) -> None:
+    """Acks sent back to back (jetlake gets them in one read of the leaf link and applies the
+    plain ones as runs) mixed with every other kind and two consumers, in an order that shows any
+    reordering: a nak before an ack is advised, a nak after one does nothing, a duplicate
+    changes nothing; ack_syncs sent last are answered; then the redelivery."""
+
+    async def case(nc: Client, name: str) -> Any:
+        sub_ev, seen = await _events(nc, name)
+        await stream(nc, name)
+        await publish(nc, name, 12)
+        for c in ("a", "b"):
+            await consumer(nc, name, c, ack_policy="explicit")
+            await pull(nc, name, c, {"batch": 12, "expires": 2_000_000_000}, 12)
+
+        def ack(c: str, seq: int, body: bytes = b"+ACK") -> tuple[str, bytes]:
+            return (f"$JS.ACK.{name}.{c}.1.{seq}.{seq}.0.0", body)
+
+        burst = [
+            *(ack("a", s) for s in (1, 2)),
+            ack("b", 1),
+            ack("a", 3),
+            ack("a", 4, b"-NAK"),
+            ack("a", 4),
+            ack("a", 5),
+            ack("a", 5, b"-NAK"),
+            *(ack("b", s) for s in (2, 2, 12)),
+            ack("a", 6, b"+WPI"),
+            ack("a", 7),
+            ack("a", 8, b"+TERM"),
+            ack("a", 9, b""),
+            ack("a", 11, b"-NAK"),
+            ack("a", 10),
+        ]
+        for subject, body in burst:
+            await nc.publish(subject, body)
+        # ack_sync last on each: the real server answers once the consumer took all before it
+        replies = [(await nc.request(*ack(c, s), timeout=2)).data.decode() for c, s in (("b", 3), ("a", 12))]
+        infos = {c: state(await api(nc, f"CONSUMER.INFO.{name}.{c}")) for c in ("a", "b")}
+        again = await pull(nc, name, "a", {"batch": 3, "expires": 500_000_000}, 4)
+        await asyncio.sleep(0.3)
+        await sub_ev.unsubscribe()
+        events = [(e["type"].rsplit(".", 1)[1], e.get("stream_seq")) for e in _advisories(seen)]
+        return {"replies": replies, "infos": infos, "again": again, "events": events}
+
+    out = await same(targets, case, unique)
+    assert out["infos"]["a"]["ack_floor"] == {"consumer_seq": 5, "stream_seq": 5}
+    assert out["infos"]["b"]["num_ack_pending"] == 8
+    # the nak before an ack counts, the one after it does not
+    advised = [e for e in out["events"] if e[0] != "consumer_action"]
+    assert advised == [("nak", 4), ("terminated", 8), ("nak", 11)]

@@ -136,3 +136,52 @@ def test_subjects_overlap(a: str, b: str, overlap: bool) -> None:
 )
 def test_valid_subject(subject: str, valid: bool) -> None:
     assert is_valid_subject(subject) is valid
+
+
+def _plain_acks(frames: list[proto.Frame]) -> list[object]:
+    """Frames with every plain ack (a message without reply to an ack subject, body ``+ACK`` or
+    none, whose subject parses) as (subject, stream, consumer, seq); other frames as they are."""
+    out: list[object] = []
+    for f in frames:
+        if isinstance(f, proto.AckRun):
+            out.extend(f.acks)
+            continue
+        token = acks.parse_ack_subject(f.subject) if isinstance(f, proto.Msg) else None
+        if isinstance(f, proto.Msg) and token and not f.reply and not f.hdrs and f.data in (b"", b"+ACK"):
+            out.append((f.subject, token.stream, token.consumer, str(token.seq)))
+        else:
+            out.append(f)
+    return out
+
+
+def test_ack_runs_are_the_plain_acks_among_the_frames() -> None:
+    """Cut into runs of plain acks or not, and split across reads anywhere, the parser gives the
+    same frames; what a run does not take (another body, a reply, headers, another subject form,
+    lowercase) comes as a message."""
+    import random
+
+    rng = random.Random(3)
+    shapes = [
+        lambda i: b"LMSG $JS.ACK.S.c.1.%d.%d.1700000000000000000.%d 4\r\n+ACK\r\n" % (i, i, i),
+        lambda i: b"LMSG $JS.ACK.S2.d.2.%d.%d.17.0 0\r\n\r\n" % (i, i),
+        lambda i: b"LMSG $JS.ACK.S.c.1.%d.%d.17.0 4\r\n-NAK\r\n" % (i, i),
+        lambda i: b"LMSG $JS.ACK.S.c.1.%d.%d.17.0 _INBOX.r 4\r\n+ACK\r\n" % (i, i),
+        lambda i: b"HMSG $JS.ACK.S.c.1.%d.%d.17.0 12 16\r\nNATS/1.0\r\n\r\n+ACK\r\n" % (i, i),
+        lambda i: b"LMSG $JS.ACK.hub.ACC.S.c.1.%d.%d.17.0.xyz 4\r\n+ACK\r\n" % (i, i),
+        lambda i: b"LMSG $JS.ACK.S.c.x.%d.1.17.0 4\r\n+ACK\r\n" % i,
+        lambda i: b"lmsg $JS.ACK.S.c.1.%d.%d.17.0 4\r\n+ACK\r\n" % (i, i),
+        lambda i: b"LMSG orders.new %d\r\n%s\r\n" % (len(str(i)), str(i).encode()),
+        lambda i: b"PING\r\n",
+    ]
+    for _ in range(200):
+        picked = [rng.choice(shapes[:2] * 4 + shapes) for _ in range(rng.randint(1, 30))]
+        wire = b"".join(shape(i) for i, shape in enumerate(picked))
+        expected = _plain_acks(proto.FrameParser().feed(wire))
+        parser = proto.FrameParser(ack_runs=True)
+        cuts = sorted(rng.sample(range(len(wire)), min(3, len(wire))))
+        frames: list[proto.Frame] = []
+        for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+            frames += parser.feed(wire[a:b])
+        assert _plain_acks(frames) == expected
+        in_runs = sum(len(f.acks) for f in frames if isinstance(f, proto.AckRun))
+        assert in_runs == sum(shape in shapes[:2] for shape in picked)  # every one of the common form
