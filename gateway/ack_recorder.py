@@ -91,22 +91,23 @@ class AckRecorder:
         """Record the plain acks of :meth:`Consumer.ack_run` that settled a message, one row each
         with the positions right after it, stamped with the run's ack time."""
         if settled:
-            ts, sseq, dseq = consumer.ack_floor_active_ns, consumer.sseq, consumer.dseq
-            self.writer.add_many(
-                consumer.stream.name,
-                consumer.name,
-                al.ACK,
-                [(seq, 0, 0, ts, sseq, dseq, fseq, fcseq) for seq, fseq, fcseq in settled],
+            stream, name, ts = consumer.stream.name, consumer.name, consumer.ack_floor_active_ns
+            sseq, dseq = consumer.sseq, consumer.dseq
+            self.writer.add_rows(
+                [
+                    (stream, name, al.ACK, seq, 0, 0, ts, sseq, dseq, fseq, fcseq, None)
+                    for seq, fseq, fcseq in settled
+                ]
             )
 
     def delivered_run(self, consumer: Consumer, run: list[Delivered]) -> None:
         """Record deliveries (of :meth:`Consumer.deliver_run` or ``deliver``), one row each."""
-        ts = consumer.last_active_ns
-        self.writer.add_many(
-            consumer.stream.name,
-            consumer.name,
-            al.DELIVER,
-            [(d.seq, d.cseq, d.deliveries, ts, d.sseq, d.cseq, d.floor_sseq, d.floor_cseq) for d in run],
+        stream, name, ts, kind = consumer.stream.name, consumer.name, consumer.last_active_ns, al.DELIVER
+        self.writer.add_rows(
+            [
+                (stream, name, kind, seq, cseq, n, ts, sseq, cseq, fseq, fcseq, None)
+                for seq, cseq, n, _, sseq, fseq, fcseq in run
+            ]
         )
 
     def room(self) -> int:

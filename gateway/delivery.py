@@ -96,7 +96,7 @@ class Delivery:
         self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
         self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
         #: Plain acks of the current read of the leaf link (``protocol.AckRun``), not applied yet.
-        self.queued_acks: list[tuple[str, str, str, str]] = []
+        self.queued_acks: list[tuple[bytes, bytes, bytes, bytes]] = []
 
     def _consumer(self, stream: str, name: str) -> Consumer | None:
         return self.registry.consumers.get(stream, {}).get(name)
@@ -406,15 +406,15 @@ class Delivery:
         gateway calls this before any other message of a read and at its end."""
         found, self.queued_acks = self.queued_acks, []
         for (stream, name), run in groupby(found, itemgetter(1, 2)):
-            consumer = self._consumer(stream, name)
+            consumer = self._consumer(stream.decode(errors="replace"), name.decode(errors="replace"))
             if consumer is not None:  # nobody listens on a deleted consumer's acks
                 self._ack_run(consumer, list(run))
 
-    def _ack_run(self, consumer: Consumer, run: list[tuple[str, str, str, str]]) -> None:
+    def _ack_run(self, consumer: Consumer, run: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
         if consumer.ack_all or consumer.config.get("sample_freq"):
             # AckAll settles ranges and sampling answers per ack: one at a time, as ever
             for subject, *_ in run:
-                token = acks.parse_ack_subject(subject)
+                token = acks.parse_ack_subject(subject.decode(errors="replace"))
                 assert token is not None  # the parser took only well-formed ack subjects
                 self._ack(consumer, token, acks.PLAIN_ACK, "")
             return

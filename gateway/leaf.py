@@ -61,7 +61,7 @@ class LeafConnection:
         on_msg: Callable[[proto.Msg], None],
         on_connected: Callable[[dict[str, object]], None] | None = None,
         on_read_done: Callable[[], None] | None = None,
-        on_acks: Callable[[list[tuple[str, str, str, str]]], None] | None = None,
+        on_acks: Callable[[list[tuple[bytes, bytes, bytes, bytes]]], None] | None = None,
     ) -> None:
         self.target = target
         self.name = name

@@ -61,9 +61,9 @@ class AckRun:
     gateway's form (``$JS.ACK.<stream>.<consumer>`` and five numbers) with body ``+ACK`` or none,
     which is most of what consuming clients send. The parser cuts such a run out of the buffer
     with one regular expression and hands over (subject, stream, consumer, stream sequence) per
-    ack."""
+    ack, as the bytes they came as (a run's names are decoded once, not once per ack)."""
 
-    acks: list[tuple[str, str, str, str]]
+    acks: list[tuple[bytes, bytes, bytes, bytes]]
 
 
 Frame = Msg | Info | Interest | Ping | Pong | ServerError | AckRun
@@ -72,8 +72,10 @@ Frame = Msg | Info | Interest | Ping | Pong | ServerError | AckRun
 _MSG_OPS = (b"LMSG", b"HMSG")
 _H = b"Hh"
 _ACK_START = b"LMSG $JS.ACK."
-_ACK_RUN = re.compile(rb"(?:LMSG \$JS\.ACK\.[^.\s]+\.[^.\s]+(?:\.\d+){5} (?:4\r\n\+ACK|0\r\n)\r\n)+")
-_ACK_FIELDS = re.compile(r"LMSG (\$JS\.ACK\.([^.]+)\.([^.]+)\.\d+\.(\d+)\.[^ ]+) ")
+_ACK_RUN = re.compile(
+    rb"(?:LMSG \$JS\.ACK\.[^. \r\n]+\.[^. \r\n]+\.\d+\.\d+\.\d+\.\d+\.\d+ (?:4\r\n\+ACK|0\r\n)\r\n)+"
+)
+_ACK_FIELDS = re.compile(rb"LMSG (\$JS\.ACK\.([^.]+)\.([^.]+)\.\d+\.(\d+)\.[^ ]+) ")
 
 
 class ProtocolError(Exception):
@@ -106,7 +108,7 @@ class FrameParser:
                 run = _ACK_RUN.match(buf, pos)
                 if run is not None:
                     end = run.end()
-                    append(AckRun(_ACK_FIELDS.findall(buf[pos:end].decode())))
+                    append(AckRun(_ACK_FIELDS.findall(buf, pos, end)))
                     pos = end
                     continue
             eol = find(CRLF, pos)

@@ -260,7 +260,7 @@ class Gateway:
             return
         self.publish.on_publish(msg)
 
-    def _on_acks(self, found: list[tuple[str, str, str, str]]) -> None:
+    def _on_acks(self, found: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
         """Plain acks from the leaf link: queued, applied before the next message or at the end
         of the read (:meth:`Delivery.apply_acks`), so every change happens in link order."""
         assert self.delivery is not None

@@ -106,12 +106,10 @@ _FIELD_ORDER = [
 ]
 
 
-#: A row as the appender queues it: the fields in ``ACK_SCHEMA`` order (``lsn`` first), a plain
-#: tuple because the gateway queues one per delivery and one per ack.
-AckRow = tuple[int, str, str, str, int, int, int, int, int, int, int, int, str | None]
-#: A row's numbers for :meth:`AckLogWriter.add_many`: seq, cseq, deliveries, ts, delivered seq,
-#: delivered cseq, floor seq, floor cseq.
-RowNumbers = tuple[int, int, int, int, int, int, int, int]
+#: A row as the appender queues it: the fields in ``ACK_SCHEMA`` order after ``lsn`` (the queued
+#: rows' lsns are consecutive, so a batch knows them from its first), a plain tuple because the
+#: gateway queues one per delivery and one per ack.
+AckRow = tuple[str, str, str, int, int, int, int, int, int, int, int, str | None]
 
 
 def to_arrow(records: list[AckRecord]) -> pa.Table:
@@ -121,18 +119,19 @@ def to_arrow(records: list[AckRecord]) -> pa.Table:
     )
 
 
-def rows_to_arrow(rows: list[AckRow]) -> pa.Table:
-    """Queued rows as one Arrow table, column by column."""
-    columns = zip(*rows, strict=True) if rows else ([] for _ in sch.ACK_SCHEMA)
+def rows_to_arrow(rows: list[AckRow], first_lsn: int) -> pa.Table:
+    """Queued rows (lsns from ``first_lsn`` on) as one Arrow table, column by column."""
+    fields = list(sch.ACK_SCHEMA)[1:]
+    columns = zip(*rows, strict=True) if rows else ([] for _ in fields)
+    lsns = pa.array(np.arange(first_lsn, first_lsn + len(rows), dtype=np.int64))
     return pa.Table.from_arrays(
-        [pa.array(col, f.type) for col, f in zip(columns, sch.ACK_SCHEMA, strict=True)],
+        [lsns, *(pa.array(col, f.type) for col, f in zip(columns, fields, strict=True))],
         schema=sch.ACK_SCHEMA,
     )
 
 
 def _as_row(r: AckRecord) -> AckRow:
     return (
-        r.lsn,
         r.stream,
         r.consumer,
         r.kind,
@@ -523,21 +522,21 @@ class AckLogWriter:
         """:meth:`submit` for the frequent rows (deliveries, acks) without building a record:
         ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
         self._lsn += 1
-        self._pending.append((self._lsn, stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
+        self._pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
         return self._queued(sync)
 
-    def add_many(self, stream: str, consumer: str, kind: str, items: list[RowNumbers]) -> None:
-        """:meth:`add` for a run of rows of one consumer and kind in one call (no sync)."""
-        lsn = self._lsn
-        self._pending.extend(
-            [(lsn + i, stream, consumer, kind, *numbers, None) for i, numbers in enumerate(items, 1)]
-        )
-        self._lsn = lsn + len(items)
-        self._queued(False)
+    def add_rows(self, rows: list[AckRow]) -> None:
+        """:meth:`add` for many rows in one call (no sync)."""
+        self._lsn += len(rows)
+        self._pending.extend(rows)
+        self._queued(False, len(rows))
 
-    def _queued(self, sync: bool) -> asyncio.Future[None] | None:
+    def _queued(self, sync: bool, added: int = 1) -> asyncio.Future[None] | None:
         if not sync:
-            self._wakeup.set()
+            # The commit task waits for the first row, then for the flush interval or enough
+            # rows: waking it for each row in between would only cost it a new timer each time.
+            if len(self._pending) <= added or self._ready():
+                self._wakeup.set()
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self._pending and not self._in_flight:
@@ -579,7 +578,7 @@ class AckLogWriter:
             if batch:
                 self._in_flight = True
                 self._version += 1
-                await self._commit(loop, batch)
+                await self._commit(loop, batch, self._lsn - len(batch) + 1)
                 self._in_flight = False
             for w in waiters:
                 if not w.done():
@@ -592,15 +591,15 @@ class AckLogWriter:
                     await self._compaction
                 return
 
-    def _append(self, batch: list[AckRow], version: int) -> None:
+    def _append(self, batch: list[AckRow], first_lsn: int, version: int) -> None:
         """On the executor: the batch's columns are built there, not on the event loop."""
-        self._table.append(rows_to_arrow(batch), version)
+        self._table.append(rows_to_arrow(batch, first_lsn), version)
 
-    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRow]) -> None:
+    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRow], first_lsn: int) -> None:
         delay = 0.05
         while True:
             try:
-                await loop.run_in_executor(self._executor, self._append, batch, self._version)
+                await loop.run_in_executor(self._executor, self._append, batch, first_lsn, self._version)
                 break
             except Exception:
                 # The rows stay ours: their waiters keep waiting, the same txn version is tried

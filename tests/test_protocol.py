@@ -148,7 +148,8 @@ def _plain_acks(frames: list[proto.Frame]) -> list[object]:
             continue
         token = acks.parse_ack_subject(f.subject) if isinstance(f, proto.Msg) else None
         if isinstance(f, proto.Msg) and token and not f.reply and not f.hdrs and f.data in (b"", b"+ACK"):
-            out.append((f.subject, token.stream, token.consumer, str(token.seq)))
+            fields = (f.subject, token.stream, token.consumer, str(token.seq))
+            out.append(tuple(field.encode() for field in fields))
         else:
             out.append(f)
     return out
