@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench import pyconsume
 from bench.stored import write_messages
 from bench.targets import Target, add_stream, barrier, loadgen, wait_stream_messages
 from bench.workloads import profiled
@@ -23,16 +24,30 @@ def _ratio(out: Result) -> float | None:
     return round(lake / ref, 3) if ref else None
 
 
-def consume(targets: list[Target], mode: str, count: int, window: int, profile: Path | None = None) -> Result:
+def consume(
+    targets: list[Target],
+    mode: str,
+    count: int,
+    window: int,
+    profile: Path | None = None,
+    client: str = "js",
+) -> Result:
     """A stream filled by acked publishes (its tail still warm in jetlake), then drained by one
-    consumer: ``pull`` fetches batches of ``window``, ``push`` has ``window`` acks pending at most."""
-    stream = f"BCONS_{mode.upper()}"
-    prefix = f"bcons{mode}"
-    out: Result = {"workload": f"{mode}_consume", "messages": count, "window": window}
+    consumer: ``pull`` fetches batches of ``window``, ``push`` has ``window`` acks pending at most.
+    ``client``: ``js`` (nats.js, the load generator) or ``py`` (nats-py)."""
+    stream = f"BCONS_{mode.upper()}_{client.upper()}"
+    prefix = f"bcons{mode}{client}"
+    suffix = "" if client == "js" else f"_{client}"
+    out: Result = {"workload": f"{mode}_consume{suffix}", "messages": count, "window": window}
     for t in targets:
         asyncio.run(add_stream(t.url, stream, [f"{prefix}.>"]))
         loadgen("pipelined", t.url, prefix, count, "json", 512)
-        out[t.name] = profiled(t, profile, partial(loadgen, mode, t.url, stream, count, "json", window))
+        run = (
+            partial(loadgen, mode, t.url, stream, count, "json", window)
+            if client == "js"
+            else partial(pyconsume.consume, mode, t.url, stream, count, window)
+        )
+        out[t.name] = profiled(t, profile, run)
     out["ratio"] = _ratio(out)
     return out
 

@@ -141,6 +141,12 @@ def main() -> None:
             "push_consume": lambda: consumers.consume(
                 targets, "push", sizes.consume, sizes.consume_window, profile
             ),
+            "pull_consume_py": lambda: consumers.consume(
+                targets, "pull", sizes.consume, sizes.consume_window, profile, client="py"
+            ),
+            "push_consume_py": lambda: consumers.consume(
+                targets, "push", sizes.consume, sizes.consume_window, profile, client="py"
+            ),
             "catch_up": lambda: consumers.catch_up(targets, lake, sizes.catch_up, sizes.consume_window),
             "acklog_restart": lambda: acklog_restart.measure(sizes.acks, 10_000),
             "spark_vs_drain": lambda: spark_read.spark_vs_drain(targets, lake, sizes.catch_up, 1000),

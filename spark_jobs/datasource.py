@@ -73,8 +73,14 @@ MESSAGE_SCHEMA = StructType(
     ]
 )
 
-#: Rows per yielded batch: bounds what one Arrow batch sent to the JVM holds when payloads are large.
-BATCH_ROWS = 2048
+#: What one Arrow batch sent to the JVM may hold: batches are cut by bytes, not rows, so small
+#: messages travel in few large batches (each batch has a fixed cost on both sides of the socket)
+#: and large payloads still never make one batch big.
+BATCH_BYTES = 8 << 20
+#: Rows per batch at most, however small the messages.
+BATCH_ROWS = 65_536
+#: The fixed columns of a row (stream, sequence, times, the map's offsets), in bytes.
+_ROW_OVERHEAD = 48
 
 _STORAGE_PREFIX = "storage."
 
@@ -282,9 +288,32 @@ def read_block(
             table = table.filter(pc.is_in(table["subject"], value_set=keep))
         if table.num_rows == 0:
             continue
-        yield from to_output(partition.stream, table.sort_by("seq"), schema).to_batches(
-            max_chunksize=BATCH_ROWS
-        )
+        yield from batches(to_output(partition.stream, table.sort_by("seq"), schema))
+
+
+def batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    """``table`` cut into batches of at most :data:`BATCH_ROWS` rows and, unless one row alone is
+    larger, :data:`BATCH_BYTES` of subjects, headers and payloads."""
+    n = table.num_rows
+    sizes = np.full(n, _ROW_OVERHEAD, np.int64)
+    for name in ("subject", "data"):
+        sizes += pc.binary_length(table[name]).to_numpy(zero_copy_only=False)
+    headers = table["headers"].combine_chunks()
+    pairs = np.zeros(len(headers.keys) + 1, np.int64)
+    pairs[1:] = np.cumsum(
+        pc.binary_length(headers.keys).to_numpy(zero_copy_only=False)
+        + pc.binary_length(headers.items).to_numpy(zero_copy_only=False)
+    )
+    offsets = headers.offsets.to_numpy(zero_copy_only=False)
+    sizes += pairs[offsets[1:]] - pairs[offsets[:-1]]
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < n:
+        base = int(ends[start - 1]) if start else 0
+        stop = int(np.searchsorted(ends, base + BATCH_BYTES, side="right"))
+        stop = min(max(stop, start + 1), start + BATCH_ROWS)
+        yield from table.slice(start, stop - start).to_batches()
+        start = stop
 
 
 def to_output(stream: str, table: pa.Table, schema: pa.Schema) -> pa.Table:

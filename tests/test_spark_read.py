@@ -11,7 +11,8 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.datasource import MESSAGE_SCHEMA, list_blocks
+import spark_jobs.datasource as datasource
+from spark_jobs.datasource import MESSAGE_SCHEMA, arrow_schema, list_blocks, read_block
 from spark_jobs.session import check_java, java_major_version
 from storage_delta.natsfmt import parse_headers, subject_matches
 from storage_delta.tables import StoreRoot
@@ -175,6 +176,31 @@ def test_partitions_are_small_and_picklable(store: tuple[str, list[StoredMessage
         assert pickle.loads(pickle.dumps(p)) == p
         assert len(pickle.dumps(p)) < 1024
     assert [p.block for p in list_blocks(StoreRoot(root), STREAM, 401, 500)] == [1]
+
+
+def test_batches_are_cut_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small messages travel in few large batches, large payloads in small ones: no batch holds
+    more than the byte budget (beyond a single row) or more rows than the row cap."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root)
+    small = [replace_data(_message(seq), b"s") for seq in range(1, 301)]
+    large = [replace_data(_message(seq), b"L" * 10_000) for seq in range(301, 400)]
+    table.commit(small + large, 1)
+    monkeypatch.setattr(datasource, "BATCH_BYTES", 100_000)
+    monkeypatch.setattr(datasource, "BATCH_ROWS", 256)
+    schema = arrow_schema(MESSAGE_SCHEMA)
+    batches = [b for part in list_blocks(root, STREAM) for b in read_block(root, part, None, schema)]
+    assert [s for b in batches for s in b.column("seq").to_pylist()] == list(range(1, 400))
+    assert max(b.num_rows for b in batches) <= 256
+    assert all(b.nbytes <= 100_000 or b.num_rows == 1 for b in batches)
+    assert batches[0].num_rows == 256  # one-byte payloads: the row cap cuts
+    large_batches = [b.num_rows for b in batches if b.column("seq")[0].as_py() > 300]
+    assert len(large_batches) >= 9
+    assert max(large_batches) <= 10  # 10 kB payloads: the byte budget cuts
+
+
+def replace_data(m: StoredMessage, data: bytes) -> StoredMessage:
+    return StoredMessage(m.stream, m.block_size, m.seq, m.ts, m.subject, m.hdrs, data)
 
 
 @pytest.mark.parametrize(
