@@ -52,6 +52,15 @@ class ColdReader:
             self._read_ahead(stream, index + 1)
         return chunk[1].get(seq)
 
+    def held(self, stream: Stream, seq: int) -> StoredMessage | None:
+        """The stored message ``seq`` if a chunk read already holds it (None: ask :meth:`read`),
+        so that a consumer catching up takes what is read in runs."""
+        chunk = self._chunks.get((stream.name, stream.created_ns, seq // CHUNK))
+        msg = chunk[1].get(seq) if chunk is not None and stream.is_live(seq) else None
+        if msg is not None and seq % CHUNK >= CHUNK // 2:
+            self._read_ahead(stream, seq // CHUNK + 1)
+        return msg
+
     def _load(self, stream: Stream, index: int) -> asyncio.Future[Chunk]:
         first = max(index * CHUNK, 1)
         last = min(index * CHUNK + CHUNK - 1, stream.durable_last_seq)

@@ -336,8 +336,9 @@ class Consumer:
         if self._ack_limit:
             limit = min(limit, self._ack_limit - len(self.pending))
         first = self._next_new() if limit > 0 else None
-        if first is None:
-            return
+        msg = lookup(first) if first is not None else None
+        if first is None or msg is None:
+            return  # (no search for more when the first is not held: the caller reads it)
         stream = self.stream
         seqs = [first]
         if limit > 1:
@@ -350,9 +351,10 @@ class Consumer:
         new = tuple.__new__  # a named tuple without its Python-level constructor call
         sseq = 0
         for seq in seqs:
-            msg = lookup(seq)
-            if msg is None:
-                break
+            if seq != first:
+                msg = lookup(seq)
+                if msg is None:
+                    break
             dseq += 1
             npc -= 1
             sseq = seq

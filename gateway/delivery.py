@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
 from gateway import acks, advisories, retention
 from gateway.ack_recorder import AckRecorder
+from gateway.coldread import ColdReader
 from gateway.consumer import Consumer, Delivered, PullRequest, Status
 from gateway.headers import status_block
 from gateway.leaf import LeafConnection
@@ -48,6 +49,7 @@ TICK_S = 0.05
 NS = 1_000_000_000
 RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
 RUN = 256  # deliveries made in one go at most, between checks of the link's send buffer
+RUN_BYTES = 1 << 20  # and their payload bytes at most (a larger message goes alone)
 
 
 class TokenBucket:
@@ -68,16 +70,12 @@ class TokenBucket:
         return max(0.0, -self.tokens / self.rate)
 
 
-#: Reads one stored message of a stream from Delta (on the executor), None when it is gone.
-ColdRead = Callable[[Stream, int], Awaitable[StoredMessage | None]]
-
-
 class Delivery:
     def __init__(
         self,
         registry: Registry,
         leaf: LeafConnection,
-        cold_read: ColdRead,
+        cold: ColdReader,
         tasks: TaskOwner,
         delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
         recorder: AckRecorder,
@@ -85,7 +83,7 @@ class Delivery:
         self.recorder = recorder
         self.registry = registry
         self.leaf = leaf
-        self.cold_read = cold_read
+        self.cold = cold
         self.tasks = tasks
         self.delete_consumer = delete_consumer
         self._serving: set[int] = set()
@@ -195,7 +193,7 @@ class Delivery:
                     return
                 msg = consumer.stream.tail.get(seq)
                 if msg is None:
-                    msg = await self.cold_read(consumer.stream, seq)
+                    msg = await self.cold.read(consumer.stream, seq)
                 if msg is None:
                     was_pending = seq in consumer.pending
                     consumer.passed(seq)
@@ -246,11 +244,24 @@ class Delivery:
         return not (paced or cfg.get("flow_control"))
 
     def _serve_run(self, consumer: Consumer, inbox: str, req: PullRequest | None, now: int) -> bool:
-        """Deliver what the tail cache holds of the next messages (up to a request's batch and the
-        ack log's room) in one state-machine call, one log append and one write; False when there
-        was nothing to deliver that way."""
+        """Deliver what the tail cache (or a cold read already done) holds of the next messages, up
+        to a request's batch and the ack log's room, in one state-machine call, one log append and
+        one write; False when there was nothing to deliver that way."""
         limit = min(req.batch - req.delivered if req is not None else RUN, self.recorder.room(), RUN)
-        run = consumer.deliver_run(limit, now, consumer.stream.tail.get)
+        stream, tail, cold = consumer.stream, consumer.stream.tail.get, self.cold.held
+        budget = RUN_BYTES
+
+        def held(seq: int) -> StoredMessage | None:
+            """The message if it is in memory and the run's bytes allow it (the link's send
+            buffer is checked between runs)."""
+            nonlocal budget
+            msg = tail(seq) or cold(stream, seq)
+            if msg is None or budget < len(msg.data):
+                return None
+            budget -= len(msg.data)
+            return msg
+
+        run = consumer.deliver_run(limit, now, held)
         if not run:
             return False
         self.recorder.delivered_run(consumer, [d for _, d in run])

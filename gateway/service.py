@@ -126,7 +126,7 @@ class Gateway:
             on_acks=self._on_acks,
         )
         self.delivery = Delivery(
-            self.registry, self.leaf, self.cold.read, self.tasks, self._expire_consumer, ack_recorder
+            self.registry, self.leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder
         )
         self.registry.on_consumer_removed = self.delivery.consumer_gone
         self.publish = PublishPath(self.registry, self.writer, self.leaf, self.delivery.kick_stream)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -148,6 +149,13 @@ def test_deliver_run_equals_deliveries_one_by_one() -> None:
             limit = rng.choice([1, 3, 10, 100])
             twin = copy.deepcopy(c)
             expected = _deliver_one_by_one(twin, limit, now, tail)
-            run = c.deliver_run(limit, now, _tail(c, tail))
+            held, asked = _tail(c, tail), Counter[int]()
+
+            def lookup(seq: int, held: Any = held, asked: Counter[int] = asked) -> StoredMessage | None:
+                asked[seq] += 1
+                return held(seq)  # type: ignore[no-any-return]
+
+            run = c.deliver_run(limit, now, lookup)
+            assert max(asked.values(), default=1) == 1  # each message asked for once (a byte budget)
             assert [(msg.seq, d) for msg, d in run] == expected, (cfg, limit)
             assert _snapshot(c) == _snapshot(twin), (cfg, limit)
