@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import errors
-from gateway.apicommon import RawReply, load_request
+from gateway.apicommon import BOOL, INT, STRING, STRINGS, TIME, UINT, RawReply, Struct, load_request
 from gateway.headers import no_responders, status_block
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
@@ -17,6 +17,25 @@ from gateway.timefmt import rfc3339
 from storage_delta.writer import StoredMessage
 
 NOT_FOUND = RawReply(status_block(404, "Message Not Found"))
+
+#: The get request: MSG.GET decodes it strictly, DIRECT.GET ignores unknown fields.
+MSG_GET_REQUEST = Struct(
+    "server.JSApiMsgGetRequest",
+    {
+        "seq": UINT,
+        "last_by_subj": STRING,
+        "next_by_subj": STRING,
+        "batch": INT,
+        "max_bytes": INT,
+        "start_time": TIME,
+        "multi_last": STRINGS,
+        "up_to_seq": UINT,
+        "up_to_time": TIME,
+        "no_hdr": BOOL,
+    },
+)
+DIRECT_GET_REQUEST = Struct(MSG_GET_REQUEST.gotype, MSG_GET_REQUEST.fields, strict=False)
+_NAMING = ("seq", "last_by_subj", "next_by_subj", "multi_last", "start_time")
 
 
 def check_get_request(req: dict[str, Any]) -> None:
@@ -78,9 +97,11 @@ class DirectGet:
             return [RawReply(status_block(408, "Empty Request"))]
         else:
             try:
-                req = load_request(body)
+                req = load_request(body, DIRECT_GET_REQUEST)
             except errors.ApiError:
                 return [RawReply(status_block(408, "Malformed Request"))]
+            if not any(req.get(key) for key in _NAMING):
+                return [RawReply(status_block(408, "Empty Request"))]
         if req.get("multi_last"):
             return await self._multi_last(stream, req)
         try:

@@ -58,6 +58,13 @@ CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
     400, 10116, "max deliver is required to be > length of backoff values"
 )
 CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
+CONSUMER_DELIVER_CYCLE = ApiError(400, 10081, "consumer deliver subject forms a cycle")
+CONSUMER_INVALID_DELIVER_SUBJECT = ApiError(400, 10112, "invalid push consumer deliver subject")
+ACK_FC_REQUIRES_PUSH = ApiError(400, 10218, "flow control ack policy requires a push based consumer")
+ACK_FC_REQUIRES_FC = ApiError(400, 10219, "flow control ack policy requires flow control")
+ACK_FC_REQUIRES_MAX_ACK_PENDING = ApiError(400, 10220, "flow control ack policy requires max ack pending")
+ACK_FC_REQUIRES_NO_ACK_WAIT = ApiError(400, 10221, "flow control ack policy requires unset ack wait")
+ACK_FC_REQUIRES_NO_MAX_DELIVER = ApiError(400, 10222, "flow control ack policy requires unset max deliver")
 CONSUMER_HEARTBEAT_REQUIRES_PUSH = ApiError(
     400, 10088, "consumer idle heartbeat requires a push based consumer"
 )
