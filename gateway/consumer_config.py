@@ -310,6 +310,8 @@ def normalize(
             raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
         if raw.get("rate_limit_bps"):
             raise errors.CONSUMER_PULL_RATE_LIMIT
+        if raw.get("direct"):
+            raise errors.CONSUMER_DIRECT_REQUIRES_PUSH
     if push and raw.get("flow_control") and not raw.get("idle_heartbeat"):
         raise errors.CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS
     if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
@@ -359,6 +361,8 @@ def normalize(
     elif not durable:
         cfg["inactive_threshold"] = DEFAULT_INACTIVE_THRESHOLD_NS
     cfg["num_replicas"] = int(raw.get("num_replicas") or 0)
+    if raw.get("direct"):
+        cfg["direct"] = True  # accepted and echoed; served as an ordinary push consumer
     if raw.get("mem_storage"):
         cfg["mem_storage"] = True
     req_level = _req_level({"pause_until": raw.get("pause_until"), "ack_policy": ack_policy})

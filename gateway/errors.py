@@ -58,6 +58,7 @@ CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
     400, 10116, "max deliver is required to be > length of backoff values"
 )
 CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
+CONSUMER_DIRECT_REQUIRES_PUSH = ApiError(400, 10090, "consumer direct requires a push based consumer")
 CONSUMER_DELIVER_CYCLE = ApiError(400, 10081, "consumer deliver subject forms a cycle")
 CONSUMER_INVALID_DELIVER_SUBJECT = ApiError(400, 10112, "invalid push consumer deliver subject")
 ACK_FC_REQUIRES_PUSH = ApiError(400, 10218, "flow control ack policy requires a push based consumer")

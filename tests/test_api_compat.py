@@ -394,7 +394,12 @@ async def test_push_consumer_rules(targets: dict[str, str], unique: str) -> None
             body = {"stream_name": name, "pedantic": pedantic, "config": {"durable_name": f"p{i}", **config}}
             answer = await api(nc, f"CONSUMER.CREATE.{name}.p{i}", body)
             out[f"{pedantic} {cfg}"] = answer.get("error") or answer["config"]
+        # `direct` (the server's own mirror consumers): push and ephemeral only
+        for cfg in ({"direct": True}, {"direct": True, "deliver_subject": "dl.direct"}):
+            answer = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
+            out[f"ephemeral {cfg}"] = answer.get("error") or answer["config"]
         return out
 
     out = await same(targets, case, unique)
     assert out["False {'deliver_subject': '{n}.x'}"]["err_code"] == 10081
+    assert out["ephemeral {'direct': True}"]["err_code"] == 10090

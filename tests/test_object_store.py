@@ -27,7 +27,7 @@ async def test_object_store_put_get_list_delete(targets: dict[str, str], unique:
         await obs.put("small.txt", b"two")  # replaces the first
         got = await obs.get("big.bin")
         out["get"] = (got.data == big, got.info.size, got.info.chunks)
-        out["small"] = (await obs.get("small.txt")).data.decode()
+        out["small"] = (await obs.get("small.txt")).data
         out["empty"] = (await obs.get("empty")).data
         out["list"] = sorted((i.name, i.size, bool(i.deleted)) for i in await obs.list())
         await obs.delete("big.bin")
