@@ -149,6 +149,10 @@ def _check_filters(raw: dict[str, Any]) -> list[str]:
     many = list(raw.get("filter_subjects") or [])
     if single and many:
         raise errors.CONSUMER_BOTH_FILTERS
+    if single and not is_valid_subject(single):
+        raise errors.CONSUMER_INVALID_SUBJECT
+    if not all(many):  # an empty string, or null
+        raise errors.CONSUMER_EMPTY_FILTER
     filters = [single] if single else many
     for f in filters:
         if not is_valid_subject(f):

@@ -53,6 +53,7 @@ CONSUMER_INVALID_POLICY = ApiError(400, 10094, "{err}")
 CONSUMER_BOTH_FILTERS = ApiError(
     400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified"
 )
+CONSUMER_EMPTY_FILTER = ApiError(400, 10139, "consumer filter in FilterSubjects cannot be empty")
 CONSUMER_OVERLAPPING_FILTERS = ApiError(400, 10138, "consumer subject filters cannot overlap")
 CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
     400, 10116, "max deliver is required to be > length of backoff values"

@@ -349,7 +349,7 @@ async def test_consumer_action_and_pause_advisories(targets: dict[str, str], uni
     ]
 
 
-PUSH_CONFIGS: list[tuple[bool, dict[str, Any]]] = [
+CONFIG_RULES: list[tuple[bool, dict[str, Any]]] = [
     # ack_policy flow_control (2.15): the server sets flow control and a 1 s heartbeat ...
     (False, {"ack_policy": "flow_control", "deliver_subject": "dl.a"}),
     (False, {"ack_policy": "flow_control", "deliver_subject": "dl.b", "idle_heartbeat": 2 * S}),
@@ -379,17 +379,22 @@ PUSH_CONFIGS: list[tuple[bool, dict[str, Any]]] = [
     (False, {"deliver_subject": "{n}"}),  # not captured by {n}.>
     (False, {"deliver_subject": "a..b"}),  # 10112
     (False, {"deliver_subject": "{n}.*"}),  # 10079
+    # filters: an empty (or null) one among several is 10139, checked before their validity
+    (False, {"filter_subjects": ["a.>", ""]}),
+    (False, {"filter_subjects": ["a..", None]}),
+    (False, {"filter_subject": "a", "filter_subjects": [""]}),  # both: 10136 first
 ]
 
 
-async def test_push_consumer_rules(targets: dict[str, str], unique: str) -> None:
-    """Push consumer configs: the flow-control ack policy's requirements and defaults, and deliver
-    subjects that are wildcards, invalid or captured by the stream itself."""
+async def test_push_and_filter_rules(targets: dict[str, str], unique: str) -> None:
+    """Push consumer configs: the flow-control ack policy's requirements and defaults, deliver
+    subjects that are wildcards, invalid or captured by the stream itself, `direct`; and empty
+    filters."""
 
     async def case(nc: Client, name: str) -> Any:
         await stream(nc, name)
         out: dict[str, Any] = {}
-        for i, (pedantic, cfg) in enumerate(PUSH_CONFIGS):
+        for i, (pedantic, cfg) in enumerate(CONFIG_RULES):
             config = json.loads(json.dumps(cfg).replace("{n}", name.lower()))
             body = {"stream_name": name, "pedantic": pedantic, "config": {"durable_name": f"p{i}", **config}}
             answer = await api(nc, f"CONSUMER.CREATE.{name}.p{i}", body)
