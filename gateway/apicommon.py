@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import errors
-from gateway.gojson import JsonSyntaxError, loads, stream_wording
+from gateway.gojson import JsonSyntaxError, loads, stream_wording, syntax_error
 
 T = "io.nats.jetstream.api.v1."
 NAMES_PAGE = 1024
@@ -64,6 +64,15 @@ def load_request(body: bytes, struct: Struct | None = None) -> dict[str, Any]:
     if struct is not None and struct.fields is not None:
         _check_struct(value, struct, gotype.removeprefix("server."))
     return value
+
+
+def unmarshal_request(body: bytes, struct: Struct) -> dict[str, Any]:
+    """A body the server reads with ``json.Unmarshal`` rather than its streaming decoder
+    (CONSUMER.UNPIN): a syntax error, an empty body included, in that function's words."""
+    trouble = syntax_error(body)
+    if trouble is not None:
+        raise _invalid(trouble)
+    return load_request(body, struct)
 
 
 def _invalid(text: str) -> errors.ApiError:

@@ -8,10 +8,11 @@ and ``CONSUMER.CREATE.<stream>.<name>.<filter…>``, ``CONSUMER.DURABLE.CREATE.<
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gateway import advisories, consumer_config, errors, retention
 from gateway.apicommon import (
@@ -26,6 +27,7 @@ from gateway.apicommon import (
     T,
     load_request,
     require_empty_request,
+    unmarshal_request,
 )
 from gateway.consumer import Consumer, start_position
 from gateway.registry import Registry
@@ -43,6 +45,7 @@ RESPONSE_TYPES = {
     "CONSUMER.LIST": "consumer_list_response",
     "CONSUMER.PAUSE": "consumer_pause_response",
     "CONSUMER.RESET": "consumer_reset_response",
+    "CONSUMER.UNPIN": "consumer_unpin_response",
 }
 
 #: Fields the real server adds to an error answer of these requests.
@@ -61,6 +64,8 @@ CREATE_REQUEST = Struct(
 PAGING_REQUEST = Struct("server.JSApiConsumersRequest", {"offset": INT})
 PAUSE_REQUEST = Struct("server.JSApiConsumerPauseRequest", {"pause_until": TIME})
 RESET_REQUEST = Struct("server.JSApiConsumerResetRequest", {"seq": UINT}, strict=False)
+UNPIN_REQUEST = Struct("server.JSApiConsumerUnpinRequest", {"group": STRING}, strict=False)
+_GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
 SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
@@ -100,6 +105,8 @@ class ConsumerApi:
             return await self.pause(toks[2], toks[3], body)
         if op == "CONSUMER.RESET" and n == 4:
             return await self.reset(toks[2], toks[3], body)
+        if op == "CONSUMER.UNPIN" and n == 4:
+            return self.unpin(toks[2], toks[3], body)
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -228,6 +235,17 @@ class ConsumerApi:
         if paused:
             out["pause_remaining"] = consumer.paused_until_ns - now
         return out
+
+    def unpin(self, stream_name: str, name: str, body: bytes) -> NoReturn:
+        """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name
+        and the consumer; jetlake has no priority groups yet, so no consumer has the group."""
+        group = unmarshal_request(body, UNPIN_REQUEST).get("group") or ""
+        if not group:
+            raise errors.INVALID_JSON.format(err="consumer group not specified")
+        if not _GROUP_NAME.fullmatch(group):
+            raise errors.INVALID_GROUP_NAME
+        self._consumer(stream_name, name)
+        raise errors.PRIORITY_GROUP_NOT_FOUND
 
     async def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
         """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack

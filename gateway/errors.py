@@ -60,6 +60,10 @@ CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
 )
 CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
 CONSUMER_DIRECT_REQUIRES_PUSH = ApiError(400, 10090, "consumer direct requires a push based consumer")
+PRIORITY_GROUP_NOT_FOUND = ApiError(400, 10160, "Provided priority group does not exist for this consumer")
+INVALID_GROUP_NAME = ApiError(
+    400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters"
+)
 CONSUMER_DELIVER_CYCLE = ApiError(400, 10081, "consumer deliver subject forms a cycle")
 CONSUMER_INVALID_DELIVER_SUBJECT = ApiError(400, 10112, "invalid push consumer deliver subject")
 ACK_FC_REQUIRES_PUSH = ApiError(400, 10218, "flow control ack policy requires a push based consumer")

@@ -408,3 +408,41 @@ async def test_push_and_filter_rules(targets: dict[str, str], unique: str) -> No
     out = await same(targets, case, unique)
     assert out["False {'deliver_subject': '{n}.x'}"]["err_code"] == 10081
     assert out["ephemeral {'direct': True}"]["err_code"] == 10090
+
+
+async def test_unpin(targets: dict[str, str], unique: str) -> None:
+    """CONSUMER.UNPIN checks its body (read by `json.Unmarshal`: a syntax error without an offset,
+    unknown fields ignored), the group (required, 10025; a valid name, 10162), then the stream and
+    the consumer; a consumer without priority groups does not have the group (10160)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await api(nc, f"CONSUMER.CREATE.{name}.c", {"stream_name": name, "config": {"durable_name": "c"}})
+        requests = [
+            (f"CONSUMER.UNPIN.{name}.c", body)
+            for body in (
+                b"",
+                b"{",
+                b"null",
+                b"[1]",
+                b"{}",
+                b'{"bogus":1}',
+                b'{"group":5}',
+                b'{"group":"g"} x',
+            )
+        ]
+        requests += [
+            (f"CONSUMER.UNPIN.{name}.c", json.dumps({"group": g}).encode()) for g in ("a)", "a.b", "x" * 17)
+        ]
+        requests += [
+            (f"CONSUMER.UNPIN.{name}.c", b'{"group":"a/b=c-d_e"}'),
+            (f"CONSUMER.UNPIN.{name}.nosuch", b'{"group":"g"}'),
+            ("CONSUMER.UNPIN.NOSUCH.c", b'{"group":"g"}'),
+            ("CONSUMER.UNPIN.NOSUCH.c", b'{"group":"bad name"}'),  # the name before the stream
+            (f"CONSUMER.UNPIN.{name}", b'{"group":"g"}'),  # a token short: no answer
+        ]
+        answers = await asyncio.gather(*(answer(nc, subject, body) for subject, body in requests))
+        return {f"{subject} {body.decode()}": a for (subject, body), a in zip(requests, answers, strict=True)}
+
+    out = await same(targets, case, unique)
+    assert out[f"CONSUMER.UNPIN.{unique}.c " + '{"group":"a/b=c-d_e"}']["error"]["err_code"] == 10160
