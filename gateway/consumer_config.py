@@ -29,6 +29,9 @@ from gateway.durations import go_duration
 from gateway.subjects import is_valid_subject, subjects_overlap
 
 FLOW_CONTROL_HEARTBEAT_NS = 1_000_000_000
+MIN_HEARTBEAT_NS = 100_000_000
+MAX_DESCRIPTION_LEN = 4096
+MAX_METADATA_LEN = 128 * 1024
 
 DEFAULT_ACK_WAIT_NS = 30_000_000_000
 DEFAULT_MAX_WAITING = 512
@@ -100,6 +103,7 @@ _FROZEN = (
     ("idle_heartbeat", "heartbeats can not be updated"),
     ("flow_control", "flow control can not be updated"),
     ("max_waiting", "max waiting can not be updated"),
+    ("mem_storage", "storage type can not be updated"),
 )
 
 
@@ -122,8 +126,7 @@ def _policy_error(policy: str, what: str) -> errors.ApiError:
     return errors.CONSUMER_INVALID_POLICY.format(err=f"consumer delivery policy is {words}, but {what}")
 
 
-def _check_start(cfg: dict[str, Any], raw: dict[str, Any]) -> None:
-    policy = cfg["deliver_policy"]
+def _check_start(policy: str, raw: dict[str, Any]) -> None:
     seq, start = raw.get("opt_start_seq") or 0, raw.get("opt_start_time")
     if policy == "by_start_sequence":
         if not seq:
@@ -261,6 +264,79 @@ def _check_deliver_subject(subject: str, stream_subjects: list[str]) -> None:
         raise errors.CONSUMER_DELIVER_CYCLE
 
 
+def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) -> list[str]:
+    """The server's checks of a consumer config (``checkConsumerCfg``), in its order, once the
+    values it changes to fit are changed; the filters, checked."""
+    name = str(raw.get("name") or "")
+    if "/" in name or "\\" in name:
+        raise errors.CONSUMER_NAME_PATH_SEPARATORS
+    if any(c in name for c in ".*>"):
+        raise errors.STREAM_INVALID_CONFIG.format(
+            err="consumer name can not contain '.', '*', '>', '\\', '/'"
+        )
+    if int(raw.get("num_replicas") or 0) < 0:
+        raise errors.REPLICAS_NEGATIVE
+    backoff = [int(b) for b in raw.get("backoff") or []]
+    if any(b < 0 for b in backoff):
+        raise errors.CONSUMER_BACKOFF_NEGATIVE
+    if int(raw.get("ack_wait") or 0) < 0:
+        raise errors.CONSUMER_ACK_WAIT_NEGATIVE
+    push = bool(raw.get("deliver_subject"))
+    if ack_policy == "flow_control":
+        _check_ack_flow_control(raw, push)
+    max_deliver = int(raw.get("max_deliver") or 0)
+    if max_deliver > 0 and len(backoff) > max_deliver:
+        raise errors.CONSUMER_MAX_DELIVER_BACKOFF
+    if len(str(raw.get("description") or "")) > MAX_DESCRIPTION_LEN:
+        raise errors.CONSUMER_DESCRIPTION_TOO_LONG
+    heartbeat = int(raw.get("idle_heartbeat") or 0)
+    if push:
+        _check_deliver_subject(raw["deliver_subject"], list(stream.get("subjects") or []))
+        if int(raw.get("max_waiting") or 0) > 0:
+            raise errors.CONSUMER_PUSH_MAX_WAITING
+        if int(raw.get("max_ack_pending") or 0) > 0 and ack_policy == "none":
+            raise errors.CONSUMER_MAX_PENDING_NEEDS_ACKS
+        if 0 < heartbeat < MIN_HEARTBEAT_NS:
+            raise errors.CONSUMER_SMALL_HEARTBEAT
+    else:
+        if raw.get("rate_limit_bps"):
+            raise errors.CONSUMER_PULL_RATE_LIMIT
+        if heartbeat:
+            raise errors.CONSUMER_HEARTBEAT_REQUIRES_PUSH
+        if raw.get("flow_control"):
+            raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
+        if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
+            raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
+    _check_limits(raw, stream.get("consumer_limits") or {})
+    if raw.get("direct") and not push:
+        raise errors.CONSUMER_DIRECT_REQUIRES_PUSH
+    filters = _check_filters(raw)
+    _check_start(_enum(raw, "deliver_policy", DELIVER_POLICIES, "all"), raw)
+    _check_sample_freq(str(raw.get("sample_freq") or ""))
+    if raw.get("flow_control") and not heartbeat:
+        raise errors.CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS
+    metadata = raw.get("metadata") or {}
+    if sum(len(k) + len(v or "") for k, v in metadata.items()) > MAX_METADATA_LEN:
+        raise errors.CONSUMER_METADATA_TOO_LONG
+    return filters
+
+
+def _check_sample_freq(freq: str) -> None:
+    """``sample_freq`` is a whole percentage (``80`` or ``80%``), read by Go's ``strconv.Atoi``."""
+    if not freq:
+        return
+    text = freq.removesuffix("%")
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        trouble = f'strconv.Atoi: parsing "{text}": invalid syntax'
+    elif not -(2**63) <= int(text) < 2**63:
+        trouble = f'strconv.Atoi: parsing "{text}": value out of range'
+    elif int(text) < 0:
+        trouble = "<nil>"
+    else:
+        return
+    raise errors.CONSUMER_INVALID_SAMPLING.format(err=trouble)
+
+
 def normalize(
     raw: dict[str, Any], server_version: str, stream: dict[str, Any] | None = None, pedantic: bool = False
 ) -> dict[str, Any]:
@@ -274,7 +350,12 @@ def normalize(
     if pedantic:
         _check_pedantic(raw, limits)
     raw = _fit(raw)
-    _check_limits(raw, limits)
+    if int(raw.get("num_replicas") or 0) > 1:
+        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
+    ack_policy = _enum(raw, "ack_policy", ACK_POLICIES, "none")
+    if ack_policy == "flow_control" and not pedantic:
+        raw = {**raw, "flow_control": True, "idle_heartbeat": FLOW_CONTROL_HEARTBEAT_NS}
+    filters = _check_config(raw, ack_policy, stream)
     cfg: dict[str, Any] = {}
     durable = raw.get("durable_name") or ""
     name = raw.get("name") or durable
@@ -286,46 +367,16 @@ def normalize(
     if raw.get("description"):
         cfg["description"] = raw["description"]
     cfg["deliver_policy"] = _enum(raw, "deliver_policy", DELIVER_POLICIES, "all")
-    ack_policy = _enum(raw, "ack_policy", ACK_POLICIES, "none")
     replay = _enum(raw, "replay_policy", REPLAY_POLICIES, "instant")
-    _check_start(cfg, raw)
     if raw.get("opt_start_seq"):
         cfg["opt_start_seq"] = int(raw["opt_start_seq"])
     if raw.get("opt_start_time"):
         cfg["opt_start_time"] = raw["opt_start_time"]
-    filters = _check_filters(raw)
-    if int(raw.get("num_replicas") or 0) > 1:
-        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
     ack_wait = int(raw.get("ack_wait") or 0)
-    if ack_wait < 0:
-        raise errors.CONSUMER_ACK_WAIT_NEGATIVE
-    if ack_policy == "flow_control":
-        if not pedantic:
-            raw = {**raw, "flow_control": True, "idle_heartbeat": FLOW_CONTROL_HEARTBEAT_NS}
-        _check_ack_flow_control(raw, push)
-    if push:
-        _check_deliver_subject(raw["deliver_subject"], list(stream.get("subjects") or []))
-    if push and int(raw.get("max_waiting") or 0) > 0:
-        raise errors.CONSUMER_PUSH_MAX_WAITING
-    if not push:
-        if raw.get("idle_heartbeat"):
-            raise errors.CONSUMER_HEARTBEAT_REQUIRES_PUSH
-        if raw.get("flow_control"):
-            raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
-        if raw.get("rate_limit_bps"):
-            raise errors.CONSUMER_PULL_RATE_LIMIT
-        if raw.get("direct"):
-            raise errors.CONSUMER_DIRECT_REQUIRES_PUSH
-    if push and raw.get("flow_control") and not raw.get("idle_heartbeat"):
-        raise errors.CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS
-    if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
-        raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
     backoff = [int(b) for b in raw.get("backoff") or []]
     max_deliver = int(raw.get("max_deliver") or 0)
     if max_deliver <= 0:
         max_deliver = -1
-    if backoff and max_deliver != -1 and max_deliver < len(backoff):
-        raise errors.CONSUMER_MAX_DELIVER_BACKOFF
 
     cfg["ack_policy"] = ack_policy
     if ack_policy not in ("none", "flow_control") or backoff:

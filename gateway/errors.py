@@ -64,6 +64,15 @@ PRIORITY_GROUP_NOT_FOUND = ApiError(400, 10160, "Provided priority group does no
 INVALID_GROUP_NAME = ApiError(
     400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters"
 )
+CONSUMER_NAME_PATH_SEPARATORS = ApiError(400, 10127, "Consumer name can not contain path separators")
+CONSUMER_BACKOFF_NEGATIVE = ApiError(400, 10184, "consumer backoff needs to be positive")
+CONSUMER_DESCRIPTION_TOO_LONG = ApiError(
+    400, 10107, "consumer description is too long, maximum allowed is 4096"
+)
+CONSUMER_MAX_PENDING_NEEDS_ACKS = ApiError(400, 10082, "consumer requires ack policy for max ack pending")
+CONSUMER_SMALL_HEARTBEAT = ApiError(400, 10083, "consumer idle heartbeat needs to be >= 100ms")
+CONSUMER_INVALID_SAMPLING = ApiError(400, 10095, "failed to parse consumer sampling configuration: {err}")
+CONSUMER_METADATA_TOO_LONG = ApiError(400, 10135, "consumer metadata exceeds maximum size of 128KB")
 CONSUMER_DELIVER_CYCLE = ApiError(400, 10081, "consumer deliver subject forms a cycle")
 CONSUMER_INVALID_DELIVER_SUBJECT = ApiError(400, 10112, "invalid push consumer deliver subject")
 ACK_FC_REQUIRES_PUSH = ApiError(400, 10218, "flow control ack policy requires a push based consumer")

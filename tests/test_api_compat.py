@@ -383,13 +383,24 @@ CONFIG_RULES: list[tuple[bool, dict[str, Any]]] = [
     (False, {"filter_subjects": ["a.>", ""]}),
     (False, {"filter_subjects": ["a..", None]}),
     (False, {"filter_subject": "a", "filter_subjects": [""]}),  # both: 10136 first
+    # the rest of the server's config checks
+    (False, {"description": "d" * 4097}),  # 10107
+    (False, {"metadata": {"k": "v" * 128 * 1024}}),  # 10135
+    (False, {"sample_freq": "abc"}),  # 10095 with strconv's words
+    (False, {"sample_freq": "-5"}),
+    (False, {"sample_freq": "101%"}),  # accepted
+    (False, {"deliver_subject": "dl.j", "idle_heartbeat": S // 20}),  # 10083: below 100 ms
+    (False, {"deliver_subject": "dl.k", "max_ack_pending": 5}),  # 10082: needs acks on push
+    (False, {"num_replicas": -1}),  # 10133
+    (False, {"ack_policy": "explicit", "backoff": [-1]}),  # 10184
 ]
 
 
-async def test_push_and_filter_rules(targets: dict[str, str], unique: str) -> None:
-    """Push consumer configs: the flow-control ack policy's requirements and defaults, deliver
-    subjects that are wildcards, invalid or captured by the stream itself, `direct`; and empty
-    filters."""
+async def test_consumer_config_rules(targets: dict[str, str], unique: str) -> None:
+    """The server's consumer config checks: the flow-control ack policy's requirements and
+    defaults, deliver subjects that are wildcards, invalid or captured by the stream itself,
+    `direct`, empty filters, names, description and metadata sizes, sampling, heartbeats, replicas
+    and backoff values."""
 
     async def case(nc: Client, name: str) -> Any:
         await stream(nc, name)
@@ -399,8 +410,14 @@ async def test_push_and_filter_rules(targets: dict[str, str], unique: str) -> No
             body = {"stream_name": name, "pedantic": pedantic, "config": {"durable_name": f"p{i}", **config}}
             answer = await api(nc, f"CONSUMER.CREATE.{name}.p{i}", body)
             out[f"{pedantic} {cfg}"] = answer.get("error") or answer["config"]
-        # `direct` (the server's own mirror consumers): push and ephemeral only
-        for cfg in ({"direct": True}, {"direct": True, "deliver_subject": "dl.direct"}):
+        # `direct` (push and ephemeral only); names in an ephemeral create's config
+        ephemerals = (
+            {"direct": True},
+            {"direct": True, "deliver_subject": "dl.direct"},
+            {"name": "a.b"},
+            {"name": "a/b"},
+        )
+        for cfg in ephemerals:
             answer = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
             out[f"ephemeral {cfg}"] = answer.get("error") or answer["config"]
         return out

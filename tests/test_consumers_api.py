@@ -157,6 +157,7 @@ UPDATES: list[dict[str, Any]] = [
     {"max_waiting": 9},  # max waiting can not be updated
     {"deliver_subject": "push.x"},  # can not update pull consumer to push based
     {"replay_policy": "original"},  # replay policy can not be updated
+    {"mem_storage": True},  # storage type can not be updated
 ]
 
 
