@@ -62,7 +62,7 @@ def load_request(body: bytes, struct: Struct | None = None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _invalid(f"json: cannot unmarshal {_json_type(value)} into Go value of type {gotype}")
     if struct is not None and struct.fields is not None:
-        _check_struct(value, struct, gotype.removeprefix("server."))
+        return _check_struct(value, struct, gotype.removeprefix("server."))
     return value
 
 
@@ -79,19 +79,29 @@ def _invalid(text: str) -> errors.ApiError:
     return errors.INVALID_JSON.format(err=text)
 
 
-def _check_struct(req: dict[str, Any], struct: Struct, path: str) -> None:
-    by_lower = {name.lower(): kind for name, kind in (struct.fields or {}).items()}
+def _check_struct(req: dict[str, Any], struct: Struct, path: str) -> dict[str, Any]:
+    """The request's known fields under their declared names (Go matches names without regard to
+    case, and a later key wins), each checked where it stands, nested structs included."""
+    fields = struct.fields or {}
+    by_lower = {name.lower(): name for name in fields}
+    out: dict[str, Any] = {}
     for key, value in req.items():
-        kind = by_lower.get(key.lower())
-        if kind is None:
+        name = by_lower.get(key.lower())
+        if name is None:
             if struct.strict:
                 raise _invalid(f'json: unknown field "{key}"')
             continue
+        kind = fields[name]
         _check_value(value, kind, f"{path}.{key}", "Go struct field ")
+        if isinstance(kind, Struct) and kind.fields is not None and value is not None:
+            value = _check_struct(value, kind, f"{path}.{key}")
+        out[name] = value
+    return out
 
 
 def _check_value(value: Any, kind: str | Enum | Struct, path: str, field: str) -> None:
-    """``field`` is how Go names the place in a type error: a struct field or a slice element."""
+    """``field`` is how Go names the place in a type error: a struct field or a slice element (a
+    nested struct's own fields are checked by the caller)."""
     if isinstance(kind, Enum):
         if value not in kind.values:
             text = json.dumps(value, separators=(",", ":"))
@@ -104,8 +114,6 @@ def _check_value(value: Any, kind: str | Enum | Struct, path: str, field: str) -
     if isinstance(kind, Struct):
         if not isinstance(value, dict):
             raise mismatch
-        if kind.fields is not None:
-            _check_struct(value, kind, path)
     elif kind in _INTS:
         if type(value) not in (int, float):
             raise mismatch

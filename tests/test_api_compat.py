@@ -393,6 +393,8 @@ CONFIG_RULES: list[tuple[bool, dict[str, Any]]] = [
     (False, {"deliver_subject": "dl.k", "max_ack_pending": 5}),  # 10082: needs acks on push
     (False, {"num_replicas": -1}),  # 10133
     (False, {"ack_policy": "explicit", "backoff": [-1]}),  # 10184
+    # field names match without regard to case, as in Go
+    (False, {"ack_policy": "explicit", "Ack_Wait": 5 * S, "MAX_DELIVER": 3}),
 ]
 
 
