@@ -193,8 +193,7 @@ class ConsumerApi:
 
     def _sorted(self, stream_name: str) -> list[Consumer]:
         self._stream(stream_name)
-        by_name = self.reg.consumers.get(stream_name, {})
-        return [by_name[n] for n in sorted(by_name)]
+        return self.reg.listed_consumers(stream_name)
 
     def names(self, stream_name: str, body: bytes) -> dict[str, Any]:
         offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)

@@ -210,7 +210,7 @@ class StreamApi:
         subjects_filter = req.get("subjects_filter") or None
         offset = int(req.get("offset") or 0)
         state = stream.info_state(
-            len(self.reg.consumers.get(stream.name, {})), subjects_filter, bool(req.get("deleted_details"))
+            len(self.reg.listed_consumers(stream.name)), subjects_filter, bool(req.get("deleted_details"))
         )
         paging = {"total": 0, "offset": 0, "limit": 0}
         if "subjects" in state:
@@ -221,7 +221,7 @@ class StreamApi:
         return {
             "config": stream.config,
             "created": rfc3339(stream.created_ns),
-            "state": state or stream.info_state(len(self.reg.consumers.get(stream.name, {}))),
+            "state": state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
             "ts": rfc3339(now_ns()),
         }
 

@@ -465,3 +465,26 @@ async def test_unpin(targets: dict[str, str], unique: str) -> None:
 
     out = await same(targets, case, unique)
     assert out[f"CONSUMER.UNPIN.{unique}.c " + '{"group":"a/b=c-d_e"}']["error"]["err_code"] == 10160
+
+
+async def test_direct_consumers_are_not_listed(targets: dict[str, str], unique: str) -> None:
+    """A `direct` consumer (the server's own kind for mirrors) counts in the account but stays out
+    of the stream's listings and `consumer_count`; INFO and DELETE find it by name."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        before = (await api(nc, "INFO"))["consumers"]
+        cfg = {"direct": True, "deliver_subject": f"direct.{name.lower()}"}
+        created = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
+        consumer = created["name"]
+        return {
+            "account": (await api(nc, "INFO"))["consumers"] - before,
+            "info": "error" not in await api(nc, f"CONSUMER.INFO.{name}.{consumer}"),
+            "names": (await api(nc, f"CONSUMER.NAMES.{name}"))["consumers"],
+            "list": (await api(nc, f"CONSUMER.LIST.{name}"))["total"],
+            "stream": (await api(nc, f"STREAM.INFO.{name}"))["state"]["consumer_count"],
+            "delete": await api(nc, f"CONSUMER.DELETE.{name}.{consumer}"),
+        }
+
+    out = await same(targets, case, unique)
+    assert out["names"] == []
