@@ -36,6 +36,8 @@ class Api:
         """Answer one API request; unknown subjects get no answer, as from the real server."""
         op = ".".join(toks[:2])
         try:
+            if any(CLUSTERED_ONLY.get(".".join(toks[:n])) == len(toks) for n in (2, 3)):
+                raise errors.CLUSTER_REQUIRED
             if toks == ["INFO"]:
                 return self.account_info()
             if toks[0] in ("STREAM", "DIRECT"):
@@ -73,8 +75,23 @@ class Api:
         }
 
 
+#: Operations only a cluster performs, with the number of tokens their subject has: a single
+#: server answers each with 503/10010 whatever the names and the body, and so does jetlake.
+CLUSTERED_ONLY = {
+    "STREAM.LEADER.STEPDOWN": 4,
+    "CONSUMER.LEADER.STEPDOWN": 5,
+    "STREAM.PEER.REMOVE": 4,
+    "STREAM.PEER.EVACUATE": 4,
+    "STREAM.CANCEL_MOVE": 3,
+}
+
 _RESPONSE_TYPES = {
     "INFO": "account_info_response",
+    "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
+    "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
+    "STREAM.PEER.REMOVE": "stream_remove_peer_response",
+    "STREAM.PEER.EVACUATE": "stream_evacuate_peer_response",
+    "STREAM.CANCEL_MOVE": "stream_cancel_move_response",
     **stream_api.RESPONSE_TYPES,
     **consumer_api.RESPONSE_TYPES,
 }

@@ -8,21 +8,26 @@ and ``CONSUMER.CREATE.<stream>.<name>.<filter…>``, ``CONSUMER.DURABLE.CREATE.<
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gateway import advisories, consumer_config, errors, retention
 from gateway.apicommon import (
     BOOL,
+    INT,
     NAMES_PAGE,
-    OBJECT,
     STRING,
+    TIME,
+    UINT,
     Publish,
+    Struct,
     T,
     load_request,
     require_empty_request,
+    unmarshal_request,
 )
 from gateway.consumer import Consumer, start_position
 from gateway.registry import Registry
@@ -40,6 +45,7 @@ RESPONSE_TYPES = {
     "CONSUMER.LIST": "consumer_list_response",
     "CONSUMER.PAUSE": "consumer_pause_response",
     "CONSUMER.RESET": "consumer_reset_response",
+    "CONSUMER.UNPIN": "consumer_unpin_response",
 }
 
 #: Fields the real server adds to an error answer of these requests.
@@ -50,8 +56,16 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "CONSUMER.RESET": {"reset_seq": 0},
 }
 
-#: The create request (``JSApiConsumerCreateRequest``), decoded strictly.
-CREATE_FIELDS = {"stream_name": STRING, "config": OBJECT, "action": STRING, "pedantic": BOOL}
+#: Each request's Go struct and its fields: the real server decodes requests strictly.
+CREATE_REQUEST = Struct(
+    "server.CreateConsumerRequest",
+    {"stream_name": STRING, "config": consumer_config.CONFIG, "action": STRING, "pedantic": BOOL},
+)
+PAGING_REQUEST = Struct("server.JSApiConsumersRequest", {"offset": INT})
+PAUSE_REQUEST = Struct("server.JSApiConsumerPauseRequest", {"pause_until": TIME})
+RESET_REQUEST = Struct("server.JSApiConsumerResetRequest", {"seq": UINT}, strict=False)
+UNPIN_REQUEST = Struct("server.JSApiConsumerUnpinRequest", {"group": STRING}, strict=False)
+_GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
 SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
@@ -91,6 +105,8 @@ class ConsumerApi:
             return await self.pause(toks[2], toks[3], body)
         if op == "CONSUMER.RESET" and n == 4:
             return await self.reset(toks[2], toks[3], body)
+        if op == "CONSUMER.UNPIN" and n == 4:
+            return self.unpin(toks[2], toks[3], body)
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -114,13 +130,12 @@ class ConsumerApi:
         body: bytes,
         durable_subject: bool,
     ) -> dict[str, Any]:
-        raw = load_request(body, CREATE_FIELDS)
+        raw = load_request(body, CREATE_REQUEST)
         # checked before anything else: a body without it (even an empty one) is a mismatch too
         if raw.get("stream_name") != stream_name:
             raise errors.STREAM_MISMATCH
         stream = self._stream(stream_name)
         cfg_in = dict(raw.get("config") or {})
-        consumer_config.check_enums(cfg_in)
         durable = cfg_in.get("durable_name")
         if name is None and durable:
             raise errors.CONSUMER_EPHEMERAL_WITH_DURABLE
@@ -132,8 +147,8 @@ class ConsumerApi:
             raise errors.CONSUMER_FILTER_NOT_MATCH_SUBJECT
         if name is not None:
             cfg_in["name"] = name
-        limits = stream.config.get("consumer_limits") or {}
-        cfg = consumer_config.normalize(cfg_in, self.reg.server_version, limits)
+        pedantic = bool(raw.get("pedantic"))
+        cfg = consumer_config.normalize(cfg_in, self.reg.server_version, stream.config, pedantic)
         cname = cfg.get("name") or ephemeral_name()
         existing = self.reg.consumers.get(stream_name, {}).get(cname)
         action = raw.get("action", "")
@@ -178,11 +193,10 @@ class ConsumerApi:
 
     def _sorted(self, stream_name: str) -> list[Consumer]:
         self._stream(stream_name)
-        by_name = self.reg.consumers.get(stream_name, {})
-        return [by_name[n] for n in sorted(by_name)]
+        return self.reg.listed_consumers(stream_name)
 
     def names(self, stream_name: str, body: bytes) -> dict[str, Any]:
-        offset = int(load_request(body).get("offset") or 0)
+        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
         everyone = self._sorted(stream_name)
         page = everyone[offset : offset + NAMES_PAGE]
         return {
@@ -194,7 +208,7 @@ class ConsumerApi:
         }
 
     def list(self, stream_name: str, body: bytes) -> dict[str, Any]:
-        offset = int(load_request(body).get("offset") or 0)
+        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
         everyone = self._sorted(stream_name)
         now = now_ns()
         page = everyone[offset : offset + LIST_PAGE]
@@ -209,8 +223,8 @@ class ConsumerApi:
         }
 
     async def pause(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
+        until = load_request(body, PAUSE_REQUEST).get("pause_until") or ""  # before the look-up
         consumer = self._consumer(stream_name, name)
-        until = load_request(body).get("pause_until") or ""
         await self.reg.update_consumer(consumer, consumer_config.with_pause(consumer.config, until))
         now = now_ns()
         paused = consumer.paused(now)
@@ -221,18 +235,24 @@ class ConsumerApi:
             out["pause_remaining"] = consumer.paused_until_ns - now
         return out
 
+    def unpin(self, stream_name: str, name: str, body: bytes) -> NoReturn:
+        """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name
+        and the consumer; jetlake has no priority groups yet, so no consumer has the group."""
+        group = unmarshal_request(body, UNPIN_REQUEST).get("group") or ""
+        if not group:
+            raise errors.INVALID_JSON.format(err="consumer group not specified")
+        if not _GROUP_NAME.fullmatch(group):
+            raise errors.INVALID_GROUP_NAME
+        self._consumer(stream_name, name)
+        raise errors.PRIORITY_GROUP_NOT_FOUND
+
     async def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
         """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack
         floor). The real server does not answer for a consumer it does not have."""
         consumer = self.reg.consumers.get(stream_name, {}).get(name)
         if consumer is None:
             return None
-        seq = load_request(body).get("seq") or 0
-        if not isinstance(seq, int) or seq < 0:
-            raise errors.INVALID_JSON.format(
-                err=f"json: cannot unmarshal number {seq} into Go struct field "
-                "JSApiConsumerResetRequest.seq of type uint64"
-            )
+        seq = int(load_request(body, RESET_REQUEST).get("seq") or 0)
         consumer.reset(seq)
         await self.reg.recorder.reset(consumer)
         now = now_ns()

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import errors
-from gateway.apicommon import RawReply, load_request
+from gateway.apicommon import BOOL, INT, STRING, STRINGS, TIME, UINT, RawReply, Struct, load_request
+from gateway.consumer_config import parse_time_ns
 from gateway.headers import no_responders, status_block
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
@@ -17,6 +18,26 @@ from gateway.timefmt import rfc3339
 from storage_delta.writer import StoredMessage
 
 NOT_FOUND = RawReply(status_block(404, "Message Not Found"))
+NO_RESULTS = RawReply(status_block(404, "No Results"))
+
+#: The get request: MSG.GET decodes it strictly, DIRECT.GET ignores unknown fields.
+MSG_GET_REQUEST = Struct(
+    "server.JSApiMsgGetRequest",
+    {
+        "seq": UINT,
+        "last_by_subj": STRING,
+        "next_by_subj": STRING,
+        "batch": INT,
+        "max_bytes": INT,
+        "start_time": TIME,
+        "multi_last": STRINGS,
+        "up_to_seq": UINT,
+        "up_to_time": TIME,
+        "no_hdr": BOOL,
+    },
+)
+DIRECT_GET_REQUEST = Struct(MSG_GET_REQUEST.gotype, MSG_GET_REQUEST.fields, strict=False)
+_NAMING = ("seq", "last_by_subj", "next_by_subj", "multi_last", "start_time")
 
 
 def check_get_request(req: dict[str, Any]) -> None:
@@ -34,15 +55,19 @@ def check_get_request(req: dict[str, Any]) -> None:
 
 
 def find_seq(stream: Stream, req: dict[str, Any]) -> int | None:
-    """The sequence a get request names (``seq``, ``last_by_subj``, ``next_by_subj`` + ``seq``)."""
+    """The sequence a get request names (``seq``, ``last_by_subj``, ``next_by_subj`` from ``seq``
+    or ``start_time``, ``start_time`` alone: the first message at or after it)."""
     seq = int(req.get("seq") or 0)
     last_by, next_by = req.get("last_by_subj"), req.get("next_by_subj")
     if last_by and (seq or next_by):
         raise errors.BAD_REQUEST
     if last_by:
         return stream.last_seq_matching(str(last_by)) or None
-    if next_by:
-        return stream.first_seq_at_or_after(seq, [str(next_by)])
+    start = req.get("start_time")
+    if start:
+        seq = stream.seq_at_time(parse_time_ns(str(start)))
+    if next_by or start:
+        return stream.first_seq_at_or_after(seq, [str(next_by)] if next_by else [])
     if not seq:
         raise errors.BAD_REQUEST
     return seq if stream.is_live(seq) else None
@@ -78,9 +103,11 @@ class DirectGet:
             return [RawReply(status_block(408, "Empty Request"))]
         else:
             try:
-                req = load_request(body)
+                req = load_request(body, DIRECT_GET_REQUEST)
             except errors.ApiError:
                 return [RawReply(status_block(408, "Malformed Request"))]
+            if not any(req.get(key) for key in _NAMING):
+                return [RawReply(status_block(408, "Empty Request"))]
         if req.get("multi_last"):
             return await self._multi_last(stream, req)
         try:
@@ -111,9 +138,16 @@ class DirectGet:
         )
 
     async def _multi_last(self, stream: Stream, req: dict[str, Any]) -> list[RawReply]:
-        """The newest message of each subject the filters match, at or below ``up_to_seq``."""
+        """The newest message of each subject the filters match, at or below ``up_to_seq`` (or
+        stored before ``up_to_time``)."""
         upto = int(req.get("up_to_seq") or 0) or stream.state.last_seq
-        seqs = stream.last_per_subject([str(f) for f in req["multi_last"]], upto)
+        if req.get("up_to_time"):
+            if req.get("up_to_seq"):
+                return [RawReply(status_block(408, "Bad Request"))]
+            upto = stream.seq_at_time(parse_time_ns(str(req["up_to_time"]))) - 1
+        seqs = stream.last_per_subject([str(f) for f in req["multi_last"]], upto) if upto > 0 else []
+        if not seqs:
+            return [NO_RESULTS]
         batch = int(req.get("batch") or 0)
         chosen = seqs[:batch] if batch > 0 else seqs
         return await self._send(

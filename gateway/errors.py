@@ -28,6 +28,7 @@ class ApiError(Exception):
 
 
 INVALID_JSON = ApiError(400, 10025, "invalid JSON: {err}")
+CLUSTER_REQUIRED = ApiError(503, 10010, "JetStream clustering support required")
 NOT_EMPTY_REQUEST = ApiError(400, 10038, "expected an empty request payload")
 STREAM_NOT_FOUND = ApiError(404, 10059, "stream not found")
 STREAM_NAME_EXISTS = ApiError(400, 10058, "stream name already in use with a different configuration")
@@ -52,11 +53,33 @@ CONSUMER_INVALID_POLICY = ApiError(400, 10094, "{err}")
 CONSUMER_BOTH_FILTERS = ApiError(
     400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified"
 )
+CONSUMER_EMPTY_FILTER = ApiError(400, 10139, "consumer filter in FilterSubjects cannot be empty")
 CONSUMER_OVERLAPPING_FILTERS = ApiError(400, 10138, "consumer subject filters cannot overlap")
 CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
     400, 10116, "max deliver is required to be > length of backoff values"
 )
 CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
+CONSUMER_DIRECT_REQUIRES_PUSH = ApiError(400, 10090, "consumer direct requires a push based consumer")
+PRIORITY_GROUP_NOT_FOUND = ApiError(400, 10160, "Provided priority group does not exist for this consumer")
+INVALID_GROUP_NAME = ApiError(
+    400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters"
+)
+CONSUMER_NAME_PATH_SEPARATORS = ApiError(400, 10127, "Consumer name can not contain path separators")
+CONSUMER_BACKOFF_NEGATIVE = ApiError(400, 10184, "consumer backoff needs to be positive")
+CONSUMER_DESCRIPTION_TOO_LONG = ApiError(
+    400, 10107, "consumer description is too long, maximum allowed is 4096"
+)
+CONSUMER_MAX_PENDING_NEEDS_ACKS = ApiError(400, 10082, "consumer requires ack policy for max ack pending")
+CONSUMER_SMALL_HEARTBEAT = ApiError(400, 10083, "consumer idle heartbeat needs to be >= 100ms")
+CONSUMER_INVALID_SAMPLING = ApiError(400, 10095, "failed to parse consumer sampling configuration: {err}")
+CONSUMER_METADATA_TOO_LONG = ApiError(400, 10135, "consumer metadata exceeds maximum size of 128KB")
+CONSUMER_DELIVER_CYCLE = ApiError(400, 10081, "consumer deliver subject forms a cycle")
+CONSUMER_INVALID_DELIVER_SUBJECT = ApiError(400, 10112, "invalid push consumer deliver subject")
+ACK_FC_REQUIRES_PUSH = ApiError(400, 10218, "flow control ack policy requires a push based consumer")
+ACK_FC_REQUIRES_FC = ApiError(400, 10219, "flow control ack policy requires flow control")
+ACK_FC_REQUIRES_MAX_ACK_PENDING = ApiError(400, 10220, "flow control ack policy requires max ack pending")
+ACK_FC_REQUIRES_NO_ACK_WAIT = ApiError(400, 10221, "flow control ack policy requires unset ack wait")
+ACK_FC_REQUIRES_NO_MAX_DELIVER = ApiError(400, 10222, "flow control ack policy requires unset max deliver")
 CONSUMER_HEARTBEAT_REQUIRES_PUSH = ApiError(
     400, 10088, "consumer idle heartbeat requires a push based consumer"
 )

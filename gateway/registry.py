@@ -43,6 +43,12 @@ class Registry:
         #: waiting requests and the advisory goes out.
         self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
 
+    def listed_consumers(self, stream: str) -> list[Consumer]:
+        """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
+        without the ``direct`` ones, which the server keeps out of sight."""
+        by_name = self.consumers.get(stream, {})
+        return [by_name[n] for n in sorted(by_name) if not by_name[n].config.get("direct")]
+
     async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
         loop = asyncio.get_running_loop()
         async with self._lock:

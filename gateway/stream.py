@@ -620,6 +620,15 @@ class Stream:
                     found.append(seq)
         return sorted(found)
 
+    def seq_at_time(self, ts_ns: int) -> int:
+        """The first live sequence stored at or after ``ts_ns`` (the one after the last when every
+        message is older), as the server's store answers a ``start_time`` or ``up_to_time``."""
+        idx = self._index
+        n = len(idx.sid)
+        live = np.frombuffer(idx.sid, np.uint32)[:n] != 0
+        hits = np.flatnonzero(live & (np.frombuffer(idx.ts, np.int64)[:n] >= ts_ns))
+        return int(hits[0]) + idx.base if len(hits) else self.state.last_seq + 1
+
     def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
         last accepted) whose subject a filter matches, any subject when there are no filters."""

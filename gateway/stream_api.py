@@ -18,18 +18,17 @@ from gateway.apicommon import (
     INT,
     NAMES_PAGE,
     STRING,
-    STRINGS,
-    TIME,
     UINT,
     Publish,
     RawReply,
+    Struct,
     T,
     is_empty_request,
     load_optional_request,
     load_request,
     require_empty_request,
 )
-from gateway.direct_get import DirectGet, check_get_request, find_seq
+from gateway.direct_get import MSG_GET_REQUEST, DirectGet, check_get_request, find_seq
 from gateway.loader import MessageLoader
 from gateway.registry import Registry
 from gateway.removals import RemovalRecorder
@@ -62,23 +61,16 @@ COMMIT_POLL_S = 0.002
 SUBJECT_DETAILS_LIMIT = 100_000
 
 
-# The fields of each request and their Go types: the real server decodes requests strictly.
-NAMES_FIELDS = {"offset": INT, "subject": STRING}
-INFO_FIELDS = {"offset": INT, "deleted_details": BOOL, "subjects_filter": STRING}
-PURGE_FIELDS = {"filter": STRING, "seq": UINT, "keep": UINT}
-MSG_GET_FIELDS = {
-    "seq": UINT,
-    "last_by_subj": STRING,
-    "next_by_subj": STRING,
-    "batch": INT,
-    "max_bytes": INT,
-    "start_time": TIME,
-    "multi_last": STRINGS,
-    "up_to_seq": UINT,
-    "up_to_time": TIME,
-    "no_hdr": BOOL,
-}
-MSG_DELETE_FIELDS = {"seq": UINT, "no_erase": BOOL}
+# Each request's Go struct and its fields: the real server decodes requests strictly.
+_PAGING = {"offset": INT, "subject": STRING}
+NAMES_REQUEST = Struct("server.JSApiStreamNamesRequest", _PAGING)
+LIST_REQUEST = Struct("server.JSApiStreamListRequest", _PAGING)
+INFO_REQUEST = Struct(
+    "server.JSApiStreamInfoRequest", {"offset": INT, "deleted_details": BOOL, "subjects_filter": STRING}
+)
+PURGE_REQUEST = Struct("server.JSApiStreamPurgeRequest", {"filter": STRING, "seq": UINT, "keep": UINT})
+MSG_DELETE_REQUEST = Struct("server.JSApiMsgDeleteRequest", {"seq": UINT, "no_erase": BOOL})
+STREAM_CONFIG_REQUEST = Struct("server.StreamConfigRequest")  # its fields: stream_config.decode
 
 
 class StreamApi:
@@ -129,7 +121,7 @@ class StreamApi:
                 raise errors.STREAM_SUBJECT_OVERLAP
 
     async def stream_create(self, name: str, body: bytes) -> dict[str, Any]:
-        raw = load_request(body)
+        raw = load_request(body, STREAM_CONFIG_REQUEST)
         req = stream_config.decode(raw)
         if req.get("name") != name:
             raise errors.STREAM_MISMATCH
@@ -154,7 +146,8 @@ class StreamApi:
     async def stream_update(self, name: str, body: bytes) -> dict[str, Any]:
         # As the server: the whole config is checked (a name is required) before it is compared
         # with the subject's and before the stream is looked up.
-        req = stream_config.normalize(stream_config.decode(load_request(body)), self.reg.server_version)
+        raw = load_request(body, STREAM_CONFIG_REQUEST)
+        req = stream_config.normalize(stream_config.decode(raw), self.reg.server_version)
         if req["name"] != name:
             raise errors.STREAM_MISMATCH
         stream = self._stream(name)
@@ -172,7 +165,7 @@ class StreamApi:
         return {"type": T + "stream_delete_response", "success": True}
 
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
-        req = load_optional_request(body, NAMES_FIELDS)
+        req = load_optional_request(body, NAMES_REQUEST if names_only else LIST_REQUEST)
         subject = req.get("subject") or ""
         streams = sorted(
             (
@@ -212,12 +205,12 @@ class StreamApi:
         return {**body, "config": {**stream.config, "metadata": meta}}
 
     async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_optional_request(body, INFO_FIELDS)
+        req = load_optional_request(body, INFO_REQUEST)
         stream = self._stream(name)
         subjects_filter = req.get("subjects_filter") or None
         offset = int(req.get("offset") or 0)
         state = stream.info_state(
-            len(self.reg.consumers.get(stream.name, {})), subjects_filter, bool(req.get("deleted_details"))
+            len(self.reg.listed_consumers(stream.name)), subjects_filter, bool(req.get("deleted_details"))
         )
         paging = {"total": 0, "offset": 0, "limit": 0}
         if "subjects" in state:
@@ -228,7 +221,7 @@ class StreamApi:
         return {
             "config": stream.config,
             "created": rfc3339(stream.created_ns),
-            "state": state or stream.info_state(len(self.reg.consumers.get(stream.name, {}))),
+            "state": state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
             "ts": rfc3339(now_ns()),
         }
 
@@ -254,7 +247,7 @@ class StreamApi:
         await self.recorder.flush()
 
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_optional_request(body, PURGE_FIELDS)
+        req = load_optional_request(body, PURGE_REQUEST)
         stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
         if seq and keep:
@@ -267,7 +260,7 @@ class StreamApi:
     async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
         if is_empty_request(body):  # refused before the stream is looked up
             raise errors.BAD_REQUEST
-        req = load_request(body, MSG_DELETE_FIELDS)
+        req = load_request(body, MSG_DELETE_REQUEST)
         refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
         stream = self._removable(name, "deny_delete", refusal)
         seq = int(req.get("seq") or 0)
@@ -286,7 +279,7 @@ class StreamApi:
     # ---- reading messages -----------------------------------------------------------------------
 
     async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
-        req = load_request(body, MSG_GET_FIELDS)
+        req = load_request(body, MSG_GET_REQUEST)
         check_get_request(req)  # before the stream is looked up
         stream = self._stream(name)
         seq = find_seq(stream, req)

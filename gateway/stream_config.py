@@ -322,6 +322,10 @@ def normalize(req: dict[str, Any], server_version: str) -> dict[str, Any]:
     if not cfg["subjects"] and mirror is None and not sources:
         cfg["subjects"] = [name]
     _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
+    if req.get("persist_mode") == "async" and req.get("allow_atomic"):
+        raise _invalid("async persist mode is not supported with atomic batch publish")
+    if (req.get("placement") or {}).get("preferred"):
+        raise _invalid("preferred server not permitted in placement")
 
     for field, what in UNSUPPORTED:
         if req.get(field):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
@@ -30,11 +31,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta import schema as sch
 from storage_delta.catalog import CatalogTable
 from storage_delta.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.maintenance import delete_unreferenced, swap_actions
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
@@ -47,7 +49,6 @@ from storage_delta.tables import (
 log = logging.getLogger(__name__)
 
 APP_ID = "jetlake-acklog"
-COMPACT_APP_ID = "jetlake-acklog-compact"
 
 CREATE = "create"
 CONFIG = "config"
@@ -404,20 +405,31 @@ class AckLogTable:
 
     def compact(self, live: Callable[[], set[tuple[str, str]]] | None = None) -> Compaction:
         """Fold every consumer's rows at or below its ack floor into one ``state`` row (deleted
-        consumers and earlier incarnations disappear), as one Delta overwrite of the snapshot read.
+        consumers and earlier incarnations disappear), swapping the files read for one file.
         ``live`` names the consumers that exist (read after the snapshot, so it knows every
-        consumer with rows in it); the rows of others, such as a deleted stream's, are dropped."""
+        consumer with rows in it); the rows of others, such as a deleted stream's, are dropped.
+
+        The swap removes exactly the files it read, so the gateway's appends made meanwhile are new
+        files that stay, with lsns above every folded row. It is the jobs' swap
+        (:func:`storage_delta.maintenance.swap_actions`): a delta-rs overwrite would conflict with
+        every such append (delta-rs #3890) and, under steady acking, never land. It gives way,
+        deleting its file, only when another compaction removed the same files first."""
         self.dt.update_incremental()
+        files = pa.table(self.dt.get_add_actions(flatten=True))
         table = self.dt.to_pyarrow_table()
         out = fold_table(table)
         if live is not None:
             keep = live()
             out = [r for r in out if (r.stream, r.consumer) in keep]
-        actions = [write_data_file(self.root, sch.ACKS, {}, to_arrow(out))] if out else []
-        done = self.dt.transaction_version(COMPACT_APP_ID) or 0
-        commit_adds(
-            self.dt, actions, sch.ACK_SCHEMA, sch.ACK_PARTITIONS, (COMPACT_APP_ID, done + 1), "overwrite"
-        )
+        now = int(time.time() * 1000)
+        removes = [
+            RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
+            for p, n in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True)
+        ]
+        adds = [write_data_file(self.root, sch.ACKS, {}, to_arrow(out))] if out else []
+        if not swap_actions(self.root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS, removes, adds):
+            delete_unreferenced(self.root, adds, sch.ACKS)
+            return Compaction(table.num_rows, table.num_rows, self.dt.version())
         self.hygiene()
         return Compaction(table.num_rows, len(out), self.dt.version())
 

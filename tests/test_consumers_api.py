@@ -30,6 +30,7 @@ CONFIGS: list[dict[str, Any]] = [
     {"ack_policy": "none", "max_ack_pending": 5},  # kept even with ack none
     {"ack_policy": "explicit", "backoff": [1_000_000_000, 2_000_000_000]},  # ack_wait = backoff[0]
     {"ack_policy": "explicit", "max_deliver": 1, "backoff": [1_000_000_000, 2_000_000_000]},  # 10116
+    {"ack_policy": "explicit", "max_deliver": 2, "backoff": [1_000_000_000, 2_000_000_000]},  # as many: fine
     {"ack_policy": "explicit", "max_deliver": -5},  # any negative is -1
     {"ack_policy": "explicit", "max_deliver": 0, "replay_policy": "original"},  # replay original on pull
     {"ack_policy": "explicit", "sample_freq": "50%"},
@@ -156,6 +157,7 @@ UPDATES: list[dict[str, Any]] = [
     {"max_waiting": 9},  # max waiting can not be updated
     {"deliver_subject": "push.x"},  # can not update pull consumer to push based
     {"replay_policy": "original"},  # replay policy can not be updated
+    {"mem_storage": True},  # storage type can not be updated
 ]
 
 

@@ -131,7 +131,8 @@ async def test_kv_history_keys_watch(targets: dict[str, str], unique: str) -> No
 
 async def test_kv_with_the_domain_named(jetlake: Jetlake, tmp_path: Path, unique: str) -> None:
     """A client that names the domain (``jetstream(domain="jetlake")``) addresses the API as
-    ``$JS.jetlake.API.…``: the same KV answers as from a real JetStream in domain ``jetlake``."""
+    ``$JS.jetlake.API.…``: the same KV answers as from a real JetStream in domain ``jetlake``, also
+    for a put published under that prefix (``$JS.jetlake.API.$KV.<bucket>.<key>``)."""
     reference = ReferenceJetStream(tmp_path / "domain", domain="jetlake")
     reference.start()
     try:
@@ -147,6 +148,9 @@ async def test_kv_with_the_domain_named(jetlake: Jetlake, tmp_path: Path, unique
                 await attempt(kv.delete("k")),
                 await attempt(kv.get("k")),
                 await attempt(kv.create("k", b"again")),
+                # a put under the domain's API prefix, as nats.js sends it for a named domain
+                (await js.publish(f"$JS.jetlake.API.$KV.{name}.p", b"prefixed")).seq,
+                await attempt(kv.get("p")),
             ]
 
         out = await assert_same({"jetstream": reference.url, "jetlake": jetlake.url}, case, unique)

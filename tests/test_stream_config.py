@@ -113,6 +113,9 @@ CASES: list[tuple[str, Any]] = [
     ("mirror_with_marker_ttl", {"name": "{n}", "mirror": {"name": "X"}, "subject_delete_marker_ttl": S}),
     ("placement_echoed", {"name": "{n}", "placement": {"cluster": "c"}}),
     ("placement_not_object", {"name": "{n}", "placement": "c"}),
+    ("placement_preferred", {"name": "{n}", "placement": {"preferred": "x"}}),
+    # the server's own refusal comes before jetlake's of atomic batches
+    ("persist_async_with_atomic", {"name": "{n}", "persist_mode": "async", "allow_atomic": True}),
     ("consumer_limits", {"name": "{n}", "consumer_limits": {"inactive_threshold": S, "max_ack_pending": 10}}),
     ("consumer_limits_unknown_field", {"name": "{n}", "consumer_limits": {"foo": 1}}),
     ("persist_mode_async", {"name": "{n}", "persist_mode": "async"}),

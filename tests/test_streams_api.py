@@ -3,8 +3,10 @@ and delete, direct get, sealed and deny flags; each case against the real JetStr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError, TimeoutError
 
 from tests.differential import assert_same
+from tests.jsapi import same
 from tests.streams_script import run_script
 from tests.test_thin_slice import api
 
@@ -357,3 +360,53 @@ async def test_update_moves_subjects(targets: dict[str, str], unique: str) -> No
         return out
 
     await assert_same(targets, case, unique)
+
+
+async def test_gets_by_time(targets: dict[str, str], unique: str) -> None:
+    """MSG.GET and DIRECT.GET by `start_time` (alone: the first message at or after it, none after
+    the last; with `next_by_subj`; DIRECT.GET batches), and `multi_last` with `up_to_time` (`404 No
+    Results` before the first message; with `up_to_seq` too: `408 Bad Request`)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await api(
+            nc,
+            f"STREAM.CREATE.{name}",
+            {"name": name, "subjects": [f"{name.lower()}.>"], "allow_direct": True},
+        )
+        js = nc.jetstream()
+        times = ["2000-01-01T00:00:00Z"]
+        for i in range(4):
+            await js.publish(f"{name.lower()}.s{i % 2}", f"m{i}".encode())
+            times.append(datetime.now(UTC).isoformat().replace("+00:00", "Z"))
+            await asyncio.sleep(0.1)
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+
+        async def direct(body: dict[str, Any]) -> list[Any]:
+            await nc.publish(f"$JS.API.DIRECT.GET.{name}", json.dumps(body).encode(), reply=inbox)
+            got: list[Any] = []
+            while not got or not got[-1].get("Status", "").startswith(("2", "4")):
+                msg = await sub.next_msg(timeout=3)
+                got.append({k: v for k, v in (msg.headers or {}).items() if k != "Nats-Time-Stamp"})
+                if not got[-1].get("Status") and "batch" not in body and "multi_last" not in body:
+                    break
+            return got
+
+        out: dict[str, Any] = {}
+        s0, s1 = f"{name.lower()}.s0", f"{name.lower()}.s1"
+        for i, t in enumerate(times):
+            get = await api(nc, f"STREAM.MSG.GET.{name}", {"start_time": t})
+            out[f"get {i}"] = get.get("error") or get["message"]["seq"]
+            get = await api(nc, f"STREAM.MSG.GET.{name}", {"start_time": t, "next_by_subj": s1})
+            out[f"get {i} next"] = get.get("error") or get["message"]["seq"]
+            out[f"direct {i}"] = await direct({"start_time": t})
+            out[f"direct {i} next"] = await direct({"start_time": t, "next_by_subj": s0})
+            out[f"direct {i} batch"] = await direct({"start_time": t, "batch": 2})
+            out[f"multi_last {i}"] = await direct({"multi_last": [f"{name.lower()}.>"], "up_to_time": t})
+        out["up_to both"] = await direct({"multi_last": [s0], "up_to_time": times[2], "up_to_seq": 1})
+        out["multi_last none"] = await direct({"multi_last": ["zz.>"]})
+        out["get start and seq"] = await api(nc, f"STREAM.MSG.GET.{name}", {"start_time": times[1], "seq": 2})
+        return out
+
+    out = await same(targets, case, unique)
+    assert out["get 2"] == 3
