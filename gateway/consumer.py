@@ -110,6 +110,21 @@ class PullRequestQueue:
         self.remove_where(gone)
         return gone
 
+    def expire_head(self, now_ns: int) -> list[PullRequest]:
+        """The expired requests at the front, removed: delivery only ever serves the oldest, so a
+        request whose time ran out between two sweeps of the timer is never served (the server
+        checks a request's expiry when it serves it, too)."""
+        gone = []
+        q = self._q
+        while q and q[0].expires_at_ns and q[0].expires_at_ns <= now_ns:
+            gone.append(q.popleft())
+        return gone
+
+    def live(self, now_ns: int) -> int:
+        """How many requests have time left (``num_waiting``: an expired one the timer has not
+        swept yet is not waiting any more)."""
+        return sum(1 for r in self._q if not r.expires_at_ns or r.expires_at_ns > now_ns)
+
     def clear(self) -> list[PullRequest]:
         gone = list(self._q)
         self._q.clear()
@@ -612,7 +627,7 @@ class Consumer:
             "ack_floor": floor,
             "num_ack_pending": len(self.pending),
             "num_redelivered": self.num_redelivered(),
-            "num_waiting": len(self.waiting),
+            "num_waiting": self.waiting.live(now_ns),
             "num_pending": self.num_pending(),
         }
         if self.paused(now_ns):

@@ -158,15 +158,17 @@ class Delivery:
         self._serving.add(key)
         self.tasks.own(self._serve(consumer, key), f"deliver-{consumer.stream.name}-{consumer.name}")
 
-    def _target(self, consumer: Consumer) -> tuple[str, PullRequest | None] | None:
-        """Where the next message goes: the oldest waiting pull request, or a push consumer's
-        deliver subject while it has interest."""
+    def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
+        """Where the next message goes: the oldest waiting pull request that has time left, or a
+        push consumer's deliver subject while it has interest."""
         if consumer.is_push:
             subject = str(consumer.config["deliver_subject"])
             flow = self._flow.get(id(consumer))
             if flow is not None and flow.stalled():
                 return None  # until the subscriber answers the flow-control request
             return (subject, None) if self.leaf.interest.has(subject) else None
+        for req in consumer.waiting.expire_head(now):
+            self._send_status(timeout_status(req))
         req = consumer.waiting.peek()
         return (req.reply, req) if req is not None else None
 
@@ -175,7 +177,7 @@ class Delivery:
         try:
             while self._consumer(consumer.stream.name, consumer.name) is consumer:
                 now = now_ns()
-                target = self._target(consumer)
+                target = self._target(consumer, now)
                 if target is None or consumer.paused(now):
                     return
                 inbox, req = target

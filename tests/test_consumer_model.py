@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from gateway.consumer import Consumer, start_position
+from gateway.consumer import Consumer, PullRequest, PullRequestQueue, start_position
 from gateway.consumer_config import normalize
 from gateway.stream import Stream
 from gateway.stream_config import normalize as stream_normalize
@@ -183,3 +183,18 @@ def test_flow_control_window() -> None:
     assert not fc.answered("$JS.FC.S.c.nope")
     assert fc.answered(request)
     assert not fc.stalled()
+
+
+def test_expired_requests_are_neither_served_nor_counted_before_the_timer_sweeps() -> None:
+    """Delivery serves the oldest request: expired ones at the front go (the server checks expiry
+    when it serves); ``num_waiting`` leaves out every expired request, wherever it waits."""
+    q = PullRequestQueue(10)
+    for reply, expires in (("a", 100), ("b", 0), ("c", 50), ("d", 300)):
+        q.push(PullRequest(reply, 1, 0, expires, False, 0))
+    assert q.live(49) == 4
+    assert q.live(100) == 2  # a and c ran out; b never expires
+    assert q.expire_head(99) == []  # c has run out, but a, before it, has not
+    assert [r.reply for r in q.expire_head(100)] == ["a"]
+    assert [r.reply for r in q] == ["b", "c", "d"]  # b has no expiry, so c waits for the sweep
+    assert [r.reply for r in q.expire(100)] == ["c"]
+    assert [r.reply for r in q.expire_head(1000)] == []  # b at the front never expires
