@@ -70,6 +70,17 @@ class TokenBucket:
         return max(0.0, -self.tokens / self.rate)
 
 
+def _served(consumer: Consumer, req: PullRequest, count: int, size: int, now: int) -> None:
+    """A pull request got ``count`` more messages of ``size`` bytes: its idle heartbeat starts
+    over, and it leaves the queue once its batch is complete."""
+    req.delivered += count
+    req.bytes_sent += size
+    if req.heartbeat_ns:
+        req.next_heartbeat_ns = now + req.heartbeat_ns
+    if req.delivered >= req.batch:
+        consumer.waiting.pop()
+
+
 class Delivery:
     def __init__(
         self,
@@ -167,8 +178,8 @@ class Delivery:
             if flow is not None and flow.stalled():
                 return None  # until the subscriber answers the flow-control request
             return (subject, None) if self.leaf.interest.has(subject) else None
-        for req in consumer.waiting.expire_head(now):
-            self._send_status(timeout_status(req))
+        for expired in consumer.waiting.expire_head(now):
+            self._send_status(timeout_status(expired))
         req = consumer.waiting.peek()
         return (req.reply, req) if req is not None else None
 
@@ -224,12 +235,7 @@ class Delivery:
                 self.recorder.delivered_run(consumer, [done])
                 size = self._send(consumer, inbox, msg, done)
                 if req is not None:
-                    req.delivered += 1
-                    req.bytes_sent += size
-                    if req.heartbeat_ns:
-                        req.next_heartbeat_ns = now_ns() + req.heartbeat_ns
-                    if req.delivered >= req.batch:
-                        consumer.waiting.pop()
+                    _served(consumer, req, 1, size, now_ns())
                 if self.leaf.backlogged():
                     await self.leaf.drain()
         finally:
@@ -269,12 +275,7 @@ class Delivery:
         self.recorder.delivered_run(consumer, [d for _, d in run])
         size = self._send_run(consumer, inbox, run)
         if req is not None:
-            req.delivered += len(run)
-            req.bytes_sent += size
-            if req.heartbeat_ns:
-                req.next_heartbeat_ns = now + req.heartbeat_ns
-            if req.delivered >= req.batch:
-                consumer.waiting.pop()
+            _served(consumer, req, len(run), size, now)
         return True
 
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:

@@ -245,7 +245,7 @@ class Gateway:
         if is_api:
             toks = split_api_subject(subject, self.api_prefix) or []
             if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
-                self.delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
+                delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
                 return
             try:
                 self._api_queue.put_nowait((toks, msg.reply, msg.data))
@@ -253,10 +253,10 @@ class Gateway:
                 self.api_dropped += 1
             return
         if subject.startswith("$JS.ACK."):
-            self.delivery.on_ack(subject, msg.reply, msg.data)
+            delivery.on_ack(subject, msg.reply, msg.data)
             return
         if subject.startswith("$JS.FC."):
-            self.delivery.on_flow_control(subject)
+            delivery.on_flow_control(subject)
             return
         self.publish.on_publish(msg)
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
@@ -31,12 +30,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import AddAction
 
 from storage_delta import schema as sch
 from storage_delta.catalog import CatalogTable
 from storage_delta.deltalog import LocalLogAppender, UnsupportedTable
-from storage_delta.maintenance import delete_unreferenced, swap_actions
+from storage_delta.maintenance import delete_unreferenced, removes_of, swap_actions
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
@@ -421,11 +420,7 @@ class AckLogTable:
         if live is not None:
             keep = live()
             out = [r for r in out if (r.stream, r.consumer) in keep]
-        now = int(time.time() * 1000)
-        removes = [
-            RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
-            for p, n in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True)
-        ]
+        removes = removes_of(files)
         adds = [write_data_file(self.root, sch.ACKS, {}, to_arrow(out))] if out else []
         if not swap_actions(self.root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS, removes, adds):
             delete_unreferenced(self.root, adds, sch.ACKS)

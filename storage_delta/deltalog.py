@@ -125,11 +125,7 @@ class LocalLogAppender:
         """
         gone = {r.path for r in removes}
         lines = [
-            commit_info(
-                "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE",
-                False,
-                int(time.time() * 1000),
-            ),
+            commit_info(operation, False, int(time.time() * 1000)),
             *(remove_line(r) for r in removes),
             *(add_line(a) for a in adds),
         ]

@@ -236,6 +236,16 @@ def _swap_delta_rs(
     raise CommitConflict(f"swap of {len(wanted)} files still conflicting after {retries} retries")
 
 
+def removes_of(files: pa.Table) -> list[RemoveAction]:
+    """A removal of every file of a ``get_add_actions`` listing: what a fold that replaces all the
+    files it read (the ``removals`` and ``acks`` compactions) swaps out."""
+    now = int(time.time() * 1000)
+    return [
+        RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
+        for p, n in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True)
+    ]
+
+
 def delete_unreferenced(root: StoreRoot, adds: Sequence[AddAction], table: str = sch.MESSAGES) -> None:
     """Delete files a job wrote but did not commit (its swap was abandoned)."""
     fs, base = root.filesystem()

@@ -21,10 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from deltalake.transaction import RemoveAction
 
 from storage_delta import schema as sch
-from storage_delta.maintenance import delete_unreferenced, swap_actions
+from storage_delta.maintenance import delete_unreferenced, removes_of, swap_actions
 from storage_delta.tables import (
     CommitConflict,
     StoreRoot,
@@ -213,11 +212,7 @@ def compact_removals(root: StoreRoot) -> RemovalCompaction:
     unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
     if files.num_rows <= 1 and folded.num_rows == table.num_rows:
         return unchanged
-    now = int(time.time() * 1000)
-    removes = [
-        RemoveAction(path=p, data_change=True, deletion_timestamp=now, size=n)
-        for p, n in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist(), strict=True)
-    ]
+    removes = removes_of(files)
     adds = [write_data_file(root, sch.REMOVALS, {}, folded)] if folded.num_rows else []
     if not swap_actions(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [], removes, adds):
         delete_unreferenced(root, adds, sch.REMOVALS)
