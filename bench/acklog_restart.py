@@ -24,10 +24,10 @@ from typing import Any
 import nats
 
 from bench.stored import write_messages
-from storage_delta import acklog as al
-from storage_delta.catalog import CatalogTable
-from storage_delta.consumer_log import reduce
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.read.consumer_log import reduce
+from storage_delta.tables import acklog as al
+from storage_delta.tables.catalog import CatalogTable
 from tests.harness import Jetlake
 
 STREAM, CONSUMER = "HISTORY", "LONGLIVED"

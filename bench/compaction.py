@@ -25,8 +25,8 @@ from bench.stored import write_messages
 from bench.targets import Target, acked_publish, add_stream, wait_stream_messages
 from spark_jobs import compaction
 from spark_jobs.session import build_spark_session
-from storage_delta.stream_state import compact_removals, load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.removals import compact_removals, load_stream_states
 from tests.harness import Jetlake
 from tests.standalone import standalone_cluster
 

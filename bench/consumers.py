@@ -13,7 +13,7 @@ from bench import pyconsume
 from bench.stored import write_messages
 from bench.targets import Target, add_stream, barrier, loadgen, wait_stream_messages
 from bench.workloads import profiled
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
 from tests.harness import Jetlake
 
 Result = dict[str, Any]

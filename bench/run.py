@@ -23,7 +23,7 @@ from pathlib import Path
 from bench import acklog_restart, compaction, consumers, spark_read
 from bench import workloads as wl
 from bench.targets import BENCH_DIR, start_targets
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
 
 RESULTS = BENCH_DIR / "RESULTS.md"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
 
 COMMIT_ROWS = 100_000
 

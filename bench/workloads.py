@@ -14,9 +14,10 @@ from typing import Any
 
 from bench.profile import sampled, summarize
 from bench.targets import Target, add_stream, barrier, loadgen, stream_state, timed_restart, tree_bytes
-from storage_delta import index_snapshot, seal
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.maintenance import seal
+from storage_delta.read import index_snapshot
 
 Result = dict[str, Any]
 

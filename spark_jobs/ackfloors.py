@@ -13,11 +13,11 @@ import time
 
 from pyspark.sql import SparkSession
 
-from storage_delta import acklog
-from storage_delta.ackfloors import AckFloorRow, append_run, live_consumers, stream_last_seqs
-from storage_delta.consumer_log import reduce
-from storage_delta.stream_state import load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.read.consumer_log import reduce
+from storage_delta.tables import acklog
+from storage_delta.tables.ackfloors import AckFloorRow, append_run, live_consumers, stream_last_seqs
+from storage_delta.tables.removals import load_stream_states
 
 
 def consumer_row(

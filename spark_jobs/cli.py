@@ -101,12 +101,12 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
     followed by a vacuum that keeps the margin and a Delta checkpoint."""
     from spark_jobs import compaction
     from spark_jobs.ackfloors import ackfloors
-    from storage_delta import maintenance
-    from storage_delta import schema as sch
-    from storage_delta.jobruns import JobRun, record_run
-    from storage_delta.stream_state import compact_removals, load_stream_states
-    from storage_delta.tables import StoreRoot
-    from storage_delta.vacuum import MIN_RETENTION_HOURS, vacuum
+    from storage_delta.commit.store import StoreRoot
+    from storage_delta.format import schema as sch
+    from storage_delta.maintenance import files as maintenance
+    from storage_delta.maintenance.vacuum import MIN_RETENTION_HOURS, vacuum
+    from storage_delta.tables.jobruns import JobRun, record_run
+    from storage_delta.tables.removals import compact_removals, load_stream_states
 
     root = StoreRoot(settings.data_root)
     started_ns = time.time_ns()

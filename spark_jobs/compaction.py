@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from storage_delta.maintenance import (
+from storage_delta.commit.store import StoreRoot
+from storage_delta.maintenance.files import (
     LiveFile,
     delete_unreferenced,
     live_files,
     rewrite_files,
     swap_files,
 )
-from storage_delta.stream_state import StreamLogicalState
-from storage_delta.tables import StoreRoot
+from storage_delta.tables.removals import StreamLogicalState
 
 log = logging.getLogger(__name__)
 

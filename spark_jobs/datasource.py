@@ -50,11 +50,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from storage_delta import schema as sch
-from storage_delta.maintenance import LiveFile, live_files, visible
-from storage_delta.natsfmt import parse_headers, subject_matches
-from storage_delta.stream_state import StreamLogicalState, load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
+from storage_delta.format.nats import parse_headers, subject_matches
+from storage_delta.maintenance.files import LiveFile, live_files, visible
+from storage_delta.tables.removals import StreamLogicalState, load_stream_states
 
 NAME = "jetlake"
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import nats
 
-from gateway.embedded import nats_server_binary, server_config
+from gateway.runtime.embedded import nats_server_binary, server_config
 
 ROOT = Path(__file__).resolve().parent.parent
 VOLATILE = {"ts", "created", "first_ts", "last_ts", "last_active", "cluster", "_nats.ver"}

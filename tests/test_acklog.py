@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from gateway import consumer_config
-from gateway.ack_recorder import AckRecorder
-from gateway.consumer import Consumer
-from gateway.stream import Stream
-from gateway.timefmt import now_ns
-from storage_delta import acklog as al
-from storage_delta.catalog import CatalogTable
-from storage_delta.consumer_log import ConsumerState, reduce
-from storage_delta.tables import StoreRoot
+from gateway.adapters.ack_recorder import AckRecorder
+from gateway.api import consumer_config
+from gateway.api.timefmt import now_ns
+from gateway.engine.consumer import Consumer
+from gateway.engine.stream import Stream
+from storage_delta.commit.store import StoreRoot
+from storage_delta.read.consumer_log import ConsumerState, reduce
+from storage_delta.tables import acklog as al
+from storage_delta.tables.catalog import CatalogTable
 from tests.harness import duckdb_connection
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import tables_fmt as fmt
+from gateway.cli import tables as fmt
 
 
 @pytest.mark.parametrize(

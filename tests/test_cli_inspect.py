@@ -12,7 +12,7 @@ from typing import Any
 
 import nats
 
-from gateway import inspect_cli
+from gateway.cli import inspect as inspect_cli
 from tests.harness import ROOT
 
 TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|^\[\d\d:\d\d:\d\d\]", re.MULTILINE)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from gateway.coldread import CHUNK, ColdReader
-from gateway.stream import Stream
-from storage_delta.reader import MessageReader
-from storage_delta.schema import stored_size
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from gateway.adapters.coldread import CHUNK, ColdReader
+from gateway.engine.stream import Stream
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format.schema import stored_size
+from storage_delta.read.reader import MessageReader
 
 
 class CountingReader(MessageReader):

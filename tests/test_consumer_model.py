@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from gateway.consumer import Consumer, PullRequest, PullRequestQueue, start_position
-from gateway.consumer_config import normalize
-from gateway.stream import Stream
-from gateway.stream_config import normalize as stream_normalize
+from gateway.api.consumer_config import normalize
+from gateway.api.pull import PullRequest
+from gateway.api.stream_config import normalize as stream_normalize
+from gateway.engine.consumer import Consumer, PullRequestQueue, start_position
+from gateway.engine.stream import Stream
 
 NS = 1_000_000_000
 
@@ -171,7 +172,7 @@ def test_cursor_names_what_a_fresh_search_finds() -> None:
 def test_flow_control_window() -> None:
     """A request after a window of bytes, delivery stalled at two windows until it is answered;
     a stale or foreign answer changes nothing."""
-    from gateway.push import WINDOW, FlowControl
+    from gateway.engine.flow_control import WINDOW, FlowControl
 
     fc = FlowControl("S", "c")
     assert fc.sent(WINDOW - 1) is None

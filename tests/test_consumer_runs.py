@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from gateway.consumer import Consumer
-from storage_delta.writer import StoredMessage
+from gateway.engine.consumer import Consumer
+from storage_delta.commit.writer import StoredMessage
 from tests.test_consumer_model import NS, _add, _consumer, _stream
 
 

@@ -16,20 +16,20 @@ from typing import Any
 import nats
 import numpy as np
 
-from gateway.ack_recorder import AckRecorder
-from gateway.registry import Registry
-from gateway.removals import RemovalRecorder
-from gateway.snapshots import Snapshots
-from gateway.stream import Stream
-from storage_delta import index_snapshot
-from storage_delta.acklog import AckLogTable, AckLogWriter
-from storage_delta.catalog import CatalogTable
-from storage_delta.index_snapshot import IndexSnapshot
-from storage_delta.maintenance import live_files
-from storage_delta.reader import MessageReader
-from storage_delta.stream_state import RemovalLog, load_stream_states
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable
+from gateway.adapters.ack_recorder import AckRecorder
+from gateway.adapters.registry import Registry
+from gateway.adapters.removals import RemovalRecorder
+from gateway.adapters.snapshots import Snapshots
+from gateway.engine.stream import Stream
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable
+from storage_delta.maintenance.files import live_files
+from storage_delta.read import index_snapshot
+from storage_delta.read.index_snapshot import IndexSnapshot
+from storage_delta.read.reader import MessageReader
+from storage_delta.tables.acklog import AckLogTable, AckLogWriter
+from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.removals import RemovalLog, load_stream_states
 from tests.harness import Jetlake
 
 CREATED = 1_700_000_000_000_000_000

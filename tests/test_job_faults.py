@@ -22,11 +22,11 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from storage_delta import schema as sch
-from storage_delta.maintenance import live_files
-from storage_delta.stream_state import load_stream_states
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import live_files
+from storage_delta.tables.removals import load_stream_states
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.jsapi import api, stream
 

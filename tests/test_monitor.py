@@ -11,9 +11,9 @@ import nats
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.jsz import stored_config
-from storage_delta.jobruns import JobRun, record_run
-from storage_delta.tables import StoreRoot
+from gateway.monitor.jsz import stored_config
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.jobruns import JobRun, record_run
 from tests.harness import ReferenceJetStream, scrub, stop
 from tests.monitor_fixtures import (
     TOKEN,

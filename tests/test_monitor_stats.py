@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage_delta.stats import Histogram
+from storage_delta.commit.stats import Histogram
 
 
 def test_bounds_are_inclusive_and_cumulative() -> None:

@@ -14,8 +14,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from storage_delta.stream_state import load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.removals import load_stream_states
 from tests.harness import ROOT
 from tests.monitor_fixtures import MonitoredJetlake, ack_floor_scenario, api
 

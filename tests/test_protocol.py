@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import acks
-from gateway import protocol as proto
-from gateway.subjects import is_valid_subject, subject_matches, subjects_overlap
+from gateway.wire import acks
+from gateway.wire import protocol as proto
+from storage_delta.format.nats import is_valid_subject, subject_matches, subjects_overlap
 
 
 def test_parser_handles_frames_split_anywhere() -> None:

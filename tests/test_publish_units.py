@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.dedup import DedupWindow
-from gateway.durations import BadDuration, parse_go_duration
-from gateway.msg_ttl import NEVER, InvalidTTL, parse_ttl
-from gateway.publish_checks import set_header
+from gateway.api.durations import BadDuration, parse_go_duration
+from gateway.engine.dedup import DedupWindow
+from gateway.engine.msg_ttl import NEVER, InvalidTTL, parse_ttl
+from gateway.engine.publish_checks import set_header
 
 S = 1_000_000_000
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from gateway.gojson import GoJsonError, decode_struct, syntax_error
-from gateway.pull import PULL_REQUEST_FIELDS
+from gateway.api.gojson import GoJsonError, decode_struct, syntax_error
+from gateway.api.pull import PULL_REQUEST_FIELDS
 from tests.jsapi import consumer, pull, same, stream
 
 SYNTAX = [

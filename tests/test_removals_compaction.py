@@ -13,15 +13,15 @@ import pyarrow as pa
 import pytest
 from nats.aio.client import Client
 
-from storage_delta import schema as sch
-from storage_delta.stream_state import (
+from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
+from storage_delta.tables.removals import (
     StreamLogicalState,
     compact_removals,
     fold_removals,
     load_stream_states,
     merge_ranges,
 )
-from storage_delta.tables import StoreRoot
 from tests.harness import Jetlake, duckdb_connection
 from tests.jsapi import api, stream
 

@@ -19,7 +19,7 @@ import pytest
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from gateway.leafauth import CredentialsError, LeafTarget, SubscribePermissions, read_creds
+from gateway.wire.leafauth import CredentialsError, LeafTarget, SubscribePermissions, read_creds
 from tests.harness import Jetlake, ReferenceJetStream, wait_port
 from tests.natsauth import (
     account_jwt,
@@ -298,7 +298,7 @@ class PermissionedReference(ReferenceJetStream):
     def start(self) -> None:
         import subprocess
 
-        from gateway.embedded import nats_server_binary
+        from gateway.runtime.embedded import nats_server_binary
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "nats-server.conf"

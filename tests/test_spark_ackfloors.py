@@ -13,9 +13,9 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
 from spark_jobs.cli import JobSettings, run_job
-from storage_delta.ackfloors import latest_run
-from storage_delta.jobruns import job_figures
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.ackfloors import latest_run
+from storage_delta.tables.jobruns import job_figures
 from tests.harness import Jetlake, duckdb_connection
 from tests.jsapi import api, consumer, publish, pull, stream
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from storage_delta.catalog import CatalogTable
-from storage_delta.maintenance import live_files
-from storage_delta.stream_state import Removal, RemovalLog
+from storage_delta.maintenance.files import live_files
+from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import ROOT
 from tests.standalone import standalone_cluster
 from tests.test_spark_jobs import COUNT, build_store, duckdb_seqs

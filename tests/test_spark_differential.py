@@ -16,9 +16,9 @@ from nats.aio.client import Client
 from pyspark.sql import SparkSession
 
 from spark_jobs import compaction
-from storage_delta import maintenance
-from storage_delta.stream_state import load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.maintenance import files as maintenance
+from storage_delta.tables.removals import load_stream_states
 from tests.differential import run_case
 from tests.harness import Jetlake
 from tests.streams_script import full_state, run_step

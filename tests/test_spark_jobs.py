@@ -15,12 +15,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs import cli as jobs_cli
 from spark_jobs import compaction
-from storage_delta import maintenance
-from storage_delta import schema as sch
-from storage_delta.maintenance import live_files
-from storage_delta.stream_state import StreamLogicalState
-from storage_delta.tables import StoreRoot, commit_adds, open_existing, write_data_file
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot, commit_adds, open_existing, write_data_file
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format import schema as sch
+from storage_delta.maintenance import files as maintenance
+from storage_delta.maintenance.files import live_files
+from storage_delta.tables.removals import StreamLogicalState
 from tests.harness import duckdb_connection
 
 BLOCK = 200

@@ -14,9 +14,9 @@ from pyspark.sql import functions as F
 import spark_jobs.datasource as datasource
 from spark_jobs.datasource import MESSAGE_SCHEMA, arrow_schema, list_blocks, read_block
 from spark_jobs.session import check_java, java_major_version
-from storage_delta.natsfmt import parse_headers, subject_matches
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format.nats import parse_headers, subject_matches
 
 STREAM = "ORDERS"
 BLOCK_SIZE = 400

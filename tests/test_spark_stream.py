@@ -17,8 +17,8 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
 from tests.harness import Jetlake
 
 STREAM = "TICKS"

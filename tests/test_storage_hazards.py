@@ -13,14 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake.transaction import RemoveAction
 
-from storage_delta import schema as sch
-from storage_delta import tables
-from storage_delta.deltalog import ConcurrentRemoval, LocalLogAppender, commit_path
-from storage_delta.maintenance import live_files, swap_files
-from storage_delta.seal import seal_stream
-from storage_delta.tables import StoreRoot, write_data_file
-from storage_delta.vacuum import vacuum
-from storage_delta.writer import APP_ID, GroupCommitWriter, MessageTable, StoredMessage
+from storage_delta.commit import store as tables
+from storage_delta.commit.deltalog import ConcurrentRemoval, LocalLogAppender, commit_path
+from storage_delta.commit.store import StoreRoot, write_data_file
+from storage_delta.commit.writer import APP_ID, GroupCommitWriter, MessageTable, StoredMessage
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import live_files, swap_files
+from storage_delta.maintenance.seal import seal_stream
+from storage_delta.maintenance.vacuum import vacuum
 from tests.harness import duckdb_connection
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from storage_delta import schema as sch
-from storage_delta.reader import MessageReader
-from storage_delta.seal import seal_stream
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.seal import seal_stream
+from storage_delta.read.reader import MessageReader
 from tests.harness import duckdb_connection
 
 BLOCK = 10  # small blocks, so a few dozen messages span several partitions

@@ -12,10 +12,10 @@ from typing import Any
 import nats
 import pytest
 
-from storage_delta.reader import MessageReader
-from storage_delta.seal import seal_stream
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.maintenance.seal import seal_stream
+from storage_delta.read.reader import MessageReader
 from tests.harness import Jetlake, free_port, stop, wait_port
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage_delta.tables import StoreRoot
-from storage_delta.writer import GroupCommitWriter, MessageTable, StoredMessage, WriterOverloaded
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage, WriterOverloaded
 from tests.test_storage_hazards import message, seqs_in_table
 
 
@@ -49,7 +49,7 @@ async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> 
 
 
 async def test_closed_writer_refuses(tmp_path: Path) -> None:
-    from storage_delta.writer import WriterClosed
+    from storage_delta.commit.writer import WriterClosed
 
     with ThreadPoolExecutor(1) as pool:
         writer = GroupCommitWriter(

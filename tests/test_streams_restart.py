@@ -11,8 +11,8 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from storage_delta.stream_state import load_stream_states
-from storage_delta.tables import StoreRoot
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.removals import load_stream_states
 from tests.differential import assert_same
 from tests.harness import Jetlake, duckdb_connection
 from tests.streams_script import full_state, run_script, run_step

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway import errors
-from gateway.stream import Stream
-from gateway.stream_index import COMPACT_MIN
-from gateway.subjects import subject_matches
-from storage_delta.reader import StoredIndex
-from storage_delta.schema import stored_size
+from gateway.api import errors
+from gateway.engine.stream import Stream
+from gateway.engine.stream_index import COMPACT_MIN
+from storage_delta.format.nats import subject_matches
+from storage_delta.format.schema import stored_size
+from storage_delta.read.reader import StoredIndex
 
 
 def make(**cfg: Any) -> Stream:

@@ -1,0 +1,130 @@
+"""Turns consumer state changes into ack log rows: the thin adapter between the consumer state
+machines and :class:`~storage_delta.acklog.AckLogWriter`.
+
+Each method is called right after the state machine made the change, so the row carries the
+consumer's positions (last delivered, ack floor) as they now stand. Lifecycle rows (create,
+config, delete) are awaited: the API answers only once they are committed. Deliveries and plain
+acks are committed within the writer's flush interval; an ack with a reply gets a future that
+resolves once its row is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from gateway.api.timefmt import now_ns
+from gateway.engine.consumer import Consumer, Delivered
+from storage_delta.tables import acklog as al
+
+
+class AckRecorder:
+    def __init__(self, writer: al.AckLogWriter) -> None:
+        self.writer = writer
+        #: Whether the ack log takes more rows (asked once per delivery and once per ack).
+        self.has_room = writer.has_room
+
+    @staticmethod
+    def _row(
+        consumer: Consumer,
+        kind: str,
+        seq: int = 0,
+        cseq: int = 0,
+        deliveries: int = 0,
+        ts: int = 0,
+        **body: Any,
+    ) -> al.AckRecord:
+        return al.AckRecord(
+            stream=consumer.stream.name,
+            consumer=consumer.name,
+            kind=kind,
+            seq=seq,
+            cseq=cseq,
+            deliveries=deliveries,
+            ts=ts or now_ns(),
+            delivered_seq=consumer.sseq,
+            delivered_cseq=consumer.dseq,
+            floor_seq=consumer.ack_floor_sseq,
+            floor_cseq=consumer.ack_floor_cseq,
+            body=json.dumps(body, separators=(",", ":")) if body else None,
+        )
+
+    async def _durable(self, record: al.AckRecord) -> None:
+        fut = self.writer.submit(record, sync=True)
+        assert fut is not None
+        await fut
+
+    async def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
+        await self._durable(
+            self._row(
+                consumer,
+                al.CREATE,
+                config=consumer.config,
+                created=consumer.created_ns,
+                start_after=start_after,
+                skip=skip,
+            )
+        )
+
+    async def config_changed(self, consumer: Consumer) -> None:
+        await self._durable(self._row(consumer, al.CONFIG, config=consumer.config))
+
+    async def reset(self, consumer: Consumer) -> None:
+        """``CONSUMER.RESET``: it starts again after its (new) delivered stream sequence."""
+        await self._durable(self._row(consumer, al.RESET, start_after=consumer.sseq, skip=[]))
+
+    async def deleted(self, consumer: Consumer) -> None:
+        await self._durable(self._row(consumer, al.DELETE))
+
+    @staticmethod
+    def _positions(consumer: Consumer) -> tuple[int, int, int, int]:
+        return consumer.sseq, consumer.dseq, consumer.ack_floor_sseq, consumer.ack_floor_cseq
+
+    def dropped(self, consumer: Consumer, seq: int) -> None:
+        """``seq`` left the pending set unacknowledged (deliveries ran out, or it is gone)."""
+        self.writer.add(
+            consumer.stream.name, consumer.name, al.DROP, seq, 0, 0, now_ns(), self._positions(consumer)
+        )
+
+    def acked_run(self, consumer: Consumer, settled: list[tuple[int, int, int]]) -> None:
+        """Record the plain acks of :meth:`Consumer.ack_run` that settled a message, one row each
+        with the positions right after it, stamped with the run's ack time."""
+        if settled:
+            stream, name, ts = consumer.stream.name, consumer.name, consumer.ack_floor_active_ns
+            sseq, dseq = consumer.sseq, consumer.dseq
+            self.writer.add_rows(
+                [
+                    (stream, name, al.ACK, seq, 0, 0, ts, sseq, dseq, fseq, fcseq, None)
+                    for seq, fseq, fcseq in settled
+                ]
+            )
+
+    def delivered_run(self, consumer: Consumer, run: list[Delivered]) -> None:
+        """Record deliveries (of :meth:`Consumer.deliver_run` or ``deliver``), one row each."""
+        stream, name, ts, kind = consumer.stream.name, consumer.name, consumer.last_active_ns, al.DELIVER
+        self.writer.add_rows(
+            [
+                (stream, name, kind, seq, cseq, n, ts, sseq, cseq, fseq, fcseq, None)
+                for seq, cseq, n, _, sseq, fseq, fcseq in run
+            ]
+        )
+
+    def room(self) -> int:
+        """How many more frequent rows the ack log takes now."""
+        return self.writer.room()
+
+    def acked(
+        self, consumer: Consumer, kind: str, seq: int, changed: bool, sync: bool, **body: Any
+    ) -> asyncio.Future[None] | None:
+        """Record an ack of ``kind`` that ``changed`` the state (or not: a late duplicate). With
+        ``sync`` the future resolves when it, or for a duplicate everything before it, is durable."""
+        if not changed:
+            return self.writer.submit(None, sync=True) if sync else None
+        # The ack floor's last_active is the ack's time: the row keeps it exactly for a restart.
+        ts = (consumer.ack_floor_active_ns if kind in (al.ACK, al.TERM) else 0) or now_ns()
+        if body:
+            return self.writer.submit(self._row(consumer, kind, seq, ts=ts, **body), sync=sync)
+        return self.writer.add(
+            consumer.stream.name, consumer.name, kind, seq, 0, 0, ts, self._positions(consumer), sync
+        )

@@ -1,0 +1,528 @@
+"""Delivery: the thin async adapter around the consumer state machines.
+
+It serves pull requests and push deliver subjects from the stream, sends the status messages,
+runs the consumer timer (request expiry, idle heartbeats, ack-wait redelivery, interest and
+inactivity) and takes the ``$JS.ACK`` path. One serve task per consumer at most, owned by the
+gateway's :class:`~gateway.tasks.TaskOwner`; cold reads run on the executor so the event loop
+never waits on parquet. Interest comes from the leaf's view of the server's subscriptions
+(``LS+``/``LS-``), as JetStream itself decides whether a deliver subject or an inbox listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from itertools import groupby
+from operator import itemgetter
+from typing import Any
+
+from gateway.adapters.ack_recorder import AckRecorder
+from gateway.adapters.coldread import ColdReader
+from gateway.adapters.registry import Registry
+from gateway.api import advisories
+from gateway.api.pull import (
+    CONSUMER_DELETED,
+    EXCEEDED_MAX_WAITING,
+    IDLE_HEARTBEAT,
+    NO_MESSAGES,
+    PUSH_BASED,
+    PullRequest,
+    Status,
+    limit_status,
+    no_consumer,
+    parse_pull_request,
+    timeout_status,
+    too_big_status,
+)
+from gateway.api.timefmt import now_ns
+from gateway.engine import retention
+from gateway.engine.consumer import Consumer, Delivered
+from gateway.engine.flow_control import FlowControl
+from gateway.engine.stream import Stream
+from gateway.runtime.tasks import TaskOwner
+from gateway.wire import acks
+from gateway.wire.leaf import LeafConnection
+from gateway.wire.protocol import CRLF, msg_head
+from storage_delta.commit.writer import StoredMessage
+from storage_delta.format.nats import status_block
+from storage_delta.tables import acklog as al
+
+FLOW_CONTROL_REQUEST = (100, "FlowControl Request")
+TICK_S = 0.05
+NS = 1_000_000_000
+RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
+RUN = 256  # deliveries made in one go at most, between checks of the link's send buffer
+RUN_BYTES = 1 << 20  # and their payload bytes at most (a larger message goes alone)
+
+
+class TokenBucket:
+    """``rate_limit_bps`` as a token bucket in bytes: a burst at once, then the average rate."""
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.tokens = capacity
+        self.at = 0.0
+
+    def take(self, size: int, now: float) -> float:
+        """Spend ``size`` bytes; the seconds to wait before sending them."""
+        if self.at:
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= size
+        return max(0.0, -self.tokens / self.rate)
+
+
+def _served(consumer: Consumer, req: PullRequest, count: int, size: int, now: int) -> None:
+    """A pull request got ``count`` more messages of ``size`` bytes: its idle heartbeat starts
+    over, and it leaves the queue once its batch is complete."""
+    req.delivered += count
+    req.bytes_sent += size
+    if req.heartbeat_ns:
+        req.next_heartbeat_ns = now + req.heartbeat_ns
+    if req.delivered >= req.batch:
+        consumer.waiting.pop()
+
+
+class Delivery:
+    def __init__(
+        self,
+        registry: Registry,
+        leaf: LeafConnection,
+        cold: ColdReader,
+        tasks: TaskOwner,
+        delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
+        recorder: AckRecorder,
+    ) -> None:
+        self.recorder = recorder
+        self.registry = registry
+        self.leaf = leaf
+        self.cold = cold
+        self.tasks = tasks
+        self.delete_consumer = delete_consumer
+        self._serving: set[int] = set()
+        self._last_sent: dict[int, int] = {}  # push consumers: when the deliver subject last heard from us
+        self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
+        self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
+        self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
+        self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
+        self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
+        #: Plain acks of the current read of the leaf link (``protocol.AckRun``), not applied yet.
+        self.queued_acks: list[tuple[bytes, bytes, bytes, bytes]] = []
+
+    def _consumer(self, stream: str, name: str) -> Consumer | None:
+        return self.registry.consumers.get(stream, {}).get(name)
+
+    # ---- pull requests ------------------------------------------------------------------------
+
+    def pull_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
+        consumer = self._consumer(stream, name)
+        if not reply:
+            return
+        if consumer is None:
+            self._send_status(no_consumer(reply, stream, name))
+            return
+        now = now_ns()
+        self._last_seen[id(consumer)] = now
+        if consumer.is_push:
+            self._send_status(Status(reply, *PUSH_BASED))
+            return
+        req = parse_pull_request(reply, body, now)
+        if isinstance(req, Status):
+            self._send_status(req)
+            return
+        refused = limit_status(req, consumer.config, now)
+        if refused is not None:
+            self._send_status(refused)
+            return
+        if consumer.waiting.full():
+            self._send_status(Status(reply, *EXCEEDED_MAX_WAITING))
+            return
+        if req.no_wait and not req.expires_at_ns and not consumer.has_work():
+            self._send_status(Status(reply, *NO_MESSAGES))
+            return
+        consumer.waiting.push(req)
+        self.kick(consumer)
+
+    def consumer_gone(self, consumer: Consumer) -> None:
+        """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""
+        for req in consumer.waiting.clear():
+            self._send_status(Status(req.reply, *CONSUMER_DELETED))
+        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets, self._flow):
+            table.pop(id(consumer), None)
+
+    # ---- serving ------------------------------------------------------------------------------
+
+    def kick_stream(self, stream: Stream) -> None:
+        """New messages are stored: interest streams drop what nobody wants, consumers serve."""
+        consumers = self.registry.consumers.get(stream.name, {})
+        key = (stream.name, stream.created_ns)
+        swept = self._swept.get(key, stream.state.first_seq - 1)
+        if swept < stream.durable_last_seq:
+            retention.sweep_unwanted(stream, consumers.values(), swept + 1, stream.durable_last_seq)
+            self._swept[key] = stream.durable_last_seq
+        for consumer in consumers.values():
+            if len(consumer.waiting) or consumer.is_push:
+                self.kick(consumer)
+
+    def kick(self, consumer: Consumer) -> None:
+        key = id(consumer)
+        if key in self._serving:
+            return
+        self._serving.add(key)
+        self.tasks.own(self._serve(consumer, key), f"deliver-{consumer.stream.name}-{consumer.name}")
+
+    def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
+        """Where the next message goes: the oldest waiting pull request that has time left, or a
+        push consumer's deliver subject while it has interest."""
+        if consumer.is_push:
+            subject = str(consumer.config["deliver_subject"])
+            flow = self._flow.get(id(consumer))
+            if flow is not None and flow.stalled():
+                return None  # until the subscriber answers the flow-control request
+            return (subject, None) if self.leaf.interest.has(subject) else None
+        for expired in consumer.waiting.expire_head(now):
+            self._send_status(timeout_status(expired))
+        req = consumer.waiting.peek()
+        return (req.reply, req) if req is not None else None
+
+    async def _serve(self, consumer: Consumer, key: int) -> None:
+        """Deliver while there is a target and work; one such task per consumer."""
+        try:
+            while self._consumer(consumer.stream.name, consumer.name) is consumer:
+                now = now_ns()
+                target = self._target(consumer, now)
+                if target is None or consumer.paused(now):
+                    return
+                inbox, req = target
+                if self._runs(consumer, req) and self._serve_run(consumer, inbox, req, now):
+                    if self.leaf.backlogged():
+                        await self.leaf.drain()
+                    continue
+                seq = consumer.next_seq()
+                if seq is None:
+                    # no_wait ends with 404 once it ran dry; with expires, an empty start waits
+                    if req is not None and req.no_wait and (req.delivered or not req.expires_at_ns):
+                        consumer.waiting.pop()
+                        self._send_status(Status(req.reply, *NO_MESSAGES))
+                        continue
+                    return
+                msg = consumer.stream.tail.get(seq)
+                if msg is None:
+                    msg = await self.cold.read(consumer.stream, seq)
+                if msg is None:
+                    was_pending = seq in consumer.pending
+                    consumer.passed(seq)
+                    if was_pending:
+                        self.recorder.dropped(consumer, seq)
+                    continue
+                if req is not None and consumer.waiting.peek() is not req:
+                    continue  # the request expired or went away while we read
+                cfg = consumer.config
+                if consumer.is_push and (cfg.get("replay_policy") == "original" or cfg.get("rate_limit_bps")):
+                    await self._pace(consumer, key, msg)
+                if (
+                    req is not None
+                    and req.max_bytes
+                    and _size(msg, consumer) > req.max_bytes - req.bytes_sent
+                ):
+                    consumer.waiting.pop()
+                    self._send_status(too_big_status(req))
+                    continue
+                if not self.recorder.has_room():
+                    await self.recorder.writer.flush()  # back-pressure from the ack log
+                    continue
+                done = consumer.deliver(seq, now_ns())
+                if done is None:
+                    continue
+                self.recorder.delivered_run(consumer, [done])
+                size = self._send(consumer, inbox, msg, done)
+                if req is not None:
+                    _served(consumer, req, 1, size, now_ns())
+                if self.leaf.backlogged():
+                    await self.leaf.drain()
+        finally:
+            self._serving.discard(key)
+
+    @staticmethod
+    def _runs(consumer: Consumer, req: PullRequest | None) -> bool:
+        """Whether deliveries may go out as runs: nothing is paced, sized against a request's
+        ``max_bytes`` or counted for flow control per message."""
+        if req is not None:
+            return not req.max_bytes
+        cfg = consumer.config
+        paced = cfg.get("rate_limit_bps") or cfg.get("replay_policy") == "original"
+        return not (paced or cfg.get("flow_control"))
+
+    def _serve_run(self, consumer: Consumer, inbox: str, req: PullRequest | None, now: int) -> bool:
+        """Deliver what the tail cache (or a cold read already done) holds of the next messages, up
+        to a request's batch and the ack log's room, in one state-machine call, one log append and
+        one write; False when there was nothing to deliver that way."""
+        limit = min(req.batch - req.delivered if req is not None else RUN, self.recorder.room(), RUN)
+        stream, tail, cold = consumer.stream, consumer.stream.tail.get, self.cold.held
+        budget = RUN_BYTES
+
+        def held(seq: int) -> StoredMessage | None:
+            """The message if it is in memory and the run's bytes allow it (the link's send
+            buffer is checked between runs)."""
+            nonlocal budget
+            msg = tail(seq) or cold(stream, seq)
+            if msg is None or budget < len(msg.data):
+                return None
+            budget -= len(msg.data)
+            return msg
+
+        run = consumer.deliver_run(limit, now, held)
+        if not run:
+            return False
+        self.recorder.delivered_run(consumer, [d for _, d in run])
+        size = self._send_run(consumer, inbox, run)
+        if req is not None:
+            _served(consumer, req, len(run), size, now)
+        return True
+
+    async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
+        """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
+        holds the average rate down."""
+        if consumer.config.get("replay_policy") == "original":
+            prev = self._replay_ts.get(key)
+            if prev is not None and msg.ts > prev:
+                await asyncio.sleep(min((msg.ts - prev) / NS, 3600))
+            self._replay_ts[key] = msg.ts
+        bps = int(consumer.config.get("rate_limit_bps") or 0)
+        if bps:
+            bucket = self._buckets.setdefault(key, TokenBucket(bps / 8, max(RATE_BURST_BYTES, bps / 8)))
+            await asyncio.sleep(bucket.take(len(msg.data), time.monotonic()))
+
+    def _send_run(self, consumer: Consumer, inbox: str, run: list[tuple[StoredMessage, Delivered]]) -> int:
+        """Deliveries as one write, each under its stored subject with the ack reply; the bytes a
+        pull request's ``max_bytes`` counts for them."""
+        stream, name = consumer.stream.name, consumer.name
+        headers_only = consumer.config.get("headers_only")
+        group = consumer.config.get("deliver_group") if consumer.is_push else None
+        queues = (group,) if group else ()
+        parts: list[bytes] = []
+        add = parts.append
+        size = 0
+        for msg, d in run:
+            token = acks.ack_subject(stream, name, d.deliveries, d.seq, d.cseq, msg.ts, d.pending)
+            data, hdrs = msg.data, msg.hdrs
+            if headers_only:
+                data, hdrs = b"", _with_size_header(hdrs, len(data))
+            hdr_len = len(hdrs) if hdrs else 0
+            add(msg_head(inbox, f"{token}@{msg.subject}", len(data), hdr_len, queues))
+            if hdrs:
+                add(hdrs)
+            add(data)
+            add(CRLF)
+            size += len(msg.subject) + len(token) + len(data) + hdr_len
+        self.leaf.publish_frames(parts)
+        if consumer.is_push:
+            self._last_sent[id(consumer)] = now_ns()
+        return size
+
+    def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
+        """One delivery (and the flow-control request it makes due, if any)."""
+        size = self._send_run(consumer, inbox, [(msg, d)])
+        if consumer.is_push and consumer.config.get("flow_control"):
+            flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+            request = flow.sent(size)
+            if request is not None:
+                group = consumer.config.get("deliver_group")
+                hdrs = status_block(*FLOW_CONTROL_REQUEST)
+                self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
+        return size
+
+    def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
+        hdrs = status_block(status.code, status.text, status.headers)
+        self.leaf.publish(status.inbox, b"", hdrs=hdrs, queues=queues)
+
+    def _publish_event(self, event: tuple[str, bytes]) -> None:
+        self.leaf.publish(event[0], event[1])
+
+    # ---- the consumer timer -------------------------------------------------------------------
+
+    async def ticker(self) -> None:
+        """Expire pull requests, send idle heartbeats, redeliver what ``ack_wait`` ran out on,
+        drop requests whose requester left, and delete consumers inactive past their threshold."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = now_ns()
+            for by_name in list(self.registry.consumers.values()):
+                for consumer in list(by_name.values()):
+                    self._tick(consumer, now)
+
+    def _tick(self, consumer: Consumer, now: int) -> None:
+        key = id(consumer)
+        for req in consumer.waiting.expire(now):
+            self._send_status(timeout_status(req))
+        consumer.waiting.remove_where([r for r in consumer.waiting if not self.leaf.interest.has(r.reply)])
+        for req in consumer.waiting:
+            if req.heartbeat_ns and req.next_heartbeat_ns <= now:
+                req.next_heartbeat_ns = now + req.heartbeat_ns
+                self._heartbeat(consumer, req.reply)
+        for seq, deliveries in consumer.expire(now):
+            self.recorder.dropped(consumer, seq)
+            self._publish_event(
+                advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now)
+            )
+        listening = len(consumer.waiting) > 0
+        if consumer.is_push:
+            subject = str(consumer.config["deliver_subject"])
+            listening = self.leaf.interest.has(subject)
+            beat = int(consumer.config.get("idle_heartbeat") or 0)
+            if listening and beat and now - self._last_sent.setdefault(key, now) >= beat:
+                self._last_sent[key] = now
+                self._heartbeat(consumer, subject)
+        if listening:
+            self._last_seen[key] = now
+        threshold = int(consumer.config.get("inactive_threshold") or 0)
+        if threshold and now - self._last_seen.setdefault(key, now) > threshold:
+            self._last_seen[key] = now + threshold  # one deletion at a time
+            self.tasks.own(self.delete_consumer(consumer), f"inactive-{consumer.name}")
+            return
+        if (listening or consumer.is_push) and key not in self._serving and consumer.has_work():
+            self.kick(consumer)
+
+    def _heartbeat(self, consumer: Consumer, inbox: str) -> None:
+        """``100 Idle Heartbeat`` with the last sequences; while a flow-control request is
+        unanswered it also names that request's reply (``Nats-Consumer-Stalled``), as the server
+        does, so a client that missed the request can answer it."""
+        group = consumer.config.get("deliver_group") if consumer.is_push else None
+        headers = {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)}
+        flow = self._flow.get(id(consumer))
+        if flow is not None and flow.outstanding is not None:
+            headers["Nats-Consumer-Stalled"] = flow.outstanding
+        self._send_status(Status(inbox, *IDLE_HEARTBEAT, headers), (group,) if group else ())
+
+    def on_flow_control(self, subject: str) -> None:
+        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
+        toks = subject.split(".")
+        if len(toks) != 5:
+            return
+        consumer = self._consumer(toks[2], toks[3])
+        flow = self._flow.get(id(consumer)) if consumer is not None else None
+        if consumer is not None and flow is not None and flow.answered(subject):
+            self.kick(consumer)
+
+    # ---- acks ---------------------------------------------------------------------------------
+
+    def on_ack(self, subject: str, reply: str, body: bytes) -> None:
+        """An ack that came as a message of its own (every kind but runs of plain ones)."""
+        token = acks.parse_ack_subject(subject)
+        kind = acks.parse_ack_body(body)
+        if token is None or kind is None:
+            return
+        consumer = self._consumer(token.stream, token.consumer)
+        if consumer is not None:  # nobody listens on a deleted consumer's acks, as on the real server
+            self._ack(consumer, token, kind, reply)
+
+    def apply_acks(self) -> None:
+        """Apply the queued plain acks (``queued_acks``): each run of consecutive acks of one
+        consumer in one state-machine call, one log append and at most one delivery kick. The
+        gateway calls this before any other message of a read and at its end."""
+        found, self.queued_acks = self.queued_acks, []
+        for (stream, name), run in groupby(found, itemgetter(1, 2)):
+            consumer = self._consumer(stream.decode(errors="replace"), name.decode(errors="replace"))
+            if consumer is not None:  # nobody listens on a deleted consumer's acks
+                self._ack_run(consumer, list(run))
+
+    def _ack_run(self, consumer: Consumer, run: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
+        if consumer.ack_all or consumer.config.get("sample_freq"):
+            # AckAll settles ranges and sampling answers per ack: one at a time, as ever
+            for subject, *_ in run:
+                token = acks.parse_ack_subject(subject.decode(errors="replace"))
+                assert token is not None  # the parser took only well-formed ack subjects
+                self._ack(consumer, token, acks.PLAIN_ACK, "")
+            return
+        seqs = [int(seq) for *_, seq in run]
+        taken, settled = consumer.ack_run(seqs, now_ns(), self.recorder.room())
+        if retention.policy(consumer.stream) != "limits":
+            stream = consumer.stream
+            retention.settle(stream, self.registry.consumers.get(stream.name, {}).values(), seqs[:taken])
+        self.recorder.acked_run(consumer, settled)
+        if taken:
+            self._kick_after_ack(consumer)
+
+    def _ack(self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, reply: str) -> None:
+        """One ack of any kind, applied on its own."""
+        if not self.recorder.has_room():
+            return  # the ack log is full: the ack is not taken, the message is redelivered
+        now = now_ns()
+        k = kind.kind
+        stream, name = token.stream, token.consumer
+        floor = consumer.ack_floor_sseq
+        record, changed, delay = al.ACK, False, {}
+        if k in ("ack", "next"):
+            settled = consumer.ack(token.seq, token.cseq, now)
+            changed = settled is not None
+            freq = consumer.config.get("sample_freq")
+            rate = advisories.sample_rate(freq) if freq else 0
+            if settled is not None and rate and _sampled(rate, token.cseq):
+                self._publish_event(
+                    advisories.ack_sample(
+                        stream, name, token.cseq, token.seq, now - settled.sent_ns, settled.deliveries, now
+                    )
+                )
+        elif k == "term":
+            record = al.TERM
+            changed = consumer.term(token.seq, token.cseq, now) is not None
+            if changed:
+                self._publish_event(
+                    advisories.terminated(
+                        stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
+                    )
+                )
+        elif k == "nak":
+            record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
+            p = consumer.pending.get(token.seq)
+            if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
+                delay = {"delay": p.deadline_ns - now}  # redelivery waits (the delay, or backoff)
+            if changed:
+                self._publish_event(
+                    advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
+                )
+        elif k == "wpi":
+            record, changed = al.WPI, consumer.progress(token.seq, now)
+        if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
+            acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
+            retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
+        sync = bool(reply) and k != "next"
+        durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
+        if k == "next":
+            if reply:
+                self.pull_request(stream, name, reply, kind.next_request)
+        elif durable is not None:
+            # An ack with a reply is answered only once its row is committed (ack_sync).
+            durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
+        self._kick_after_ack(consumer)
+
+    def _kick_after_ack(self, consumer: Consumer) -> None:
+        listening = len(consumer.waiting) > 0 or consumer.is_push
+        # an ack that frees nothing to deliver starts no task
+        if listening and id(consumer) not in self._serving and consumer.has_work():
+            self.kick(consumer)
+
+
+def _sampled(rate: int, cseq: int) -> bool:
+    """Deterministic sampling: ``rate`` percent of consumer sequences."""
+    return rate >= 100 or (cseq * 7919) % 100 < rate
+
+
+def _size(msg: StoredMessage, consumer: Consumer) -> int:
+    """The size a pull request's ``max_bytes`` counts: subject, reply, headers and payload (the
+    reply's length estimated from the consumer's next numbers)."""
+    p = consumer.pending.get(msg.seq)
+    deliveries, pending = (p.deliveries + 1, consumer.num_pending()) if p else (1, consumer.num_pending() - 1)
+    token = acks.ack_subject(
+        consumer.stream.name, consumer.name, deliveries, msg.seq, consumer.dseq + 1, msg.ts, max(pending, 0)
+    )
+    return len(msg.subject) + len(token) + len(msg.data) + (len(msg.hdrs) if msg.hdrs else 0)
+
+
+def _with_size_header(hdrs: bytes | None, size: int) -> bytes:
+    """``headers_only``: the stored headers plus ``Nats-Msg-Size``."""
+    if not hdrs:
+        return f"NATS/1.0\r\nNats-Msg-Size: {size}\r\n\r\n".encode()
+    return hdrs[:-2] + f"Nats-Msg-Size: {size}\r\n\r\n".encode()

@@ -1,0 +1,308 @@
+"""The publish path: route a message to its stream, check it (``publish_checks``), give it a
+sequence, hand it to the group-commit writer, and send the PubAck only once its commit is durable.
+
+A duplicate (``Nats-Msg-Id`` seen within the window) stores nothing; its PubAck names the original
+sequence, and if the original is still in flight it waits for that commit, so no client is told of
+a sequence that a failed commit could take back. ``no_ack`` streams answer nothing, errors included.
+A ``Nats-TTL`` enters the stream's TTL schedule, a ``Nats-Rollup`` purges once the writer has the
+message, and the delete markers expiry asks for (ADR-43) are stored here by ``marker_ticker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from gateway.adapters.registry import Registry
+from gateway.api import errors
+from gateway.api.durations import go_duration
+from gateway.api.timefmt import now_ns
+from gateway.engine.publish_checks import Accepted, Duplicate, check_publish, size_limit
+from gateway.engine.stream import Stream
+from gateway.wire.leaf import LeafConnection
+from gateway.wire.protocol import Msg
+from storage_delta.commit.writer import (
+    GroupCommitWriter,
+    StoredMessage,
+    WriterClosed,
+    WriterOverloaded,
+    message_bytes,
+)
+from storage_delta.format.nats import status_block
+
+ROUTE_CACHE_SIZE = 100_000
+MARKER_TICK_S = 0.05
+NO_RESPONDERS = status_block(503, "")
+PUBACK = b'{"stream":"%s","seq":%d}'
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """The messages one stream accepted during one read of the leaf link: they are submitted
+    together, wait on one future, and their PubAcks leave in sequence order in one write."""
+
+    stream: Stream
+    #: Publishes without headers not yet accepted (subject, payload, reply): ``_accept_queued``
+    #: takes them in one call, before the stream's next publish with headers and at ``flush``.
+    queued: list[tuple[str, bytes, str]] = field(default_factory=list)
+    msgs: list[StoredMessage] = field(default_factory=list)
+    acks: list[tuple[str, bytes]] = field(default_factory=list)  # (reply, PubAck body)
+    msg_ids: list[tuple[str, int]] = field(default_factory=list)  # keys in ``_inflight_ids``
+    #: Duplicates of a msg id this run carries, answered once it is durable (or failed).
+    after: list[Callable[[BaseException | None], None]] = field(default_factory=list)
+    settled: bool = False  # its commit landed or failed
+
+
+class PublishPath:
+    def __init__(
+        self,
+        registry: Registry,
+        writer: GroupCommitWriter,
+        leaf: LeafConnection,
+        on_stored: Callable[[Stream], None],
+    ) -> None:
+        self.registry = registry
+        self.writer = writer
+        self.leaf = leaf
+        self._on_stored = on_stored
+        self._route_cache: dict[str, Stream | None] = {}
+        # Accepted but not yet submitted: one run per stream, until ``flush``.
+        self._runs: dict[Stream, _Run] = {}
+        # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
+        self._inflight_ids: dict[tuple[str, int], _Run] = {}
+        self.received = 0  # publishes to a stream subject (the monitor reads these)
+        self.failed = 0  # publishes answered with an error
+
+    def streams_changed(self) -> None:
+        """Forget cached routes: a stream was added (or its subjects changed)."""
+        self._route_cache.clear()
+
+    def route(self, subject: str) -> Stream | None:
+        found = self._route_cache.get(subject, _MISS)
+        if found is not _MISS:
+            return found  # type: ignore[return-value]
+        found = next((s for s in self.registry.streams.values() if s.captures(subject)), None)
+        if len(self._route_cache) > ROUTE_CACHE_SIZE:
+            self._route_cache.clear()
+        self._route_cache[subject] = found
+        return found
+
+    def on_publish(self, msg: Msg) -> None:
+        """Check and accept one publish. What is accepted is submitted by the next ``flush``,
+        which the leaf calls once the messages of a read are handed over; publishes without
+        headers (most) wait there too, to be accepted together."""
+        stream = self.route(msg.subject)
+        if stream is None:
+            return
+        self.received += 1
+        reply = "" if stream.no_ack else msg.reply
+        run = self._run_of(stream)
+        if msg.hdrs is None and stream.takes_runs:
+            run.queued.append((msg.subject, msg.data, reply))
+            return
+        if run.queued:  # what came before is accepted first: the checks below see it
+            self._accept_queued(run)
+        now = now_ns()
+        verdict = check_publish(stream, msg.subject, msg.hdrs, msg.data, now)
+        if type(verdict) is Accepted:
+            self._store(run, msg.subject, msg.data, verdict, reply, now)
+        elif type(verdict) is Duplicate:
+            self._duplicate(stream, verdict.seq, reply)
+        elif isinstance(verdict, errors.ApiError):
+            self._reply_error(reply, stream, verdict)
+
+    def accept_queued(self) -> None:
+        """Accept every queued publish now: before a message that is not a publish (an ack may
+        remove a message), so streams change in the order the link delivered."""
+        for run in self._runs.values():
+            if run.queued:
+                self._accept_queued(run)
+
+    def _accept_queued(self, run: _Run) -> None:
+        """Accept a run's queued publishes without headers in one ``accept_run``; each is checked
+        (``size_limit``: nothing else can refuse one while the stream ``takes_runs``) and admitted
+        as a single publish would be."""
+        stream, queued, run.queued = run.stream, run.queued, []
+        now = now_ns()
+        items: list[tuple[str, bytes | None, bytes]] = []
+        replies: list[str] = []
+        limit = size_limit(stream.config)
+        admit = self.writer.admit
+        for subject, data, reply in queued:
+            if 0 <= limit < len(data):
+                self._reply_error(reply, stream, errors.STREAM_MESSAGE_EXCEEDS_MAXIMUM)
+                continue
+            try:
+                admit(message_bytes(subject, None, data))
+            except (WriterOverloaded, WriterClosed) as exc:
+                self._reply_error(reply, stream, _store_failed(exc))
+                continue
+            items.append((subject, None, data))
+            replies.append(reply)
+        if not items:
+            return
+        stored = stream.accept_run(items, now)
+        last = stored[-1]
+        stream.dedup.record("", last.seq, last.ts, now, stream.config["duplicate_window"])
+        run.msgs += stored
+        name = stream.name_bytes
+        run.acks += [
+            (reply, PUBACK % (name, m.seq)) for reply, m in zip(replies, stored, strict=True) if reply
+        ]
+
+    def on_kv_publish(self, msg: Msg) -> None:
+        """A ``$KV`` publish, which reaches the gateway through the API domain mapping whether or
+        not a bucket captures it: without one, the requester gets the no-responders status the
+        hub would have sent (nats-py: ``NoStreamResponseError``)."""
+        if self.route(msg.subject) is None:
+            if msg.reply:
+                self.leaf.publish(msg.reply, b"", hdrs=NO_RESPONDERS)
+            return
+        self.on_publish(msg)
+
+    def _accept(
+        self, stream: Stream, subject: str, hdrs: bytes | None, data: bytes, now: int
+    ) -> StoredMessage:
+        """Room in the writer first, then a sequence, so a refusal (overload, or a limit with
+        ``discard: new``, raised as the error to answer) leaves nothing to take back."""
+        size = message_bytes(subject, hdrs, data)
+        try:
+            self.writer.admit(size)
+        except (WriterOverloaded, WriterClosed) as exc:
+            raise _store_failed(exc) from None
+        try:
+            return stream.accept(subject, hdrs, data, now)
+        except errors.ApiError:
+            self.writer.unadmit(size)
+            raise
+
+    def _run_of(self, stream: Stream) -> _Run:
+        run = self._runs.get(stream)
+        if run is None:
+            run = self._runs[stream] = _Run(stream)
+        return run
+
+    @staticmethod
+    def _enqueue(run: _Run, stored: StoredMessage, reply: str) -> None:
+        run.msgs.append(stored)
+        if reply:
+            run.acks.append((reply, PUBACK % (run.stream.name_bytes, stored.seq)))
+
+    def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> None:
+        stream, hdrs = run.stream, verdict.hdrs
+        try:
+            stored = self._accept(stream, subject, hdrs, data, now)
+        except errors.ApiError as err:
+            self._reply_error(reply, stream, err)
+            return
+        seq = stored.seq
+        stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config["duplicate_window"])
+        self._enqueue(run, stored, reply)
+        if hdrs is None:
+            return
+        if verdict.ttl:
+            stream.ttl.add(seq, stored.ts, verdict.ttl)
+        if verdict.is_marker:
+            stream.ttl.markers.add(seq)
+        if verdict.rollup:  # keeps only this message of its subject (sub) or of the stream (all)
+            stream.purge(subject=subject if verdict.rollup == "sub" else None, keep=1)
+        if verdict.msg_id:
+            key = (stream.name, seq)
+            self._inflight_ids[key] = run
+            run.msg_ids.append(key)
+
+    def flush(self) -> None:
+        """Submit what was accepted since the last flush: one submit and one future per stream."""
+        if not self._runs:
+            return
+        runs, self._runs = self._runs, {}
+        for run in runs.values():
+            if run.queued:
+                self._accept_queued(run)
+            if not run.msgs:
+                continue
+            self.writer.submit(run.msgs, admitted=True).add_done_callback(partial(self._committed, run))
+
+    def place_markers(self, stream: Stream, now: int) -> None:
+        """Store the delete markers (ADR-43) for subjects whose last message MaxAge or a TTL removed:
+        an empty message with ``Nats-Marker-Reason: MaxAge``, the marker TTL and ``Nats-Rollup: sub``,
+        itself removed once that TTL runs out."""
+        marker_ns = int(stream.config.get("subject_delete_marker_ttl") or 0)
+        hdrs = (
+            b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\nNats-TTL: %s\r\nNats-Rollup: sub\r\n\r\n"
+            % go_duration(marker_ns).encode()
+        )
+        subjects, stream.markers_due = stream.markers_due, []
+        for subject in subjects:
+            try:
+                stored = self._accept(stream, subject, hdrs, b"", now)
+            except errors.ApiError:  # a full discard-new stream has no room for it either
+                continue
+            stream.ttl.add(stored.seq, stored.ts, marker_ns // 1_000_000_000)
+            stream.ttl.markers.add(stored.seq)
+            self._enqueue(self._run_of(stream), stored, "")
+        self.flush()
+
+    async def marker_ticker(self) -> None:
+        """Place the markers that expiry (on the removal task's tick) asked for."""
+        while True:
+            await asyncio.sleep(MARKER_TICK_S)
+            now = now_ns()
+            for stream in list(self.registry.streams.values()):
+                if stream.markers_due:
+                    self.place_markers(stream, now)
+
+    def _duplicate(self, stream: Stream, seq: int, reply: str) -> None:
+        if not reply:
+            return
+        body = b'{"stream":"%s","seq":%d,"duplicate": true}' % (stream.name_bytes, seq)
+        original = self._inflight_ids.get((stream.name, seq))
+        if original is None or original.settled:
+            self.leaf.publish(reply, body)
+            return
+
+        def answer(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._reply_error(reply, stream, _store_failed(exc))
+            else:
+                self.leaf.publish(reply, body)
+
+        original.after.append(answer)
+
+    def _committed(self, run: _Run, fut: asyncio.Future[None]) -> None:
+        """Answer a run's publishers (in sequence order) and the duplicates that waited on it."""
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        run.settled = True
+        if exc is None:
+            run.stream.committed(run.msgs[-1].seq)
+        for key in run.msg_ids:
+            if self._inflight_ids.get(key) is run:
+                del self._inflight_ids[key]
+        if exc is None:
+            if run.acks:
+                self.leaf.publish_many(run.acks)
+        else:
+            err = _store_failed(exc)
+            for reply, _body in run.acks:
+                self._reply_error(reply, run.stream, err)
+        for answer in run.after:
+            answer(exc)
+        if exc is None:
+            self._on_stored(run.stream)
+
+    def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
+        """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""
+        self.failed += 1
+        if reply:
+            body = {"error": err.render(), "stream": stream.name, "seq": 0}
+            self.leaf.publish(reply, json.dumps(body, separators=(",", ":")).encode())
+
+
+_MISS = object()
+
+
+def _store_failed(exc: BaseException) -> errors.ApiError:
+    return errors.STREAM_STORE_FAILED.format(err=f"message not stored: {exc}")

@@ -1,0 +1,152 @@
+"""The gateway's live streams and consumers, and the durable changes that create them.
+
+Every change is committed to the catalog table before it is visible, so an answer the API gave
+survives a crash; the leaf is told of new stream subjects only after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from gateway.adapters.ack_recorder import AckRecorder
+from gateway.engine.consumer import Consumer
+from gateway.engine.stream import Stream
+from storage_delta.tables.catalog import CatalogTable
+
+
+class Registry:
+    def __init__(
+        self,
+        catalog: CatalogTable,
+        executor: Executor,
+        tail_cache_bytes: int,
+        on_stream_added: Callable[[Stream], None],
+        recorder: AckRecorder,
+        on_subjects_changed: Callable[[list[str], list[str]], None] | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self._catalog = catalog
+        self._executor = executor
+        self._tail_cache_bytes = tail_cache_bytes
+        self._on_stream_added = on_stream_added
+        self._on_subjects_changed = on_subjects_changed
+        self.streams: dict[str, Stream] = {}
+        self.consumers: dict[str, dict[str, Consumer]] = {}
+        self.server_version = "2.15.1"
+        self.api_total = 0
+        self.api_errors = 0
+        self._lock = asyncio.Lock()
+        #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
+        #: waiting requests and the advisory goes out.
+        self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+
+    def listed_consumers(self, stream: str) -> list[Consumer]:
+        """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
+        without the ``direct`` ones, which the server keeps out of sight."""
+        by_name = self.consumers.get(stream, {})
+        return [by_name[n] for n in sorted(by_name) if not by_name[n].config.get("direct")]
+
+    async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            await loop.run_in_executor(self._executor, self._catalog.put, kind, stream, name, body)
+
+    def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
+        stream = Stream(config, created_ns, self._tail_cache_bytes)
+        self.streams[stream.name] = stream
+        consumers = self.consumers.setdefault(stream.name, {})
+
+        def removed(seq: int, subject: str) -> None:
+            for consumer in consumers.values():
+                consumer.forget(seq, subject)
+
+        stream.on_removed = removed
+        return stream
+
+    def install_consumer(
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        name: str,
+        start_after: int = 0,
+        skip: list[int] | None = None,
+    ) -> Consumer:
+        consumer = Consumer(stream, config, created_ns, start_after, skip, name)
+        self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
+        return consumer
+
+    async def add_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
+        await self._persist(
+            "stream", config["name"], config["name"], {"config": config, "created": created_ns}
+        )
+        stream = self.install_stream(config, created_ns)
+        self._on_stream_added(stream)
+        return stream
+
+    async def add_consumer(
+        self,
+        stream: Stream,
+        config: dict[str, Any],
+        created_ns: int,
+        name: str,
+        start_after: int,
+        skip: list[int],
+    ) -> Consumer:
+        body = {"config": config, "created": created_ns, "start_after": start_after}
+        await self._persist("consumer", stream.name, name, body)
+        consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
+        await self.recorder.created(consumer, start_after, skip)
+        return consumer
+
+    async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
+        body = {"config": config, "created": consumer.created_ns, "start_after": consumer.ack_floor_sseq}
+        await self._persist("consumer", consumer.stream.name, consumer.name, body)
+        consumer.reconfigure(config)
+        await self.recorder.config_changed(consumer)
+
+    async def remove_consumer(self, consumer: Consumer) -> bool:
+        """Delete a consumer (durably first); False if it was already gone."""
+        by_name = self.consumers.get(consumer.stream.name, {})
+        if by_name.get(consumer.name) is not consumer:
+            return False
+        await self._persist("consumer", consumer.stream.name, consumer.name, None)
+        if by_name.get(consumer.name) is not consumer:
+            return False
+        del by_name[consumer.name]
+        self.on_consumer_removed(consumer)
+        await self.recorder.deleted(consumer)
+        return True
+
+    async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
+        """Store a stream's new config, then make it the live one (subjects re-routed)."""
+        await self._persist(
+            "stream", stream.name, stream.name, {"config": config, "created": stream.created_ns}
+        )
+        old = stream.subjects
+        stream.config = config
+        if self._on_subjects_changed is not None and old != stream.subjects:
+            self._on_subjects_changed(old, stream.subjects)
+
+    async def remove_stream(self, stream: Stream) -> None:
+        """End a stream (and its consumers) durably; its messages stay in storage until Spark
+        removes them, invisible to a stream created later under the same name (docs/storage.md)."""
+        for name in list(self.consumers.get(stream.name, {})):
+            await self._persist("consumer", stream.name, name, None)
+        await self._persist("stream", stream.name, stream.name, None)
+        del self.streams[stream.name]
+        for gone in self.consumers.pop(stream.name, {}).values():
+            self.on_consumer_removed(gone)
+            await self.recorder.deleted(gone)
+        if self._on_subjects_changed is not None:
+            self._on_subjects_changed(stream.subjects, [])
+
+    def rollback(self, stream_names: set[str]) -> None:
+        """A commit failed: these streams go back to what is durable."""
+        for name in stream_names:
+            stream = self.streams.get(name)
+            if stream is not None:
+                stream.rollback()

@@ -1,0 +1,135 @@
+"""JetStream stream and consumer advisories and ack samples as pure builders: (subject, JSON body).
+
+Subjects and fields as the real server publishes them (observed from nats-server 2.15.1 -js).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from typing import Any
+
+from gateway.api.timefmt import rfc3339
+
+ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER"
+_T = "io.nats.jetstream.advisory.v1."
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def _event_id() -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(22))
+
+
+def _event(
+    subject: str, kind: str, stream: str, consumer: str | None, now_ns: int, **fields: Any
+) -> tuple[str, bytes]:
+    body = {"type": kind, "id": _event_id(), "timestamp": rfc3339(now_ns), "stream": stream}
+    if consumer is not None:
+        body["consumer"] = consumer
+    body.update(fields)
+    return subject, json.dumps(body, separators=(",", ":")).encode()
+
+
+def stream_action(stream: str, action: str, now_ns: int) -> tuple[str, bytes]:
+    """A stream was created, updated (``modify``) or deleted."""
+    verb = {"create": "CREATED", "modify": "UPDATED", "delete": "DELETED"}[action]
+    return _event(
+        f"$JS.EVENT.ADVISORY.STREAM.{verb}.{stream}",
+        _T + "stream_action",
+        stream,
+        None,
+        now_ns,
+        action=action,
+    )
+
+
+def consumer_action(stream: str, consumer: str, action: str, now_ns: int) -> tuple[str, bytes]:
+    verb = {"create": "CREATED", "delete": "DELETED"}[action]
+    return _event(
+        f"{ADVISORY}.{verb}.{stream}.{consumer}",
+        _T + "consumer_action",
+        stream,
+        consumer,
+        now_ns,
+        action=action,
+    )
+
+
+def max_deliveries(stream: str, consumer: str, seq: int, deliveries: int, now_ns: int) -> tuple[str, bytes]:
+    return _event(
+        f"{ADVISORY}.MAX_DELIVERIES.{stream}.{consumer}",
+        _T + "max_deliver",
+        stream,
+        consumer,
+        now_ns,
+        stream_seq=seq,
+        deliveries=deliveries,
+    )
+
+
+def nak(stream: str, consumer: str, cseq: int, seq: int, deliveries: int, now_ns: int) -> tuple[str, bytes]:
+    return _event(
+        f"{ADVISORY}.MSG_NAKED.{stream}.{consumer}",
+        _T + "nak",
+        stream,
+        consumer,
+        now_ns,
+        consumer_seq=cseq,
+        stream_seq=seq,
+        deliveries=deliveries,
+    )
+
+
+def terminated(
+    stream: str, consumer: str, cseq: int, seq: int, deliveries: int, reason: str, now_ns: int
+) -> tuple[str, bytes]:
+    extra = {"reason": reason} if reason else {}
+    return _event(
+        f"{ADVISORY}.MSG_TERMINATED.{stream}.{consumer}",
+        _T + "terminated",
+        stream,
+        consumer,
+        now_ns,
+        consumer_seq=cseq,
+        stream_seq=seq,
+        deliveries=deliveries,
+        **extra,
+    )
+
+
+def pause(stream: str, consumer: str, paused: bool, until: str, now_ns: int) -> tuple[str, bytes]:
+    return _event(
+        f"{ADVISORY}.PAUSE.{stream}.{consumer}",
+        _T + "consumer_pause",
+        stream,
+        consumer,
+        now_ns,
+        paused=paused,
+        pause_until=until,
+    )
+
+
+def ack_sample(
+    stream: str, consumer: str, cseq: int, seq: int, ack_time_ns: int, deliveries: int, now_ns: int
+) -> tuple[str, bytes]:
+    return _event(
+        f"$JS.EVENT.METRIC.CONSUMER.ACK.{stream}.{consumer}",
+        "io.nats.jetstream.metric.v1.consumer_ack",
+        stream,
+        consumer,
+        now_ns,
+        consumer_seq=cseq,
+        stream_seq=seq,
+        ack_time=ack_time_ns,
+        deliveries=deliveries,
+    )
+
+
+def sample_rate(sample_freq: object) -> int:
+    """``sample_freq`` ("50%", "50", or empty) as a percentage, 0 when sampling is off."""
+    text = str(sample_freq or "").strip().rstrip("%")
+    try:
+        return max(0, min(100, int(text)))
+    except ValueError:
+        return 0

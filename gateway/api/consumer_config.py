@@ -1,0 +1,468 @@
+"""ConsumerConfig as JetStream has it: validated, defaults filled in, rendered back as the real
+server does, and the rules for what an update may change.
+
+Every check below was asked of ``nats-server -js`` 2.15.1; the error values live in
+:mod:`gateway.errors`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from gateway.api import errors
+from gateway.api.durations import go_duration
+from gateway.api.requests import (
+    BOOL,
+    DURATION,
+    DURATIONS,
+    INT,
+    STRING,
+    STRING_MAP,
+    STRINGS,
+    TIME,
+    UINT,
+    Enum,
+    Struct,
+)
+from storage_delta.format.nats import is_valid_subject, subjects_overlap
+
+FLOW_CONTROL_HEARTBEAT_NS = 1_000_000_000
+MIN_HEARTBEAT_NS = 100_000_000
+MAX_DESCRIPTION_LEN = 4096
+MAX_METADATA_LEN = 128 * 1024
+
+DEFAULT_ACK_WAIT_NS = 30_000_000_000
+DEFAULT_MAX_WAITING = 512
+DEFAULT_MAX_ACK_PENDING = 1000
+DEFAULT_INACTIVE_THRESHOLD_NS = 5_000_000_000
+DELIVER_POLICIES = ("all", "last", "new", "by_start_sequence", "by_start_time", "last_per_subject")
+ACK_POLICIES = ("none", "all", "explicit", "flow_control")
+REPLAY_POLICIES = ("instant", "original")
+PRIORITY_POLICIES = ("none", "overflow", "pinned_client", "prioritized")
+
+#: ``ConsumerConfig`` as the server decodes it, strictly: these fields with these Go types (the
+#: policies are enums that refuse any other value, ``null`` too).
+CONFIG = Struct(
+    "server.ConsumerConfig",
+    {
+        "durable_name": STRING,
+        "name": STRING,
+        "description": STRING,
+        "deliver_policy": Enum(DELIVER_POLICIES),
+        "opt_start_seq": UINT,
+        "opt_start_time": TIME,
+        "ack_policy": Enum(ACK_POLICIES),
+        "ack_wait": DURATION,
+        "max_deliver": INT,
+        "backoff": DURATIONS,
+        "filter_subject": STRING,
+        "filter_subjects": STRINGS,
+        "replay_policy": Enum(REPLAY_POLICIES),
+        "rate_limit_bps": UINT,
+        "sample_freq": STRING,
+        "max_waiting": INT,
+        "max_ack_pending": INT,
+        "flow_control": BOOL,
+        "idle_heartbeat": DURATION,
+        "headers_only": BOOL,
+        "max_batch": INT,
+        "max_expires": DURATION,
+        "max_bytes": INT,
+        "deliver_subject": STRING,
+        "deliver_group": STRING,
+        "inactive_threshold": DURATION,
+        "num_replicas": INT,
+        "mem_storage": BOOL,
+        "direct": BOOL,
+        "sourcing": BOOL,
+        "metadata": STRING_MAP,
+        "pause_until": TIME,
+        "priority_groups": STRINGS,
+        "priority_policy": Enum(PRIORITY_POLICIES, "unknown priority policy: {text}"),
+        "priority_timeout": DURATION,
+    },
+)
+
+#: Copied through when set (truthy), in the order the real server renders them.
+_PASS_THROUGH = (
+    "rate_limit_bps",
+    "sample_freq",
+)
+_PULL_LIMITS = ("max_batch", "max_expires", "max_bytes")
+_PUSH_FIELDS = ("flow_control", "deliver_subject", "deliver_group", "idle_heartbeat")
+
+#: What an update may not change, with the real server's words (500/10012).
+_FROZEN = (
+    ("deliver_policy", "deliver policy can not be updated"),
+    ("opt_start_seq", "start sequence can not be updated"),
+    ("opt_start_time", "start time can not be updated"),
+    ("ack_policy", "ack policy can not be updated"),
+    ("replay_policy", "replay policy can not be updated"),
+    ("idle_heartbeat", "heartbeats can not be updated"),
+    ("flow_control", "flow control can not be updated"),
+    ("max_waiting", "max waiting can not be updated"),
+    ("mem_storage", "storage type can not be updated"),
+)
+
+
+def _policy(raw: dict[str, Any], key: str, default: str) -> str:
+    """A policy field (its value checked when the request was decoded, see ``CONFIG``)."""
+    return str(raw.get(key) or default)
+
+
+def _policy_error(policy: str, what: str) -> errors.ApiError:
+    words = {
+        "all": "deliver all",
+        "last": "deliver last",
+        "new": "deliver new",
+        "last_per_subject": "deliver last per subject",
+        "by_start_sequence": "deliver by start sequence",
+        "by_start_time": "deliver by start time",
+    }[policy]
+    return errors.CONSUMER_INVALID_POLICY.format(err=f"consumer delivery policy is {words}, but {what}")
+
+
+def _check_start(policy: str, raw: dict[str, Any]) -> None:
+    seq, start = raw.get("opt_start_seq") or 0, raw.get("opt_start_time")
+    if policy == "by_start_sequence":
+        if not seq:
+            raise _policy_error(policy, "optional start sequence is not set")
+        if start:
+            raise _policy_error(policy, "optional start time is also set")
+    elif policy == "by_start_time":
+        if not start:
+            raise _policy_error(policy, "optional start time is not set")
+        if seq:
+            raise _policy_error(policy, "optional start sequence is also set")
+    else:
+        if seq:
+            raise _policy_error(policy, "optional start sequence is also set")
+        if start:
+            raise _policy_error(policy, "optional start time is also set")
+    if policy == "last_per_subject" and not (raw.get("filter_subject") or raw.get("filter_subjects")):
+        raise _policy_error(policy, "optional filter subject is not set")
+
+
+def _check_filters(raw: dict[str, Any]) -> list[str]:
+    single = raw.get("filter_subject") or ""
+    many = list(raw.get("filter_subjects") or [])
+    if single and many:
+        raise errors.CONSUMER_BOTH_FILTERS
+    if single and not is_valid_subject(single):
+        raise errors.CONSUMER_INVALID_SUBJECT
+    if not all(many):  # an empty string, or null
+        raise errors.CONSUMER_EMPTY_FILTER
+    filters = [single] if single else many
+    for f in filters:
+        if not is_valid_subject(f):
+            raise errors.CONSUMER_INVALID_SUBJECT
+    for i, a in enumerate(filters):
+        if any(subjects_overlap(a, b) for b in filters[i + 1 :]):
+            raise errors.CONSUMER_OVERLAPPING_FILTERS
+    return filters
+
+
+def _req_level(cfg: dict[str, Any]) -> str:
+    """``_nats.req.level``: the API level the config needs (ADR-44)."""
+    if cfg.get("pause_until"):
+        return "1"
+    return "4" if cfg.get("ack_policy") == "flow_control" else "0"
+
+
+def with_pause(cfg: dict[str, Any], until: str) -> dict[str, Any]:
+    """The config after ``CONSUMER.PAUSE``: ``pause_until`` set or cleared, the level to match."""
+    out = {k: v for k, v in cfg.items() if k != "pause_until"}
+    if until:
+        out["pause_until"] = until
+    out["metadata"] = {**cfg.get("metadata", {}), "_nats.req.level": _req_level(out)}
+    return out
+
+
+def listed(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as ``CONSUMER.LIST`` shows it: without the server's dynamic metadata."""
+    meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if k not in ("_nats.level", "_nats.ver")}
+    return {**cfg, "metadata": meta}
+
+
+def _check_limits(raw: dict[str, Any], limits: dict[str, Any]) -> None:
+    """The stream's ``consumer_limits`` cap what a consumer may ask for (10121, 10153)."""
+    cap = int(limits.get("max_ack_pending") or 0)
+    if cap > 0 and int(raw.get("max_ack_pending") or 0) > cap:
+        raise errors.CONSUMER_MAX_ACK_PENDING_LIMIT.format(limit=cap)
+    cap = int(limits.get("inactive_threshold") or 0)
+    if cap > 0 and int(raw.get("inactive_threshold") or 0) > cap:
+        raise errors.CONSUMER_INACTIVE_THRESHOLD_LIMIT.format(limit=go_duration(cap))
+
+
+#: Pedantic mode refuses these values instead of reading them as the default (10157).
+_PEDANTIC_FLOORS = (
+    ("max_deliver", -1, "max_deliver must be set to -1"),
+    ("max_waiting", 0, "max_waiting must not be negative"),
+    ("max_ack_pending", -1, "max_ack_pending must be set to -1"),
+    ("max_batch", 0, "max_batch must not be negative"),
+    ("max_expires", 0, "max_expires must not be negative"),
+    ("max_bytes", 0, "max_bytes must not be negative"),
+    ("idle_heartbeat", 0, "idle_heartbeat must not be negative"),
+    ("inactive_threshold", 0, "inactive_threshold must not be negative"),
+    ("priority_timeout", 0, "priority_timeout must not be negative"),
+)
+
+
+def _check_pedantic(raw: dict[str, Any], limits: dict[str, Any]) -> None:
+    """A ``pedantic`` create: where the server would change a value to fit, it refuses instead,
+    in the order it fills the defaults in."""
+    for key, floor, words in _PEDANTIC_FLOORS:
+        if int(raw.get(key) or 0) < floor:
+            raise errors.PEDANTIC.format(err=words)
+    backoff = raw.get("backoff") or []
+    ack_wait = int(raw.get("ack_wait") or 0)
+    if not ack_wait and raw.get("ack_policy") in ("explicit", "all"):
+        ack_wait = DEFAULT_ACK_WAIT_NS
+    if backoff and ack_wait != backoff[0]:
+        raise errors.PEDANTIC.format(err="first backoff value has to equal batch AckWait")
+    for key in ("max_ack_pending", "inactive_threshold"):
+        if not raw.get(key) and int(limits.get(key) or 0) > 0:
+            raise errors.PEDANTIC.format(err=f"{key} must be set if it's configured in stream limits")
+
+
+def _fit(raw: dict[str, Any]) -> dict[str, Any]:
+    """What the server does where pedantic mode refuses: a value below its floor becomes the floor."""
+    low = {key: floor for key, floor, _ in _PEDANTIC_FLOORS if int(raw.get(key) or 0) < floor}
+    return {**raw, **low}
+
+
+def _check_ack_flow_control(raw: dict[str, Any], push: bool) -> None:
+    """``ack_policy: flow_control`` (2.15): push only, with flow control and a 1 s heartbeat (which
+    the server sets unless pedantic), a positive ack pending limit, no ack wait, backoff or
+    max deliver."""
+    if not push:
+        raise errors.ACK_FC_REQUIRES_PUSH
+    if not raw.get("flow_control"):
+        raise errors.ACK_FC_REQUIRES_FC
+    if int(raw.get("idle_heartbeat") or 0) != FLOW_CONTROL_HEARTBEAT_NS:
+        raise errors.STREAM_INVALID_CONFIG.format(err="flow control ack policy heartbeat needs to be 1s")
+    if int(raw.get("max_ack_pending") or 0) < 0:
+        raise errors.ACK_FC_REQUIRES_MAX_ACK_PENDING
+    if raw.get("ack_wait") or raw.get("backoff"):
+        raise errors.ACK_FC_REQUIRES_NO_ACK_WAIT
+    if int(raw.get("max_deliver") or 0) > 0:
+        raise errors.ACK_FC_REQUIRES_NO_MAX_DELIVER
+
+
+def _check_deliver_subject(subject: str, stream_subjects: list[str]) -> None:
+    """A push consumer's deliver subject: a literal, valid subject outside the stream's own
+    subjects (else every delivery would be stored again)."""
+    if any(c in subject for c in "*>"):
+        raise errors.CONSUMER_DELIVER_WILDCARDS
+    if not is_valid_subject(subject):
+        raise errors.CONSUMER_INVALID_DELIVER_SUBJECT
+    if any(subjects_overlap(subject, s) for s in stream_subjects):
+        raise errors.CONSUMER_DELIVER_CYCLE
+
+
+def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) -> list[str]:
+    """The server's checks of a consumer config (``checkConsumerCfg``), in its order, once the
+    values it changes to fit are changed; the filters, checked."""
+    name = str(raw.get("name") or "")
+    if "/" in name or "\\" in name:
+        raise errors.CONSUMER_NAME_PATH_SEPARATORS
+    if any(c in name for c in ".*>"):
+        raise errors.STREAM_INVALID_CONFIG.format(
+            err="consumer name can not contain '.', '*', '>', '\\', '/'"
+        )
+    if int(raw.get("num_replicas") or 0) < 0:
+        raise errors.REPLICAS_NEGATIVE
+    backoff = [int(b) for b in raw.get("backoff") or []]
+    if any(b < 0 for b in backoff):
+        raise errors.CONSUMER_BACKOFF_NEGATIVE
+    if int(raw.get("ack_wait") or 0) < 0:
+        raise errors.CONSUMER_ACK_WAIT_NEGATIVE
+    push = bool(raw.get("deliver_subject"))
+    if ack_policy == "flow_control":
+        _check_ack_flow_control(raw, push)
+    max_deliver = int(raw.get("max_deliver") or 0)
+    if max_deliver > 0 and len(backoff) > max_deliver:
+        raise errors.CONSUMER_MAX_DELIVER_BACKOFF
+    if len(str(raw.get("description") or "")) > MAX_DESCRIPTION_LEN:
+        raise errors.CONSUMER_DESCRIPTION_TOO_LONG
+    heartbeat = int(raw.get("idle_heartbeat") or 0)
+    if push:
+        _check_deliver_subject(raw["deliver_subject"], list(stream.get("subjects") or []))
+        if int(raw.get("max_waiting") or 0) > 0:
+            raise errors.CONSUMER_PUSH_MAX_WAITING
+        if int(raw.get("max_ack_pending") or 0) > 0 and ack_policy == "none":
+            raise errors.CONSUMER_MAX_PENDING_NEEDS_ACKS
+        if 0 < heartbeat < MIN_HEARTBEAT_NS:
+            raise errors.CONSUMER_SMALL_HEARTBEAT
+    else:
+        if raw.get("rate_limit_bps"):
+            raise errors.CONSUMER_PULL_RATE_LIMIT
+        if heartbeat:
+            raise errors.CONSUMER_HEARTBEAT_REQUIRES_PUSH
+        if raw.get("flow_control"):
+            raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
+        if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
+            raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
+    _check_limits(raw, stream.get("consumer_limits") or {})
+    if raw.get("direct") and not push:
+        raise errors.CONSUMER_DIRECT_REQUIRES_PUSH
+    filters = _check_filters(raw)
+    _check_start(_policy(raw, "deliver_policy", "all"), raw)
+    _check_sample_freq(str(raw.get("sample_freq") or ""))
+    if raw.get("flow_control") and not heartbeat:
+        raise errors.CONSUMER_FLOW_CONTROL_NEEDS_HEARTBEATS
+    metadata = raw.get("metadata") or {}
+    if sum(len(k) + len(v or "") for k, v in metadata.items()) > MAX_METADATA_LEN:
+        raise errors.CONSUMER_METADATA_TOO_LONG
+    return filters
+
+
+def _check_sample_freq(freq: str) -> None:
+    """``sample_freq`` is a whole percentage (``80`` or ``80%``), read by Go's ``strconv.Atoi``."""
+    if not freq:
+        return
+    text = freq.removesuffix("%")
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        trouble = f'strconv.Atoi: parsing "{text}": invalid syntax'
+    elif not -(2**63) <= int(text) < 2**63:
+        trouble = f'strconv.Atoi: parsing "{text}": value out of range'
+    elif int(text) < 0:
+        trouble = "<nil>"
+    else:
+        return
+    raise errors.CONSUMER_INVALID_SAMPLING.format(err=trouble)
+
+
+def normalize(
+    raw: dict[str, Any], server_version: str, stream: dict[str, Any] | None = None, pedantic: bool = False
+) -> dict[str, Any]:
+    """The config a create request asks for, checked and with JetStream's defaults. A raw request
+    without ``ack_policy`` gets ``none`` (the JSON zero value); a consumer without a durable name
+    is ephemeral and goes away after 5 s without interest. The stream's ``consumer_limits`` set
+    the defaults of ``max_ack_pending`` and ``inactive_threshold`` (durables included) and cap them.
+    ``pedantic`` refuses a value the server would otherwise change to fit (10157)."""
+    stream = stream or {}
+    limits = stream.get("consumer_limits") or {}
+    if pedantic:
+        _check_pedantic(raw, limits)
+    raw = _fit(raw)
+    if int(raw.get("num_replicas") or 0) > 1:
+        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
+    ack_policy = _policy(raw, "ack_policy", "none")
+    if ack_policy == "flow_control" and not pedantic:
+        raw = {**raw, "flow_control": True, "idle_heartbeat": FLOW_CONTROL_HEARTBEAT_NS}
+    filters = _check_config(raw, ack_policy, stream)
+    cfg: dict[str, Any] = {}
+    durable = raw.get("durable_name") or ""
+    name = raw.get("name") or durable
+    push = bool(raw.get("deliver_subject"))
+    if durable:
+        cfg["durable_name"] = durable
+    if name:
+        cfg["name"] = name
+    if raw.get("description"):
+        cfg["description"] = raw["description"]
+    cfg["deliver_policy"] = _policy(raw, "deliver_policy", "all")
+    replay = _policy(raw, "replay_policy", "instant")
+    if raw.get("opt_start_seq"):
+        cfg["opt_start_seq"] = int(raw["opt_start_seq"])
+    if raw.get("opt_start_time"):
+        cfg["opt_start_time"] = raw["opt_start_time"]
+    ack_wait = int(raw.get("ack_wait") or 0)
+    backoff = [int(b) for b in raw.get("backoff") or []]
+    max_deliver = int(raw.get("max_deliver") or 0)
+    if max_deliver <= 0:
+        max_deliver = -1
+
+    cfg["ack_policy"] = ack_policy
+    if ack_policy not in ("none", "flow_control") or backoff:
+        cfg["ack_wait"] = backoff[0] if backoff else ack_wait or DEFAULT_ACK_WAIT_NS
+    cfg["max_deliver"] = max_deliver
+    if backoff:
+        cfg["backoff"] = backoff
+    if filters and raw.get("filter_subject"):
+        cfg["filter_subject"] = filters[0]
+    elif filters:
+        cfg["filter_subjects"] = filters
+    cfg["replay_policy"] = replay
+    for key in _PASS_THROUGH:
+        if raw.get(key):
+            cfg[key] = raw[key]
+    if not push:
+        waiting = int(raw.get("max_waiting") or 0)
+        cfg["max_waiting"] = waiting if waiting > 0 else DEFAULT_MAX_WAITING
+    pending = int(raw.get("max_ack_pending") or 0)
+    pending_cap = int(limits.get("max_ack_pending") or 0)
+    if ack_policy != "none" or pending or pending_cap > 0:
+        cfg["max_ack_pending"] = pending or (pending_cap if pending_cap > 0 else DEFAULT_MAX_ACK_PENDING)
+    if raw.get("headers_only"):
+        cfg["headers_only"] = True
+    for key in _PULL_LIMITS:
+        if int(raw.get(key) or 0) > 0:
+            cfg[key] = int(raw[key])
+    for key in _PUSH_FIELDS:
+        if raw.get(key):
+            cfg[key] = raw[key]
+    inactive = int(raw.get("inactive_threshold") or 0)
+    inactive_cap = int(limits.get("inactive_threshold") or 0)
+    if inactive > 0:
+        cfg["inactive_threshold"] = inactive
+    elif inactive_cap > 0:
+        cfg["inactive_threshold"] = inactive_cap
+    elif not durable:
+        cfg["inactive_threshold"] = DEFAULT_INACTIVE_THRESHOLD_NS
+    cfg["num_replicas"] = int(raw.get("num_replicas") or 0)
+    if raw.get("direct"):
+        cfg["direct"] = True  # accepted and echoed; served as an ordinary push consumer
+    if raw.get("mem_storage"):
+        cfg["mem_storage"] = True
+    req_level = _req_level({"pause_until": raw.get("pause_until"), "ack_policy": ack_policy})
+    metadata = {k: v or "" for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
+    metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
+    cfg["metadata"] = metadata
+    if raw.get("pause_until"):
+        cfg["pause_until"] = raw["pause_until"]
+    return cfg
+
+
+def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Refuse an update that changes what JetStream keeps fixed for a consumer's life."""
+    if bool(old.get("deliver_subject")) != bool(new.get("deliver_subject")):
+        raise errors.CONSUMER_CREATE.format(
+            err="can not update pull consumer to push based"
+            if new.get("deliver_subject")
+            else "can not update push consumer to pull based"
+        )
+    for key, words in _FROZEN:
+        if old.get(key) != new.get(key):
+            raise errors.CONSUMER_CREATE.format(err=words)
+
+
+def same_config(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a create repeats the existing config (the server-set metadata aside)."""
+    strip = ("metadata",)
+    return {k: v for k, v in old.items() if k not in strip} == {
+        k: v for k, v in new.items() if k not in strip
+    } and _user_metadata(old) == _user_metadata(new)
+
+
+def _user_metadata(cfg: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("_nats.")}
+
+
+def filters_of(cfg: dict[str, Any]) -> list[str]:
+    if cfg.get("filter_subject"):
+        return [cfg["filter_subject"]]
+    return list(cfg.get("filter_subjects") or [])
+
+
+def parse_time_ns(text: str) -> int:
+    """An RFC 3339 time (Go's rendering, nanoseconds allowed) as Unix nanoseconds."""
+    match = re.match(r"^(.*?)(?:\.(\d+))?([+-]\d\d:\d\d)$", text.replace("Z", "+00:00"))
+    if match is None:
+        raise ValueError(text)
+    base, frac, tz = match.groups()
+    secs = int(datetime.fromisoformat(base + tz).timestamp())
+    return secs * 1_000_000_000 + int(((frac or "") + "000000000")[:9])

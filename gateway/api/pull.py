@@ -1,0 +1,129 @@
+"""Pull request parsing and the status messages of the pull protocol, as pure functions.
+
+What the real server does with odd bodies was asked of it: a body that does not start with ``{``
+and is not a number, or a batch below 1, is served as batch 1; a body that starts with ``{`` but
+does not decode into the request struct gets ``400 Bad Request - <the decoder's error>``; one with
+a negative ``expires`` has expired on arrival (408 at once); requests above the consumer's ``max_batch``,
+``max_expires`` or ``max_bytes`` get a 409 naming the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.api.durations import go_duration
+from gateway.api.gojson import BOOL, DURATION, INT, INT64, STRING, GoJsonError, decode_struct
+from storage_delta.format.nats import no_responders
+
+
+@dataclass(slots=True)
+class PullRequest:
+    """One ``CONSUMER.MSG.NEXT`` request waiting to be served."""
+
+    reply: str
+    batch: int
+    max_bytes: int
+    expires_at_ns: int  # 0: never
+    no_wait: bool
+    heartbeat_ns: int
+    delivered: int = 0
+    bytes_sent: int = 0
+    next_heartbeat_ns: int = 0
+
+
+@dataclass(slots=True)
+class Status:
+    """A status message (header-only) for a pull request's or a push consumer's inbox."""
+
+    inbox: str
+    code: int
+    text: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+NO_MESSAGES = (404, "No Messages")
+REQUEST_TIMEOUT = (408, "Request Timeout")
+IDLE_HEARTBEAT = (100, "Idle Heartbeat")
+EXCEEDED_MAX_WAITING = (409, "Exceeded MaxWaiting")
+PUSH_BASED = (409, "Consumer is push based")
+CONSUMER_DELETED = (409, "Consumer Deleted")
+SIZE_EXCEEDS_MAX_BYTES = (409, "Message Size Exceeds MaxBytes")
+NO_RESPONDERS = (503, "")
+
+
+def no_consumer(reply: str, stream: str, consumer: str) -> Status:
+    """What a pull request for a consumer (or stream) that does not exist hears: on the real
+    server nobody subscribes to its subject."""
+    return Status(reply, *NO_RESPONDERS, no_responders(f"CONSUMER.MSG.NEXT.{stream}.{consumer}"))
+
+
+#: The server's pull request struct (``JSApiConsumerGetNextRequest`` with its priority group).
+PULL_REQUEST_FIELDS = {
+    "expires": DURATION,
+    "batch": INT,
+    "max_bytes": INT,
+    "no_wait": BOOL,
+    "idle_heartbeat": DURATION,
+    "group": STRING,
+    "min_pending": INT64,
+    "min_ack_pending": INT64,
+    "id": STRING,
+    "priority": INT,
+}
+
+
+def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | Status:
+    """A ``CONSUMER.MSG.NEXT`` body (empty, a bare batch number, or JSON) as a request, or the
+    ``400`` that refuses it."""
+    text = body.strip()
+    req: dict[str, Any] = {}
+    if text.startswith(b"{"):
+        try:
+            req = decode_struct(text, PULL_REQUEST_FIELDS)
+        except GoJsonError as exc:
+            return Status(reply, 400, f"Bad Request - {exc}")
+    elif text.isdigit():
+        req = {"batch": int(text)}
+    expires = req.get("expires", 0)
+    if expires < 0:  # expired on arrival: the server's own 408, which counts nothing pending
+        return Status(reply, *REQUEST_TIMEOUT, {"Nats-Pending-Messages": "0", "Nats-Pending-Bytes": "0"})
+    heartbeat = req.get("idle_heartbeat", 0)
+    return PullRequest(
+        reply=reply,
+        batch=max(req.get("batch", 0), 1),
+        max_bytes=max(req.get("max_bytes", 0), 0),
+        expires_at_ns=now_ns + expires if expires else 0,
+        no_wait=req.get("no_wait", False),
+        heartbeat_ns=heartbeat,
+        next_heartbeat_ns=now_ns + heartbeat if heartbeat else 0,
+    )
+
+
+def limit_status(req: PullRequest, cfg: dict[str, Any], now_ns: int) -> Status | None:
+    """The 409 for a request beyond the consumer's per-request limits, if it is."""
+    max_batch = int(cfg.get("max_batch") or 0)
+    if max_batch and req.batch > max_batch:
+        return Status(req.reply, 409, f"Exceeded MaxRequestBatch of {max_batch}")
+    max_expires = int(cfg.get("max_expires") or 0)
+    if max_expires and req.expires_at_ns and req.expires_at_ns - now_ns > max_expires:
+        return Status(req.reply, 409, f"Exceeded MaxRequestExpires of {go_duration(max_expires)}")
+    max_bytes = int(cfg.get("max_bytes") or 0)
+    if max_bytes and req.max_bytes > max_bytes:
+        return Status(req.reply, 409, f"Exceeded MaxRequestMaxBytes of {max_bytes}")
+    return None
+
+
+def _pending_headers(req: PullRequest) -> dict[str, str]:
+    return {
+        "Nats-Pending-Messages": str(req.batch - req.delivered),
+        "Nats-Pending-Bytes": str(max(req.max_bytes - req.bytes_sent, 0) if req.max_bytes else 0),
+    }
+
+
+def timeout_status(req: PullRequest) -> Status:
+    return Status(req.reply, *REQUEST_TIMEOUT, _pending_headers(req))
+
+
+def too_big_status(req: PullRequest) -> Status:
+    return Status(req.reply, *SIZE_EXCEEDS_MAX_BYTES, _pending_headers(req))

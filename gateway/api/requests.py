@@ -1,0 +1,235 @@
+"""What every API handler shares: the response type prefix, paging size and request decoding."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.api import errors
+from gateway.api.gojson import JsonSyntaxError, loads, stream_wording, syntax_error
+
+T = "io.nats.jetstream.api.v1."
+NAMES_PAGE = 1024
+
+#: Sends an event (advisory subject, JSON body) to the server.
+Publish = Callable[[tuple[str, bytes]], None]
+
+
+# Go types of request fields, as a Struct maps them (the names appear in the server's errors).
+INT, UINT, STRING, BOOL, TIME, STRINGS = "int", "uint64", "string", "bool", "time.Time", "[]string"
+DURATION, DURATIONS, STRING_MAP = "time.Duration", "[]time.Duration", "map[string]string"
+_INTS = {INT: (-(2**63), 2**63), DURATION: (-(2**63), 2**63), UINT: (0, 2**64)}
+_ELEMENTS = {STRINGS: STRING, DURATIONS: DURATION}
+
+
+@dataclass(frozen=True, slots=True)
+class Enum:
+    """A field the server reads with its own ``UnmarshalJSON``: any other value, ``null`` included,
+    is refused with ``wording`` ({text}: the JSON as sent, {quoted}: that text quoted)."""
+
+    values: tuple[str, ...]
+    wording: str = "can not unmarshal {quoted}"
+
+
+@dataclass(frozen=True, slots=True)
+class Struct:
+    """A request struct as the server's strict decoder reads it: its Go type and its fields (JSON
+    name: Go type, Enum or nested Struct); ``fields`` None leaves the members to another module.
+    Not ``strict``: unknown fields are ignored, as where the server uses plain ``json.Unmarshal``."""
+
+    gotype: str
+    fields: Mapping[str, str | Enum | Struct] | None = None
+    strict: bool = True
+
+
+def load_request(body: bytes, struct: Struct | None = None) -> dict[str, Any]:
+    """A request body as the real server's ``json.Unmarshal`` into the request struct reads it:
+    empty and ``null`` leave it at its zero value (``{}``); anything else but an object is invalid
+    JSON (10025). The fields are checked as Go's strict decoding checks them: the first unknown key
+    (names match without regard to case, as in Go) or value of the wrong type, in the order sent,
+    is invalid JSON too, worded as the server words it."""
+    if not body.strip():
+        return {}
+    try:
+        value = loads(body)
+    except JsonSyntaxError as exc:
+        raise errors.INVALID_JSON.format(err=stream_wording(exc)) from exc
+    if value is None:
+        return {}
+    gotype = struct.gotype if struct else "object"
+    if not isinstance(value, dict):
+        raise _invalid(f"json: cannot unmarshal {_json_type(value)} into Go value of type {gotype}")
+    if struct is not None and struct.fields is not None:
+        return _check_struct(value, struct, gotype.removeprefix("server."))
+    return value
+
+
+def unmarshal_request(body: bytes, struct: Struct) -> dict[str, Any]:
+    """A body the server reads with ``json.Unmarshal`` rather than its streaming decoder
+    (CONSUMER.UNPIN): a syntax error, an empty body included, in that function's words."""
+    trouble = syntax_error(body)
+    if trouble is not None:
+        raise _invalid(trouble)
+    return load_request(body, struct)
+
+
+def _invalid(text: str) -> errors.ApiError:
+    return errors.INVALID_JSON.format(err=text)
+
+
+def _check_struct(req: dict[str, Any], struct: Struct, path: str) -> dict[str, Any]:
+    """The request's known fields under their declared names (Go matches names without regard to
+    case, and a later key wins), each checked where it stands, nested structs included."""
+    fields = struct.fields or {}
+    by_lower = {name.lower(): name for name in fields}
+    out: dict[str, Any] = {}
+    for key, value in req.items():
+        name = by_lower.get(key.lower())
+        if name is None:
+            if struct.strict:
+                raise _invalid(f'json: unknown field "{key}"')
+            continue
+        kind = fields[name]
+        _check_value(value, kind, f"{path}.{key}", "Go struct field ")
+        if isinstance(kind, Struct) and kind.fields is not None and value is not None:
+            value = _check_struct(value, kind, f"{path}.{key}")
+        out[name] = value
+    return out
+
+
+def _check_value(value: Any, kind: str | Enum | Struct, path: str, field: str) -> None:
+    """``field`` is how Go names the place in a type error: a struct field or a slice element (a
+    nested struct's own fields are checked by the caller)."""
+    if isinstance(kind, Enum):
+        if value not in kind.values:
+            text = json.dumps(value, separators=(",", ":"))
+            raise _invalid(kind.wording.format(text=text, quoted=json.dumps(text)))
+        return
+    if value is None:
+        return
+    where = f"{field}{path} of type {_name(kind)}"
+    mismatch = _invalid(f"json: cannot unmarshal {_json_type(value)} into {where}")
+    if isinstance(kind, Struct):
+        if not isinstance(value, dict):
+            raise mismatch
+    elif kind in _INTS:
+        if type(value) not in (int, float):
+            raise mismatch
+        lo, hi = _INTS[kind]
+        if isinstance(value, float) or not lo <= value < hi:
+            raise _invalid(f"json: cannot unmarshal number {value} into {where}")
+    elif kind == STRING_MAP:
+        if not isinstance(value, dict):
+            raise mismatch
+        for k, v in value.items():
+            _check_value(v, STRING, f"{path}.{k}", "Go struct field ")
+    elif kind in _ELEMENTS:
+        if not isinstance(value, list):
+            raise mismatch
+        for i, item in enumerate(value):
+            _check_value(item, _ELEMENTS[kind], f"{path}.{i}", "")
+    elif kind == TIME:
+        if not isinstance(value, str):
+            raise mismatch
+        trouble = _time_error(value)
+        if trouble:
+            raise _invalid(trouble)
+    elif not isinstance(value, {STRING: str, BOOL: bool}[kind]):
+        raise mismatch
+
+
+def _name(kind: str | Struct) -> str:
+    return kind.gotype if isinstance(kind, Struct) else kind
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+# RFC 3339 as Go's time.Parse walks it: (layout element, digits it takes or the literal, the range
+# a number must fall in, what its range error names).
+_RFC3339 = "2006-01-02T15:04:05Z07:00"
+_TIME_PARTS: tuple[tuple[str, int, int, str], ...] = (
+    ("2006", 4, 10_000, ""),
+    ("-", 0, 0, ""),
+    ("01", 2, 13, "month"),
+    ("-", 0, 0, ""),
+    ("02", 2, 32, "day"),
+    ("T", 0, 0, ""),
+    ("15", 2, 24, "hour"),
+    (":", 0, 0, ""),
+    ("04", 2, 60, "minute"),
+    (":", 0, 0, ""),
+    ("05", 2, 60, "second"),
+)
+
+
+def _time_error(text: str) -> str | None:
+    """Go's error for a ``time.Time`` in JSON that is not RFC 3339, or None when it is."""
+    rest = text
+    fail = f'parsing time "{text}" as "{_RFC3339}": cannot parse "{{rest}}" as "{{elem}}"'
+    for elem, digits, bound, what in _TIME_PARTS:
+        if not digits:
+            if not rest.startswith(elem):
+                return fail.format(rest=rest, elem=elem)
+            rest = rest[len(elem) :]
+            continue
+        number = rest[:digits]
+        if len(number) < digits or not number.isdigit():
+            return fail.format(rest=rest, elem=elem)
+        if what and not (1 if what in ("month", "day") else 0) <= int(number) < bound:
+            return f'parsing time "{text}": {what} out of range'
+        rest = rest[digits:]
+    if rest[:1] in (".", ",") and rest[1:2].isdigit():
+        rest = rest[1:].lstrip("0123456789")
+    if rest.startswith("Z"):
+        rest = rest[1:]
+    elif len(rest) >= 6 and rest[0] in "+-" and rest[3] == ":" and (rest[1:3] + rest[4:6]).isdigit():
+        rest = rest[6:]
+    else:
+        return fail.format(rest=rest, elem="Z07:00")
+    return f'parsing time "{text}": extra text: "{rest}"' if rest else None
+
+
+def load_optional_request(body: bytes, struct: Struct) -> dict[str, Any]:
+    """A body the request may do without (STREAM.INFO, STREAM.NAMES/LIST): the real server decodes
+    it only when it starts with ``{`` or ``[`` and ignores anything else (a number, a string,
+    junk); what it decodes must still be an object."""
+    if body.lstrip()[:1] not in (b"{", b"["):
+        return {}
+    return load_request(body, struct)
+
+
+def is_empty_request(body: bytes) -> bool:
+    """Nothing, or an empty JSON object (the real server's ``isEmptyRequest``; ``null`` and blanks
+    are not empty)."""
+    if not body or body == b"{}":
+        return True
+    try:
+        return bool(json.loads(body) == {})
+    except ValueError:
+        return False
+
+
+def require_empty_request(body: bytes) -> None:
+    """Requests that take no body (STREAM.DELETE, CONSUMER.INFO): anything but nothing or an empty
+    object is refused with 10038 before the stream is even looked up, as the real server does."""
+    if not is_empty_request(body):
+        raise errors.NOT_EMPTY_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class RawReply:
+    """An answer that is a header block (empty: none) and a payload rather than JSON (DIRECT.GET,
+    statuses); a handler returns a list of them when one request gets several messages."""
+
+    hdrs: bytes
+    data: bytes = b""

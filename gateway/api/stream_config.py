@@ -1,0 +1,409 @@
+"""StreamConfig as JetStream has it: decoded, defaulted and validated as nats-server does, rendered
+back in its field order. Pure: a request dict in, a config dict (or an ApiError) out.
+
+A config is kept as the dict the API returns (JetStream's field names and defaults), because the
+API must hand back exactly what the real server would: clients read it and send it back on update.
+The checks follow nats-server's ``jsStreamCreateRequest`` and ``checkStreamCfg`` in their order, so
+a request with several faults gets the same (first) error. Fields jetlake cannot honour are refused
+last, once the request is otherwise valid (see docs/compatibility.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.api import errors
+from storage_delta.format.nats import is_valid_subject, subject_matches, subjects_overlap
+
+DEFAULT_DUPLICATE_WINDOW_NS = 120_000_000_000
+MIN_WINDOW_NS = 100_000_000
+MAX_NAME_LEN = 255
+MAX_DESCRIPTION_LEN = 4096
+MAX_METADATA_LEN = 128 * 1024
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+#: Request fields and their Go types: the type names appear in nats-server's JSON errors.
+FIELD_TYPES: dict[str, str] = {
+    "name": "string",
+    "description": "string",
+    "subjects": "[]string",
+    "retention": "RetentionPolicy",
+    "max_consumers": "int",
+    "max_msgs": "int64",
+    "max_bytes": "int64",
+    "max_age": "time.Duration",
+    "max_msgs_per_subject": "int64",
+    "max_msg_size": "int32",
+    "discard": "DiscardPolicy",
+    "storage": "StorageType",
+    "num_replicas": "int",
+    "no_ack": "bool",
+    "duplicate_window": "time.Duration",
+    "placement": "server.Placement",
+    "mirror": "server.StreamSource",
+    "sources": "[]*server.StreamSource",
+    "compression": "StoreCompression",
+    "first_seq": "uint64",
+    "subject_transform": "server.SubjectTransformConfig",
+    "republish": "server.RePublish",
+    "allow_direct": "bool",
+    "mirror_direct": "bool",
+    "discard_new_per_subject": "bool",
+    "sealed": "bool",
+    "deny_delete": "bool",
+    "deny_purge": "bool",
+    "allow_rollup_hdrs": "bool",
+    "consumer_limits": "server.StreamConsumerLimits",
+    "allow_msg_ttl": "bool",
+    "subject_delete_marker_ttl": "time.Duration",
+    "allow_msg_counter": "bool",
+    "allow_atomic": "bool",
+    "allow_msg_schedules": "bool",
+    "persist_mode": "PersistModeType",
+    "allow_batched": "bool",
+    "metadata": "map[string]string",
+    "pedantic": "bool",
+}
+CONSUMER_LIMIT_FIELDS = {"inactive_threshold": "time.Duration", "max_ack_pending": "int"}
+_INT_RANGE = {
+    "int": (-(2**63), INT64_MAX),
+    "int64": (-(2**63), INT64_MAX),
+    "time.Duration": (-(2**63), INT64_MAX),
+    "int32": (-(2**31), INT32_MAX),
+    "uint64": (0, 2**64 - 1),
+}
+#: Accepted JSON spellings of the enum fields (DiscardPolicy compares in lower case).
+_ENUMS = {
+    "RetentionPolicy": {'"limits"': "limits", '"interest"': "interest", '"workqueue"': "workqueue"},
+    "DiscardPolicy": {'"old"': "old", '"new"': "new"},
+    "StorageType": {'"file"': "file", '"memory"': "memory"},
+    "PersistModeType": {'"default"': "", '""': "", '"async"': "async"},
+}
+
+#: Fields jetlake refuses although nats-server accepts them: it cannot do what they ask.
+UNSUPPORTED = (
+    ("mirror", "stream mirrors"),
+    ("sources", "stream sources"),
+    ("subject_transform", "subject transforms"),
+    ("republish", "republish"),
+    ("allow_msg_counter", "message counters"),
+    ("allow_atomic", "atomic batch publish"),
+    ("allow_msg_schedules", "message schedules"),
+    ("allow_batched", "batch publish"),
+)
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _type_error(what: str, path: str, gotype: str, struct_field: bool = True) -> errors.ApiError:
+    where = f"Go struct field StreamConfigRequest.{path}" if struct_field else f"StreamConfigRequest.{path}"
+    return errors.INVALID_JSON.format(err=f"json: cannot unmarshal {what} into {where} of type {gotype}")
+
+
+def _check_scalar(path: str, gotype: str, value: Any, struct_field: bool = True) -> None:
+    kind = _json_kind(value)
+    if gotype in _INT_RANGE:
+        if kind != "number":
+            raise _type_error(kind, path, gotype, struct_field)
+        lo, hi = _INT_RANGE[gotype]
+        if isinstance(value, float) or not lo <= value <= hi:
+            raise _type_error(f"number {value!r}", path, gotype, struct_field)
+    elif gotype in ("string", "bool") and kind != gotype:
+        raise _type_error(kind, path, gotype, struct_field)
+
+
+def decode(raw: dict[str, Any]) -> dict[str, Any]:
+    """The request as nats-server's JSON decoder reads it into a StreamConfigRequest: unknown
+    fields and wrong types are 10025 with Go's wording; nulls read as absent; enums are parsed."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        gotype = FIELD_TYPES.get(key)
+        if gotype is None:
+            raise errors.INVALID_JSON.format(err=f'json: unknown field "{key}"')
+        if gotype in _ENUMS:
+            text = json.dumps(value, separators=(",", ":"))
+            parsed = _ENUMS[gotype].get(text.lower() if gotype == "DiscardPolicy" else text)
+            if parsed is None:
+                raise errors.INVALID_JSON.format(err=f"can not unmarshal {json.dumps(text)}")
+            out[key] = parsed
+            continue
+        if value is None:
+            if gotype == "StoreCompression":
+                raise errors.INVALID_JSON.format(err="unknown compression algorithm")
+            continue
+        if gotype == "StoreCompression":
+            if not isinstance(value, str):
+                raise errors.INVALID_JSON.format(
+                    err=f"json: cannot unmarshal {_json_kind(value)} into Go value of type string"
+                )
+            if value not in ("none", "s2"):
+                raise errors.INVALID_JSON.format(err="unknown compression algorithm")
+        elif gotype == "[]string":
+            if not isinstance(value, list):
+                raise _type_error(_json_kind(value), key, gotype)
+            for i, item in enumerate(value):
+                if item is not None:
+                    _check_scalar(f"{key}.{i}", "string", item, struct_field=False)
+            value = [item or "" for item in value]
+        elif gotype == "map[string]string":
+            if not isinstance(value, dict):
+                raise _type_error(_json_kind(value), key, gotype)
+            for k, v in value.items():
+                if v is not None:
+                    _check_scalar(f"{key}.{k}", "string", v)
+            value = {k: v or "" for k, v in value.items()}
+        elif gotype.startswith(("server.", "[]*server.")):
+            want = list if gotype.startswith("[]") else dict
+            if not isinstance(value, want):
+                raise _type_error(_json_kind(value), key, gotype)
+            if key == "consumer_limits" and isinstance(value, dict):
+                value = _decode_consumer_limits(value)
+        else:
+            _check_scalar(key, gotype, value)
+        out[key] = value
+    return out
+
+
+def _decode_consumer_limits(value: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        gotype = CONSUMER_LIMIT_FIELDS.get(key)
+        if gotype is None:
+            raise errors.INVALID_JSON.format(err=f'json: unknown field "{key}"')
+        if item is not None:
+            _check_scalar(f"consumer_limits.{key}", gotype, item)
+            if item:
+                out[key] = item
+    return out
+
+
+def valid_stream_name(name: str) -> bool:
+    return bool(name) and not any(c in name for c in ".*> \t\r\n/\\")
+
+
+def _required_api_level(req: dict[str, Any]) -> int:
+    if req.get("allow_batched"):
+        return 4
+    if any(req.get(k) for k in ("allow_msg_counter", "allow_atomic", "allow_msg_schedules")):
+        return 2
+    if req.get("persist_mode") == "async":
+        return 2
+    return 1 if req.get("allow_msg_ttl") or (req.get("subject_delete_marker_ttl") or 0) > 0 else 0
+
+
+def _invalid(text: str) -> errors.ApiError:
+    return errors.STREAM_INVALID_CONFIG.format(err=text)
+
+
+def check_create(req: dict[str, Any]) -> None:
+    """The checks nats-server makes in its create handler before it validates the config."""
+    name = req.get("name") or ""
+    if "/" in name or "\\" in name:
+        raise errors.STREAM_NAME_PATH_SEPARATORS
+    if req.get("sealed"):
+        raise _invalid("stream configuration for create can not be sealed")
+    if req.get("mirror_direct") and not req.get("mirror"):
+        raise _invalid("stream has no mirror but does have mirror direct")
+    if (req.get("num_replicas") or 0) > 1:
+        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
+
+
+def _limit(cfg: dict[str, Any], key: str, pedantic: bool) -> None:
+    """JetStream reads 0 and anything below -1 as "no limit" (-1); pedantic refuses the latter."""
+    value = cfg[key]
+    if value == 0 or value < -1:
+        if pedantic and value < -1:
+            raise errors.PEDANTIC.format(err=f"{key} must be set to -1")
+        cfg[key] = -1
+
+
+def normalize(req: dict[str, Any], server_version: str) -> dict[str, Any]:
+    """The config a decoded create request asks for, with JetStream's defaults, validated as
+    ``checkStreamCfg`` validates it; raises the ApiError the real server answers with."""
+    pedantic = bool(req.get("pedantic"))
+    name = req.get("name") or ""
+    if not valid_stream_name(name):
+        raise _invalid("stream name is required and can not contain '.', '*', '>', '\\', '/'")
+    if len(name) > MAX_NAME_LEN:
+        raise _invalid(f"stream name is too long, maximum allowed is {MAX_NAME_LEN}")
+    if len(req.get("description") or "") > MAX_DESCRIPTION_LEN:
+        raise _invalid(f"stream description is too long, maximum allowed is {MAX_DESCRIPTION_LEN}")
+    metadata = {k: v for k, v in (req.get("metadata") or {}).items() if k not in ("_nats.ver", "_nats.level")}
+    metadata["_nats.req.level"] = str(_required_api_level(req))
+    if sum(len(k) + len(v) for k, v in metadata.items()) > MAX_METADATA_LEN:
+        raise _invalid(f"stream metadata exceeds maximum size of {MAX_METADATA_LEN} bytes")
+
+    cfg: dict[str, Any] = {
+        "name": name,
+        "description": req.get("description") or "",
+        "subjects": list(req.get("subjects") or []),
+        "retention": req.get("retention", "limits"),
+        "max_consumers": req.get("max_consumers", 0),
+        "max_msgs": req.get("max_msgs", 0),
+        "max_bytes": req.get("max_bytes", 0),
+        "max_age": req.get("max_age", 0),
+        "max_msgs_per_subject": req.get("max_msgs_per_subject", 0),
+        "max_msg_size": req.get("max_msg_size", 0),
+        "discard": req.get("discard", "old"),
+        "storage": req.get("storage", "file"),
+        "num_replicas": req.get("num_replicas", 0) or 1,
+    }
+    if cfg["num_replicas"] < 0:
+        raise errors.REPLICAS_NEGATIVE
+    for key in ("max_msgs", "max_msgs_per_subject", "max_bytes", "max_msg_size", "max_consumers"):
+        _limit(cfg, key, pedantic)
+    max_age = cfg["max_age"]
+    if max_age < 0:
+        raise _invalid("max age can not be negative")
+    if max_age and max_age < MIN_WINDOW_NS:
+        raise _invalid("max age needs to be >= 100ms")
+    mirror, sources = req.get("mirror"), req.get("sources") or []
+    window = req.get("duplicate_window", 0)
+    if window == 0 and mirror is None and not sources:
+        if max_age and max_age < DEFAULT_DUPLICATE_WINDOW_NS:
+            if pedantic:
+                raise errors.PEDANTIC.format(err="duplicate window cannot be bigger than max age")
+            window = max_age
+        else:
+            window = DEFAULT_DUPLICATE_WINDOW_NS
+    if window < 0:
+        raise _invalid("duplicates window can not be negative")
+    if max_age and window > max_age:
+        raise _invalid("duplicates window can not be larger then max age")
+    if 0 < window < MIN_WINDOW_NS:
+        raise _invalid("duplicates window needs to be >= 100ms")
+    flags = {
+        k: bool(req.get(k))
+        for k in ("allow_direct", "mirror_direct", "sealed", "deny_delete", "deny_purge", "allow_rollup_hdrs")
+    }
+    allow_ttl = bool(req.get("allow_msg_ttl"))
+    if flags["deny_purge"] and flags["allow_rollup_hdrs"]:
+        raise _invalid("roll-ups require the purge permission")
+    if req.get("discard_new_per_subject"):
+        if cfg["discard"] != "new":
+            raise _invalid("discard new per subject requires discard new policy to be set")
+        if cfg["max_msgs_per_subject"] <= 0:
+            raise _invalid("discard new per subject requires max msgs per subject > 0")
+    marker_ttl = req.get("subject_delete_marker_ttl", 0)
+    if marker_ttl > 0:
+        if marker_ttl < 1_000_000_000:
+            raise _invalid("subject delete marker TTL must be at least 1 second")
+        if not allow_ttl:
+            if pedantic:
+                raise _invalid("subject delete marker cannot be set if message TTLs are disabled")
+            allow_ttl = True
+        if not flags["allow_rollup_hdrs"]:
+            if pedantic:
+                raise _invalid("subject delete marker cannot be set if roll-ups are disabled")
+            flags["allow_rollup_hdrs"], flags["deny_purge"] = True, False
+    elif marker_ttl < 0:
+        raise _invalid("subject delete marker TTL must not be negative")
+    if mirror is not None:
+        if req.get("first_seq"):
+            raise errors.MIRROR_WITH_FIRST_SEQ
+        if cfg["subjects"]:
+            raise errors.MIRROR_WITH_SUBJECTS
+        if sources:
+            raise errors.MIRROR_WITH_SOURCES
+        if marker_ttl > 0:
+            raise _invalid("subject delete markers forbidden on mirrors")
+    if not cfg["subjects"] and mirror is None and not sources:
+        cfg["subjects"] = [name]
+    _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
+    if req.get("persist_mode") == "async" and req.get("allow_atomic"):
+        raise _invalid("async persist mode is not supported with atomic batch publish")
+    if (req.get("placement") or {}).get("preferred"):
+        raise _invalid("preferred server not permitted in placement")
+
+    for field, what in UNSUPPORTED:
+        if req.get(field):
+            raise _invalid(f"{what} are not supported by jetlake")
+    return _render(cfg, req, window, flags, allow_ttl, marker_ttl, metadata, server_version)
+
+
+def _check_subjects(subjects: list[str], no_ack: bool) -> None:
+    seen: set[str] = set()
+    for i, subj in enumerate(subjects):
+        if not is_valid_subject(subj):
+            raise _invalid("invalid subject")
+        if subj in seen:
+            raise _invalid("duplicate subjects detected")
+        if subj == ">" and not no_ack:
+            raise _invalid("capturing all subjects requires no-ack to be true")
+        if not no_ack:
+            for namespace in ("$JS.>", "$JSC.>", "$NRG.>"):
+                if subjects_overlap(subj, namespace) and not subject_matches("$JS.EVENT.>", subj):
+                    raise _invalid("subjects that overlap with jetstream api require no-ack to be true")
+            if subjects_overlap(subj, "$SYS.>") and not subject_matches("$SYS.ACCOUNT.>", subj):
+                raise _invalid("subjects that overlap with system api require no-ack to be true")
+        for other in subjects[i + 1 :]:
+            if subjects_overlap(other, subj):
+                raise _invalid(f'subject "{subj}" overlaps with "{other}"')
+        seen.add(subj)
+
+
+def _render(
+    cfg: dict[str, Any],
+    req: dict[str, Any],
+    window: int,
+    flags: dict[str, bool],
+    allow_ttl: bool,
+    marker_ttl: int,
+    metadata: dict[str, str],
+    server_version: str,
+) -> dict[str, Any]:
+    """The config in nats-server's field order, with its ``omitempty`` fields left out when zero."""
+    out: dict[str, Any] = {"name": cfg["name"]}
+    if cfg["description"]:
+        out["description"] = cfg["description"]
+    if cfg["subjects"]:
+        out["subjects"] = cfg["subjects"]
+    for key in ("retention", "max_consumers", "max_msgs", "max_bytes", "max_age", "max_msgs_per_subject"):
+        out[key] = cfg[key]
+    out["max_msg_size"] = cfg["max_msg_size"]
+    out["discard"], out["storage"], out["num_replicas"] = cfg["discard"], cfg["storage"], cfg["num_replicas"]
+    optional = {
+        "no_ack": req.get("no_ack"),
+        "duplicate_window": window,
+        "placement": req.get("placement"),
+        "mirror": req.get("mirror"),
+        "sources": req.get("sources"),
+    }
+    out.update({k: v for k, v in optional.items() if v})
+    out["compression"] = req.get("compression", "none")
+    if req.get("first_seq"):
+        out["first_seq"] = req["first_seq"]
+    for key in ("subject_transform", "republish"):
+        if req.get(key):
+            out[key] = req[key]
+    out["allow_direct"], out["mirror_direct"] = flags["allow_direct"], flags["mirror_direct"]
+    if req.get("discard_new_per_subject"):
+        out["discard_new_per_subject"] = True
+    for key in ("sealed", "deny_delete", "deny_purge", "allow_rollup_hdrs"):
+        out[key] = flags[key]
+    out["consumer_limits"] = req.get("consumer_limits") or {}
+    out["allow_msg_ttl"] = allow_ttl
+    if marker_ttl:
+        out["subject_delete_marker_ttl"] = marker_ttl
+    if req.get("persist_mode"):
+        out["persist_mode"] = req["persist_mode"]
+    out["metadata"] = {**metadata, "_nats.level": "5", "_nats.ver": server_version}
+    return out
+
+
+def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two normalized configs are equal, ignoring the server-owned metadata."""
+    strip = {"metadata"}
+    return {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}

@@ -1,0 +1,261 @@
+"""The consumer half of the JetStream API: CONSUMER.* requests (MSG.NEXT is delivery's, not here).
+
+Handlers return the response body or raise :class:`~gateway.errors.ApiError`. Subject forms, as
+clients send them: ``CONSUMER.CREATE.<stream>`` (ephemeral), ``CONSUMER.CREATE.<stream>.<name>``
+and ``CONSUMER.CREATE.<stream>.<name>.<filter…>``, ``CONSUMER.DURABLE.CREATE.<stream>.<durable>``,
+``INFO``, ``DELETE``, ``NAMES``, ``LIST`` and ``PAUSE``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import string
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+from gateway.adapters.registry import Registry
+from gateway.api import advisories, consumer_config, errors
+from gateway.api.requests import (
+    BOOL,
+    INT,
+    NAMES_PAGE,
+    STRING,
+    TIME,
+    UINT,
+    Publish,
+    Struct,
+    T,
+    load_request,
+    require_empty_request,
+    unmarshal_request,
+)
+from gateway.api.timefmt import ZERO_TIME, now_ns
+from gateway.engine import retention
+from gateway.engine.consumer import Consumer, start_position
+from gateway.engine.stream import Stream
+
+LIST_PAGE = 256
+
+RESPONSE_TYPES = {
+    "CONSUMER.CREATE": "consumer_create_response",
+    "CONSUMER.DURABLE": "consumer_create_response",
+    "CONSUMER.INFO": "consumer_info_response",
+    "CONSUMER.DELETE": "consumer_delete_response",
+    "CONSUMER.NAMES": "consumer_names_response",
+    "CONSUMER.LIST": "consumer_list_response",
+    "CONSUMER.PAUSE": "consumer_pause_response",
+    "CONSUMER.RESET": "consumer_reset_response",
+    "CONSUMER.UNPIN": "consumer_unpin_response",
+}
+
+#: Fields the real server adds to an error answer of these requests.
+ERROR_EXTRAS: dict[str, dict[str, Any]] = {
+    "CONSUMER.PAUSE": {"paused": False, "pause_until": ZERO_TIME},
+    "CONSUMER.NAMES": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
+    "CONSUMER.LIST": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
+    "CONSUMER.RESET": {"reset_seq": 0},
+}
+
+#: Each request's Go struct and its fields: the real server decodes requests strictly.
+CREATE_REQUEST = Struct(
+    "server.CreateConsumerRequest",
+    {"stream_name": STRING, "config": consumer_config.CONFIG, "action": STRING, "pedantic": BOOL},
+)
+PAGING_REQUEST = Struct("server.JSApiConsumersRequest", {"offset": INT})
+PAUSE_REQUEST = Struct("server.JSApiConsumerPauseRequest", {"pause_until": TIME})
+RESET_REQUEST = Struct("server.JSApiConsumerResetRequest", {"seq": UINT}, strict=False)
+UNPIN_REQUEST = Struct("server.JSApiConsumerUnpinRequest", {"group": STRING}, strict=False)
+_GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
+
+#: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
+SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
+#: Where advisories go (subject, body).
+
+_NAME_CHARS = string.ascii_lowercase + string.digits
+
+
+def ephemeral_name() -> str:
+    return "".join(secrets.choice(_NAME_CHARS) for _ in range(8))
+
+
+class ConsumerApi:
+    def __init__(self, registry: Registry, seq_at_time: SeqAtTime, publish: Publish) -> None:
+        self.reg = registry
+        self.seq_at_time = seq_at_time
+        self.publish = publish
+
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | None:
+        op = ".".join(toks[:2])
+        n = len(toks)
+        if op == "CONSUMER.CREATE" and n >= 3:
+            name = toks[3] if n > 3 else None
+            return await self.create(toks[2], name, ".".join(toks[4:]) or None, body, durable_subject=False)
+        if op == "CONSUMER.DURABLE" and n == 5 and toks[2] == "CREATE":
+            return await self.create(toks[3], toks[4], None, body, durable_subject=True)
+        if op == "CONSUMER.INFO" and n == 4:
+            require_empty_request(body)
+            return self.info(toks[2], toks[3])
+        if op == "CONSUMER.DELETE" and n == 4:
+            return await self.delete(toks[2], toks[3])
+        if op == "CONSUMER.NAMES" and n == 3:
+            return self.names(toks[2], body)
+        if op == "CONSUMER.LIST" and n == 3:
+            return self.list(toks[2], body)
+        if op == "CONSUMER.PAUSE" and n == 4:
+            return await self.pause(toks[2], toks[3], body)
+        if op == "CONSUMER.RESET" and n == 4:
+            return await self.reset(toks[2], toks[3], body)
+        if op == "CONSUMER.UNPIN" and n == 4:
+            return self.unpin(toks[2], toks[3], body)
+        return None
+
+    def _stream(self, name: str) -> Stream:
+        stream = self.reg.streams.get(name)
+        if stream is None:
+            raise errors.STREAM_NOT_FOUND
+        return stream
+
+    def _consumer(self, stream_name: str, name: str) -> Consumer:
+        self._stream(stream_name)
+        consumer = self.reg.consumers.get(stream_name, {}).get(name)
+        if consumer is None:
+            raise errors.CONSUMER_NOT_FOUND
+        return consumer
+
+    async def create(
+        self,
+        stream_name: str,
+        name: str | None,
+        filter_subject: str | None,
+        body: bytes,
+        durable_subject: bool,
+    ) -> dict[str, Any]:
+        raw = load_request(body, CREATE_REQUEST)
+        # checked before anything else: a body without it (even an empty one) is a mismatch too
+        if raw.get("stream_name") != stream_name:
+            raise errors.STREAM_MISMATCH
+        stream = self._stream(stream_name)
+        cfg_in = dict(raw.get("config") or {})
+        durable = cfg_in.get("durable_name")
+        if name is None and durable:
+            raise errors.CONSUMER_EPHEMERAL_WITH_DURABLE
+        if name is not None and durable and durable != name:
+            raise errors.CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT
+        if durable_subject and not durable:
+            raise errors.CONSUMER_DURABLE_NAME_NOT_SET
+        if filter_subject and cfg_in.get("filter_subject") != filter_subject:
+            raise errors.CONSUMER_FILTER_NOT_MATCH_SUBJECT
+        if name is not None:
+            cfg_in["name"] = name
+        pedantic = bool(raw.get("pedantic"))
+        cfg = consumer_config.normalize(cfg_in, self.reg.server_version, stream.config, pedantic)
+        cname = cfg.get("name") or ephemeral_name()
+        existing = self.reg.consumers.get(stream_name, {}).get(cname)
+        action = raw.get("action", "")
+        now = now_ns()
+        if existing is not None:
+            if not consumer_config.same_config(existing.config, cfg):
+                if action == "create":
+                    raise errors.CONSUMER_ALREADY_EXISTS
+                consumer_config.check_update(existing.config, cfg)
+                await self.reg.update_consumer(existing, cfg)
+            consumer = existing
+        else:
+            if action == "update":
+                raise errors.CONSUMER_DOES_NOT_EXIST
+            retention.check_new_consumer(stream, self.reg.consumers.get(stream_name, {}).values(), cfg)
+            limit = int(stream.config.get("max_consumers") or -1)
+            if 0 < limit <= len(self.reg.consumers.get(stream_name, {})):
+                raise errors.MAXIMUM_CONSUMERS_LIMIT
+            time_seq = None
+            if cfg["deliver_policy"] == "by_start_time":
+                time_seq = await self.seq_at_time(
+                    stream, consumer_config.parse_time_ns(cfg["opt_start_time"])
+                )
+            start_after, skip = start_position(stream, cfg, time_seq)
+            consumer = await self.reg.add_consumer(stream, cfg, now, cname, start_after, skip)
+            self.publish(advisories.consumer_action(stream_name, cname, "create", now))
+        return {"type": T + "consumer_create_response", **consumer.info(stream_name, now_ns())}
+
+    def info(self, stream_name: str, name: str) -> dict[str, Any]:
+        consumer = self._consumer(stream_name, name)
+        return {"type": T + "consumer_info_response", **consumer.info(stream_name, now_ns())}
+
+    async def delete(self, stream_name: str, name: str) -> dict[str, Any]:
+        consumer = self._consumer(stream_name, name)
+        if await self.reg.remove_consumer(consumer):
+            self.publish(advisories.consumer_action(stream_name, name, "delete", now_ns()))
+            stream = self._stream(stream_name)
+            others = self.reg.consumers.get(stream_name, {}).values()
+            held = range(stream.state.first_seq, consumer.sseq + 1)
+            retention.settle(stream, others, held if retention.policy(stream) == "interest" else ())
+        return {"type": T + "consumer_delete_response", "success": True}
+
+    def _sorted(self, stream_name: str) -> list[Consumer]:
+        self._stream(stream_name)
+        return self.reg.listed_consumers(stream_name)
+
+    def names(self, stream_name: str, body: bytes) -> dict[str, Any]:
+        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
+        everyone = self._sorted(stream_name)
+        page = everyone[offset : offset + NAMES_PAGE]
+        return {
+            "type": T + "consumer_names_response",
+            "total": len(everyone),
+            "offset": offset,
+            "limit": NAMES_PAGE,
+            "consumers": [c.name for c in page],
+        }
+
+    def list(self, stream_name: str, body: bytes) -> dict[str, Any]:
+        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
+        everyone = self._sorted(stream_name)
+        now = now_ns()
+        page = everyone[offset : offset + LIST_PAGE]
+        return {
+            "type": T + "consumer_list_response",
+            "total": len(everyone),
+            "offset": offset,
+            "limit": LIST_PAGE,
+            "consumers": [
+                {**c.info(stream_name, now), "config": consumer_config.listed(c.config)} for c in page
+            ],
+        }
+
+    async def pause(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
+        until = load_request(body, PAUSE_REQUEST).get("pause_until") or ""  # before the look-up
+        consumer = self._consumer(stream_name, name)
+        await self.reg.update_consumer(consumer, consumer_config.with_pause(consumer.config, until))
+        now = now_ns()
+        paused = consumer.paused(now)
+        shown = until or ZERO_TIME
+        self.publish(advisories.pause(stream_name, name, paused, shown, now))
+        out: dict[str, Any] = {"type": T + "consumer_pause_response", "paused": paused, "pause_until": shown}
+        if paused:
+            out["pause_remaining"] = consumer.paused_until_ns - now
+        return out
+
+    def unpin(self, stream_name: str, name: str, body: bytes) -> NoReturn:
+        """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name
+        and the consumer; jetlake has no priority groups yet, so no consumer has the group."""
+        group = unmarshal_request(body, UNPIN_REQUEST).get("group") or ""
+        if not group:
+            raise errors.INVALID_JSON.format(err="consumer group not specified")
+        if not _GROUP_NAME.fullmatch(group):
+            raise errors.INVALID_GROUP_NAME
+        self._consumer(stream_name, name)
+        raise errors.PRIORITY_GROUP_NOT_FOUND
+
+    async def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
+        """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack
+        floor). The real server does not answer for a consumer it does not have."""
+        consumer = self.reg.consumers.get(stream_name, {}).get(name)
+        if consumer is None:
+            return None
+        seq = int(load_request(body, RESET_REQUEST).get("seq") or 0)
+        consumer.reset(seq)
+        await self.reg.recorder.reset(consumer)
+        now = now_ns()
+        info = consumer.info(stream_name, now)
+        return {"type": T + "consumer_reset_response", **info, "reset_seq": consumer.sseq + 1}

@@ -1,0 +1,107 @@
+"""JetStream API requests: routing by subject and the answers, rendered as the real server renders.
+
+Handlers are coroutines on a :class:`~gateway.registry.Registry`; they return the response body, or
+``None`` where the real server stays silent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.adapters.registry import Registry
+from gateway.api import errors
+from gateway.api.requests import Publish, RawReply, T
+from gateway.handlers import consumers as consumer_api
+from gateway.handlers import streams as stream_api
+from gateway.handlers.consumers import ConsumerApi, SeqAtTime
+from gateway.handlers.streams import StreamApi
+
+
+def split_api_subject(subject: str, prefix: str) -> list[str] | None:
+    """The tokens after the API prefix (``$JS.<domain>.API.``), or None when it is not an API call."""
+    if not subject.startswith(prefix):
+        return None
+    return subject[len(prefix) :].split(".")
+
+
+class Api:
+    """Routes a request to the stream or consumer handlers and renders their errors."""
+
+    def __init__(
+        self, registry: Registry, streams: StreamApi, seq_at_time: SeqAtTime, publish: Publish
+    ) -> None:
+        self.reg = registry
+        self.streams = streams
+        self.consumers = ConsumerApi(registry, seq_at_time, publish)
+
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
+        """Answer one API request; unknown subjects get no answer, as from the real server."""
+        op = ".".join(toks[:2])
+        try:
+            if any(CLUSTERED_ONLY.get(".".join(toks[:n])) == len(toks) for n in (2, 3)):
+                raise errors.CLUSTER_REQUIRED
+            if toks == ["INFO"]:
+                return self.account_info()
+            if toks[0] in ("STREAM", "DIRECT"):
+                return await self.streams.handle(toks, body)
+            if toks[0] == "CONSUMER":
+                return await self.consumers.handle(toks, body)
+        except errors.ApiError as err:
+            answer: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
+            answer.update(stream_api.ERROR_EXTRAS.get(op, {}))
+            answer.update(consumer_api.ERROR_EXTRAS.get(op, {}))
+            return answer
+        return None
+
+    def account_info(self) -> dict[str, Any]:
+        streams = self.reg.streams.values()
+        return {
+            "type": T + "account_info_response",
+            "memory": 0,
+            "storage": sum(s.state.bytes for s in streams),
+            "reserved_memory": 0,
+            "reserved_storage": 0,
+            "streams": len(self.reg.streams),
+            "consumers": sum(len(c) for c in self.reg.consumers.values()),
+            "limits": {
+                "max_memory": -1,
+                "max_storage": -1,
+                "max_streams": -1,
+                "max_consumers": -1,
+                "max_ack_pending": -1,
+                "memory_max_stream_bytes": -1,
+                "storage_max_stream_bytes": -1,
+                "max_bytes_required": False,
+            },
+            "api": {"level": 5, "total": self.reg.api_total, "errors": self.reg.api_errors},
+        }
+
+
+#: Operations only a cluster performs, with the number of tokens their subject has: a single
+#: server answers each with 503/10010 whatever the names and the body, and so does jetlake.
+CLUSTERED_ONLY = {
+    "STREAM.LEADER.STEPDOWN": 4,
+    "CONSUMER.LEADER.STEPDOWN": 5,
+    "STREAM.PEER.REMOVE": 4,
+    "STREAM.PEER.EVACUATE": 4,
+    "STREAM.CANCEL_MOVE": 3,
+}
+
+_RESPONSE_TYPES = {
+    "INFO": "account_info_response",
+    "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
+    "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
+    "STREAM.PEER.REMOVE": "stream_remove_peer_response",
+    "STREAM.PEER.EVACUATE": "stream_evacuate_peer_response",
+    "STREAM.CANCEL_MOVE": "stream_cancel_move_response",
+    **stream_api.RESPONSE_TYPES,
+    **consumer_api.RESPONSE_TYPES,
+}
+
+
+def _response_type(toks: list[str]) -> str:
+    for n in (3, 2, 1):
+        found = _RESPONSE_TYPES.get(".".join(toks[:n]))
+        if found:
+            return found
+    return "error_response"

@@ -1,0 +1,295 @@
+"""The stream half of the JetStream API: STREAM.* and DIRECT.GET requests, answered from the live
+registry (cold message reads go to Delta on the executor).
+
+Handlers return the response body or raise :class:`~gateway.errors.ApiError`; the router in
+:mod:`gateway.api` renders errors and stays silent on subjects nobody handles. Removals (MSG.DELETE,
+PURGE) are answered only once the removal log holds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+from gateway.adapters.loader import MessageLoader
+from gateway.adapters.registry import Registry
+from gateway.adapters.removals import RemovalRecorder
+from gateway.api import advisories, errors, stream_config
+from gateway.api.requests import (
+    BOOL,
+    INT,
+    NAMES_PAGE,
+    STRING,
+    UINT,
+    Publish,
+    RawReply,
+    Struct,
+    T,
+    is_empty_request,
+    load_optional_request,
+    load_request,
+    require_empty_request,
+)
+from gateway.api.stream_update import apply_update
+from gateway.api.timefmt import now_ns, rfc3339
+from gateway.engine.stream import Stream
+from gateway.handlers.direct_get import MSG_GET_REQUEST, DirectGet, check_get_request, find_seq
+from storage_delta.format.nats import subjects_overlap
+
+RESPONSE_TYPES = {
+    "STREAM.CREATE": "stream_create_response",
+    "STREAM.UPDATE": "stream_update_response",
+    "STREAM.INFO": "stream_info_response",
+    "STREAM.DELETE": "stream_delete_response",
+    "STREAM.NAMES": "stream_names_response",
+    "STREAM.LIST": "stream_list_response",
+    "STREAM.PURGE": "stream_purge_response",
+    "STREAM.MSG.GET": "stream_msg_get_response",
+    "STREAM.MSG.DELETE": "stream_msg_delete_response",
+}
+
+#: Fields the real server adds to an error answer of these requests.
+ERROR_EXTRAS: dict[str, dict[str, Any]] = {
+    "STREAM.NAMES": {"total": 0, "offset": 0, "limit": 0, "streams": None},
+    "STREAM.INFO": {"total": 0, "offset": 0, "limit": 0},
+    "STREAM.PURGE": {"purged": 0},
+}
+
+LIST_PAGE = 256
+COMMIT_POLL_S = 0.002
+SUBJECT_DETAILS_LIMIT = 100_000
+
+
+# Each request's Go struct and its fields: the real server decodes requests strictly.
+_PAGING = {"offset": INT, "subject": STRING}
+NAMES_REQUEST = Struct("server.JSApiStreamNamesRequest", _PAGING)
+LIST_REQUEST = Struct("server.JSApiStreamListRequest", _PAGING)
+INFO_REQUEST = Struct(
+    "server.JSApiStreamInfoRequest", {"offset": INT, "deleted_details": BOOL, "subjects_filter": STRING}
+)
+PURGE_REQUEST = Struct("server.JSApiStreamPurgeRequest", {"filter": STRING, "seq": UINT, "keep": UINT})
+MSG_DELETE_REQUEST = Struct("server.JSApiMsgDeleteRequest", {"seq": UINT, "no_erase": BOOL})
+STREAM_CONFIG_REQUEST = Struct("server.StreamConfigRequest")  # its fields: stream_config.decode
+
+
+class StreamApi:
+    def __init__(
+        self, registry: Registry, loader: MessageLoader, recorder: RemovalRecorder, publish: Publish
+    ) -> None:
+        self.reg = registry
+        self.loader = loader
+        self.recorder = recorder
+        self.publish = publish
+        self.direct = DirectGet(registry, loader)
+
+    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
+        op = ".".join(toks[:2])
+        if toks[0] == "DIRECT" and len(toks) >= 3 and toks[1] == "GET":
+            return await self.direct.answer(toks[2], ".".join(toks[3:]), body)
+        if op in ("STREAM.NAMES", "STREAM.LIST") and len(toks) == 2:
+            return self.stream_list(body, names_only=op == "STREAM.NAMES")
+        if len(toks) == 3:
+            handler = {
+                "STREAM.CREATE": self.stream_create,
+                "STREAM.UPDATE": self.stream_update,
+                "STREAM.INFO": self.stream_info,
+                "STREAM.DELETE": self.stream_delete,
+                "STREAM.PURGE": self.stream_purge,
+            }.get(op)
+            if handler is not None:
+                return await handler(toks[2], body)
+        if op == "STREAM.MSG" and len(toks) == 4 and toks[2] in ("GET", "DELETE"):
+            if toks[2] == "GET":
+                return await self.msg_get(toks[3], body)
+            return await self.msg_delete(toks[3], body)
+        return None
+
+    def _stream(self, name: str) -> Stream:
+        stream = self.reg.streams.get(name)
+        if stream is None:
+            raise errors.STREAM_NOT_FOUND
+        return stream
+
+    # ---- definitions ------------------------------------------------------------------------------
+
+    def _check_overlap(self, cfg: dict[str, Any]) -> None:
+        for other in self.reg.streams.values():
+            if other.name != cfg["name"] and any(
+                subjects_overlap(a, b) for a in cfg["subjects"] for b in other.subjects
+            ):
+                raise errors.STREAM_SUBJECT_OVERLAP
+
+    async def stream_create(self, name: str, body: bytes) -> dict[str, Any]:
+        raw = load_request(body, STREAM_CONFIG_REQUEST)
+        req = stream_config.decode(raw)
+        if req.get("name") != name:
+            raise errors.STREAM_MISMATCH
+        req["name"] = name
+        stream_config.check_create(req)
+        cfg = stream_config.normalize(req, self.reg.server_version)
+        existing = self.reg.streams.get(name)
+        if existing is not None:
+            if not stream_config.same_config(existing.config, cfg):
+                raise errors.STREAM_NAME_EXISTS
+            stream = existing
+        else:
+            self._check_overlap(cfg)
+            stream = await self.reg.add_stream(cfg, now_ns())
+            self.publish(advisories.stream_action(name, "create", now_ns()))
+        return {
+            "type": T + "stream_create_response",
+            **self._stream_body(stream),
+            "did_create": True,
+        }
+
+    async def stream_update(self, name: str, body: bytes) -> dict[str, Any]:
+        # As the server: the whole config is checked (a name is required) before it is compared
+        # with the subject's and before the stream is looked up.
+        raw = load_request(body, STREAM_CONFIG_REQUEST)
+        req = stream_config.normalize(stream_config.decode(raw), self.reg.server_version)
+        if req["name"] != name:
+            raise errors.STREAM_MISMATCH
+        stream = self._stream(name)
+        cfg = apply_update(stream.config, req)
+        self._check_overlap(cfg)
+        await self.reg.update_stream(stream, cfg)
+        stream.enforce_limits(now_ns())  # a lowered limit applies at once
+        self.publish(advisories.stream_action(name, "modify", now_ns()))
+        return {"type": T + "stream_update_response", **self._stream_body(stream)}
+
+    async def stream_delete(self, name: str, body: bytes) -> dict[str, Any]:
+        require_empty_request(body)
+        await self.reg.remove_stream(self._stream(name))
+        self.publish(advisories.stream_action(name, "delete", now_ns()))
+        return {"type": T + "stream_delete_response", "success": True}
+
+    def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
+        req = load_optional_request(body, NAMES_REQUEST if names_only else LIST_REQUEST)
+        subject = req.get("subject") or ""
+        streams = sorted(
+            (
+                s
+                for s in self.reg.streams.values()
+                if not subject or any(subjects_overlap(subject, x) for x in s.subjects)
+            ),
+            key=lambda s: s.name,
+        )
+        offset = min(max(0, int(req.get("offset") or 0)), len(streams))
+        if names_only:
+            page = [s.name for s in streams[offset : offset + NAMES_PAGE]]
+            return {
+                "type": T + "stream_names_response",
+                "total": len(streams),
+                "offset": offset,
+                "limit": NAMES_PAGE,
+                "streams": page or None,
+            }
+        return {
+            "type": T + "stream_list_response",
+            "total": len(streams),
+            "offset": offset,
+            "limit": LIST_PAGE,
+            "streams": [self._listed(s) for s in streams[offset : offset + LIST_PAGE]],
+        }
+
+    def _listed(self, stream: Stream) -> dict[str, Any]:
+        """A stream as STREAM.LIST shows it: the server's own metadata keys left out but the level
+        the request asked for."""
+        body = self._stream_body(stream)
+        meta = {
+            k: v
+            for k, v in stream.config.get("metadata", {}).items()
+            if k not in ("_nats.level", "_nats.ver")
+        }
+        return {**body, "config": {**stream.config, "metadata": meta}}
+
+    async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_optional_request(body, INFO_REQUEST)
+        stream = self._stream(name)
+        subjects_filter = req.get("subjects_filter") or None
+        offset = int(req.get("offset") or 0)
+        state = stream.info_state(
+            len(self.reg.listed_consumers(stream.name)), subjects_filter, bool(req.get("deleted_details"))
+        )
+        paging = {"total": 0, "offset": 0, "limit": 0}
+        if "subjects" in state:
+            paging = {"total": len(state["subjects"]), "offset": offset, "limit": SUBJECT_DETAILS_LIMIT}
+        return {"type": T + "stream_info_response", **paging, **self._stream_body(stream, state)}
+
+    def _stream_body(self, stream: Stream, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "config": stream.config,
+            "created": rfc3339(stream.created_ns),
+            "state": state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
+            "ts": rfc3339(now_ns()),
+        }
+
+    # ---- removals -------------------------------------------------------------------------------
+
+    def _removable(self, name: str, deny: str, refusal: errors.ApiError) -> Stream:
+        """The stream a delete or purge acts on, unless it is sealed or denies the request."""
+        stream = self._stream(name)
+        if stream.config.get("sealed"):
+            raise errors.STREAM_SEALED
+        if stream.config.get(deny):
+            raise refusal
+        return stream
+
+    async def _record(self, stream: Stream, upto: int) -> None:
+        """Make a removal durable before it is answered. A removed message whose own commit is
+        still in flight is recorded once that commit lands (or rolls back), so a crash can never
+        bring back a message whose removal was acknowledged."""
+        # Polled: the stream state machine signals nothing, and this wait is rare (a removal
+        # racing its own message's commit) and short (one group commit).
+        while stream.durable_last_seq < upto <= stream.state.last_seq:  # noqa: ASYNC110
+            await asyncio.sleep(COMMIT_POLL_S)
+        await self.recorder.flush()
+
+    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_optional_request(body, PURGE_REQUEST)
+        stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
+        seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
+        if seq and keep:
+            raise errors.BAD_REQUEST
+        upto = stream.state.last_seq
+        purged = stream.purge(req.get("filter") or None, seq or None, keep or None)
+        await self._record(stream, upto)
+        return {"type": T + "stream_purge_response", "success": True, "purged": purged}
+
+    async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
+        if is_empty_request(body):  # refused before the stream is looked up
+            raise errors.BAD_REQUEST
+        req = load_request(body, MSG_DELETE_REQUEST)
+        refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
+        stream = self._removable(name, "deny_delete", refusal)
+        seq = int(req.get("seq") or 0)
+        if not stream.remove(seq):
+            st = stream.state
+            if seq > st.last_seq:
+                raise errors.STREAM_MSG_DELETE_FAILED.format(err="stream store EOF")
+            if seq < st.first_seq or not seq:
+                raise errors.STREAM_MSG_DELETE_FAILED.format(err="no message found")
+            raise errors.SEQUENCE_NOT_FOUND.format(seq=seq)
+        # ``no_erase: false`` asks the file store to overwrite the bytes; here the removal log
+        # hides the message at once and Spark's retention job removes it from storage.
+        await self._record(stream, seq)
+        return {"type": T + "stream_msg_delete_response", "success": True}
+
+    # ---- reading messages -----------------------------------------------------------------------
+
+    async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
+        req = load_request(body, MSG_GET_REQUEST)
+        check_get_request(req)  # before the stream is looked up
+        stream = self._stream(name)
+        seq = find_seq(stream, req)
+        msg = await self.loader.load(stream, seq) if seq else None
+        if msg is None:
+            raise errors.NO_MESSAGE_FOUND
+        out: dict[str, Any] = {"subject": msg.subject, "seq": msg.seq}
+        if msg.hdrs:
+            out["hdrs"] = base64.b64encode(msg.hdrs).decode()
+        if msg.data:
+            out["data"] = base64.b64encode(msg.data).decode()
+        out["time"] = rfc3339(msg.ts)
+        return {"type": T + "stream_msg_get_response", "message": out}

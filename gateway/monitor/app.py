@@ -1,0 +1,146 @@
+"""The HTTP monitor: a FastAPI app in the gateway's process that reads what the gateway already keeps.
+
+Endpoints: ``/healthz`` (the process answers), ``/readyz`` (leaf link up and store open), ``/jsz``
+(nats-server's shape), ``/metrics`` (Prometheus text), ``/`` (the dashboard page), ``/docs``
+(OpenAPI). Handlers are ``async`` so they run on the gateway's event loop and read its state between
+two of its steps, never from another thread. With ``monitor_token`` set, ``/jsz`` and ``/metrics``
+need ``Authorization: Bearer <token>``; the probes, the page (which holds no data and sends the
+token it is given in its URL fragment) and the API description stay open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import Iterator
+from importlib import resources
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException, Query, Response
+from fastapi.responses import HTMLResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from gateway.monitor import metrics
+from gateway.monitor.jsz import JszOptions, Snapshot, render_jsz, take_snapshot
+from gateway.service.gateway import Gateway
+from storage_delta.tables.jobruns import job_figures
+
+BEARER = HTTPBearer(auto_error=False, description="the gateway's monitor_token")
+
+
+def _dashboard_html() -> str:
+    return resources.files("gateway.monitor").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+
+
+def build_app(gateway: Gateway) -> FastAPI:
+    settings = gateway.settings
+    app = FastAPI(
+        title="jetlake monitor",
+        description="Health, JetStream state (nats-server's /jsz shape) and Prometheus metrics of a "
+        "jetlake gateway.",
+    )
+    page = _dashboard_html()
+
+    def authorized(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    ) -> None:
+        token = settings.monitor_token
+        if not token:
+            return
+        given = creds.credentials if creds is not None else ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "bearer token required", headers={"WWW-Authenticate": "Bearer"})
+
+    async def snapshot() -> Snapshot:
+        if gateway.api is None or gateway.registry is None:
+            raise HTTPException(503, "gateway not started")
+        reg = gateway.registry
+        names = {stream: list(consumers) for stream, consumers in reg.consumers.items()}
+        return await take_snapshot(gateway.api, list(reg.streams), names)
+
+    @app.get("/healthz", summary="Liveness: the gateway's event loop answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Readiness: the leaf link is up and the store takes commits")
+    async def readyz(response: Response) -> dict[str, Any]:
+        leaf = gateway.leaf is not None and gateway.leaf.connected
+        # Messages can be committed, and the ack log takes rows (its bounded queue is not full).
+        store = (
+            gateway.writer is not None
+            and gateway.writer.running
+            and gateway.acklog is not None
+            and gateway.acklog.has_room()
+        )
+        ready = gateway.started and leaf and store
+        if not ready:
+            response.status_code = 503
+        return {"status": "ready" if ready else "unavailable", "leaf_connected": leaf, "store_open": store}
+
+    @app.get(
+        "/jsz",
+        summary="Streams and consumers with their state, shaped like nats-server's /jsz",
+        dependencies=[Depends(authorized)],
+    )
+    async def jsz(
+        accounts: Annotated[bool, Query(description="include the account's details")] = False,
+        streams: Annotated[bool, Query(description="include stream details")] = False,
+        consumers: Annotated[bool, Query(description="include consumer details (implies streams)")] = False,
+        config: Annotated[bool, Query(description="include stream and consumer configs")] = False,
+    ) -> dict[str, Any]:
+        snap = await snapshot()
+        opts = JszOptions(accounts=accounts, streams=streams, consumers=consumers, config=config)
+        return render_jsz(snap, opts, settings.leaf_name, settings.data_root, settings.domain)
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus text exposition",
+        response_class=Response,
+        dependencies=[Depends(authorized)],
+    )
+    async def prometheus() -> Response:
+        snap = await snapshot()
+        loop = asyncio.get_running_loop()
+        jobs = await loop.run_in_executor(gateway.executor, job_figures, gateway.root)
+        return Response(metrics.render(snap, _counters(gateway), jobs), media_type=metrics.CONTENT_TYPE)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    return app
+
+
+def _counters(gateway: Gateway) -> metrics.Counters:
+    assert gateway.writer is not None
+    assert gateway.publish is not None
+    assert gateway.leaf is not None
+    assert gateway.acklog is not None
+    w, leaf, acks = gateway.writer, gateway.leaf, gateway.acklog
+    return metrics.Counters(
+        publishes=gateway.publish.received,
+        publish_errors=gateway.publish.failed,
+        commits=w.commits,
+        messages_committed=w.messages_committed,
+        refused=w.refused,
+        commit_seconds=w.commit_seconds,
+        batch_messages=w.batch_messages,
+        acklog_commits=acks.commits,
+        acklog_rows=acks.rows_committed,
+        acklog_compactions=acks.compactions,
+        api_dropped=gateway.api_dropped,
+        leaf_connected=leaf.connected,
+        leaf_reconnects=leaf.reconnects,
+        leaf_dropped_writes=leaf.dropped_writes,
+    )
+
+
+class MonitorServer(uvicorn.Server):
+    """uvicorn without signal handlers of its own: the gateway owns SIGINT/SIGTERM, finishes the
+    commit in flight and then stops the monitor, so uvicorn must not take the signals first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

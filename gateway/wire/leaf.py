@@ -1,0 +1,285 @@
+"""The gateway's leaf-node connection to nats-server: handshake, reader, interest, reconnect.
+
+A leaf link (not a client connection) is what lets a delivery reach a client's inbox under the
+message's stored subject (reply ``$JS.ACK…@<stored subject>``) and what tells the gateway about
+every subscription on the server (``LS+``/``LS-``), see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from gateway.wire import protocol as proto
+from gateway.wire.leafauth import CredentialsError, LeafTarget, SubscribePermissions
+from storage_delta.format.nats import subject_matches
+
+log = logging.getLogger(__name__)
+
+HIGH_WATER = 8 * 1024 * 1024
+FLUSH_BYTES = 256 * 1024  # queued frames are written at the latest at this size
+
+
+class Interest:
+    """Which subjects have subscribers on the server side, as ``LS+``/``LS-`` reported them."""
+
+    def __init__(self) -> None:
+        self._literal: dict[str, int] = {}
+        self._wild: dict[str, int] = {}
+
+    def add(self, subject: str) -> None:
+        bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
+        bucket[subject] = bucket.get(subject, 0) + 1
+
+    def remove(self, subject: str) -> None:
+        bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
+        n = bucket.get(subject, 0) - 1
+        if n > 0:
+            bucket[subject] = n
+        else:
+            bucket.pop(subject, None)
+
+    def clear(self) -> None:
+        self._literal.clear()
+        self._wild.clear()
+
+    def has(self, subject: str) -> bool:
+        if subject in self._literal:
+            return True
+        return any(subject_matches(w, subject) for w in self._wild)
+
+
+class LeafConnection:
+    """One leaf link; ``run`` keeps it up (reconnecting) until ``close``."""
+
+    def __init__(
+        self,
+        target: LeafTarget,
+        name: str,
+        on_msg: Callable[[proto.Msg], None],
+        on_connected: Callable[[dict[str, object]], None] | None = None,
+        on_read_done: Callable[[], None] | None = None,
+        on_acks: Callable[[list[tuple[bytes, bytes, bytes, bytes]]], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.name = name
+        self._on_msg = on_msg
+        # Called once the messages of one socket read are handed over, before the reader waits
+        # again: the publish path submits what that read accepted as one run per stream.
+        self._on_read_done = on_read_done
+        self._on_connected = on_connected
+        # Runs of plain acks (``protocol.AckRun``); without it every ack comes as a message.
+        self._on_acks = on_acks
+        self._subs: set[str] = set()
+        self.interest = Interest()
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._closing = False
+        self.server_info: dict[str, object] = {}
+        self.permissions = SubscribePermissions()
+        self.reconnects = 0
+        self.dropped_writes = 0
+        self._out: list[bytes] = []  # frames written this event-loop turn, sent by ``_flush``
+        self._flush_scheduled = False
+        self._out_bytes = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def start(self, wait_s: float = 3.0) -> None:
+        """Start the link and give it ``wait_s`` to come up. A hub that is down or refuses the
+        credentials at start-up is not fatal: the link keeps retrying, as after any later loss."""
+        self._task = asyncio.create_task(self._run(), name="leaf-connection")
+        try:
+            await asyncio.wait_for(self._connected.wait(), wait_s)
+        except TimeoutError:
+            t = self.target
+            log.warning("leaf link to %s:%d not up after %.0f s; still trying", t.host, t.port, wait_s)
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while not self._closing:
+            try:
+                await self._session()
+                delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except (
+                OSError,
+                proto.ProtocolError,
+                asyncio.IncompleteReadError,
+                ConnectionError,
+                CredentialsError,
+            ) as exc:
+                log.warning("leaf connection lost: %s", exc)
+            self._connected.clear()
+            self._writer = None
+            self._out, self._out_bytes = [], 0  # frames for the lost connection are not sent later
+            self.interest.clear()
+            if self._closing:
+                return
+            self.reconnects += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _session(self) -> None:
+        t = self.target
+        reader, writer = await asyncio.open_connection(t.host, t.port, limit=1 << 20)
+        try:
+            parser = proto.FrameParser(ack_runs=self._on_acks is not None)
+            line = await reader.readline()
+            frames = parser.feed(line)
+            info = next((f for f in frames if isinstance(f, proto.Info)), None)
+            if info is None:
+                raise proto.ProtocolError("no INFO from server")
+            self.server_info = info.body
+            self.permissions = SubscribePermissions.from_info(info.body)
+            if t.wants_tls(info.body):
+                # a leafnode listener sends INFO in the clear, then expects the TLS handshake
+                await writer.start_tls(t.ssl_context(), server_hostname=t.host)
+            opts: dict[str, object] = {
+                "name": self.name,
+                "headers": True,
+                "protocol": 1,
+                "verbose": False,
+                "pedantic": False,
+                **t.connect_auth(str(info.body.get("nonce", ""))),
+            }
+            writer.write(proto.encode_connect(opts) + b"PING\r\n")
+            await writer.drain()
+            got_pong = False
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    raise ConnectionError("server closed the connection")
+                try:
+                    for frame in parser.feed(data):
+                        if type(frame) is proto.Msg:
+                            self._on_msg(frame)
+                        elif type(frame) is proto.AckRun:
+                            assert self._on_acks is not None
+                            self._on_acks(frame.acks)
+                        elif isinstance(frame, proto.Interest):
+                            if frame.added:
+                                self.interest.add(frame.subject)
+                            else:
+                                self.interest.remove(frame.subject)
+                        elif isinstance(frame, proto.Ping):
+                            writer.write(b"PONG\r\n")
+                        elif isinstance(frame, proto.Info):
+                            # sent after CONNECT: what this leaf may subscribe to
+                            self.server_info = frame.body
+                            self.permissions = SubscribePermissions.from_info(frame.body)
+                        elif isinstance(frame, proto.Pong) and not got_pong:
+                            got_pong = True
+                            writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
+                            self._writer = writer
+                            self._connected.set()
+                            if self._on_connected:
+                                self._on_connected(self.server_info)
+                        elif isinstance(frame, proto.ServerError):
+                            if frame.text.startswith("Permissions Violation"):
+                                # the server refused one subject and keeps the link up; so does the gateway
+                                log.warning("leaf link: %s", frame.text)
+                                continue
+                            raise ConnectionError(f"server error: {frame.text}")
+                finally:
+                    if self._on_read_done is not None:
+                        self._on_read_done()
+        finally:
+            self._connected.clear()
+            writer.close()
+
+    def subscribe(self, subject: str) -> None:
+        if subject in self._subs:
+            return
+        self._subs.add(subject)
+        if self._writer is not None:
+            self._write(self._sub_frame(subject))
+
+    def _sub_frame(self, subject: str) -> bytes:
+        if self.permissions.allows(subject):
+            return proto.encode_sub(subject)
+        log.warning(
+            "leaf link: no permission to subscribe to %r: its messages will not reach jetlake", subject
+        )
+        return b""
+
+    def unsubscribe(self, subject: str) -> None:
+        if subject not in self._subs:
+            return
+        self._subs.discard(subject)
+        if self.permissions.allows(subject):
+            self._write(proto.encode_unsub(subject))
+
+    def publish(
+        self,
+        subject: str,
+        data: bytes = b"",
+        reply: str = "",
+        hdrs: bytes | None = None,
+        queues: tuple[str, ...] = (),
+    ) -> None:
+        self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
+
+    def publish_frames(self, frames: list[bytes]) -> None:
+        """Frames already encoded (``protocol.encode_msg``), as one queued write."""
+        self._write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    def publish_many(self, frames: list[tuple[str, bytes]]) -> None:
+        """Plain messages (subject, payload), e.g. a commit's PubAcks, as one queued write."""
+        self._write(proto.encode_msgs(frames))
+
+    def _write(self, data: bytes) -> None:
+        """Queue a frame; the frames of one event-loop turn go out in one socket write (a write
+        per message was most of the delivery path's cost)."""
+        w = self._writer
+        if w is None or w.is_closing():
+            self.dropped_writes += 1
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= FLUSH_BYTES:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_bytes = 0
+        w = self._writer
+        if w is None or w.is_closing():
+            self.dropped_writes += 1
+            return
+        w.write(data)
+
+    def backlogged(self) -> bool:
+        """Whether the socket's send buffer is above its high-water mark (senders should drain)."""
+        w = self._writer
+        return w is not None and w.transport.get_write_buffer_size() > HIGH_WATER
+
+    async def drain(self) -> None:
+        """Wait while the socket's send buffer is above its high-water mark."""
+        if self.backlogged():
+            assert self._writer is not None
+            await self._writer.drain()
+
+    async def close(self) -> None:
+        self._closing = True
+        self._flush()
+        if self._writer is not None:
+            with contextlib.suppress(ConnectionError, OSError):
+                await self._writer.drain()
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,96 @@
+"""How NATS subjects and header blocks read, as stored in the tables: pure functions shared by the
+gateway (consumer filters) and the Spark source (subject filters, the headers column)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+@lru_cache(maxsize=65536)
+def subject_matches(filter: str, subject: str) -> bool:
+    """Whether ``subject`` falls under the NATS subject ``filter``.
+
+    ``*`` stands for exactly one token and a final ``>`` for one or more. An empty filter matches
+    everything, as an empty ``filter_subject`` does on a JetStream consumer. Wildcards are only
+    wildcards as whole tokens (``a*`` is a literal), and subjects with empty tokens never match.
+    """
+    if not filter:
+        return True
+    ftoks = filter.split(".")
+    stoks = subject.split(".")
+    if "" in stoks:
+        return False
+    for i, ft in enumerate(ftoks):
+        if ft == ">" and i == len(ftoks) - 1:
+            return len(stoks) > i
+        if i >= len(stoks):
+            return False
+        if ft != "*" and ft != stoks[i]:
+            return False
+    return len(stoks) == len(ftoks)
+
+
+def parse_headers(block: bytes | None) -> dict[str, str]:
+    """The headers of a raw NATS header block, first value per name.
+
+    Names keep their case because NATS headers are case-sensitive on the wire. The status line
+    (``NATS/1.0 503``) is not a header and is skipped; bytes that are not UTF-8 are replaced rather
+    than failing a whole Spark task over one odd publisher.
+    """
+    headers: dict[str, str] = {}
+    if not block:
+        return headers
+    for line in block.decode("utf-8", errors="replace").split("\r\n")[1:]:
+        name, sep, value = line.partition(":")
+        name = name.strip()
+        if sep and name and name not in headers:
+            headers[name] = value.strip()
+    return headers
+
+
+def tokens(subject: str) -> list[str]:
+    return subject.split(".")
+
+
+def is_valid_subject(subject: str, allow_wildcards: bool = True) -> bool:
+    """A subject of non-empty tokens without whitespace; ``>`` only last, wildcards alone in a token."""
+    if not subject or any(c in subject for c in " \t\r\n"):
+        return False
+    toks = subject.split(".")
+    for i, tok in enumerate(toks):
+        if not tok:
+            return False
+        if tok in ("*", ">") and (not allow_wildcards or (tok == ">" and i != len(toks) - 1)):
+            return False
+    return True
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some literal subject is matched by both ``a`` and ``b``."""
+    at, bt = a.split("."), b.split(".")
+    for i in range(max(len(at), len(bt))):
+        x = at[i] if i < len(at) else None
+        y = bt[i] if i < len(bt) else None
+        if x == ">" or y == ">":
+            return x is not None and y is not None
+        if x is None or y is None:
+            return False
+        if x != y and x != "*" and y != "*":
+            return False
+    return True
+
+
+def status_block(code: int, text: str, extra: dict[str, str] | None = None) -> bytes:
+    """A status message's header block, e.g. ``NATS/1.0 404 No Messages``."""
+    lines = [f"NATS/1.0 {code} {text}" if text else f"NATS/1.0 {code}"]
+    for key, value in (extra or {}).items():
+        lines.append(f"{key}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def no_responders(api_subject: str) -> dict[str, str]:
+    """The headers of the server's "no responders" status (503) for an API request nobody
+    subscribes to; ``api_subject`` is the part after ``$JS.API.``. The gateway listens to the whole
+    API, so it sends this itself, naming the subject as clients send it (before the hub maps it
+    into jetlake's domain)."""
+    return {"Nats-Subject": "$JS.API." + api_subject}

@@ -1,0 +1,148 @@
+"""Per-stream index snapshots: what a restart would otherwise scan every message file for.
+
+A snapshot is one parquet file per stream, ``_jetlake_index/<stream>.parquet`` under the store root,
+written by the gateway: (``seq``, ``ts``, ``subject``, ``size``) of every message of one stream
+incarnation (``created``) that was live at some moment, up to sequence ``through``, all of them
+committed. It is a cache derived from the tables, never the truth: recovery reads it, then only the
+files holding sequences above ``through`` (and the header blocks it still needs), and replays the
+removal log as before. A snapshot that is missing, of another incarnation or unreadable is ignored
+and recovery scans the files instead, as it would without one.
+
+What makes it exact: a sequence at or below ``through`` that the snapshot leaves out was removed,
+and the gateway writes a snapshot only after every removal it shows is in the removal log
+(``gateway/snapshots.py``), so a reader of the tables sees the same holes. The file is replaced
+atomically (a rename on a local root; an object store's put is atomic), so a crash leaves the old
+snapshot or the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from storage_delta.commit.store import StoreRoot
+from storage_delta.read.reader import MessageReader, StoredIndex
+
+log = logging.getLogger(__name__)
+
+DIR = "_jetlake_index"
+FORMAT = b"1"
+
+SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("subject", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSnapshot:
+    """The live messages of incarnation ``created`` up to sequence ``through`` (no headers)."""
+
+    created: int
+    through: int
+    index: StoredIndex
+
+
+def _location(root: StoreRoot, stream: str) -> tuple[pafs.FileSystem, str, str]:
+    fs, base = root.filesystem()
+    return fs, f"{base}/{DIR}", f"{base}/{DIR}/{quote(stream, safe='')}.parquet"
+
+
+def write(root: StoreRoot, stream: str, snapshot: IndexSnapshot) -> None:
+    """Replace the stream's snapshot. Blocks: belongs on a worker thread."""
+    idx = snapshot.index
+    table = pa.table(
+        {
+            "seq": idx.seq,
+            "ts": idx.ts,
+            "subject": pa.DictionaryArray.from_arrays(
+                pa.array(idx.subject_codes, pa.int32()), pa.array(idx.subjects, pa.string())
+            ),
+            "size": idx.size,
+        },
+        schema=SCHEMA,
+    ).replace_schema_metadata(
+        {
+            b"jetlake.format": FORMAT,
+            b"jetlake.created": str(snapshot.created).encode(),
+            b"jetlake.through": str(snapshot.through).encode(),
+        }
+    )
+    fs, folder, path = _location(root, stream)
+    options = {
+        "compression": "zstd",
+        "column_encoding": {"seq": "DELTA_BINARY_PACKED", "ts": "DELTA_BINARY_PACKED"},
+        "use_dictionary": ["subject"],
+    }
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(folder, recursive=True)
+        staged = f"{folder}/.{uuid.uuid4().hex}.tmp"
+        pq.write_table(table, staged, filesystem=fs, **options)
+        os.replace(staged, path)  # atomic: a reader sees the old file or the new one
+    else:
+        pq.write_table(table, path, filesystem=fs, **options)
+
+
+def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
+    """The stream incarnation's snapshot, None when there is none that can be used."""
+    fs, _, path = _location(root, stream)
+    try:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        table = pq.read_table(path, filesystem=fs, read_dictionary=["subject"])
+    except (OSError, pa.ArrowException):
+        log.warning(
+            "index snapshot of %s unreadable; recovering from the message files", stream, exc_info=True
+        )
+        return None
+    meta = table.schema.metadata or {}
+    if meta.get(b"jetlake.format") != FORMAT or int(meta.get(b"jetlake.created", b"0")) != created:
+        return None
+    subject = table.column("subject").unify_dictionaries()
+    names = subject.chunk(0).dictionary.to_pylist() if subject.num_chunks else []
+    codes = [c.indices.to_numpy(zero_copy_only=False) for c in subject.chunks]
+    index = StoredIndex(
+        table.column("seq").to_numpy(),
+        table.column("ts").to_numpy(),
+        table.column("size").to_numpy(),
+        np.concatenate(codes).astype(np.int64) if codes else np.zeros(0, np.int64),
+        names,
+        [],
+    )
+    return IndexSnapshot(created, int(meta[b"jetlake.through"]), index)
+
+
+def load_index(
+    root: StoreRoot, reader: MessageReader, stream: str, created: int, headers_since: int
+) -> tuple[StoredIndex, int]:
+    """Recovery's index of a stream: its snapshot and the files above it (every file without
+    one); and how far the snapshot went (0 without one). Blocks: belongs on a worker thread."""
+    snapshot = read(root, stream, created)
+    through = snapshot.through if snapshot is not None else 0
+    tail = reader.stored_index(stream, created, headers_since, after=through)
+    return (snapshot.index.after(tail) if snapshot is not None else tail), through
+
+
+def remove_others(root: StoreRoot, live: set[str]) -> None:
+    """Delete the snapshots of streams that no longer exist."""
+    fs, folder, _ = _location(root, "")
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    except OSError:
+        return
+    for info in infos:
+        name = info.base_name
+        if name.endswith(".parquet") and unquote(name[: -len(".parquet")]) not in live:
+            fs.delete_file(info.path)

@@ -1,0 +1,639 @@
+"""The ``acks`` table: every consumer state change, appended in group commits, folded by compaction.
+
+Invariants (docs/storage.md):
+* rows are ordered by ``lsn``, which grows with every row the gateway submits; a commit holds a
+  contiguous run of them, and commits land in submission order;
+* every row carries the consumer's positions after its change (last delivered stream and consumer
+  sequence, ack floor), so a consumer's positions are those of its newest row;
+* an incarnation of a consumer starts at its ``create`` row and ends at a ``delete`` row; rows before
+  the last ``create`` or ``delete`` belong to an earlier consumer of the same name;
+* compaction replaces a consumer's rows at or below its ack floor (and its ``create``/``config``/older
+  ``state`` rows) by one ``state`` row with the lsn of the newest row it folds; rows above the floor
+  are kept as they are. Replaying the folded table gives the same state as replaying the original.
+
+Compaction commits a Delta overwrite built from the snapshot it read: the files of that snapshot are
+removed and the folded rows added, while files another writer appended meanwhile stay (their lsns
+are higher than any folded row), so the gateway may keep appending while an offline job compacts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.transaction import AddAction
+
+from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.store import (
+    CommitConflict,
+    StoreRoot,
+    blind_appends_allowed,
+    commit_adds,
+    open_or_create,
+    write_data_file,
+)
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
+from storage_delta.tables.catalog import CatalogTable
+
+log = logging.getLogger(__name__)
+
+APP_ID = "jetlake-acklog"
+
+CREATE = "create"
+CONFIG = "config"
+DELETE = "delete"
+STATE = "state"
+#: CONSUMER.RESET: the consumer starts again at ``start_after``; nothing before it stays pending.
+RESET = "reset"
+DELIVER = "deliver"
+ACK = "ack"
+NAK = "nak"
+TERM = "term"
+WPI = "wpi"
+#: A message left the pending set without an ack (its deliveries ran out); the floor stays.
+DROP = "drop"
+#: Kinds that concern one stream sequence (``seq``): folded once the floor has passed it.
+MESSAGE_KINDS = frozenset({DELIVER, ACK, NAK, TERM, WPI, DROP})
+
+
+@dataclass(slots=True)
+class AckRecord:
+    """One row of the ack log. ``body`` is JSON for the kinds that carry more than numbers."""
+
+    stream: str
+    consumer: str
+    kind: str
+    seq: int = 0
+    cseq: int = 0
+    deliveries: int = 0
+    ts: int = 0
+    delivered_seq: int = 0
+    delivered_cseq: int = 0
+    floor_seq: int = 0
+    floor_cseq: int = 0
+    body: str | None = None
+    lsn: int = 0
+
+    def body_json(self) -> dict[str, Any]:
+        return json.loads(self.body) if self.body else {}
+
+
+#: AckRecord's fields in declaration order, for positional construction.
+_FIELD_ORDER = [
+    "stream",
+    "consumer",
+    "kind",
+    "seq",
+    "cseq",
+    "deliveries",
+    "ts",
+    "delivered_seq",
+    "delivered_cseq",
+    "floor_seq",
+    "floor_cseq",
+    "body",
+    "lsn",
+]
+
+
+#: A row as the appender queues it: the fields in ``ACK_SCHEMA`` order after ``lsn`` (the queued
+#: rows' lsns are consecutive, so a batch knows them from its first), a plain tuple because the
+#: gateway queues one per delivery and one per ack.
+AckRow = tuple[str, str, str, int, int, int, int, int, int, int, int, str | None]
+
+
+def to_arrow(records: list[AckRecord]) -> pa.Table:
+    return pa.table(
+        {name: [getattr(r, name) for r in records] for name in sch.ACK_SCHEMA.names},
+        schema=sch.ACK_SCHEMA,
+    )
+
+
+def rows_to_arrow(rows: list[AckRow], first_lsn: int) -> pa.Table:
+    """Queued rows (lsns from ``first_lsn`` on) as one Arrow table, column by column."""
+    fields = list(sch.ACK_SCHEMA)[1:]
+    columns = zip(*rows, strict=True) if rows else ([] for _ in fields)
+    lsns = pa.array(np.arange(first_lsn, first_lsn + len(rows), dtype=np.int64))
+    return pa.Table.from_arrays(
+        [lsns, *(pa.array(col, f.type) for col, f in zip(columns, fields, strict=True))],
+        schema=sch.ACK_SCHEMA,
+    )
+
+
+def _as_row(r: AckRecord) -> AckRow:
+    return (
+        r.stream,
+        r.consumer,
+        r.kind,
+        r.seq,
+        r.cseq,
+        r.deliveries,
+        r.ts,
+        r.delivered_seq,
+        r.delivered_cseq,
+        r.floor_seq,
+        r.floor_cseq,
+        r.body,
+    )
+
+
+def _column(table: pa.Table, name: str) -> list[Any]:
+    """A column as Python values, fast: numbers through numpy, the few distinct strings (stream,
+    consumer and kind names) decoded once through a dictionary."""
+    col = table.column(name).combine_chunks()
+    if pa.types.is_integer(col.type):
+        return col.to_numpy().tolist()  # type: ignore[no-any-return]
+    if name == "body":
+        return col.to_pylist()  # type: ignore[no-any-return]
+    encoded = col.dictionary_encode()
+    words = encoded.dictionary.to_pylist()
+    return [words[i] for i in encoded.indices.to_numpy().tolist()]
+
+
+def from_arrow(table: pa.Table) -> list[AckRecord]:
+    cols = {name: _column(table, name) for name in sch.ACK_SCHEMA.names}
+    order = [cols[name] for name in _FIELD_ORDER]
+    return [AckRecord(*values) for values in zip(*order, strict=True)]
+
+
+def incarnation(records: list[AckRecord]) -> list[AckRecord]:
+    """The rows of a consumer's current incarnation (from its last ``create``), or [] after a
+    ``delete``. ``records`` are one consumer's rows in lsn order."""
+    start = 0
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].kind == DELETE:
+            return []
+        if records[i].kind == CREATE:
+            start = i
+            break
+    return records[start:]
+
+
+def redelivered_after(records: list[AckRecord], start: Iterable[int], ack_all: bool) -> set[int]:
+    """The stream sequences counted as redelivered after ``records``: delivered more than once and
+    not settled by an ack or term since (one whose deliveries ran out stays counted)."""
+    out = set(start)
+    pending: set[int] = set()
+    for r in records:
+        if r.kind == DELIVER:
+            pending.add(r.seq)
+            if r.deliveries > 1:
+                out.add(r.seq)
+        elif r.kind == DROP:
+            pending.discard(r.seq)
+        elif r.kind == RESET:
+            out.clear()
+            pending.clear()
+        elif r.kind in (ACK, TERM):
+            settled = {s for s in pending if s <= r.seq} if ack_all else {r.seq}
+            pending -= settled
+            out -= settled
+    return out
+
+
+def fold(records: list[AckRecord]) -> list[AckRecord]:
+    """One consumer's rows (lsn order) after compaction: a ``state`` row for everything at or below
+    the ack floor, then the rows above it, unchanged."""
+    rows = incarnation(records)
+    if not rows:
+        return []
+    floor_seq = rows[-1].floor_seq
+    reset = max((r.lsn for r in rows if r.kind == RESET), default=0)
+    rows = [r for r in rows if r.kind not in MESSAGE_KINDS or r.lsn > reset]
+    folded = [r for r in rows if r.kind not in MESSAGE_KINDS or r.seq <= floor_seq]
+    kept = [r for r in rows if r.kind in MESSAGE_KINDS and r.seq > floor_seq]
+    if not folded:
+        return kept
+    body: dict[str, Any] = {"delivered_ts": 0, "ack_ts": 0}
+    earlier: list[int] = []
+    for r in folded:
+        extra = r.body_json() if r.kind in (CREATE, CONFIG, STATE, RESET) else {}
+        for key in ("created", "config", "start_after", "skip"):
+            if extra.get(key) is not None:
+                body[key] = extra[key]
+        body["delivered_ts"] = max(body["delivered_ts"], extra.get("delivered_ts", 0))
+        body["ack_ts"] = max(body["ack_ts"], extra.get("ack_ts", 0))
+        earlier = [] if r.kind == RESET else extra.get("redelivered", earlier)
+        if r.kind == DELIVER:
+            body["delivered_ts"] = max(body["delivered_ts"], r.ts)
+        if r.kind in (ACK, TERM):
+            body["ack_ts"] = max(body["ack_ts"], r.ts)
+    last = folded[-1]
+    # At or below the floor nothing is pending: a message still counts as redelivered only if it
+    # was delivered more than once and then dropped (an ack or term would have settled it).
+    redelivered = {r.seq for r in folded if r.kind == DELIVER and r.deliveries > 1}
+    body["redelivered"] = sorted(set(earlier) | (redelivered & {r.seq for r in folded if r.kind == DROP}))
+    body["skip"] = [s for s in body.get("skip") or [] if s > last.delivered_seq]
+    state = AckRecord(
+        stream=last.stream,
+        consumer=last.consumer,
+        kind=STATE,
+        ts=max(r.ts for r in folded),
+        delivered_seq=last.delivered_seq,
+        delivered_cseq=last.delivered_cseq,
+        floor_seq=last.floor_seq,
+        floor_cseq=last.floor_cseq,
+        body=json.dumps(body, separators=(",", ":")),
+        lsn=last.lsn,
+    )
+    return sorted([state, *kept], key=lambda r: r.lsn)
+
+
+def _last_per_consumer(cid: np.ndarray, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Row indices, one per consumer, of the largest ``values`` among the rows in ``mask``."""
+    idx = np.nonzero(mask)[0]
+    if not len(idx):
+        return idx
+    ordered = idx[np.lexsort((values[idx], cid[idx]))]
+    return ordered[np.r_[np.nonzero(np.diff(cid[ordered]))[0], len(ordered) - 1]]
+
+
+def _needed_rows(table: pa.Table) -> pa.Table:
+    """The rows :func:`fold` needs to give its result: all but the bulk of message rows at or below
+    each consumer's floor, of which it keeps only the ones that decide something (the newest, the
+    latest delivery and ack, and those of messages that were redelivered and then dropped, which
+    stay counted as redelivered). Vectorised, so a log of millions of rows folds in seconds."""
+    n = table.num_rows
+    if n == 0:
+        return table
+    key = pc.binary_join_element_wise(table["stream"], table["consumer"], "\x1f").combine_chunks()
+    consumers = key.dictionary_encode()
+    cid = consumers.indices.to_numpy()
+    kinds = table["kind"].combine_chunks().dictionary_encode()
+    words = kinds.dictionary.to_pylist()
+    kcode = kinds.indices.to_numpy()
+
+    def of(*names: str) -> np.ndarray:
+        return np.isin(kcode, [words.index(k) for k in names if k in words])
+
+    lsn, seq, ts, deliveries, floor_seq = (
+        table[c].to_numpy() for c in ("lsn", "seq", "ts", "deliveries", "floor_seq")
+    )
+    floor = np.zeros(len(consumers.dictionary), np.int64)
+    newest = _last_per_consumer(cid, np.ones(n, bool), lsn)
+    floor[cid[newest]] = floor_seq[newest]
+    start = np.zeros(len(consumers.dictionary), np.int64)
+    lifecycle = of(CREATE, DELETE, RESET)
+    np.maximum.at(start, cid[lifecycle], lsn[lifecycle])
+    message = of(*MESSAGE_KINDS)
+    current = lsn >= start[cid]
+    bulk = message & current & (seq <= floor[cid])
+    keep = ~message | (message & current & ~bulk)
+    for rows in (
+        _last_per_consumer(cid, bulk, lsn),
+        _last_per_consumer(cid, bulk, ts),
+        _last_per_consumer(cid, bulk & of(DELIVER), ts),
+        _last_per_consumer(cid, bulk & of(ACK, TERM), ts),
+    ):
+        keep[rows] = True
+    redelivered = bulk & of(DELIVER) & (deliveries > 1)
+    dropped = bulk & of(DROP)
+    pair = cid.astype(np.int64) * (1 << 40) + seq
+    both = np.intersect1d(pair[redelivered], pair[dropped])
+    keep |= (redelivered | dropped) & np.isin(pair, both)
+    return table.filter(pa.array(keep))
+
+
+def fold_table(table: pa.Table) -> list[AckRecord]:
+    """:func:`fold` of every consumer in an ack log table, in lsn order."""
+    needed = from_arrow(_needed_rows(table))
+    return sorted((r for rows in group(needed).values() for r in fold(rows)), key=lambda r: r.lsn)
+
+
+def group(records: Iterable[AckRecord]) -> dict[tuple[str, str], list[AckRecord]]:
+    """Rows per (stream, consumer), each list in lsn order."""
+    out: dict[tuple[str, str], list[AckRecord]] = defaultdict(list)
+    for r in sorted(records, key=lambda r: r.lsn):
+        out[(r.stream, r.consumer)].append(r)
+    return dict(out)
+
+
+@dataclass(frozen=True, slots=True)
+class AckLog:
+    """What the loader returns: every consumer's rows, and the highest lsn in the table."""
+
+    consumers: dict[tuple[str, str], list[AckRecord]]
+    max_lsn: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    rows_before: int
+    rows_after: int
+    version: int
+
+
+class AckLogTable:
+    """Blocking access to the ``acks`` table; the gateway calls it on a worker thread."""
+
+    def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
+        self.root = root
+        self.dt = open_or_create(root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS)
+        local = root.local_path()
+        # Locally appends go through our own log appender, as the messages table's do (deltalog.py):
+        # about a millisecond a commit instead of a reload plus a delta-rs transaction (~11 ms of
+        # CPU together, ten commits a second: a fifth of the delivery path's CPU under load).
+        self._appender = (
+            LocalLogAppender(f"{local}/{sch.ACKS}", self.dt.version() + 1)
+            if local is not None and blind_appends_allowed(self.dt)
+            else None
+        )
+        self._landed = self.last_txn_version()
+        self._checkpoint_every = checkpoint_every
+        self._commits = 0
+
+    def last_txn_version(self) -> int:
+        return self.dt.transaction_version(APP_ID) or 0
+
+    def append(self, records: list[AckRecord] | pa.Table, version: int, retries: int = 5) -> None:
+        """Commit rows as one Delta version tagged ``(jetlake-acklog, version)``; a version that
+        already landed (a retry after an error that hid a success) is not stored again."""
+        if self._appender is None:
+            self.dt.update_incremental()
+            self._landed = max(self._landed, self.last_txn_version())
+        if self._landed >= version:
+            return
+        table = records if isinstance(records, pa.Table) else to_arrow(records)
+        action = write_data_file(self.root, sch.ACKS, {}, table)
+        if self._appender is not None:
+            try:
+                self._appender.append([action], (APP_ID, version))
+            except UnsupportedTable:
+                # Someone changed the table beyond what a blind append may assume: delta-rs from now.
+                self._appender = None
+                self.dt.update_incremental()
+                self._commit(action, version, retries)
+        else:
+            self._commit(action, version, retries)
+        self._landed = version
+        self._commits += 1
+        if self._commits % self._checkpoint_every == 0:
+            self.hygiene()
+
+    def _commit(self, action: AddAction, version: int, retries: int) -> None:
+        """A commit through delta-rs (object stores), retried on a conflict unless it landed."""
+        for attempt in range(retries + 1):
+            try:
+                commit_adds(self.dt, [action], sch.ACK_SCHEMA, sch.ACK_PARTITIONS, (APP_ID, version))
+                break
+            except CommitConflict:
+                self.dt.update_incremental()
+                if self.last_txn_version() >= version:
+                    break
+                if attempt == retries:
+                    raise
+
+    def load(self) -> AckLog:
+        """Every consumer's rows in lsn order, folded as compaction would (which replays to the
+        same state, and keeps a restart fast however long the log grew since its last compaction)."""
+        self.dt.update_incremental()
+        table = self.dt.to_pyarrow_table()
+        max_lsn = int(pc.max(table["lsn"]).as_py() or 0) if table.num_rows else 0
+        return AckLog(group(fold_table(table)), max_lsn, table.num_rows)
+
+    def compact(self, live: Callable[[], set[tuple[str, str]]] | None = None) -> Compaction:
+        """Fold every consumer's rows at or below its ack floor into one ``state`` row (deleted
+        consumers and earlier incarnations disappear), swapping the files read for one file.
+        ``live`` names the consumers that exist (read after the snapshot, so it knows every
+        consumer with rows in it); the rows of others, such as a deleted stream's, are dropped.
+
+        The swap removes exactly the files it read, so the gateway's appends made meanwhile are new
+        files that stay, with lsns above every folded row. It is the jobs' swap
+        (:func:`storage_delta.maintenance.swap_actions`): a delta-rs overwrite would conflict with
+        every such append (delta-rs #3890) and, under steady acking, never land. It gives way,
+        deleting its file, only when another compaction removed the same files first."""
+        self.dt.update_incremental()
+        files = pa.table(self.dt.get_add_actions(flatten=True))
+        table = self.dt.to_pyarrow_table()
+        out = fold_table(table)
+        if live is not None:
+            keep = live()
+            out = [r for r in out if (r.stream, r.consumer) in keep]
+        removes = removes_of(files)
+        adds = [write_data_file(self.root, sch.ACKS, {}, to_arrow(out))] if out else []
+        if not swap_actions(self.root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS, removes, adds):
+            delete_unreferenced(self.root, adds, sch.ACKS)
+            return Compaction(table.num_rows, table.num_rows, self.dt.version())
+        self.hygiene()
+        return Compaction(table.num_rows, len(out), self.dt.version())
+
+    def hygiene(self) -> None:
+        """Checkpoint, drop expired log files and start over with a fresh handle, so opening the
+        table (a restart) stays fast however many commits it has seen."""
+        try:
+            self.dt.update_incremental()
+            self.dt.create_checkpoint()
+            self.dt.cleanup_metadata()
+        except Exception:  # best effort; the next interval tries again
+            log.exception("checkpoint of acks failed")
+        self.dt = open_or_create(self.root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS)
+
+
+def compact_store(root: StoreRoot) -> Compaction:
+    """Compact the ack log of a store: what a scheduled (Spark) job calls. Safe beside a running
+    gateway: its appends land in new files, which the overwrite leaves in place."""
+
+    def live() -> set[tuple[str, str]]:
+        return {(e.stream, e.name) for e in CatalogTable(root).load() if e.kind == "consumer"}
+
+    return AckLogTable(root).compact(live)
+
+
+class AckLogWriter:
+    """The group-commit appender: owns its commit task; rows become durable in submission order.
+
+    A row submitted with ``sync`` is committed at once (with whatever queued before it); other rows
+    wait at most ``flush_interval_s`` so that plain acks share commits. A commit that fails is
+    retried with the same txn version until it lands; its rows stay queued meanwhile. Callers of
+    the frequent rows (deliveries, acks) hold back while :meth:`has_room` says no, which bounds
+    the queue by ``max_pending``; the rare rows (lifecycle, drops) are always taken. After
+    ``compact_every`` rows (0: never; ``backlog`` counts the rows found at start) the table is
+    compacted through its own handle, beside the commits: the overwrite keeps the files appended
+    meanwhile.
+    """
+
+    def __init__(
+        self,
+        table: AckLogTable,
+        executor: Executor,
+        next_lsn: int,
+        flush_interval_s: float,
+        max_pending: int,
+        compact_every: int,
+        backlog: int = 0,
+    ) -> None:
+        self._table = table
+        self._executor = executor
+        self._lsn = next_lsn
+        self._flush_interval_s = flush_interval_s
+        self._max_pending = max_pending
+        self._compact_every = compact_every
+        self._pending: list[AckRow] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._urgent = False
+        self._in_flight = False
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._version = 0
+        self._since_compaction = backlog
+        self._compaction: asyncio.Task[None] | None = None
+        self.commits = 0
+        self.rows_committed = 0
+        self.compactions = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
+        self._task = asyncio.create_task(self._run(), name="acklog-commit")
+
+    def has_room(self) -> bool:
+        return not self._closed and len(self._pending) < self._max_pending
+
+    def room(self) -> int:
+        """How many more rows :meth:`has_room` would take one after the other."""
+        return 0 if self._closed else max(self._max_pending - len(self._pending), 0)
+
+    def submit(self, record: AckRecord | None, sync: bool = False) -> asyncio.Future[None] | None:
+        """Queue a row. With ``sync`` the returned future resolves once it (and every row queued
+        before it) is committed; a ``None`` record is such a barrier alone."""
+        if record is not None:
+            self._lsn += 1
+            record.lsn = self._lsn
+            self._pending.append(_as_row(record))
+        return self._queued(sync)
+
+    def add(
+        self,
+        stream: str,
+        consumer: str,
+        kind: str,
+        seq: int,
+        cseq: int,
+        deliveries: int,
+        ts: int,
+        positions: tuple[int, int, int, int],
+        sync: bool = False,
+    ) -> asyncio.Future[None] | None:
+        """:meth:`submit` for the frequent rows (deliveries, acks) without building a record:
+        ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
+        self._lsn += 1
+        self._pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
+        return self._queued(sync)
+
+    def add_rows(self, rows: list[AckRow]) -> None:
+        """:meth:`add` for many rows in one call (no sync)."""
+        self._lsn += len(rows)
+        self._pending.extend(rows)
+        self._queued(False, len(rows))
+
+    def _queued(self, sync: bool, added: int = 1) -> asyncio.Future[None] | None:
+        if not sync:
+            # The commit task waits for the first row, then for the flush interval or enough
+            # rows: waking it for each row in between would only cost it a new timer each time.
+            if len(self._pending) <= added or self._ready():
+                self._wakeup.set()
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._pending and not self._in_flight:
+            fut.set_result(None)
+            return fut
+        self._waiters.append(fut)
+        self._urgent = True
+        self._wakeup.set()
+        return fut
+
+    async def flush(self) -> None:
+        """Wait until every row submitted so far is committed."""
+        fut = self.submit(None, sync=True)
+        assert fut is not None
+        await fut
+
+    def _ready(self) -> bool:
+        return self._urgent or self._closed or len(self._pending) >= self._max_pending // 2
+
+    async def _gather(self) -> None:
+        """Wait for work; rows without a sync waiter wait up to the flush interval for company."""
+        await self._wakeup.wait()
+        self._wakeup.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._flush_interval_s
+        while self._pending and not self._ready():
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
+            except TimeoutError:
+                return
+            self._wakeup.clear()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._gather()
+            batch, waiters = self._pending, self._waiters
+            self._pending, self._waiters, self._urgent = [], [], False
+            if batch:
+                self._in_flight = True
+                self._version += 1
+                await self._commit(loop, batch, self._lsn - len(batch) + 1)
+                self._in_flight = False
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+            due = self._compact_every and self._since_compaction >= self._compact_every
+            if due and self._compaction is None and not self._closed:
+                self._compaction = asyncio.create_task(self._compact(loop), name="acklog-compact")
+            if self._closed and not self._pending:
+                if self._compaction is not None:
+                    await self._compaction
+                return
+
+    def _append(self, batch: list[AckRow], first_lsn: int, version: int) -> None:
+        """On the executor: the batch's columns are built there, not on the event loop."""
+        self._table.append(rows_to_arrow(batch, first_lsn), version)
+
+    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRow], first_lsn: int) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await loop.run_in_executor(self._executor, self._append, batch, first_lsn, self._version)
+                break
+            except Exception:
+                # The rows stay ours: their waiters keep waiting, the same txn version is tried
+                # again (append skips it if it landed), and nothing queued behind commits first.
+                log.exception("ack log commit of %d rows failed; retrying", len(batch))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.commits += 1
+        self.rows_committed += len(batch)
+        self._since_compaction += len(batch)
+
+    async def _compact(self, loop: asyncio.AbstractEventLoop) -> None:
+        counted = self._since_compaction
+        try:
+            result = await loop.run_in_executor(self._executor, compact_store, self._table.root)
+        except Exception:  # the log stays correct uncompacted; a later round tries again
+            log.exception("ack log compaction failed")
+            return
+        finally:
+            self._compaction = None
+        self._since_compaction -= counted
+        self.compactions += 1
+        log.info("ack log compacted: %d rows to %d", result.rows_before, result.rows_after)
+
+    async def close(self) -> None:
+        """Commit what was submitted, then stop."""
+        self._closed = True
+        self._wakeup.set()
+        if self._task:
+            await self._task

@@ -1,0 +1,83 @@
+"""The ``catalog`` table: stream and consumer definitions, durable before the API confirms them.
+
+Append-only: each change is a row with a growing ``rev``; the newest row per (kind, stream, name)
+is the entity, and a ``deleted`` row ends it. The txn marker ``(jetlake-catalog, rev)`` makes a
+retried change land once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds, open_or_create, write_data_file
+from storage_delta.format import schema as sch
+
+APP_ID = "jetlake-catalog"
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    kind: str
+    stream: str
+    name: str
+    body: dict[str, Any]
+
+
+class CatalogTable:
+    """Blocking access to the catalog; callers run it on a worker thread."""
+
+    def __init__(self, root: StoreRoot) -> None:
+        self.root = root
+        self.dt = open_or_create(root, sch.CATALOG, sch.CATALOG_SCHEMA, sch.CATALOG_PARTITIONS)
+        self._rev = self.dt.transaction_version(APP_ID) or 0
+
+    def put(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
+        """Record a definition (``body``) or its deletion (``None``)."""
+        self._rev += 1
+        row = pa.table(
+            {
+                "rev": [self._rev],
+                "kind": [kind],
+                "stream": [stream],
+                "name": [name],
+                "ts": [time.time_ns()],
+                "deleted": [body is None],
+                "body": [json.dumps(body or {}, separators=(",", ":"))],
+            },
+            schema=sch.CATALOG_SCHEMA,
+        )
+        action = write_data_file(self.root, sch.CATALOG, {}, row)
+        for attempt in range(6):
+            try:
+                commit_adds(self.dt, [action], sch.CATALOG_SCHEMA, [], (APP_ID, self._rev))
+                return
+            except CommitConflict:
+                self.dt.update_incremental()
+                if (self.dt.transaction_version(APP_ID) or 0) >= self._rev or attempt == 5:
+                    if attempt == 5:
+                        raise
+                    return
+
+    def load(self) -> list[CatalogEntry]:
+        """The live entities, streams before their consumers, in the order they were defined."""
+        table = self.dt.to_pyarrow_table()
+        latest: dict[tuple[str, str, str], tuple[int, bool, str]] = {}
+        for rev, kind, stream, name, deleted, body in zip(
+            *(table.column(c).to_pylist() for c in ("rev", "kind", "stream", "name", "deleted", "body")),
+            strict=True,
+        ):
+            key = (kind, stream, name)
+            if key not in latest or latest[key][0] < rev:
+                latest[key] = (rev, deleted, body)
+        live = [
+            (rev, CatalogEntry(k[0], k[1], k[2], json.loads(body)))
+            for k, (rev, deleted, body) in latest.items()
+            if not deleted
+        ]
+        live.sort(key=lambda item: (item[1].kind != "stream", item[0]))
+        return [entry for _, entry in live]

@@ -1,0 +1,72 @@
+"""The ``jobruns`` table: one row per finished run of a maintenance job, so the monitor can say how
+often the jobs ran, when last, and how much they removed, without asking the job process (which may
+run elsewhere, under spark-submit). Append-only, not partitioned; docs/storage.md has the schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+
+from storage_delta.commit.store import (
+    CommitConflict,
+    StoreRoot,
+    commit_adds,
+    open_existing,
+    open_or_create,
+    write_data_file,
+)
+from storage_delta.format import schema as sch
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    job: str
+    started: int  # Unix ns
+    seconds: float
+    rows_removed: int = 0
+    files_removed: int = 0
+    files_added: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobFigures:
+    """One job's runs so far: how many, when the newest started (Unix ns), rows removed in all."""
+
+    runs: int
+    last_started: int
+    rows_removed: int
+
+
+def record_run(root: StoreRoot, run: JobRun, retries: int = 5) -> None:
+    """Append one run. Runs are rare and never repeated, so no txn marker: a lost race with another
+    job process is retried."""
+    dt = open_or_create(root, sch.JOBRUNS, sch.JOBRUNS_SCHEMA, [])
+    row = pa.Table.from_pylist([asdict(run)], schema=sch.JOBRUNS_SCHEMA)
+    action = write_data_file(root, sch.JOBRUNS, {}, row)
+    for attempt in range(retries + 1):
+        try:
+            commit_adds(dt, [action], sch.JOBRUNS_SCHEMA, [])
+            return
+        except CommitConflict:
+            if attempt == retries:
+                raise
+            dt.update_incremental()
+
+
+def job_figures(root: StoreRoot) -> dict[str, JobFigures]:
+    """Every job that has run, by name (empty before the first run)."""
+    dt = open_existing(root, sch.JOBRUNS)
+    if dt is None:
+        return {}
+    table = dt.to_pyarrow_table(columns=["job", "started", "rows_removed"])
+    grouped = table.group_by("job").aggregate(
+        [("started", "count"), ("started", "max"), ("rows_removed", "sum")]
+    )
+    return {
+        row["job"]: JobFigures(row["started_count"], row["started_max"], row["rows_removed_sum"])
+        for row in grouped.to_pylist()
+    }

@@ -1,0 +1,224 @@
+"""The ``removals`` table: which sequences of a stream are gone from its logical view.
+
+JetStream removes messages at once (deletes, purges, limits, TTL, acked work-queue messages); jetlake
+makes them invisible at once and records each removal here as a sequence range, so a restarted
+gateway, the Spark data source and the retention job all see the same stream. Physical removal from
+``messages`` comes later (Spark). Rows are append-only; a stream incarnation is identified by its
+``created`` time (a stream deleted and created again under the same name starts over), and rows of
+``messages`` stored before that time belong to an earlier incarnation. docs/storage.md has the schema.
+
+The gateway appends a file every few seconds, so the table is compacted by a job
+(:func:`compact_removals`): every live stream's ranges merged into one file, which changes no
+:func:`load_stream_states` answer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from storage_delta.commit.store import (
+    CommitConflict,
+    StoreRoot,
+    commit_adds,
+    open_existing,
+    open_or_create,
+    retry_listing,
+    write_data_file,
+)
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
+
+APP_ID = "jetlake-removals"
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """Sequences ``first..last`` (inclusive) of stream incarnation (``stream``, ``created``) are removed."""
+
+    stream: str
+    created: int
+    first: int
+    last: int
+
+
+@dataclass(slots=True)
+class StreamLogicalState:
+    """What the removal log says about one live stream: merged removed ranges, ascending.
+
+    ``floor`` is the lowest sequence not covered by a removal from 1 (every sequence below it is
+    gone); ``last_seq`` is the highest sequence any removal covers (the stream's last sequence is at
+    least this, even when storage no longer holds the message).
+    """
+
+    stream: str
+    created: int
+    removed: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def floor(self) -> int:
+        if self.removed and self.removed[0][0] <= 1:
+            return self.removed[0][1] + 1
+        return 1
+
+    @property
+    def last_seq(self) -> int:
+        return self.removed[-1][1] if self.removed else 0
+
+    def is_removed(self, seq: int) -> bool:
+        i = bisect_right(self.removed, (seq, float("inf"))) - 1
+        return i >= 0 and self.removed[i][0] <= seq <= self.removed[i][1]
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, overlapping or adjacent ranges joined."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(ranges):
+        if out and first <= out[-1][1] + 1:
+            if last > out[-1][1]:
+                out[-1] = (out[-1][0], last)
+        else:
+            out.append((first, last))
+    return out
+
+
+class RemovalLog:
+    """Blocking access to the ``removals`` table; callers run it on a worker thread."""
+
+    def __init__(self, root: StoreRoot) -> None:
+        self.root = root
+        self.dt = open_or_create(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [])
+        self._version = self.dt.transaction_version(APP_ID) or 0
+
+    def append(self, removals: list[Removal]) -> None:
+        """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once)."""
+        if not removals:
+            return
+        self._version += 1
+        now = time.time_ns()
+        rows = pa.table(
+            {
+                "stream": [r.stream for r in removals],
+                "created": [r.created for r in removals],
+                "first": [r.first for r in removals],
+                "last": [r.last for r in removals],
+                "ts": [now] * len(removals),
+            },
+            schema=sch.REMOVALS_SCHEMA,
+        )
+        action = write_data_file(self.root, sch.REMOVALS, {}, rows)
+        for attempt in range(6):
+            try:
+                commit_adds(self.dt, [action], sch.REMOVALS_SCHEMA, [], (APP_ID, self._version))
+                return
+            except CommitConflict:
+                self.dt.update_incremental()
+                if (self.dt.transaction_version(APP_ID) or 0) >= self._version:
+                    return
+                if attempt == 5:
+                    raise
+
+
+def _live_streams(root: StoreRoot) -> dict[str, int]:
+    """Live stream name → created time, from the catalog (newest row per stream, not deleted)."""
+    dt = open_existing(root, sch.CATALOG)
+    if dt is None:
+        return {}
+    table = dt.to_pyarrow_table(columns=["rev", "kind", "name", "deleted", "body"])
+    newest: dict[str, tuple[int, bool, str]] = {}
+    for rev, kind, name, deleted, body in zip(
+        *(table.column(c).to_pylist() for c in ("rev", "kind", "name", "deleted", "body")), strict=True
+    ):
+        if kind == "stream" and (name not in newest or newest[name][0] < rev):
+            newest[name] = (rev, deleted, body)
+    return {
+        name: int(json.loads(body)["created"]) for name, (_, deleted, body) in newest.items() if not deleted
+    }
+
+
+def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
+    """The logical state of every live stream (streams with no removals included, with none)."""
+    live = _live_streams(root)
+    states = {name: StreamLogicalState(name, created) for name, created in live.items()}
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is None:
+        return states
+    table = dt.to_pyarrow_table(columns=["stream", "created", "first", "last"])
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for stream, created, first, last in zip(
+        *(table.column(c).to_pylist() for c in ("stream", "created", "first", "last")), strict=True
+    ):
+        if live.get(stream) == created:
+            ranges.setdefault(stream, []).append((first, last))
+    for stream, found in ranges.items():
+        states[stream].removed = merge_ranges(found)
+    return states
+
+
+def fold_removals(table: pa.Table, live: Mapping[str, int]) -> pa.Table:
+    """The rows of ``table`` (the removals schema) that :func:`load_stream_states` would use, each
+    live stream's ranges merged; a merged row keeps the newest ``ts`` of the rows it stands for.
+    Rows of deleted streams and earlier incarnations are left out: no reader counts them, and an
+    incarnation that is gone never comes back (a new one has a new ``created``)."""
+    rows: dict[str, tuple[list[tuple[int, int]], int]] = {}
+    for stream, created, first, last, ts in zip(
+        *(table.column(c).to_pylist() for c in ("stream", "created", "first", "last", "ts")), strict=True
+    ):
+        if live.get(stream) == created:
+            ranges, newest = rows.get(stream, ([], 0))
+            ranges.append((first, last))
+            rows[stream] = (ranges, max(newest, ts))
+    out = [
+        (stream, live[stream], first, last, newest)
+        for stream, (ranges, newest) in sorted(rows.items())
+        for first, last in merge_ranges(ranges)
+    ]
+    columns = [list(c) for c in zip(*out, strict=True)] if out else [[] for _ in sch.REMOVALS_SCHEMA]
+    return pa.table(columns, schema=sch.REMOVALS_SCHEMA)
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalCompaction:
+    """What :func:`compact_removals` did: the table's files and rows before and after (equal when
+    it found nothing to do or gave way to another compaction)."""
+
+    files_before: int
+    files_after: int
+    rows_before: int
+    rows_after: int
+
+
+def compact_removals(root: StoreRoot) -> RemovalCompaction:
+    """Replace the files of the ``removals`` table by one holding the folded rows, in one commit.
+
+    Safe beside a gateway that keeps appending: the commit removes exactly the files it read (an
+    append made meanwhile is a new file and stays), so every snapshot, before or after, gives the
+    same :func:`load_stream_states`. The commit is the jobs' swap
+    (:func:`storage_delta.maintenance.swap_actions`): it gives way, deleting its file, when another
+    compaction removed the same files first; the gateway's ``RemovalLog`` retries an append that
+    lands after it (delta-rs #3890). A checkpoint follows, so a reader replays a short log."""
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is None:
+        return RemovalCompaction(0, 0, 0, 0)
+    files = pa.table(dt.get_add_actions(flatten=True))
+    table = dt.to_pyarrow_table()
+    # The catalog is read after the snapshot, so it knows every incarnation with rows in it.
+    folded = fold_removals(table, _live_streams(root))
+    unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
+    if files.num_rows <= 1 and folded.num_rows == table.num_rows:
+        return unchanged
+    removes = removes_of(files)
+    adds = [write_data_file(root, sch.REMOVALS, {}, folded)] if folded.num_rows else []
+    if not swap_actions(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [], removes, adds):
+        delete_unreferenced(root, adds, sch.REMOVALS)
+        return unchanged
+    dt = open_existing(root, sch.REMOVALS)
+    if dt is not None:
+        retry_listing(dt.create_checkpoint)
+        retry_listing(dt.cleanup_metadata)
+    return RemovalCompaction(files.num_rows, len(adds), table.num_rows, folded.num_rows)
