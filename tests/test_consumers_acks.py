@@ -38,7 +38,7 @@ def _advisories(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.slow
 async def test_seed_walkthrough_dispatch_on_orders(targets: dict[str, str], unique: str) -> None:
     """The seed's DISPATCH consumer on ORDERS, step by step: the server's numbers after each
-    fetch, ack, unacked fetch and redelivery (WIRE-NOTES: info shows the last delivered)."""
+    fetch, ack, unacked fetch and redelivery (docs/wire-notes.md: info shows the last delivered)."""
 
     async def case(nc: Client, name: str) -> Any:
         js = nc.jetstream()

@@ -4,7 +4,7 @@ No I/O: the gateway feeds it the stream's view and the clock, and carries out wh
 Every change is one method call (``deliver``, ``ack``, ``nak``, ``progress``, ``term``,
 ``expire``), so a recorder (the Delta ack log) can follow each transition.
 
-Numbers follow the real server (``server/consumer.go``), see WIRE-NOTES: info shows the *last*
+Numbers follow the real server (``server/consumer.go``), see docs/wire-notes.md: info shows the *last*
 delivered sequences; an explicit ack moves the floor only when it acks the delivery right above
 it (or empties the pending set), a redelivered message counting by the consumer sequence of its
 first delivery (the server's pending record keeps it); ``max_deliver`` running out drops the
