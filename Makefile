@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test check lint java chromium bench soak
+.PHONY: run test check lint types java chromium bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,7 +37,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-check: lint test
+types: $(STAMP)
+	$(VENV)/bin/mypy gateway storage_delta spark_jobs tests bench
+
+# The quality gate CI runs: lint, types, then every test.
+check: lint types test
 
 BENCH_NODE_MODULES := bench/node/node_modules/.package-lock.json
 

@@ -37,7 +37,8 @@ async def api(url: str, subject: str, body: dict[str, Any] | None = None) -> dic
     nc = await nats.connect(url)
     try:
         msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=60)
-        return json.loads(msg.data)
+        answer: dict[str, Any] = json.loads(msg.data)
+        return answer
     finally:
         await nc.close()
 

@@ -208,7 +208,7 @@ class Jetlake:
         stop(self.server)
 
 
-Server = TypeVar("Server", ReferenceJetStream, Jetlake)
+Server = TypeVar("Server", bound=ReferenceJetStream | Jetlake)
 
 
 def serving(target: Server) -> Iterator[Server]:

@@ -30,7 +30,8 @@ STREAM = "RESTART"
 async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     msg = await nc.request(f"$JS.API.{subject}", data, timeout=5)
-    return json.loads(msg.data)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
 
 
 # Durable consumers whose state the restart must keep, one per behaviour it pins.

@@ -34,7 +34,8 @@ def _snapshot(c: Consumer) -> dict[str, Any]:
 def _one_by_one(c: Consumer, seqs: list[int], now: int, room: int) -> tuple[int, list[tuple[int, int, int]]]:
     """What the gateway did per ack before runs: the ack log's room is asked before each ack, and
     only an ack that settled something takes a row."""
-    taken, settled = 0, []
+    taken = 0
+    settled: list[Any] = []
     for seq in seqs:
         if len(settled) >= room:
             break

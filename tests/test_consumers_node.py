@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.node
 DRIVER = NODE_DIR / "consumers.mjs"
 
 
-def run_driver(url: str, stream: str) -> dict:
+def run_driver(url: str, stream: str) -> dict[str, Any]:
     _ensure_node_modules()
     res = subprocess.run(
         ["node", str(DRIVER), url, stream],

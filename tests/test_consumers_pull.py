@@ -150,7 +150,7 @@ async def test_consumer_catches_up_from_delta(targets: dict[str, str], jetlake: 
             await asyncio.to_thread(jetlake.stop_gateway)
             await asyncio.to_thread(jetlake.start_gateway)
         sub = await js.pull_subscribe(f"{name.lower()}.>", durable="far")
-        got = []
+        got: list[Any] = []
         while len(got) < 3000:
             for m in await sub.fetch(500, timeout=10):
                 got.append((m.metadata.sequence.stream, m.subject, m.data.decode(), m.metadata.num_pending))

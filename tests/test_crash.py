@@ -50,7 +50,8 @@ async def stream_info(url: str, stream: str) -> dict[str, Any]:
     nc = await nats.connect(url)
     msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)
     await nc.close()
-    return json.loads(msg.data)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
 
 
 @pytest.mark.slow
@@ -102,7 +103,8 @@ async def account_info(url: str) -> dict[str, Any]:
     nc = await nats.connect(url)
     msg = await nc.request("$JS.API.INFO", b"", timeout=5)
     await nc.close()
-    return json.loads(msg.data)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
 
 
 @pytest.mark.slow

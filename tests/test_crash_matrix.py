@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -131,7 +132,7 @@ async def consumer(nc: Client, stop: asyncio.Event, seen: Seen, rng: random.Rand
         )
 
 
-async def drain(nc: Client, seen: Seen) -> dict[str, object]:
+async def drain(nc: Client, seen: Seen) -> dict[str, Any]:
     """Consumes and acks everything still pending (redeliveries after ack_wait included)."""
     sub = await nc.jetstream().pull_subscribe_bind("WORK", STREAM)
     deadline = time.monotonic() + 40
@@ -147,7 +148,7 @@ async def drain(nc: Client, seen: Seen) -> dict[str, object]:
     raise AssertionError(f"consumer not drained: {info}")
 
 
-async def run_trial(gw: Jetlake, rng: random.Random) -> tuple[Seen, dict[str, object]]:
+async def run_trial(gw: Jetlake, rng: random.Random) -> tuple[Seen, dict[str, Any]]:
     nc = await nats.connect(gw.url, max_reconnect_attempts=-1)
     try:
         await api(nc, f"STREAM.CREATE.{STREAM}", {"name": STREAM, "subjects": ["matrix.>"]})

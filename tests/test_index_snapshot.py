@@ -15,6 +15,7 @@ from typing import Any
 
 import nats
 import numpy as np
+from nats.aio.client import Client
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.registry import Registry
@@ -99,9 +100,10 @@ def test_load_index_reads_no_file_the_snapshot_covers(tmp_path: Path) -> None:
     assert [index.subjects[c] for c in index.subject_codes] == [full.subjects[c] for c in full.subject_codes]
 
 
-async def _api(nc: nats.NATS, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=10)
-    return json.loads(msg.data)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
 
 
 async def _load(url: str, first: int, count: int, deletes: list[int]) -> None:

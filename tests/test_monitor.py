@@ -129,7 +129,7 @@ async def test_metrics_parse_and_match_the_api(monitored: MonitoredJetlake, uniq
     after = samples(body.decode())
 
     def delta(name: str) -> float:
-        key = (name, frozenset())
+        key: tuple[str, frozenset[tuple[str, str]]] = (name, frozenset())
         return after[key] - before.get(key, 0.0)
 
     # counters: ten publishes, stored in as many messages over some commits

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def _ensure_node_modules() -> None:
         raise RuntimeError(f"npm ci failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
 
 
-def run_thin_slice(url: str, stream: str, prefix: str, count: int) -> dict:
+def run_thin_slice(url: str, stream: str, prefix: str, count: int) -> dict[str, Any]:
     """Run tests/node/thin_slice.mjs against ``url`` and return its JSON report.
 
     Raises AssertionError with the script's output if it fails or reports an error.
@@ -52,7 +53,7 @@ def run_thin_slice(url: str, stream: str, prefix: str, count: int) -> dict:
         check=False,
     )
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
-    report: dict | None = None
+    report: dict[str, Any] | None = None
     if lines:
         try:
             report = json.loads(lines[-1])
@@ -66,7 +67,7 @@ def run_thin_slice(url: str, stream: str, prefix: str, count: int) -> dict:
     return report
 
 
-def check_thin_slice_report(report: dict, stream: str, prefix: str, count: int) -> None:
+def check_thin_slice_report(report: dict[str, Any], stream: str, prefix: str, count: int) -> None:
     pubacks = report["pubacks"]
     assert len(pubacks) == count
     assert [pa["seq"] for pa in pubacks] == list(range(1, count + 1))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from gateway.wire import acks
@@ -162,7 +164,7 @@ def test_ack_runs_are_the_plain_acks_among_the_frames() -> None:
     import random
 
     rng = random.Random(3)
-    shapes = [
+    shapes: list[Callable[[int], bytes]] = [
         lambda i: b"LMSG $JS.ACK.S.c.1.%d.%d.1700000000000000000.%d 4\r\n+ACK\r\n" % (i, i, i),
         lambda i: b"LMSG $JS.ACK.S2.d.2.%d.%d.17.0 0\r\n\r\n" % (i, i),
         lambda i: b"LMSG $JS.ACK.S.c.1.%d.%d.17.0 4\r\n-NAK\r\n" % (i, i),

@@ -241,6 +241,7 @@ def test_gateway_refused_without_right_credentials(
             assert time.monotonic() < deadline, f"no {logged!r} in the gateway's log"
             time.sleep(0.2)
         assert asyncio.run(api_answers(gw.url, gw.connect_opts)) is False
+        assert gw.gateway is not None
         assert gw.gateway.poll() is None
     finally:
         gw.stop()

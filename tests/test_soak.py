@@ -237,6 +237,7 @@ def test_soak_memory_bounded_latency_flat(tmp_path: Path) -> None:
 async def stream_state(url: str) -> dict[str, int]:
     nc = await nats.connect(url)
     try:
-        return (await api(nc, f"STREAM.INFO.{STREAM}"))["state"]
+        state: dict[str, int] = (await api(nc, f"STREAM.INFO.{STREAM}"))["state"]
+        return state
     finally:
         await nc.close()

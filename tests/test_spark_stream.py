@@ -15,7 +15,7 @@ import nats
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage

@@ -127,7 +127,7 @@ def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_pat
         async def consume(count: int) -> list[bytes]:
             nc = await nats.connect(gw.url)
             sub = await nc.jetstream().pull_subscribe("s3.>", "C", stream="S3")
-            got = []
+            got: list[Any] = []
             while len(got) < count:
                 msgs = await sub.fetch(count - len(got), timeout=10)
                 for msg in msgs[:-1]:

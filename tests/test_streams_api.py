@@ -202,7 +202,7 @@ async def test_msg_get(targets: dict[str, str], unique: str) -> None:
         await js.publish(f"{n}.a", b"")
         await js.publish(f"{n}.c", b"four")
         await api(nc, f"STREAM.MSG.DELETE.{name}", {"seq": 2})
-        out = []
+        out: list[Any] = []
         for body in (
             {"seq": 1},
             {"seq": 2},
@@ -326,7 +326,7 @@ async def test_stream_advisories(targets: dict[str, str], unique: str) -> None:
         await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "storage": "memory"})
         await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "max_msgs": 3})
         await api(nc, f"STREAM.DELETE.{name}")
-        events = []
+        events: list[Any] = []
         for _ in range(3):
             msg = await sub.next_msg(timeout=3)
             body = json.loads(msg.data)

@@ -86,16 +86,16 @@ def test_random_operations_match_a_naive_model(seed: int) -> None:
             model.live.pop(seq, None)
         else:
             subject = rng.choice([None, "s.a", "s.*"])
-            seq = rng.choice([None, rng.randrange(1, model.last + 2)])
-            keep = rng.choice([None, rng.randrange(0, 4)]) if seq is None else None
+            below = rng.choice([None, rng.randrange(1, model.last + 2)])
+            keep = rng.choice([None, rng.randrange(0, 4)]) if below is None else None
             victims = sorted(
                 s
                 for s, (x, _) in model.live.items()
-                if (subject is None or subject_matches(subject, x)) and (seq is None or s < seq)
+                if (subject is None or subject_matches(subject, x)) and (below is None or s < below)
             )
             if keep:
                 victims = victims[: max(0, len(victims) - keep)]
-            assert stream.purge(subject, seq, keep) == len(victims)
+            assert stream.purge(subject, below, keep) == len(victims)
             for s in victims:
                 del model.live[s]
             model.compacted |= subject is None and not keep

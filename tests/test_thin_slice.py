@@ -16,7 +16,8 @@ from tests.differential import assert_same
 async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     msg = await nc.request(f"$JS.API.{subject}", data, timeout=5)
-    return json.loads(msg.data)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
 
 
 def stream_cfg(name: str) -> dict[str, Any]:
@@ -163,7 +164,7 @@ async def test_pull_fetch_ack(targets: dict[str, str], unique: str) -> None:
             await js.publish(f"{subj}.{i % 3}", f"m{i}".encode(), headers={"X-I": str(i)})
         sub = await js.pull_subscribe(f"{subj}.>", durable="dur")
         before = await api(nc, f"CONSUMER.INFO.{name}.dur")
-        got = []
+        got: list[Any] = []
         while len(got) < 30:
             for m in await sub.fetch(10, timeout=5):
                 md = m.metadata

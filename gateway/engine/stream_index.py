@@ -63,7 +63,7 @@ class SeqIndex:
         self.size.append(size)
         self.ts.append(ts)
 
-    def extend(self, first: int, sids: array, sizes: array, ts: array) -> None:
+    def extend(self, first: int, sids: array[int], sizes: array[int], ts: array[int]) -> None:
         """``append`` for consecutive sequences from ``first``, one array each."""
         self.append(first, sids[0], sizes[0], ts[0])
         self.sid.extend(sids[1:])

@@ -29,7 +29,8 @@ from gateway.handlers.router import Api, split_api_subject
 from gateway.handlers.streams import StreamApi
 from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
-from gateway.wire.leaf import LeafConnection, LeafTarget
+from gateway.wire.leaf import LeafConnection
+from gateway.wire.leafauth import LeafTarget
 from gateway.wire.protocol import Msg
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable

@@ -123,7 +123,7 @@ def _read(path: str) -> str:
 
 
 def _keypair(seed: str):  # type: ignore[no-untyped-def]
-    import nkeys  # type: ignore[import-not-found]
+    import nkeys
 
     try:
         return nkeys.from_seed(seed.encode())

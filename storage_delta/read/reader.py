@@ -269,7 +269,8 @@ class StoredIndex:
 def _int64(chunks: list[pa.Array]) -> np.ndarray:
     if not chunks:
         return np.zeros(0, np.int64)
-    return pa.chunked_array(chunks).to_numpy().astype(np.int64, copy=False)
+    column: np.ndarray = pa.chunked_array(chunks).to_numpy()
+    return column.astype(np.int64, copy=False)
 
 
 def _files_by_stream(dt: DeltaTable) -> dict[str, list[DataFile]]:
