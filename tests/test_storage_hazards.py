@@ -154,8 +154,8 @@ class FailsAfterLanding(MessageTable):
 
     failed = False
 
-    def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
-        super().commit(batch, version, retries)
+    def commit(self, batch: list[StoredMessage], version: int) -> None:
+        super().commit(batch, version)
         if not self.failed:
             self.failed = True
             raise OSError("connection reset after the commit was written")

@@ -12,13 +12,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage_delta.commit.store import StoreRoot, commit_adds, open_existing, open_or_create, write_data_file
+from storage_delta.commit.append import Part, TableAppender, TableSpec
+from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import live_files
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import StreamLogicalState
 
 APP_ID = "jetlake-ackfloors"
+ACKFLOORS_TABLE = TableSpec(sch.ACKFLOORS, sch.ACKFLOORS_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +73,21 @@ def stream_last_seqs(root: StoreRoot, states: dict[str, StreamLogicalState]) -> 
 
 def append_run(root: StoreRoot, rows: list[AckFloorRow]) -> int:
     """Commit one run's rows as one version; returns the run number. Only the job writes here and
-    runs one at a time, so a conflict is not retried: the run fails and the next one counts again."""
-    dt = open_or_create(root, sch.ACKFLOORS, sch.ACKFLOORS_SCHEMA, [])
-    run = (dt.transaction_version(APP_ID) or 0) + 1
-    actions = []
+    runs one at a time, so the run number is one past the table's newest."""
+    appender = TableAppender(root, ACKFLOORS_TABLE, APP_ID)
+    run = appender.next_version()
+    parts: list[Part] = []
     if rows:
         columns = zip(*(astuple(r) for r in rows), strict=True)
         table = pa.table(
             {f.name: list(col) for f, col in zip(sch.ACKFLOORS_SCHEMA, columns, strict=True)},
             schema=sch.ACKFLOORS_SCHEMA,
         )
-        actions = [write_data_file(root, sch.ACKFLOORS, {}, table)]
-    commit_adds(dt, actions, sch.ACKFLOORS_SCHEMA, [], (APP_ID, run))
+        parts = [({}, table)]
+    try:
+        appender.append(parts, run)
+    finally:
+        appender.close()
     return run
 
 

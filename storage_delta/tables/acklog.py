@@ -30,17 +30,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake.transaction import AddAction
+from deltalake import DeltaTable
 
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
-from storage_delta.commit.store import (
-    CommitConflict,
-    StoreRoot,
-    blind_appends_allowed,
-    commit_adds,
-    open_or_create,
-    write_data_file,
-)
+from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.loop import CommitLoop
+from storage_delta.commit.store import StoreRoot, write_data_file
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
 from storage_delta.tables.catalog import CatalogTable
@@ -48,6 +42,7 @@ from storage_delta.tables.catalog import CatalogTable
 log = logging.getLogger(__name__)
 
 APP_ID = "jetlake-acklog"
+ACKS_TABLE = TableSpec(sch.ACKS, sch.ACK_SCHEMA, tuple(sch.ACK_PARTITIONS))
 
 CREATE = "create"
 CONFIG = "config"
@@ -335,69 +330,31 @@ class Compaction:
 
 
 class AckLogTable:
-    """Blocking access to the ``acks`` table; the gateway calls it on a worker thread."""
+    """Blocking access to the ``acks`` table; the gateway calls it on a worker thread. Appends go
+    through the one append primitive (locally a blind append of about a millisecond, where a
+    delta-rs transaction with its reload costs ~11 ms of CPU: a fifth of the delivery path's CPU
+    under load at ten commits a second)."""
 
     def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
         self.root = root
-        self.dt = open_or_create(root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS)
-        local = root.local_path()
-        # Locally appends go through our own log appender, as the messages table's do (deltalog.py):
-        # about a millisecond a commit instead of a reload plus a delta-rs transaction (~11 ms of
-        # CPU together, ten commits a second: a fifth of the delivery path's CPU under load).
-        self._appender = (
-            LocalLogAppender(f"{local}/{sch.ACKS}", self.dt.version() + 1)
-            if local is not None and blind_appends_allowed(self.dt)
-            else None
-        )
-        self._landed = self.last_txn_version()
-        self._checkpoint_every = checkpoint_every
-        self._commits = 0
+        self._appender = TableAppender(root, ACKS_TABLE, APP_ID, checkpoint_every)
+
+    @property
+    def dt(self) -> DeltaTable:
+        return self._appender.fresh()
 
     def last_txn_version(self) -> int:
-        return self.dt.transaction_version(APP_ID) or 0
+        return self._appender.committed_version()
 
-    def append(self, records: list[AckRecord] | pa.Table, version: int, retries: int = 5) -> None:
+    def append(self, records: list[AckRecord] | pa.Table, version: int) -> None:
         """Commit rows as one Delta version tagged ``(jetlake-acklog, version)``; a version that
         already landed (a retry after an error that hid a success) is not stored again."""
-        if self._appender is None:
-            self.dt.update_incremental()
-            self._landed = max(self._landed, self.last_txn_version())
-        if self._landed >= version:
-            return
         table = records if isinstance(records, pa.Table) else to_arrow(records)
-        action = write_data_file(self.root, sch.ACKS, {}, table)
-        if self._appender is not None:
-            try:
-                self._appender.append([action], (APP_ID, version))
-            except UnsupportedTable:
-                # Someone changed the table beyond what a blind append may assume: delta-rs from now.
-                self._appender = None
-                self.dt.update_incremental()
-                self._commit(action, version, retries)
-        else:
-            self._commit(action, version, retries)
-        self._landed = version
-        self._commits += 1
-        if self._commits % self._checkpoint_every == 0:
-            self.hygiene()
-
-    def _commit(self, action: AddAction, version: int, retries: int) -> None:
-        """A commit through delta-rs (object stores), retried on a conflict unless it landed."""
-        for attempt in range(retries + 1):
-            try:
-                commit_adds(self.dt, [action], sch.ACK_SCHEMA, sch.ACK_PARTITIONS, (APP_ID, version))
-                break
-            except CommitConflict:
-                self.dt.update_incremental()
-                if self.last_txn_version() >= version:
-                    break
-                if attempt == retries:
-                    raise
+        self._appender.append([({}, table)], version)
 
     def load(self) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
         same state, and keeps a restart fast however long the log grew since its last compaction)."""
-        self.dt.update_incremental()
         table = self.dt.to_pyarrow_table()
         max_lsn = int(pc.max(table["lsn"]).as_py() or 0) if table.num_rows else 0
         return AckLog(group(fold_table(table)), max_lsn, table.num_rows)
@@ -413,9 +370,9 @@ class AckLogTable:
         (:func:`storage_delta.maintenance.swap_actions`): a delta-rs overwrite would conflict with
         every such append (delta-rs #3890) and, under steady acking, never land. It gives way,
         deleting its file, only when another compaction removed the same files first."""
-        self.dt.update_incremental()
-        files = pa.table(self.dt.get_add_actions(flatten=True))
-        table = self.dt.to_pyarrow_table()
+        dt = self.dt
+        files = pa.table(dt.get_add_actions(flatten=True))
+        table = dt.to_pyarrow_table()
         out = fold_table(table)
         if live is not None:
             keep = live()
@@ -431,13 +388,10 @@ class AckLogTable:
     def hygiene(self) -> None:
         """Checkpoint, drop expired log files and start over with a fresh handle, so opening the
         table (a restart) stays fast however many commits it has seen."""
-        try:
-            self.dt.update_incremental()
-            self.dt.create_checkpoint()
-            self.dt.cleanup_metadata()
-        except Exception:  # best effort; the next interval tries again
-            log.exception("checkpoint of acks failed")
-        self.dt = open_or_create(self.root, sch.ACKS, sch.ACK_SCHEMA, sch.ACK_PARTITIONS)
+        self._appender.hygiene()
+
+    def close(self) -> None:
+        self._appender.close()
 
 
 def compact_store(root: StoreRoot) -> Compaction:
@@ -451,17 +405,21 @@ def compact_store(root: StoreRoot) -> Compaction:
 
 
 class AckLogWriter:
-    """The group-commit appender: owns its commit task; rows become durable in submission order.
+    """The ack log's front of the commit loop: rows become durable in submission order.
 
     A row submitted with ``sync`` is committed at once (with whatever queued before it); other rows
     wait at most ``flush_interval_s`` so that plain acks share commits. A commit that fails is
-    retried with the same txn version until it lands; its rows stay queued meanwhile. Callers of
-    the frequent rows (deliveries, acks) hold back while :meth:`has_room` says no, which bounds
-    the queue by ``max_pending``; the rare rows (lifecycle, drops) are always taken. After
-    ``compact_every`` rows (0: never; ``backlog`` counts the rows found at start) the table is
-    compacted through its own handle, beside the commits: the overwrite keeps the files appended
-    meanwhile.
+    retried with the same txn version for up to ``RETRY_S`` (rows are small and their callers,
+    ``AckSync`` and lifecycle API requests, would rather wait than fail); then it fails as the loop's
+    policy says, and its waiters get the error. Callers of the frequent rows (deliveries, acks) hold
+    back while :meth:`has_room` says no, which bounds the queue by ``max_pending``; the rare rows
+    (lifecycle, drops) are always taken. After ``compact_every`` rows (0: never; ``backlog`` counts
+    the rows found at start) the table is compacted beside the commits: the swap keeps the files
+    appended meanwhile.
     """
+
+    #: How long a failed ack-log commit is retried before its rows fail.
+    RETRY_S = 30.0
 
     def __init__(
         self,
@@ -475,44 +433,58 @@ class AckLogWriter:
     ) -> None:
         self._table = table
         self._executor = executor
-        self._lsn = next_lsn
-        self._flush_interval_s = flush_interval_s
+        self._lsn = next_lsn  # the last lsn given to a queued row
+        self._taken_lsn = next_lsn  # the last lsn of rows that left the queue
+        self._batch_first_lsn = next_lsn + 1
         self._max_pending = max_pending
         self._compact_every = compact_every
-        self._pending: list[AckRow] = []
-        self._waiters: list[asyncio.Future[None]] = []
-        self._urgent = False
-        self._in_flight = False
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
-        self._version = 0
         self._since_compaction = backlog
         self._compaction: asyncio.Task[None] | None = None
-        self.commits = 0
-        self.rows_committed = 0
+        self._loop: CommitLoop[AckRow] = CommitLoop(
+            "acklog",
+            executor,
+            self._append,
+            table.last_txn_version,
+            self._failed,
+            linger_s=flush_interval_s,
+            gather_rows=max_pending // 2,
+            retry_s=self.RETRY_S,
+            committed=self._committed,
+            drained=self._drained,
+        )
         self.compactions = 0
 
+    @property
+    def commits(self) -> int:
+        return self._loop.commits
+
+    @property
+    def rows_committed(self) -> int:
+        return self._loop.rows_committed
+
+    @property
+    def loop(self) -> CommitLoop[AckRow]:
+        return self._loop
+
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
-        self._task = asyncio.create_task(self._run(), name="acklog-commit")
+        await self._loop.start()
 
     def has_room(self) -> bool:
-        return not self._closed and len(self._pending) < self._max_pending
+        return not self._loop.closed and len(self._loop.pending) < self._max_pending
 
     def room(self) -> int:
         """How many more rows :meth:`has_room` would take one after the other."""
-        return 0 if self._closed else max(self._max_pending - len(self._pending), 0)
+        return 0 if self._loop.closed else max(self._max_pending - len(self._loop.pending), 0)
 
     def submit(self, record: AckRecord | None, sync: bool = False) -> asyncio.Future[None] | None:
         """Queue a row. With ``sync`` the returned future resolves once it (and every row queued
         before it) is committed; a ``None`` record is such a barrier alone."""
-        if record is not None:
-            self._lsn += 1
-            record.lsn = self._lsn
-            self._pending.append(_as_row(record))
-        return self._queued(sync)
+        if record is None:
+            return self._loop.queued(sync, 0)
+        self._lsn += 1
+        record.lsn = self._lsn
+        self._loop.pending.append(_as_row(record))
+        return self._loop.queued(sync)
 
     def add(
         self,
@@ -529,97 +501,43 @@ class AckLogWriter:
         """:meth:`submit` for the frequent rows (deliveries, acks) without building a record:
         ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
         self._lsn += 1
-        self._pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
-        return self._queued(sync)
+        self._loop.pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
+        return self._loop.queued(sync)
 
     def add_rows(self, rows: list[AckRow]) -> None:
         """:meth:`add` for many rows in one call (no sync)."""
         self._lsn += len(rows)
-        self._pending.extend(rows)
-        self._queued(False, len(rows))
-
-    def _queued(self, sync: bool, added: int = 1) -> asyncio.Future[None] | None:
-        if not sync:
-            # The commit task waits for the first row, then for the flush interval or enough
-            # rows: waking it for each row in between would only cost it a new timer each time.
-            if len(self._pending) <= added or self._ready():
-                self._wakeup.set()
-            return None
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self._pending and not self._in_flight:
-            fut.set_result(None)
-            return fut
-        self._waiters.append(fut)
-        self._urgent = True
-        self._wakeup.set()
-        return fut
+        self._loop.pending.extend(rows)
+        self._loop.queued(False, len(rows))
 
     async def flush(self) -> None:
         """Wait until every row submitted so far is committed."""
-        fut = self.submit(None, sync=True)
-        assert fut is not None
-        await fut
+        await self._loop.flush()
 
-    def _ready(self) -> bool:
-        return self._urgent or self._closed or len(self._pending) >= self._max_pending // 2
+    def _drained(self, rows: list[AckRow]) -> None:
+        """Rows leave the queue in lsn order: a batch's lsns follow the last batch's."""
+        self._batch_first_lsn = self._taken_lsn + 1
+        self._taken_lsn += len(rows)
 
-    async def _gather(self) -> None:
-        """Wait for work; rows without a sync waiter wait up to the flush interval for company."""
-        await self._wakeup.wait()
-        self._wakeup.clear()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._flush_interval_s
-        while self._pending and not self._ready():
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
-            except TimeoutError:
-                return
-            self._wakeup.clear()
+    def _append(self, batch: list[AckRow], version: int) -> None:
+        """On the executor: the batch's columns are built there, not on the event loop. Only one
+        batch is in flight, so its first lsn is the one noted when it was taken."""
+        self._table.append(rows_to_arrow(batch, self._batch_first_lsn), version)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._gather()
-            batch, waiters = self._pending, self._waiters
-            self._pending, self._waiters, self._urgent = [], [], False
-            if batch:
-                self._in_flight = True
-                self._version += 1
-                await self._commit(loop, batch, self._lsn - len(batch) + 1)
-                self._in_flight = False
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
-            due = self._compact_every and self._since_compaction >= self._compact_every
-            if due and self._compaction is None and not self._closed:
-                self._compaction = asyncio.create_task(self._compact(loop), name="acklog-compact")
-            if self._closed and not self._pending:
-                if self._compaction is not None:
-                    await self._compaction
-                return
+    def _failed(self, rows: list[AckRow], exc: BaseException) -> None:
+        """The rows are not in the log: the consumers' state in memory is ahead of it, which a
+        restart repairs by redelivering what the log does not show acknowledged."""
+        log.error("%d ack log rows were not committed: %r", len(rows), exc)
 
-    def _append(self, batch: list[AckRow], first_lsn: int, version: int) -> None:
-        """On the executor: the batch's columns are built there, not on the event loop."""
-        self._table.append(rows_to_arrow(batch, first_lsn), version)
-
-    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[AckRow], first_lsn: int) -> None:
-        delay = 0.05
-        while True:
-            try:
-                await loop.run_in_executor(self._executor, self._append, batch, first_lsn, self._version)
-                break
-            except Exception:
-                # The rows stay ours: their waiters keep waiting, the same txn version is tried
-                # again (append skips it if it landed), and nothing queued behind commits first.
-                log.exception("ack log commit of %d rows failed; retrying", len(batch))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        self.commits += 1
-        self.rows_committed += len(batch)
+    def _committed(self, batch: list[AckRow]) -> None:
         self._since_compaction += len(batch)
+        due = self._compact_every and self._since_compaction >= self._compact_every
+        if due and self._compaction is None and not self._loop.closed:
+            self._compaction = asyncio.create_task(self._compact(), name="acklog-compact")
 
-    async def _compact(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _compact(self) -> None:
         counted = self._since_compaction
+        loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(self._executor, compact_store, self._table.root)
         except Exception:  # the log stays correct uncompacted; a later round tries again
@@ -632,8 +550,8 @@ class AckLogWriter:
         log.info("ack log compacted: %d rows to %d", result.rows_before, result.rows_after)
 
     async def close(self) -> None:
-        """Commit what was submitted, then stop."""
-        self._closed = True
-        self._wakeup.set()
-        if self._task:
-            await self._task
+        """Commit what was submitted, wait for a compaction in progress, then stop."""
+        await self._loop.close()
+        if self._compaction is not None:
+            await self._compaction
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._table.close)

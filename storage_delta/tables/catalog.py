@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from deltalake import DeltaTable
 
-from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds, open_or_create, write_data_file
+from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 
 APP_ID = "jetlake-catalog"
+CATALOG_TABLE = TableSpec(sch.CATALOG, sch.CATALOG_SCHEMA, tuple(sch.CATALOG_PARTITIONS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +36,12 @@ class CatalogTable:
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
-        self.dt = open_or_create(root, sch.CATALOG, sch.CATALOG_SCHEMA, sch.CATALOG_PARTITIONS)
-        self._rev = self.dt.transaction_version(APP_ID) or 0
+        self._appender = TableAppender(root, CATALOG_TABLE, APP_ID)
+        self._rev = self._appender.committed_version()
+
+    @property
+    def dt(self) -> DeltaTable:
+        return self._appender.fresh()
 
     def put(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
         """Record a definition (``body``) or its deletion (``None``)."""
@@ -51,17 +58,7 @@ class CatalogTable:
             },
             schema=sch.CATALOG_SCHEMA,
         )
-        action = write_data_file(self.root, sch.CATALOG, {}, row)
-        for attempt in range(6):
-            try:
-                commit_adds(self.dt, [action], sch.CATALOG_SCHEMA, [], (APP_ID, self._rev))
-                return
-            except CommitConflict:
-                self.dt.update_incremental()
-                if (self.dt.transaction_version(APP_ID) or 0) >= self._rev or attempt == 5:
-                    if attempt == 5:
-                        raise
-                    return
+        self._appender.append([({}, row)], self._rev)
 
     def load(self) -> list[CatalogEntry]:
         """The live entities, streams before their consumers, in the order they were defined."""

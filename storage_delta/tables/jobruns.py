@@ -9,15 +9,11 @@ from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
-from storage_delta.commit.store import (
-    CommitConflict,
-    StoreRoot,
-    commit_adds,
-    open_existing,
-    open_or_create,
-    write_data_file,
-)
+from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.format import schema as sch
+
+JOBRUNS_TABLE = TableSpec(sch.JOBRUNS, sch.JOBRUNS_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +37,15 @@ class JobFigures:
     rows_removed: int
 
 
-def record_run(root: StoreRoot, run: JobRun, retries: int = 5) -> None:
+def record_run(root: StoreRoot, run: JobRun) -> None:
     """Append one run. Runs are rare and never repeated, so no txn marker: a lost race with another
-    job process is retried."""
-    dt = open_or_create(root, sch.JOBRUNS, sch.JOBRUNS_SCHEMA, [])
+    job process is retried by the append primitive."""
     row = pa.Table.from_pylist([asdict(run)], schema=sch.JOBRUNS_SCHEMA)
-    action = write_data_file(root, sch.JOBRUNS, {}, row)
-    for attempt in range(retries + 1):
-        try:
-            commit_adds(dt, [action], sch.JOBRUNS_SCHEMA, [])
-            return
-        except CommitConflict:
-            if attempt == retries:
-                raise
-            dt.update_incremental()
+    appender = TableAppender(root, JOBRUNS_TABLE, None)
+    try:
+        appender.append([({}, row)], None)
+    finally:
+        appender.close()
 
 
 def job_figures(root: StoreRoot) -> dict[str, JobFigures]:

@@ -22,12 +22,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.store import (
-    CommitConflict,
     StoreRoot,
-    commit_adds,
     open_existing,
-    open_or_create,
     retry_listing,
     write_data_file,
 )
@@ -35,6 +33,7 @@ from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
 
 APP_ID = "jetlake-removals"
+REMOVALS_TABLE = TableSpec(sch.REMOVALS, sch.REMOVALS_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +91,8 @@ class RemovalLog:
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
-        self.dt = open_or_create(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [])
-        self._version = self.dt.transaction_version(APP_ID) or 0
+        self._appender = TableAppender(root, REMOVALS_TABLE, APP_ID)
+        self._version = self._appender.committed_version()
 
     def append(self, removals: list[Removal]) -> None:
         """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once)."""
@@ -111,17 +110,7 @@ class RemovalLog:
             },
             schema=sch.REMOVALS_SCHEMA,
         )
-        action = write_data_file(self.root, sch.REMOVALS, {}, rows)
-        for attempt in range(6):
-            try:
-                commit_adds(self.dt, [action], sch.REMOVALS_SCHEMA, [], (APP_ID, self._version))
-                return
-            except CommitConflict:
-                self.dt.update_incremental()
-                if (self.dt.transaction_version(APP_ID) or 0) >= self._version:
-                    return
-                if attempt == 5:
-                    raise
+        self._appender.append([({}, rows)], self._version)
 
 
 def _live_streams(root: StoreRoot) -> dict[str, int]:

@@ -1,0 +1,175 @@
+"""The one way rows get into a jetlake table: an append tagged with an app transaction, idempotent,
+retried, conflict-aware. Every table (messages, acks, catalog, removals, job runs, ack floors) appends
+through :class:`TableAppender`; only the jobs' swap of files (:mod:`storage_delta.maintenance.files`)
+commits otherwise, because it removes what it read.
+
+The rules, in the order a commit meets them (docs/storage.md):
+
+* a commit carries the Delta ``txn`` ``(app_id, version)``; ``version`` grows by one per commit of an
+  appender and is recovered from the table (``transaction_version``) when one opens;
+* a version at or below what the table already holds for ``app_id`` is not written again: that is
+  how a retry after an error that hid a success (delta-rs #2509) lands once;
+* on a local store root the commit is a blind append through :class:`LocalLogAppender` (put-if-absent
+  of the next log file; it reads no table state), on an object store delta-rs commits it through a
+  live handle; a lost race there is a :class:`CommitConflict`, after which the handle catches up and
+  the txn marker decides between "it landed" and "try again", ``retries`` times;
+* every ``checkpoint_every`` commits a checkpoint and log clean-up run beside the commits, on a
+  thread of their own, so a restart replays little and no commit waits for one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction
+
+from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.store import (
+    CommitConflict,
+    StoreRoot,
+    blind_appends_allowed,
+    commit_adds,
+    open_or_create,
+    retry_listing,
+    write_data_file,
+)
+
+log = logging.getLogger(__name__)
+
+#: One data file of a commit: its partition values and its rows.
+Part = tuple[Mapping[str, str], pa.Table]
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """What a table is: its name under the store root, its schema and its partition columns."""
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...] = ()
+
+
+class TableAppender:
+    """Appends to one table under one app id. Blocking: call it on a worker thread. Commits of one
+    appender are serialized (a lock), so callers on several threads keep its versions in order."""
+
+    def __init__(
+        self,
+        root: StoreRoot,
+        spec: TableSpec,
+        app_id: str | None,
+        checkpoint_every: int = 100,
+        retries: int = 5,
+    ) -> None:
+        self.root = root
+        self.spec = spec
+        self.app_id = app_id
+        self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
+        local = root.local_path()
+        self._local = (
+            LocalLogAppender(f"{local}/{spec.name}", self.dt.version() + 1)
+            if local is not None and app_id is not None and blind_appends_allowed(self.dt)
+            else None
+        )
+        self._retries = retries
+        self._checkpoint_every = checkpoint_every
+        self._commits = 0
+        self._lock = threading.Lock()
+        self._hygiene_pool: ThreadPoolExecutor | None = None
+        self._hygiene_running: Future[None] | None = None
+        self._landed = self.committed_version()
+
+    def committed_version(self) -> int:
+        """The newest version of this appender's app id the table holds (0 before the first)."""
+        if self.app_id is None:
+            return 0
+        retry_listing(self.dt.update_incremental)
+        return self.dt.transaction_version(self.app_id) or 0
+
+    def next_version(self) -> int:
+        """The version the next commit should carry: one past what is committed or in hand."""
+        return max(self._landed, self.committed_version()) + 1
+
+    def append(self, parts: Sequence[Part], version: int | None) -> None:
+        """Write ``parts`` as data files and commit them as one version tagged ``(app_id, version)``.
+
+        A version that already landed is not stored again. Without an app id (``version`` None) the
+        append is not idempotent: for rows that are never retried after a reported success."""
+        with self._lock:
+            if version is not None and version <= self._landed:
+                return
+            adds = [write_data_file(self.root, self.spec.name, partition, rows) for partition, rows in parts]
+            self._commit(adds, version)
+            if version is not None:
+                self._landed = version
+            self._commits += 1
+            if self._commits % self._checkpoint_every == 0:
+                self._start_hygiene()
+
+    def _commit(self, adds: list[AddAction], version: int | None) -> None:
+        if self._local is not None and version is not None and self.app_id is not None:
+            try:
+                self._local.append(adds, (self.app_id, version))
+                return
+            except UnsupportedTable:
+                # Someone changed the table beyond what a blind append may assume: look again, and
+                # let delta-rs judge it from now on unless it still allows blind appends.
+                retry_listing(self.dt.update_incremental)
+                if blind_appends_allowed(self.dt):
+                    self._local.next_version = self.dt.version() + 1
+                    self._local.append(adds, (self.app_id, version))
+                    return
+                self._local = None
+        self._commit_delta_rs(adds, version)
+
+    def _commit_delta_rs(self, adds: list[AddAction], version: int | None) -> None:
+        txn = (self.app_id, version) if self.app_id is not None and version is not None else None
+        for attempt in range(self._retries + 1):
+            try:
+                commit_adds(self.dt, adds, self.spec.schema, list(self.spec.partition_by), txn)
+                # The handle does not advance past its own commit; without this the next commit
+                # would conflict with this one (same app id) and pay for a reload and a retry.
+                retry_listing(self.dt.update_incremental)
+                return
+            except CommitConflict:
+                retry_listing(self.dt.update_incremental)
+                if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
+                    return  # it landed although the call reported an error (delta-rs #2509)
+                if attempt == self._retries:
+                    raise
+
+    def _start_hygiene(self) -> None:
+        if self._hygiene_running is not None and not self._hygiene_running.done():
+            return  # the previous round is still at it; the next interval tries again
+        if self._hygiene_pool is None:
+            self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
+        self._hygiene_running = self._hygiene_pool.submit(self.hygiene)
+
+    def hygiene(self) -> None:
+        """Checkpoint and drop expired log files through a fresh handle (a long-lived
+        ``DeltaTable`` grows slower with every commit made through it), then serve from it."""
+        try:
+            dt = open_or_create(self.root, self.spec.name, self.spec.schema, list(self.spec.partition_by))
+            retry_listing(dt.create_checkpoint)
+            retry_listing(dt.cleanup_metadata)
+        except Exception:  # hygiene is best effort; the next interval tries again
+            log.exception("checkpoint of %s failed", self.spec.name)
+            return
+        self.dt = dt
+
+    def fresh(self) -> DeltaTable:
+        """The handle, caught up with every commit (for reads that must see them all)."""
+        retry_listing(self.dt.update_incremental)
+        return self.dt
+
+    def close(self) -> None:
+        """Wait for a checkpoint in progress (a process that exits mid-checkpoint leaves a partial
+        one for the next reader to skip, which costs it a full replay)."""
+        if self._hygiene_pool is not None:
+            self._hygiene_pool.shutdown(wait=True)

@@ -1,0 +1,257 @@
+"""The one group-commit loop: whatever arrived while a commit was in flight forms the next commit.
+
+Both writers of the gateway's hot path (messages, ack log) are thin fronts over :class:`CommitLoop`;
+what differs between them is a few numbers (how long rows may wait for company, how long a failed
+commit is retried), not the rules. The rules (docs/storage.md):
+
+* rows become durable in submission order, one Delta version per commit, each version tagged with
+  the next txn version so that a retry lands once (:class:`~storage_delta.commit.append.TableAppender`);
+* a waiter is answered only after the commit holding its rows (and every row before them) landed;
+* **one failure policy**: a commit that raised is first checked against the table (an error can hide a
+  success, delta-rs #2509); if it did not land it is tried again with the same version, backing off,
+  for up to ``retry_s``; then it fails, together with everything queued behind it (later rows may
+  depend on it: a stream's later sequences, a consumer's later acks), every waiter of those rows gets
+  the error, and the owner's ``on_failure`` puts its view back to what is durable;
+* **a waiter never hangs**: if the loop itself breaks (a bug, not a failed commit) it fails every
+  waiter with :class:`CommitLoopDied`, logs what died, counts a restart and starts over from what the
+  table holds; if its task ends any other way than :meth:`close`, a done-callback fails the waiters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Generic, TypeVar
+
+from storage_delta.commit.stats import BATCH_SIZE_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
+
+log = logging.getLogger(__name__)
+
+Row = TypeVar("Row")
+
+#: Back-off between tries of a failed commit: from the first to the cap, doubling.
+RETRY_FIRST_S = 0.05
+RETRY_CAP_S = 2.0
+#: Pause before a broken loop starts over, so a fault that repeats does not spin.
+RESTART_PAUSE_S = 0.1
+
+
+class CommitLoopDied(Exception):
+    """The commit loop broke or stopped before these rows were committed; they were not."""
+
+
+class CommitLoop(Generic[Row]):
+    """Owns one commit task. Fronts append rows to :attr:`pending` and call :meth:`queued`.
+
+    ``drained(rows)`` is told, on the event loop, of every run of rows that leaves the queue (taken
+    for a commit, in order, or failed): fronts keep their bounds and numbering with it. ``commit``
+    runs on ``executor`` and may be called again for the same batch and version after an error.
+    ``committed(rows)`` hears of each landed batch, on the event loop."""
+
+    def __init__(
+        self,
+        name: str,
+        executor: Executor,
+        commit: Callable[[list[Row], int], None],
+        committed_version: Callable[[], int],
+        on_failure: Callable[[list[Row], BaseException], None],
+        *,
+        linger_s: float = 0.0,
+        gather_rows: int = 0,
+        retry_s: float = 0.0,
+        committed: Callable[[list[Row]], None] | None = None,
+        drained: Callable[[list[Row]], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._executor = executor
+        self._commit_rows = commit
+        self._committed_version = committed_version
+        self._on_failure = on_failure
+        self._committed = committed
+        self._drained = drained
+        self._linger_s = linger_s
+        self._gather_rows = gather_rows
+        self._retry_s = retry_s
+        self.pending: list[Row] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._in_flight: list[asyncio.Future[None]] = []
+        self._batch: list[Row] = []
+        self._urgent = False
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._version = 0
+        self.commits = 0
+        self.rows_committed = 0
+        self.failures = 0  # commits given up on (their rows failed)
+        self.restarts = 0  # times the loop broke and started over
+        self.commit_seconds = Histogram(COMMIT_SECONDS_BUCKETS)
+        self.batch_rows = Histogram(BATCH_SIZE_BUCKETS)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._version = await loop.run_in_executor(self._executor, self._committed_version)
+        self._task = asyncio.create_task(self._run(), name=f"{self.name}-commit")
+        self._task.add_done_callback(self._ended)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        """The loop is alive and takes rows."""
+        return not self._closed and self._task is not None and not self._task.done()
+
+    def queued(self, sync: bool, added: int = 1) -> asyncio.Future[None] | None:
+        """Rows were appended to :attr:`pending`. With ``sync`` the returned future resolves once
+        they (and every row before them) are committed; it resolves at once when nothing is owed.
+        Rows without a waiter may wait up to ``linger_s`` for company."""
+        if not sync:
+            # The loop waits for the first row, then for the linger time or enough rows: waking it
+            # for each row in between would only cost it a new timer each time.
+            if len(self.pending) <= added or self._ready():
+                self._wakeup.set()
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._task is not None and self._task.done():
+            fut.set_exception(CommitLoopDied(f"{self.name} commit loop has stopped"))
+            return fut
+        if not self.pending and not self._batch:
+            fut.set_result(None)
+            return fut
+        self._waiters.append(fut)
+        self._urgent = True
+        self._wakeup.set()
+        return fut
+
+    async def flush(self) -> None:
+        """Wait until every row queued so far is committed."""
+        fut = self.queued(sync=True, added=0)
+        assert fut is not None
+        await fut
+
+    def _ready(self) -> bool:
+        return (
+            self._urgent
+            or self._closed
+            or self._linger_s <= 0
+            or (self._gather_rows > 0 and len(self.pending) >= self._gather_rows)
+        )
+
+    async def _gather(self) -> None:
+        """Wait for work; rows without a waiter wait up to the linger time for company. A closed
+        loop does not wait: it drains what is queued and stops."""
+        if not self._closed:
+            await self._wakeup.wait()
+        self._wakeup.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._linger_s
+        while self.pending and not self._ready():
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
+            except TimeoutError:
+                return
+            self._wakeup.clear()
+
+    async def _run(self) -> None:
+        while not (self._closed and not self.pending and not self._waiters):
+            try:
+                await self._cycle()
+            except Exception as exc:  # the loop's own fault, not a failed commit (that is handled)
+                log.exception("%s commit loop broke; failing its waiters and starting over", self.name)
+                self.restarts += 1
+                broken, self._batch = self._batch, []
+                self._fail(broken, CommitLoopDied(f"{self.name} commit loop broke: {exc!r}"))
+                await asyncio.sleep(RESTART_PAUSE_S)
+                self._version = await self._landed()
+
+    async def _cycle(self) -> None:
+        await self._gather()
+        batch, self._in_flight = self.pending, self._waiters
+        self.pending, self._waiters, self._urgent = [], [], False
+        if self._drained is not None:
+            self._drained(batch)
+        if batch:
+            self._batch = batch
+            committed = await self._commit(batch)
+            self._batch = []
+            if not committed:
+                return
+        waiters, self._in_flight = self._in_flight, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def _commit(self, batch: list[Row]) -> bool:
+        """Commit ``batch`` under the failure policy; False when it failed (and what was queued
+        behind it failed with it)."""
+        loop = asyncio.get_running_loop()
+        version = self._version + 1
+        started = time.perf_counter()
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                await loop.run_in_executor(self._executor, self._commit_rows, batch, version)
+                break
+            except Exception as exc:
+                landed = await self._landed()
+                if landed >= version:
+                    break  # the error came after the commit landed (delta-rs #2509)
+                if self._closed or time.perf_counter() - started + delay > self._retry_s:
+                    log.exception("%s commit of %d rows failed", self.name, len(batch))
+                    self.failures += 1
+                    self._version = landed
+                    self._fail(batch, exc)
+                    return False
+                log.warning("%s commit of %d rows failed (%r); retrying", self.name, len(batch), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_CAP_S)
+        self._version = version
+        self.commits += 1
+        self.rows_committed += len(batch)
+        self.commit_seconds.observe(time.perf_counter() - started)
+        self.batch_rows.observe(len(batch))
+        if self._committed is not None:
+            self._committed(batch)
+        return True
+
+    async def _landed(self) -> int:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._committed_version)
+        except Exception:
+            log.exception("%s: reading the committed version failed", self.name)
+            return self._version
+
+    def _fail(self, batch: list[Row], exc: BaseException) -> None:
+        """``batch`` (the failed commit's rows) and everything queued behind it fail: the owner
+        puts its view back to what is durable, then every waiter gets ``exc``."""
+        behind, self.pending = self.pending, []
+        if self._drained is not None:
+            self._drained(behind)
+        try:
+            self._on_failure(batch + behind, exc)
+        finally:
+            waiters = self._in_flight + self._waiters
+            self._in_flight, self._waiters, self._urgent = [], [], False
+            for w in waiters:
+                if not w.done():
+                    w.set_exception(exc)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The task ended: after :meth:`close` nothing is owed; any other end fails the waiters."""
+        if task.cancelled() or not self._closed:
+            self._closed = True
+            log.error("%s commit loop stopped unexpectedly", self.name)
+            broken, self._batch = self._batch, []
+            self._fail(broken, CommitLoopDied(f"{self.name} commit loop stopped"))
+
+    async def close(self) -> None:
+        """Commit what was queued, then stop."""
+        self._closed = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
