@@ -60,8 +60,15 @@ def build_app(gateway: Gateway) -> FastAPI:
         names = {stream: list(consumers) for stream, consumers in reg.consumers.items()}
         return await take_snapshot(gateway.api, list(reg.streams), names)
 
-    @app.get("/healthz", summary="Liveness: the gateway's event loop answers")
-    async def healthz() -> dict[str, str]:
+    @app.get(
+        "/healthz",
+        summary="Liveness: the event loop answers and no background task or commit loop has died",
+    )
+    async def healthz(response: Response) -> dict[str, Any]:
+        problems = gateway.health()
+        if problems:
+            response.status_code = 503
+            return {"status": "unhealthy", "problems": problems}
         return {"status": "ok"}
 
     @app.get("/readyz", summary="Readiness: the leaf link is up and the store takes commits")

@@ -223,6 +223,16 @@ class Gateway:
             await self.leaf.close()
         self.executor.shutdown(wait=True)
 
+    def health(self) -> list[str]:
+        """What is broken inside a running gateway (empty: nothing): a background task that died,
+        a commit loop that stopped. ``/healthz`` reports it; the log has said it already."""
+        problems = [f"task {name} died: {exc!r}" for name, exc in self.tasks.failures.items()]
+        if self.started:
+            for writer in (self.writer, self.acklog):
+                if writer is not None and not writer.loop.running:
+                    problems.append(f"the {writer.loop.name} commit loop has stopped")
+        return problems
+
     # ---- inbound ----------------------------------------------------------------------------
 
     def _on_msg(self, msg: Msg) -> None:
