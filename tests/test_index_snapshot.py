@@ -175,6 +175,19 @@ def test_recovery_from_a_snapshot_equals_a_full_scan_after_kill_9(tmp_path: Path
         gw.stop()
 
 
+class Subjects:
+    """The subjects the registry listens to, without a leaf link."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+
+    def subscribe(self, subject: str) -> None:
+        self.live.add(subject)
+
+    def unsubscribe(self, subject: str) -> None:
+        self.live.discard(subject)
+
+
 async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path) -> None:
     """Removals made in memory and not yet recorded (limits, TTLs, acked work-queue messages are
     recorded within seconds) are made durable before a snapshot that shows them is written: a
@@ -183,8 +196,10 @@ async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path)
     executor = ThreadPoolExecutor(2)
     try:
         acks = AckRecorder(AckLogWriter(AckLogTable(root), executor, 0, 0.1, 1000, 0))
-        registry = Registry(CatalogTable(root), executor, 1 << 20, lambda stream: None, acks)
+        subjects = Subjects()
+        registry = Registry(CatalogTable(root), executor, 1 << 20, acks, subjects)
         stream = await registry.add_stream({"name": "S", "subjects": ["s.>"]}, CREATED)
+        assert subjects.live == {"s.>"}  # the registry listens to a stream's subjects
         for i in range(100):
             stream.committed(stream.accept(f"s.{i % 4}", None, b"x", CREATED + i).seq)
         stream.remove(10)

@@ -33,7 +33,6 @@ from storage_delta.commit.writer import (
 )
 from storage_delta.format.nats import status_block
 
-ROUTE_CACHE_SIZE = 100_000
 MARKER_TICK_S = 0.05
 NO_RESPONDERS = status_block(503, "")
 PUBACK = b'{"stream":"%s","seq":%d}'
@@ -68,27 +67,13 @@ class PublishPath:
         self.writer = writer
         self.leaf = leaf
         self._on_stored = on_stored
-        self._route_cache: dict[str, Stream | None] = {}
+        self.route = registry.route
         # Accepted but not yet submitted: one run per stream, until ``flush``.
         self._runs: dict[Stream, _Run] = {}
         # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
         self._inflight_ids: dict[tuple[str, int], _Run] = {}
         self.received = 0  # publishes to a stream subject (the monitor reads these)
         self.failed = 0  # publishes answered with an error
-
-    def streams_changed(self) -> None:
-        """Forget cached routes: a stream was added (or its subjects changed)."""
-        self._route_cache.clear()
-
-    def route(self, subject: str) -> Stream | None:
-        found = self._route_cache.get(subject, _MISS)
-        if found is not _MISS:
-            return found  # type: ignore[return-value]
-        found = next((s for s in self.registry.streams.values() if s.captures(subject)), None)
-        if len(self._route_cache) > ROUTE_CACHE_SIZE:
-            self._route_cache.clear()
-        self._route_cache[subject] = found
-        return found
 
     def on_publish(self, msg: Msg) -> None:
         """Check and accept one publish. What is accepted is submitted by the next ``flush``,
@@ -299,9 +284,6 @@ class PublishPath:
         if reply:
             body = {"error": err.render(), "stream": stream.name, "seq": 0}
             self.leaf.publish(reply, json.dumps(body, separators=(",", ":")).encode())
-
-
-_MISS = object()
 
 
 def _store_failed(exc: BaseException) -> errors.ApiError:

@@ -9,12 +9,27 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from storage_delta.tables.catalog import CatalogTable
+
+#: Subjects whose stream is remembered; past it the memory starts over (publishers to many
+#: distinct subjects, most of them captured by no stream).
+ROUTE_CACHE_SIZE = 100_000
+
+_MISS = object()
+
+
+class Subscriptions(Protocol):
+    """The subjects the gateway listens to (the leaf link): a stream's subjects while it lives, so
+    a publish to a subject no stream captures gets "no responders", as from the real server."""
+
+    def subscribe(self, subject: str) -> None: ...
+
+    def unsubscribe(self, subject: str) -> None: ...
 
 
 class Registry:
@@ -23,16 +38,15 @@ class Registry:
         catalog: CatalogTable,
         executor: Executor,
         tail_cache_bytes: int,
-        on_stream_added: Callable[[Stream], None],
         recorder: AckRecorder,
-        on_subjects_changed: Callable[[list[str], list[str]], None] | None = None,
+        subscriptions: Subscriptions,
     ) -> None:
         self.recorder = recorder
         self._catalog = catalog
         self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
-        self._on_stream_added = on_stream_added
-        self._on_subjects_changed = on_subjects_changed
+        self._subscriptions = subscriptions
+        self._route_cache: dict[str, Stream | None] = {}
         self.streams: dict[str, Stream] = {}
         self.consumers: dict[str, dict[str, Consumer]] = {}
         self.server_version = "2.15.1"
@@ -42,6 +56,28 @@ class Registry:
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+
+    def route(self, subject: str) -> Stream | None:
+        """The stream that captures ``subject`` (None: no stream does)."""
+        found = self._route_cache.get(subject, _MISS)
+        if found is not _MISS:
+            return found  # type: ignore[return-value]
+        found = next((s for s in self.streams.values() if s.captures(subject)), None)
+        if len(self._route_cache) > ROUTE_CACHE_SIZE:
+            self._route_cache.clear()
+        self._route_cache[subject] = found
+        return found
+
+    def _subjects_changed(self, old: list[str], new: list[str]) -> None:
+        """A stream was added, updated or deleted: route its subjects anew and tell the server which
+        subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
+        self._route_cache.clear()
+        for subject in old:
+            if subject not in new:
+                self._subscriptions.unsubscribe(subject)
+        for subject in new:
+            if subject not in old:
+                self._subscriptions.subscribe(subject)
 
     def listed_consumers(self, stream: str) -> list[Consumer]:
         """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
@@ -57,6 +93,7 @@ class Registry:
     def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
+        self._subjects_changed([], stream.subjects)
         consumers = self.consumers.setdefault(stream.name, {})
 
         def removed(seq: int, subject: str) -> None:
@@ -83,9 +120,7 @@ class Registry:
         await self._persist(
             "stream", config["name"], config["name"], {"config": config, "created": created_ns}
         )
-        stream = self.install_stream(config, created_ns)
-        self._on_stream_added(stream)
-        return stream
+        return self.install_stream(config, created_ns)
 
     async def add_consumer(
         self,
@@ -128,8 +163,8 @@ class Registry:
         )
         old = stream.subjects
         stream.config = config
-        if self._on_subjects_changed is not None and old != stream.subjects:
-            self._on_subjects_changed(old, stream.subjects)
+        if old != stream.subjects:
+            self._subjects_changed(old, stream.subjects)
 
     async def remove_stream(self, stream: Stream) -> None:
         """End a stream (and its consumers) durably; its messages stay in storage until Spark
@@ -141,8 +176,7 @@ class Registry:
         for gone in self.consumers.pop(stream.name, {}).values():
             self.on_consumer_removed(gone)
             await self.recorder.deleted(gone)
-        if self._on_subjects_changed is not None:
-            self._on_subjects_changed(stream.subjects, [])
+        self._subjects_changed(stream.subjects, [])
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

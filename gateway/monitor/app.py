@@ -24,7 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway.monitor import metrics
 from gateway.monitor.jsz import JszOptions, Snapshot, render_jsz, take_snapshot
-from gateway.service.gateway import Gateway
+from gateway.service.gateway import Core, Gateway
 from storage_delta.tables.jobruns import job_figures
 
 BEARER = HTTPBearer(auto_error=False, description="the gateway's monitor_token")
@@ -53,12 +53,16 @@ def build_app(gateway: Gateway) -> FastAPI:
         if not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "bearer token required", headers={"WWW-Authenticate": "Bearer"})
 
-    async def snapshot() -> Snapshot:
-        if gateway.api is None or gateway.registry is None:
+    def started() -> Core:
+        if gateway.core is None:
             raise HTTPException(503, "gateway not started")
-        reg = gateway.registry
+        return gateway.core
+
+    async def snapshot() -> Snapshot:
+        core = started()
+        reg = core.registry
         names = {stream: list(consumers) for stream, consumers in reg.consumers.items()}
-        return await take_snapshot(gateway.api, list(reg.streams), names)
+        return await take_snapshot(core.api, list(reg.streams), names)
 
     @app.get(
         "/healthz",
@@ -73,15 +77,11 @@ def build_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/readyz", summary="Readiness: the leaf link is up and the store takes commits")
     async def readyz(response: Response) -> dict[str, Any]:
-        leaf = gateway.leaf is not None and gateway.leaf.connected
+        core = gateway.core
+        leaf = core is not None and core.leaf.connected
         # Messages can be committed, and the ack log takes rows (its bounded queue is not full).
-        store = (
-            gateway.writer is not None
-            and gateway.writer.running
-            and gateway.acklog is not None
-            and gateway.acklog.has_room()
-        )
-        ready = gateway.started and leaf and store
+        store = core is not None and core.writer.running and core.acklog.has_room()
+        ready = leaf and store
         if not ready:
             response.status_code = 503
         return {"status": "ready" if ready else "unavailable", "leaf_connected": leaf, "store_open": store}
@@ -111,7 +111,7 @@ def build_app(gateway: Gateway) -> FastAPI:
         snap = await snapshot()
         loop = asyncio.get_running_loop()
         jobs = await loop.run_in_executor(gateway.executor, job_figures, gateway.root)
-        return Response(metrics.render(snap, _counters(gateway), jobs), media_type=metrics.CONTENT_TYPE)
+        return Response(metrics.render(snap, _counters(started()), jobs), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def dashboard() -> HTMLResponse:
@@ -120,15 +120,11 @@ def build_app(gateway: Gateway) -> FastAPI:
     return app
 
 
-def _counters(gateway: Gateway) -> metrics.Counters:
-    assert gateway.writer is not None
-    assert gateway.publish is not None
-    assert gateway.leaf is not None
-    assert gateway.acklog is not None
-    w, leaf, acks = gateway.writer, gateway.leaf, gateway.acklog
+def _counters(core: Core) -> metrics.Counters:
+    w, leaf, acks = core.writer, core.leaf, core.acklog
     return metrics.Counters(
-        publishes=gateway.publish.received,
-        publish_errors=gateway.publish.failed,
+        publishes=core.publish.received,
+        publish_errors=core.publish.failed,
         commits=w.commits,
         messages_committed=w.messages_committed,
         refused=w.refused,
@@ -137,7 +133,7 @@ def _counters(gateway: Gateway) -> metrics.Counters:
         acklog_commits=acks.commits,
         acklog_rows=acks.rows_committed,
         acklog_compactions=acks.compactions,
-        api_dropped=gateway.api_dropped,
+        api_dropped=core.dispatcher.api_dropped,
         leaf_connected=leaf.connected,
         leaf_reconnects=leaf.reconnects,
         leaf_dropped_writes=leaf.dropped_writes,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from gateway.wire import protocol as proto
 from gateway.wire.leafauth import CredentialsError, LeafTarget, SubscribePermissions
@@ -51,27 +52,37 @@ class Interest:
         return any(subject_matches(w, subject) for w in self._wild)
 
 
-class LeafConnection:
-    """One leaf link; ``run`` keeps it up (reconnecting) until ``close``."""
+def _nobody(msg: proto.Msg) -> None:
+    """Before ``start`` nothing is read, so nothing is handed over."""
 
-    def __init__(
-        self,
-        target: LeafTarget,
-        name: str,
-        on_msg: Callable[[proto.Msg], None],
-        on_connected: Callable[[dict[str, object]], None] | None = None,
-        on_read_done: Callable[[], None] | None = None,
-        on_acks: Callable[[list[tuple[bytes, bytes, bytes, bytes]]], None] | None = None,
-    ) -> None:
+
+class LinkHandler(Protocol):
+    """What the link hands over, in the order it reads it (the service's dispatcher)."""
+
+    def on_msg(self, msg: proto.Msg) -> None: ...
+
+    def on_acks(self, acks: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
+        """A run of plain acks (``protocol.AckRun``)."""
+
+    def on_read_done(self) -> None:
+        """The messages of one socket read are handed over, before the reader waits again: the
+        publish path submits what that read accepted as one run per stream."""
+
+    def on_connected(self, info: dict[str, object]) -> None:
+        """The hub's INFO, once per connection."""
+
+
+class LeafConnection:
+    """One leaf link; :meth:`start` keeps it up (reconnecting) until :meth:`close`. Components
+    that send hold it from construction; what it reads goes to the handler given to ``start``."""
+
+    def __init__(self, target: LeafTarget, name: str) -> None:
         self.target = target
         self.name = name
-        self._on_msg = on_msg
-        # Called once the messages of one socket read are handed over, before the reader waits
-        # again: the publish path submits what that read accepted as one run per stream.
-        self._on_read_done = on_read_done
-        self._on_connected = on_connected
-        # Runs of plain acks (``protocol.AckRun``); without it every ack comes as a message.
-        self._on_acks = on_acks
+        self._on_msg: Callable[[proto.Msg], None] = _nobody
+        self._on_read_done: Callable[[], None] | None = None
+        self._on_connected: Callable[[dict[str, object]], None] | None = None
+        self._on_acks: Callable[[list[tuple[bytes, bytes, bytes, bytes]]], None] | None = None
         self._subs: set[str] = set()
         self.interest = Interest()
         self._writer: asyncio.StreamWriter | None = None
@@ -90,9 +101,14 @@ class LeafConnection:
     def connected(self) -> bool:
         return self._connected.is_set()
 
-    async def start(self, wait_s: float = 3.0) -> None:
-        """Start the link and give it ``wait_s`` to come up. A hub that is down or refuses the
-        credentials at start-up is not fatal: the link keeps retrying, as after any later loss."""
+    async def start(self, handler: LinkHandler, wait_s: float = 3.0) -> None:
+        """Start the link, handing what it reads to ``handler``, and give it ``wait_s`` to come
+        up. A hub that is down or refuses the credentials at start-up is not fatal: the link keeps
+        retrying, as after any later loss."""
+        self._on_msg = handler.on_msg
+        self._on_acks = handler.on_acks
+        self._on_read_done = handler.on_read_done
+        self._on_connected = handler.on_connected
         self._task = asyncio.create_task(self._run(), name="leaf-connection")
         try:
             await asyncio.wait_for(self._connected.wait(), wait_s)
