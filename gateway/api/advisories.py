@@ -44,40 +44,27 @@ def stream_action(stream: str, action: str, now_ns: int) -> tuple[str, bytes]:
     )
 
 
+def _consumer_event(
+    what: str, kind: str, stream: str, consumer: str, now_ns: int, **fields: Any
+) -> tuple[str, bytes]:
+    """A consumer advisory: ``$JS.EVENT.ADVISORY.CONSUMER.<what>.<stream>.<consumer>``."""
+    return _event(f"{ADVISORY}.{what}.{stream}.{consumer}", _T + kind, stream, consumer, now_ns, **fields)
+
+
 def consumer_action(stream: str, consumer: str, action: str, now_ns: int) -> tuple[str, bytes]:
     verb = {"create": "CREATED", "delete": "DELETED"}[action]
-    return _event(
-        f"{ADVISORY}.{verb}.{stream}.{consumer}",
-        _T + "consumer_action",
-        stream,
-        consumer,
-        now_ns,
-        action=action,
-    )
+    return _consumer_event(verb, "consumer_action", stream, consumer, now_ns, action=action)
 
 
 def max_deliveries(stream: str, consumer: str, seq: int, deliveries: int, now_ns: int) -> tuple[str, bytes]:
-    return _event(
-        f"{ADVISORY}.MAX_DELIVERIES.{stream}.{consumer}",
-        _T + "max_deliver",
-        stream,
-        consumer,
-        now_ns,
-        stream_seq=seq,
-        deliveries=deliveries,
+    return _consumer_event(
+        "MAX_DELIVERIES", "max_deliver", stream, consumer, now_ns, stream_seq=seq, deliveries=deliveries
     )
 
 
 def nak(stream: str, consumer: str, cseq: int, seq: int, deliveries: int, now_ns: int) -> tuple[str, bytes]:
-    return _event(
-        f"{ADVISORY}.MSG_NAKED.{stream}.{consumer}",
-        _T + "nak",
-        stream,
-        consumer,
-        now_ns,
-        consumer_seq=cseq,
-        stream_seq=seq,
-        deliveries=deliveries,
+    return _consumer_event(
+        "MSG_NAKED", "nak", stream, consumer, now_ns, consumer_seq=cseq, stream_seq=seq, deliveries=deliveries
     )
 
 
@@ -85,9 +72,9 @@ def terminated(
     stream: str, consumer: str, cseq: int, seq: int, deliveries: int, reason: str, now_ns: int
 ) -> tuple[str, bytes]:
     extra = {"reason": reason} if reason else {}
-    return _event(
-        f"{ADVISORY}.MSG_TERMINATED.{stream}.{consumer}",
-        _T + "terminated",
+    return _consumer_event(
+        "MSG_TERMINATED",
+        "terminated",
         stream,
         consumer,
         now_ns,
@@ -99,14 +86,8 @@ def terminated(
 
 
 def pause(stream: str, consumer: str, paused: bool, until: str, now_ns: int) -> tuple[str, bytes]:
-    return _event(
-        f"{ADVISORY}.PAUSE.{stream}.{consumer}",
-        _T + "consumer_pause",
-        stream,
-        consumer,
-        now_ns,
-        paused=paused,
-        pause_until=until,
+    return _consumer_event(
+        "PAUSE", "consumer_pause", stream, consumer, now_ns, paused=paused, pause_until=until
     )
 
 
