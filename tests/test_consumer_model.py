@@ -135,38 +135,52 @@ def test_cursor_names_what_a_fresh_search_finds() -> None:
     ):
         stream = _stream(30, subjects=4)
         c = _consumer(stream, **cfg)
-        filters = [["m.s1"], ["m.s0", "m.s2"], ["m.*"], []]
         for i in range(1500):
             op = rng.random()
-            st = stream.state
-            if op < 0.25:
-                _add(stream, f"m.s{rng.randrange(5)}", 100 + i)
-            elif op < 0.28:
-                stream.accept(f"m.s{rng.randrange(5)}", None, b"lost", (100 + i) * NS)
-                stream.rollback()
-            elif op < 0.38 and st.messages:
-                stream.remove(rng.randint(st.first_seq, st.last_seq))
-            elif op < 0.40 and st.messages:
-                stream.remove(c.next_seq() or st.last_seq)
-            elif op < 0.41:
-                stream.purge(subject=f"m.s{rng.randrange(5)}")
-            elif op < 0.42 and st.messages:
-                stream.purge(seq=rng.randint(st.first_seq, st.last_seq + 1))
-            elif op < 0.425:
-                stream.purge(seq=st.last_seq + rng.randint(1, 20))
-            elif op < 0.44:
-                c.reconfigure({**c.config, "filter_subject": "", "filter_subjects": rng.choice(filters)})
-            elif op < 0.445:
-                c.reset(0)
-            elif op < 0.85:
-                seq = c.next_seq()
-                if seq is not None:
-                    c.deliver(seq, i)
-            elif c.pending:
-                seq = rng.choice(sorted(c.pending))
-                c.ack(seq, c.pending[seq].cseq, i)
+            if op < 0.425:
+                _change_stream(rng, stream, c, op, i)
+            else:
+                _drive_consumer(rng, c, op, i)
             if not c.redeliver and not c._skip:
                 assert c.next_seq() == stream.next_matching(c.sseq, c.filters), (cfg, i)
+
+
+def _change_stream(rng: random.Random, stream: Stream, c: Consumer, op: float, i: int) -> None:
+    """One random change of the stream under a consumer, ``op`` below 0.425: a step whose stream
+    has no message falls through to the next."""
+    st = stream.state
+    if op < 0.25:
+        _add(stream, f"m.s{rng.randrange(5)}", 100 + i)
+    elif op < 0.28:
+        stream.accept(f"m.s{rng.randrange(5)}", None, b"lost", (100 + i) * NS)
+        stream.rollback()
+    elif op < 0.38 and st.messages:
+        stream.remove(rng.randint(st.first_seq, st.last_seq))
+    elif op < 0.40 and st.messages:
+        stream.remove(c.next_seq() or st.last_seq)
+    elif op < 0.41:
+        stream.purge(subject=f"m.s{rng.randrange(5)}")
+    elif op < 0.42 and st.messages:
+        stream.purge(seq=rng.randint(st.first_seq, st.last_seq + 1))
+    else:
+        stream.purge(seq=st.last_seq + rng.randint(1, 20))
+
+
+def _drive_consumer(rng: random.Random, c: Consumer, op: float, i: int) -> None:
+    """One random step of a consumer, ``op`` from 0.425: a filter change, a reset, a delivery or
+    an ack."""
+    if op < 0.44:
+        filters = rng.choice([["m.s1"], ["m.s0", "m.s2"], ["m.*"], []])
+        c.reconfigure({**c.config, "filter_subject": "", "filter_subjects": filters})
+    elif op < 0.445:
+        c.reset(0)
+    elif op < 0.85:
+        seq = c.next_seq()
+        if seq is not None:
+            c.deliver(seq, i)
+    elif c.pending:
+        seq = rng.choice(sorted(c.pending))
+        c.ack(seq, c.pending[seq].cseq, i)
 
 
 def test_flow_control_window() -> None:

@@ -64,22 +64,33 @@ async def build_state(nc: Client) -> None:
         await api(nc, f"CONSUMER.CREATE.{STREAM}.{name}", body)
     for name in ("EXPLICIT", "FILTERED", "ACKALL", "NOACK", "FROM"):
         sub = await js.pull_subscribe_bind(name, STREAM)
-        msgs = await sub.fetch(12, timeout=5)
-        for i, m in enumerate(msgs):
-            if name == "ACKALL" and i == 7:
-                await m.ack_sync()
-            elif name in ("EXPLICIT", "FILTERED", "FROM"):
-                if i in (0, 1, 4, 5, 9):
-                    await m.ack_sync()
-                elif i == 2:
-                    await m.nak()
-                elif i == 3:
-                    await m.term()
+        for i, m in enumerate(await sub.fetch(12, timeout=5)):
+            await answer(name, i, m)
         if name in ("EXPLICIT", "FILTERED"):
             # the nak'd message comes back (delivery 2) with the next ones; all stay pending
             await sub.fetch(3, timeout=5)
         await nc.flush()
-    sub = await js.pull_subscribe_bind("RESETME", STREAM)
+    await reset_midway(nc)
+    await asyncio.sleep(0.3)
+
+
+async def answer(name: str, i: int, m: Msg) -> None:
+    """The i-th message of a consumer's first fetch: the explicit ones leave holes in the floor, a
+    nak and a term; ACKALL acks the eighth and with it all before."""
+    if name == "ACKALL" and i == 7:
+        await m.ack_sync()
+    elif name in ("EXPLICIT", "FILTERED", "FROM"):
+        if i in (0, 1, 4, 5, 9):
+            await m.ack_sync()
+        elif i == 2:
+            await m.nak()
+        elif i == 3:
+            await m.term()
+
+
+async def reset_midway(nc: Client) -> None:
+    """RESETME: deliveries and acks, CONSUMER.RESET to sequence 5, then more of both."""
+    sub = await nc.jetstream().pull_subscribe_bind("RESETME", STREAM)
     for m in await sub.fetch(8, timeout=5):
         if m.metadata.sequence.stream % 3 == 0:
             await m.ack_sync()
@@ -87,7 +98,6 @@ async def build_state(nc: Client) -> None:
     for m in await sub.fetch(4, timeout=5):
         if m.metadata.sequence.stream == 6:
             await m.ack_sync()
-    await asyncio.sleep(0.3)
 
 
 async def infos(url: str) -> dict[str, Any]:

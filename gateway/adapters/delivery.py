@@ -37,7 +37,7 @@ from gateway.api.pull import (
 )
 from gateway.api.timefmt import now_ns
 from gateway.engine import retention
-from gateway.engine.consumer import Consumer, Delivered
+from gateway.engine.consumer import Consumer, Delivered, Pending
 from gateway.engine.flow_control import FlowControl
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
@@ -196,54 +196,60 @@ class Delivery:
                 if target is None or consumer.paused(now):
                     return
                 inbox, req = target
-                if self._runs(consumer, req) and self._serve_run(consumer, inbox, req, now):
-                    if self.leaf.backlogged():
-                        await self.leaf.drain()
-                    continue
-                seq = consumer.next_seq()
-                if seq is None:
-                    # no_wait ends with 404 once it ran dry; with expires, an empty start waits
-                    if req is not None and req.no_wait and (req.delivered or not req.expires_at_ns):
-                        consumer.waiting.pop()
-                        self._send_status(Status(req.reply, *NO_MESSAGES))
+                if not (self._runs(consumer, req) and self._serve_run(consumer, inbox, req, now)):
+                    # one at a time: paced, sized, flow-controlled or not in memory
+                    seq = consumer.next_seq()
+                    if seq is None:
+                        # no_wait ends with 404 once it ran dry; with expires, an empty start waits
+                        if req is not None and req.no_wait and (req.delivered or not req.expires_at_ns):
+                            consumer.waiting.pop()
+                            self._send_status(Status(req.reply, *NO_MESSAGES))
+                            continue
+                        return
+                    msg = consumer.stream.tail.get(seq) or await self._read_cold(consumer, seq)
+                    if msg is None or (req is not None and self._request_over(consumer, req, msg)):
                         continue
-                    return
-                msg = consumer.stream.tail.get(seq)
-                if msg is None:
-                    msg = await self.cold.read(consumer.stream, seq)
-                if msg is None:
-                    was_pending = seq in consumer.pending
-                    consumer.passed(seq)
-                    if was_pending:
-                        self.recorder.dropped(consumer, seq)
-                    continue
-                if req is not None and consumer.waiting.peek() is not req:
-                    continue  # the request expired or went away while we read
-                cfg = consumer.config
-                if consumer.is_push and (cfg.get("replay_policy") == "original" or cfg.get("rate_limit_bps")):
-                    await self._pace(consumer, key, msg)
-                if (
-                    req is not None
-                    and req.max_bytes
-                    and _size(msg, consumer) > req.max_bytes - req.bytes_sent
-                ):
-                    consumer.waiting.pop()
-                    self._send_status(too_big_status(req))
-                    continue
-                if not self.recorder.has_room():
-                    await self.recorder.writer.flush()  # back-pressure from the ack log
-                    continue
-                done = consumer.deliver(seq, now_ns())
-                if done is None:
-                    continue
-                self.recorder.delivered_run(consumer, [done])
-                size = self._send(consumer, inbox, msg, done)
-                if req is not None:
-                    _served(consumer, req, 1, size, now_ns())
+                    cfg = consumer.config
+                    if consumer.is_push and (
+                        cfg.get("replay_policy") == "original" or cfg.get("rate_limit_bps")
+                    ):
+                        await self._pace(consumer, key, msg)
+                    if not self.recorder.has_room():
+                        await self.recorder.writer.flush()  # back-pressure from the ack log
+                        continue
+                    done = consumer.deliver(seq, now_ns())
+                    if done is None:
+                        continue
+                    self.recorder.delivered_run(consumer, [done])
+                    size = self._send(consumer, inbox, msg, done)
+                    if req is not None:
+                        _served(consumer, req, 1, size, now_ns())
                 if self.leaf.backlogged():
                     await self.leaf.drain()
         finally:
             self._serving.discard(key)
+
+    async def _read_cold(self, consumer: Consumer, seq: int) -> StoredMessage | None:
+        """A message the tail cache no longer holds; None when it is gone from the stream too,
+        and then the consumer passes it (and the ack log lets it go, if it was pending)."""
+        msg = await self.cold.read(consumer.stream, seq)
+        if msg is None:
+            was_pending = seq in consumer.pending
+            consumer.passed(seq)
+            if was_pending:
+                self.recorder.dropped(consumer, seq)
+        return msg
+
+    def _request_over(self, consumer: Consumer, req: PullRequest, msg: StoredMessage) -> bool:
+        """Whether the pull request takes no more: it expired or went away while the message was
+        read, or the message would overrun its ``max_bytes`` (then it ends with a 409)."""
+        if consumer.waiting.peek() is not req:
+            return True
+        if req.max_bytes and _size(msg, consumer) > req.max_bytes - req.bytes_sent:
+            consumer.waiting.pop()
+            self._send_status(too_big_status(req))
+            return True
+        return False
 
     @staticmethod
     def _runs(consumer: Consumer, req: PullRequest | None) -> bool:
@@ -453,36 +459,18 @@ class Delivery:
         k = kind.kind
         stream, name = token.stream, token.consumer
         floor = consumer.ack_floor_sseq
-        record, changed, delay = al.ACK, False, {}
+        record, changed = al.ACK, False
+        delay: dict[str, int] = {}
         if k in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
             changed = settled is not None
-            freq = consumer.config.get("sample_freq")
-            rate = advisories.sample_rate(freq) if freq else 0
-            if settled is not None and rate and _sampled(rate, token.cseq):
-                self._publish_event(
-                    advisories.ack_sample(
-                        stream, name, token.cseq, token.seq, now - settled.sent_ns, settled.deliveries, now
-                    )
-                )
+            if settled is not None and consumer.config.get("sample_freq"):
+                self._sample(consumer, token, settled, now)
         elif k == "term":
-            record = al.TERM
-            changed = consumer.term(token.seq, token.cseq, now) is not None
-            if changed:
-                self._publish_event(
-                    advisories.terminated(
-                        stream, name, token.cseq, token.seq, token.deliveries, kind.reason, now
-                    )
-                )
+            record, changed = al.TERM, self._term(consumer, token, kind, now)
         elif k == "nak":
-            record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
-            p = consumer.pending.get(token.seq)
-            if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
-                delay = {"delay": p.deadline_ns - now}  # redelivery waits (the delay, or backoff)
-            if changed:
-                self._publish_event(
-                    advisories.nak(stream, name, token.cseq, token.seq, token.deliveries, now)
-                )
+            record = al.NAK
+            changed, delay = self._nak(consumer, token, kind, now)
         elif k == "wpi":
             record, changed = al.WPI, consumer.progress(token.seq, now)
         if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
@@ -497,6 +485,49 @@ class Delivery:
             # An ack with a reply is answered only once its row is committed (ack_sync).
             durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
         self._kick_after_ack(consumer)
+
+    def _sample(self, consumer: Consumer, token: acks.AckToken, settled: Pending, now: int) -> None:
+        """``sample_freq``: an advisory for that share of the acks, with the delivery's round trip."""
+        rate = advisories.sample_rate(consumer.config["sample_freq"])
+        if rate and _sampled(rate, token.cseq):
+            self._publish_event(
+                advisories.ack_sample(
+                    token.stream,
+                    token.consumer,
+                    token.cseq,
+                    token.seq,
+                    now - settled.sent_ns,
+                    settled.deliveries,
+                    now,
+                )
+            )
+
+    def _term(self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, now: int) -> bool:
+        """A term settles the message for good, with an advisory carrying the client's reason."""
+        changed = consumer.term(token.seq, token.cseq, now) is not None
+        if changed:
+            self._publish_event(
+                advisories.terminated(
+                    token.stream, token.consumer, token.cseq, token.seq, token.deliveries, kind.reason, now
+                )
+            )
+        return changed
+
+    def _nak(
+        self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, now: int
+    ) -> tuple[bool, dict[str, int]]:
+        """A nak: whether it changed anything, and the redelivery delay (the nak's own, or the
+        backoff's) the ack log keeps."""
+        changed = consumer.nak(token.seq, kind.delay_ns, now)
+        p = consumer.pending.get(token.seq)
+        delay: dict[str, int] = {}
+        if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
+            delay = {"delay": p.deadline_ns - now}
+        if changed:
+            self._publish_event(
+                advisories.nak(token.stream, token.consumer, token.cseq, token.seq, token.deliveries, now)
+            )
+        return changed, delay
 
     def _kick_after_ack(self, consumer: Consumer) -> None:
         listening = len(consumer.waiting) > 0 or consumer.is_push

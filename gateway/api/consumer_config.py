@@ -262,16 +262,18 @@ def _check_deliver_subject(subject: str, stream_subjects: list[str]) -> None:
         raise errors.CONSUMER_DELIVER_CYCLE
 
 
-def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) -> list[str]:
-    """The server's checks of a consumer config (``checkConsumerCfg``), in its order, once the
-    values it changes to fit are changed; the filters, checked."""
-    name = str(raw.get("name") or "")
+def _check_name(name: str) -> None:
+    """A name becomes a subject token and a folder name: no separators of either."""
     if "/" in name or "\\" in name:
         raise errors.CONSUMER_NAME_PATH_SEPARATORS
     if any(c in name for c in ".*>"):
         raise errors.STREAM_INVALID_CONFIG.format(
             err="consumer name can not contain '.', '*', '>', '\\', '/'"
         )
+
+
+def _check_not_negative(raw: dict[str, Any]) -> None:
+    """The server refuses these before the rules that read them, so a negative one is the error."""
     if int(raw.get("num_replicas") or 0) < 0:
         raise errors.REPLICAS_NEGATIVE
     backoff = [int(b) for b in raw.get("backoff") or []]
@@ -279,32 +281,50 @@ def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) 
         raise errors.CONSUMER_BACKOFF_NEGATIVE
     if int(raw.get("ack_wait") or 0) < 0:
         raise errors.CONSUMER_ACK_WAIT_NEGATIVE
+
+
+def _check_push(raw: dict[str, Any], ack_policy: str, heartbeat: int, stream: dict[str, Any]) -> None:
+    """A push consumer sends unasked to a subject: nothing waits on it, a pending limit needs acks
+    to release it, and a heartbeat below 100 ms would flood the subscriber."""
+    _check_deliver_subject(raw["deliver_subject"], list(stream.get("subjects") or []))
+    if int(raw.get("max_waiting") or 0) > 0:
+        raise errors.CONSUMER_PUSH_MAX_WAITING
+    if int(raw.get("max_ack_pending") or 0) > 0 and ack_policy == "none":
+        raise errors.CONSUMER_MAX_PENDING_NEEDS_ACKS
+    if 0 < heartbeat < MIN_HEARTBEAT_NS:
+        raise errors.CONSUMER_SMALL_HEARTBEAT
+
+
+def _check_pull(raw: dict[str, Any], heartbeat: int) -> None:
+    """What only a push consumer may ask for; a pull consumer's own floor on ``max_expires``."""
+    if raw.get("rate_limit_bps"):
+        raise errors.CONSUMER_PULL_RATE_LIMIT
+    if heartbeat:
+        raise errors.CONSUMER_HEARTBEAT_REQUIRES_PUSH
+    if raw.get("flow_control"):
+        raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
+    if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
+        raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
+
+
+def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) -> list[str]:
+    """The server's checks of a consumer config (``checkConsumerCfg``), in its order, once the
+    values it changes to fit are changed; the filters, checked."""
+    _check_name(str(raw.get("name") or ""))
+    _check_not_negative(raw)
     push = bool(raw.get("deliver_subject"))
     if ack_policy == "flow_control":
         _check_ack_flow_control(raw, push)
     max_deliver = int(raw.get("max_deliver") or 0)
-    if max_deliver > 0 and len(backoff) > max_deliver:
+    if max_deliver > 0 and len(raw.get("backoff") or []) > max_deliver:
         raise errors.CONSUMER_MAX_DELIVER_BACKOFF
     if len(str(raw.get("description") or "")) > MAX_DESCRIPTION_LEN:
         raise errors.CONSUMER_DESCRIPTION_TOO_LONG
     heartbeat = int(raw.get("idle_heartbeat") or 0)
     if push:
-        _check_deliver_subject(raw["deliver_subject"], list(stream.get("subjects") or []))
-        if int(raw.get("max_waiting") or 0) > 0:
-            raise errors.CONSUMER_PUSH_MAX_WAITING
-        if int(raw.get("max_ack_pending") or 0) > 0 and ack_policy == "none":
-            raise errors.CONSUMER_MAX_PENDING_NEEDS_ACKS
-        if 0 < heartbeat < MIN_HEARTBEAT_NS:
-            raise errors.CONSUMER_SMALL_HEARTBEAT
+        _check_push(raw, ack_policy, heartbeat, stream)
     else:
-        if raw.get("rate_limit_bps"):
-            raise errors.CONSUMER_PULL_RATE_LIMIT
-        if heartbeat:
-            raise errors.CONSUMER_HEARTBEAT_REQUIRES_PUSH
-        if raw.get("flow_control"):
-            raise errors.CONSUMER_FLOW_CONTROL_REQUIRES_PUSH
-        if 0 < int(raw.get("max_expires") or 0) < 1_000_000:
-            raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
+        _check_pull(raw, heartbeat)
     _check_limits(raw, stream.get("consumer_limits") or {})
     if raw.get("direct") and not push:
         raise errors.CONSUMER_DIRECT_REQUIRES_PUSH
@@ -354,77 +374,113 @@ def normalize(
     if ack_policy == "flow_control" and not pedantic:
         raw = {**raw, "flow_control": True, "idle_heartbeat": FLOW_CONTROL_HEARTBEAT_NS}
     filters = _check_config(raw, ack_policy, stream)
-    cfg: dict[str, Any] = {}
+    return {
+        **_identity_fields(raw),
+        **_start_fields(raw),
+        **_ack_fields(raw, ack_policy),
+        **_filter_fields(raw, filters),
+        "replay_policy": _policy(raw, "replay_policy", "instant"),
+        **{key: raw[key] for key in _PASS_THROUGH if raw.get(key)},
+        **_limit_fields(raw, ack_policy, limits),
+        "num_replicas": int(raw.get("num_replicas") or 0),
+        **_storage_fields(raw),
+        "metadata": _metadata(raw, ack_policy, server_version),
+        **({"pause_until": raw["pause_until"]} if raw.get("pause_until") else {}),
+    }
+
+
+# The parts of a normalized config, each in the real server's field order: the API answers with
+# exactly the JSON the real server would.
+
+
+def _identity_fields(raw: dict[str, Any]) -> dict[str, Any]:
     durable = raw.get("durable_name") or ""
     name = raw.get("name") or durable
-    push = bool(raw.get("deliver_subject"))
+    out: dict[str, Any] = {}
     if durable:
-        cfg["durable_name"] = durable
+        out["durable_name"] = durable
     if name:
-        cfg["name"] = name
+        out["name"] = name
     if raw.get("description"):
-        cfg["description"] = raw["description"]
-    cfg["deliver_policy"] = _policy(raw, "deliver_policy", "all")
-    replay = _policy(raw, "replay_policy", "instant")
+        out["description"] = raw["description"]
+    return out
+
+
+def _start_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"deliver_policy": _policy(raw, "deliver_policy", "all")}
     if raw.get("opt_start_seq"):
-        cfg["opt_start_seq"] = int(raw["opt_start_seq"])
+        out["opt_start_seq"] = int(raw["opt_start_seq"])
     if raw.get("opt_start_time"):
-        cfg["opt_start_time"] = raw["opt_start_time"]
+        out["opt_start_time"] = raw["opt_start_time"]
+    return out
+
+
+def _ack_fields(raw: dict[str, Any], ack_policy: str) -> dict[str, Any]:
+    """The first backoff step is the ack wait; a consumer without acks has none."""
     ack_wait = int(raw.get("ack_wait") or 0)
     backoff = [int(b) for b in raw.get("backoff") or []]
     max_deliver = int(raw.get("max_deliver") or 0)
-    if max_deliver <= 0:
-        max_deliver = -1
-
-    cfg["ack_policy"] = ack_policy
+    out: dict[str, Any] = {"ack_policy": ack_policy}
     if ack_policy not in ("none", "flow_control") or backoff:
-        cfg["ack_wait"] = backoff[0] if backoff else ack_wait or DEFAULT_ACK_WAIT_NS
-    cfg["max_deliver"] = max_deliver
+        out["ack_wait"] = backoff[0] if backoff else ack_wait or DEFAULT_ACK_WAIT_NS
+    out["max_deliver"] = max_deliver if max_deliver > 0 else -1
     if backoff:
-        cfg["backoff"] = backoff
+        out["backoff"] = backoff
+    return out
+
+
+def _filter_fields(raw: dict[str, Any], filters: list[str]) -> dict[str, Any]:
+    """One filter stays in the field it was asked in."""
     if filters and raw.get("filter_subject"):
-        cfg["filter_subject"] = filters[0]
-    elif filters:
-        cfg["filter_subjects"] = filters
-    cfg["replay_policy"] = replay
-    for key in _PASS_THROUGH:
-        if raw.get(key):
-            cfg[key] = raw[key]
-    if not push:
+        return {"filter_subject": filters[0]}
+    return {"filter_subjects": filters} if filters else {}
+
+
+def _limit_fields(raw: dict[str, Any], ack_policy: str, limits: dict[str, Any]) -> dict[str, Any]:
+    """The stream's ``consumer_limits`` are the defaults of ``max_ack_pending`` and
+    ``inactive_threshold``; a push consumer has no waiting requests to limit."""
+    out: dict[str, Any] = {}
+    if not raw.get("deliver_subject"):
         waiting = int(raw.get("max_waiting") or 0)
-        cfg["max_waiting"] = waiting if waiting > 0 else DEFAULT_MAX_WAITING
+        out["max_waiting"] = waiting if waiting > 0 else DEFAULT_MAX_WAITING
     pending = int(raw.get("max_ack_pending") or 0)
     pending_cap = int(limits.get("max_ack_pending") or 0)
     if ack_policy != "none" or pending or pending_cap > 0:
-        cfg["max_ack_pending"] = pending or (pending_cap if pending_cap > 0 else DEFAULT_MAX_ACK_PENDING)
+        out["max_ack_pending"] = pending or (pending_cap if pending_cap > 0 else DEFAULT_MAX_ACK_PENDING)
     if raw.get("headers_only"):
-        cfg["headers_only"] = True
+        out["headers_only"] = True
     for key in _PULL_LIMITS:
         if int(raw.get(key) or 0) > 0:
-            cfg[key] = int(raw[key])
+            out[key] = int(raw[key])
     for key in _PUSH_FIELDS:
         if raw.get(key):
-            cfg[key] = raw[key]
+            out[key] = raw[key]
     inactive = int(raw.get("inactive_threshold") or 0)
     inactive_cap = int(limits.get("inactive_threshold") or 0)
     if inactive > 0:
-        cfg["inactive_threshold"] = inactive
+        out["inactive_threshold"] = inactive
     elif inactive_cap > 0:
-        cfg["inactive_threshold"] = inactive_cap
-    elif not durable:
-        cfg["inactive_threshold"] = DEFAULT_INACTIVE_THRESHOLD_NS
-    cfg["num_replicas"] = int(raw.get("num_replicas") or 0)
+        out["inactive_threshold"] = inactive_cap
+    elif not raw.get("durable_name"):
+        out["inactive_threshold"] = DEFAULT_INACTIVE_THRESHOLD_NS
+    return out
+
+
+def _storage_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     if raw.get("direct"):
-        cfg["direct"] = True  # accepted and echoed; served as an ordinary push consumer
+        out["direct"] = True  # accepted and echoed; served as an ordinary push consumer
     if raw.get("mem_storage"):
-        cfg["mem_storage"] = True
+        out["mem_storage"] = True
+    return out
+
+
+def _metadata(raw: dict[str, Any], ack_policy: str, server_version: str) -> dict[str, str]:
+    """The user's metadata; the ``_nats.`` keys are the server's to set."""
     req_level = _req_level({"pause_until": raw.get("pause_until"), "ack_policy": ack_policy})
     metadata = {k: v or "" for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
     metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
-    cfg["metadata"] = metadata
-    if raw.get("pause_until"):
-        cfg["pause_until"] = raw["pause_until"]
-    return cfg
+    return metadata
 
 
 def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -103,41 +103,60 @@ def _check_value(value: Any, kind: str | Enum | Struct, path: str, field: str) -
     """``field`` is how Go names the place in a type error: a struct field or a slice element (a
     nested struct's own fields are checked by the caller)."""
     if isinstance(kind, Enum):
-        if value not in kind.values:
-            text = json.dumps(value, separators=(",", ":"))
-            raise _invalid(kind.wording.format(text=text, quoted=json.dumps(text)))
+        _check_enum(value, kind)
         return
     if value is None:
         return
     where = f"{field}{path} of type {_name(kind)}"
-    mismatch = _invalid(f"json: cannot unmarshal {_json_type(value)} into {where}")
-    if isinstance(kind, Struct):
-        if not isinstance(value, dict):
-            raise mismatch
-    elif kind in _INTS:
-        if type(value) not in (int, float):
-            raise mismatch
+    if not _json_type_fits(value, kind):
+        raise _invalid(f"json: cannot unmarshal {_json_type(value)} into {where}")
+    if not isinstance(kind, Struct):
+        _check_contents(value, kind, path, where)
+
+
+def _check_contents(value: Any, kind: str, path: str, where: str) -> None:
+    """A value of the JSON type its Go type reads: what Go still refuses in it (a number out of
+    range, a member of the wrong type, a time that is not RFC 3339)."""
+    if kind in _INTS:
         lo, hi = _INTS[kind]
         if isinstance(value, float) or not lo <= value < hi:
             raise _invalid(f"json: cannot unmarshal number {value} into {where}")
     elif kind == STRING_MAP:
-        if not isinstance(value, dict):
-            raise mismatch
         for k, v in value.items():
             _check_value(v, STRING, f"{path}.{k}", "Go struct field ")
     elif kind in _ELEMENTS:
-        if not isinstance(value, list):
-            raise mismatch
         for i, item in enumerate(value):
             _check_value(item, _ELEMENTS[kind], f"{path}.{i}", "")
     elif kind == TIME:
-        if not isinstance(value, str):
-            raise mismatch
         trouble = _time_error(value)
         if trouble:
             raise _invalid(trouble)
-    elif not isinstance(value, {STRING: str, BOOL: bool}[kind]):
-        raise mismatch
+
+
+def _check_enum(value: Any, kind: Enum) -> None:
+    if value not in kind.values:
+        text = json.dumps(value, separators=(",", ":"))
+        raise _invalid(kind.wording.format(text=text, quoted=json.dumps(text)))
+
+
+#: The JSON value each Go type reads (the numbers are checked apart: a JSON bool is no number).
+_JSON_TYPES: dict[str, type] = {
+    STRING: str,
+    BOOL: bool,
+    TIME: str,
+    STRING_MAP: dict,
+    STRINGS: list,
+    DURATIONS: list,
+}
+
+
+def _json_type_fits(value: Any, kind: str | Struct) -> bool:
+    """Whether Go's decoder gets past the value's JSON type (its range or members aside)."""
+    if isinstance(kind, Struct):
+        return isinstance(value, dict)
+    if kind in _INTS:
+        return type(value) in (int, float)
+    return isinstance(value, _JSON_TYPES[kind])
 
 
 def _name(kind: str | Struct) -> str:

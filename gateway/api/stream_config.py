@@ -133,47 +133,69 @@ def decode(raw: dict[str, Any]) -> dict[str, Any]:
         if gotype is None:
             raise errors.INVALID_JSON.format(err=f'json: unknown field "{key}"')
         if gotype in _ENUMS:
-            text = json.dumps(value, separators=(",", ":"))
-            parsed = _ENUMS[gotype].get(text.lower() if gotype == "DiscardPolicy" else text)
-            if parsed is None:
-                raise errors.INVALID_JSON.format(err=f"can not unmarshal {json.dumps(text)}")
-            out[key] = parsed
-            continue
-        if value is None:
-            if gotype == "StoreCompression":
-                raise errors.INVALID_JSON.format(err="unknown compression algorithm")
-            continue
-        if gotype == "StoreCompression":
-            if not isinstance(value, str):
-                raise errors.INVALID_JSON.format(
-                    err=f"json: cannot unmarshal {_json_kind(value)} into Go value of type string"
-                )
-            if value not in ("none", "s2"):
-                raise errors.INVALID_JSON.format(err="unknown compression algorithm")
-        elif gotype == "[]string":
-            if not isinstance(value, list):
-                raise _type_error(_json_kind(value), key, gotype)
-            for i, item in enumerate(value):
-                if item is not None:
-                    _check_scalar(f"{key}.{i}", "string", item, struct_field=False)
-            value = [item or "" for item in value]
-        elif gotype == "map[string]string":
-            if not isinstance(value, dict):
-                raise _type_error(_json_kind(value), key, gotype)
-            for k, v in value.items():
-                if v is not None:
-                    _check_scalar(f"{key}.{k}", "string", v)
-            value = {k: v or "" for k, v in value.items()}
-        elif gotype.startswith(("server.", "[]*server.")):
-            want = list if gotype.startswith("[]") else dict
-            if not isinstance(value, want):
-                raise _type_error(_json_kind(value), key, gotype)
-            if key == "consumer_limits" and isinstance(value, dict):
-                value = _decode_consumer_limits(value)
-        else:
-            _check_scalar(key, gotype, value)
-        out[key] = value
+            out[key] = _decode_enum(gotype, value)
+        elif value is not None:
+            out[key] = _decode_value(key, gotype, value)
+        elif gotype == "StoreCompression":
+            raise errors.INVALID_JSON.format(err="unknown compression algorithm")
     return out
+
+
+def _decode_enum(gotype: str, value: Any) -> str:
+    """An enum's own ``UnmarshalJSON`` refuses any other value, ``null`` included."""
+    text = json.dumps(value, separators=(",", ":"))
+    parsed = _ENUMS[gotype].get(text.lower() if gotype == "DiscardPolicy" else text)
+    if parsed is None:
+        raise errors.INVALID_JSON.format(err=f"can not unmarshal {json.dumps(text)}")
+    return parsed
+
+
+def _decode_value(key: str, gotype: str, value: Any) -> Any:
+    """A field that is not null, checked against its Go type (Go reads a null member of a list
+    or map of strings as the empty string)."""
+    if gotype == "StoreCompression":
+        _check_compression(value)
+    elif gotype == "[]string":
+        return _decode_strings(key, value)
+    elif gotype == "map[string]string":
+        return _decode_string_map(key, value)
+    elif gotype.startswith(("server.", "[]*server.")):
+        want = list if gotype.startswith("[]") else dict
+        if not isinstance(value, want):
+            raise _type_error(_json_kind(value), key, gotype)
+        if key == "consumer_limits" and isinstance(value, dict):
+            return _decode_consumer_limits(value)
+    else:
+        _check_scalar(key, gotype, value)
+    return value
+
+
+def _decode_strings(key: str, value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise _type_error(_json_kind(value), key, "[]string")
+    for i, item in enumerate(value):
+        if item is not None:
+            _check_scalar(f"{key}.{i}", "string", item, struct_field=False)
+    return [item or "" for item in value]
+
+
+def _decode_string_map(key: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise _type_error(_json_kind(value), key, "map[string]string")
+    for k, v in value.items():
+        if v is not None:
+            _check_scalar(f"{key}.{k}", "string", v)
+    return {k: v or "" for k, v in value.items()}
+
+
+def _check_compression(value: Any) -> None:
+    """``StoreCompression`` reads a string of its own and has its own words for the rest."""
+    if not isinstance(value, str):
+        raise errors.INVALID_JSON.format(
+            err=f"json: cannot unmarshal {_json_kind(value)} into Go value of type string"
+        )
+    if value not in ("none", "s2"):
+        raise errors.INVALID_JSON.format(err="unknown compression algorithm")
 
 
 def _decode_consumer_limits(value: dict[str, Any]) -> dict[str, Any]:
@@ -233,18 +255,68 @@ def normalize(req: dict[str, Any], server_version: str) -> dict[str, Any]:
     """The config a decoded create request asks for, with JetStream's defaults, validated as
     ``checkStreamCfg`` validates it; raises the ApiError the real server answers with."""
     pedantic = bool(req.get("pedantic"))
-    name = req.get("name") or ""
+    name = _checked_name(req)
+    if len(req.get("description") or "") > MAX_DESCRIPTION_LEN:
+        raise _invalid(f"stream description is too long, maximum allowed is {MAX_DESCRIPTION_LEN}")
+    metadata = _checked_metadata(req)
+    cfg = _base_config(req, name, pedantic)
+    _check_max_age(cfg["max_age"])
+    mirror, sources = req.get("mirror"), req.get("sources") or []
+    window = _duplicate_window(req, cfg["max_age"], mirror is not None or bool(sources), pedantic)
+    flags = {k: bool(req.get(k)) for k in _FLAGS}
+    if flags["deny_purge"] and flags["allow_rollup_hdrs"]:
+        raise _invalid("roll-ups require the purge permission")
+    if req.get("discard_new_per_subject"):
+        _check_discard_new_per_subject(cfg)
+    marker_ttl = req.get("subject_delete_marker_ttl", 0)
+    flags = _with_marker_ttl(marker_ttl, flags, pedantic)
+    if mirror is not None:
+        _check_mirror(req, cfg, sources, marker_ttl)
+    if not cfg["subjects"] and mirror is None and not sources:
+        cfg["subjects"] = [name]
+    _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
+    if req.get("persist_mode") == "async" and req.get("allow_atomic"):
+        raise _invalid("async persist mode is not supported with atomic batch publish")
+    if (req.get("placement") or {}).get("preferred"):
+        raise _invalid("preferred server not permitted in placement")
+    _check_supported(req)
+    return _render(cfg, req, window, flags, marker_ttl, metadata, server_version)
+
+
+#: The booleans a config keeps, some of which the subject delete marker TTL turns on or off.
+_FLAGS = (
+    "allow_direct",
+    "mirror_direct",
+    "sealed",
+    "deny_delete",
+    "deny_purge",
+    "allow_rollup_hdrs",
+    "allow_msg_ttl",
+)
+
+
+def _checked_name(req: dict[str, Any]) -> str:
+    """The name becomes a subject token and a folder name."""
+    name: str = req.get("name") or ""
     if not valid_stream_name(name):
         raise _invalid("stream name is required and can not contain '.', '*', '>', '\\', '/'")
     if len(name) > MAX_NAME_LEN:
         raise _invalid(f"stream name is too long, maximum allowed is {MAX_NAME_LEN}")
-    if len(req.get("description") or "") > MAX_DESCRIPTION_LEN:
-        raise _invalid(f"stream description is too long, maximum allowed is {MAX_DESCRIPTION_LEN}")
+    return name
+
+
+def _checked_metadata(req: dict[str, Any]) -> dict[str, str]:
+    """The user's metadata and the API level the config needs (the server sets the other
+    ``_nats.`` keys when it renders the config); its size counts that level too."""
     metadata = {k: v for k, v in (req.get("metadata") or {}).items() if k not in ("_nats.ver", "_nats.level")}
     metadata["_nats.req.level"] = str(_required_api_level(req))
     if sum(len(k) + len(v) for k, v in metadata.items()) > MAX_METADATA_LEN:
         raise _invalid(f"stream metadata exceeds maximum size of {MAX_METADATA_LEN} bytes")
+    return metadata
 
+
+def _base_config(req: dict[str, Any], name: str, pedantic: bool) -> dict[str, Any]:
+    """The fields every config has, with JetStream's defaults; the limits with "none" as -1."""
     cfg: dict[str, Any] = {
         "name": name,
         "description": req.get("description") or "",
@@ -264,14 +336,22 @@ def normalize(req: dict[str, Any], server_version: str) -> dict[str, Any]:
         raise errors.REPLICAS_NEGATIVE
     for key in ("max_msgs", "max_msgs_per_subject", "max_bytes", "max_msg_size", "max_consumers"):
         _limit(cfg, key, pedantic)
-    max_age = cfg["max_age"]
+    return cfg
+
+
+def _check_max_age(max_age: int) -> None:
     if max_age < 0:
         raise _invalid("max age can not be negative")
     if max_age and max_age < MIN_WINDOW_NS:
         raise _invalid("max age needs to be >= 100ms")
-    mirror, sources = req.get("mirror"), req.get("sources") or []
-    window = req.get("duplicate_window", 0)
-    if window == 0 and mirror is None and not sources:
+
+
+def _duplicate_window(req: dict[str, Any], max_age: int, copies: bool, pedantic: bool) -> int:
+    """Unset, the window is two minutes, or the max age when that is shorter: ids are not kept
+    longer than their messages (pedantic refuses instead). A mirror or a stream with sources
+    (``copies``) keeps 0."""
+    window: int = req.get("duplicate_window", 0)
+    if window == 0 and not copies:
         if max_age and max_age < DEFAULT_DUPLICATE_WINDOW_NS:
             if pedantic:
                 raise errors.PEDANTIC.format(err="duplicate window cannot be bigger than max age")
@@ -284,53 +364,55 @@ def normalize(req: dict[str, Any], server_version: str) -> dict[str, Any]:
         raise _invalid("duplicates window can not be larger then max age")
     if 0 < window < MIN_WINDOW_NS:
         raise _invalid("duplicates window needs to be >= 100ms")
-    flags = {
-        k: bool(req.get(k))
-        for k in ("allow_direct", "mirror_direct", "sealed", "deny_delete", "deny_purge", "allow_rollup_hdrs")
-    }
-    allow_ttl = bool(req.get("allow_msg_ttl"))
-    if flags["deny_purge"] and flags["allow_rollup_hdrs"]:
-        raise _invalid("roll-ups require the purge permission")
-    if req.get("discard_new_per_subject"):
-        if cfg["discard"] != "new":
-            raise _invalid("discard new per subject requires discard new policy to be set")
-        if cfg["max_msgs_per_subject"] <= 0:
-            raise _invalid("discard new per subject requires max msgs per subject > 0")
-    marker_ttl = req.get("subject_delete_marker_ttl", 0)
-    if marker_ttl > 0:
-        if marker_ttl < 1_000_000_000:
-            raise _invalid("subject delete marker TTL must be at least 1 second")
-        if not allow_ttl:
-            if pedantic:
-                raise _invalid("subject delete marker cannot be set if message TTLs are disabled")
-            allow_ttl = True
-        if not flags["allow_rollup_hdrs"]:
-            if pedantic:
-                raise _invalid("subject delete marker cannot be set if roll-ups are disabled")
-            flags["allow_rollup_hdrs"], flags["deny_purge"] = True, False
-    elif marker_ttl < 0:
-        raise _invalid("subject delete marker TTL must not be negative")
-    if mirror is not None:
-        if req.get("first_seq"):
-            raise errors.MIRROR_WITH_FIRST_SEQ
-        if cfg["subjects"]:
-            raise errors.MIRROR_WITH_SUBJECTS
-        if sources:
-            raise errors.MIRROR_WITH_SOURCES
-        if marker_ttl > 0:
-            raise _invalid("subject delete markers forbidden on mirrors")
-    if not cfg["subjects"] and mirror is None and not sources:
-        cfg["subjects"] = [name]
-    _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
-    if req.get("persist_mode") == "async" and req.get("allow_atomic"):
-        raise _invalid("async persist mode is not supported with atomic batch publish")
-    if (req.get("placement") or {}).get("preferred"):
-        raise _invalid("preferred server not permitted in placement")
+    return window
 
+
+def _check_discard_new_per_subject(cfg: dict[str, Any]) -> None:
+    """A per-subject refusal needs a per-subject limit to refuse at."""
+    if cfg["discard"] != "new":
+        raise _invalid("discard new per subject requires discard new policy to be set")
+    if cfg["max_msgs_per_subject"] <= 0:
+        raise _invalid("discard new per subject requires max msgs per subject > 0")
+
+
+def _with_marker_ttl(marker_ttl: int, flags: dict[str, bool], pedantic: bool) -> dict[str, bool]:
+    """A subject delete marker is a message with a TTL that rolls up its subject: a marker TTL
+    turns message TTLs and roll-ups on (pedantic refuses instead)."""
+    if marker_ttl < 0:
+        raise _invalid("subject delete marker TTL must not be negative")
+    if marker_ttl == 0:
+        return flags
+    if marker_ttl < 1_000_000_000:
+        raise _invalid("subject delete marker TTL must be at least 1 second")
+    out = dict(flags)
+    if not out["allow_msg_ttl"]:
+        if pedantic:
+            raise _invalid("subject delete marker cannot be set if message TTLs are disabled")
+        out["allow_msg_ttl"] = True
+    if not out["allow_rollup_hdrs"]:
+        if pedantic:
+            raise _invalid("subject delete marker cannot be set if roll-ups are disabled")
+        out["allow_rollup_hdrs"], out["deny_purge"] = True, False
+    return out
+
+
+def _check_mirror(req: dict[str, Any], cfg: dict[str, Any], sources: list[Any], marker_ttl: int) -> None:
+    """A mirror's messages, sequences and subjects are its origin's."""
+    if req.get("first_seq"):
+        raise errors.MIRROR_WITH_FIRST_SEQ
+    if cfg["subjects"]:
+        raise errors.MIRROR_WITH_SUBJECTS
+    if sources:
+        raise errors.MIRROR_WITH_SOURCES
+    if marker_ttl > 0:
+        raise _invalid("subject delete markers forbidden on mirrors")
+
+
+def _check_supported(req: dict[str, Any]) -> None:
+    """Last, once the real server would accept the config: what jetlake cannot do."""
     for field, what in UNSUPPORTED:
         if req.get(field):
             raise _invalid(f"{what} are not supported by jetlake")
-    return _render(cfg, req, window, flags, allow_ttl, marker_ttl, metadata, server_version)
 
 
 def _check_subjects(subjects: list[str], no_ack: bool) -> None:
@@ -359,7 +441,6 @@ def _render(
     req: dict[str, Any],
     window: int,
     flags: dict[str, bool],
-    allow_ttl: bool,
     marker_ttl: int,
     metadata: dict[str, str],
     server_version: str,
@@ -394,7 +475,7 @@ def _render(
     for key in ("sealed", "deny_delete", "deny_purge", "allow_rollup_hdrs"):
         out[key] = flags[key]
     out["consumer_limits"] = req.get("consumer_limits") or {}
-    out["allow_msg_ttl"] = allow_ttl
+    out["allow_msg_ttl"] = flags["allow_msg_ttl"]
     if marker_ttl:
         out["subject_delete_marker_ttl"] = marker_ttl
     if req.get("persist_mode"):

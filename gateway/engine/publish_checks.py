@@ -136,25 +136,73 @@ def _check_headers(
         if seq is not None:
             return Duplicate(seq)
         return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs, msg_id)
+    return _check_special(stream, cfg, subject, h, hdrs, data, now_ns)
+
+
+def _check_special(
+    stream: StreamView,
+    cfg: dict[str, Any],
+    subject: str,
+    h: dict[str, str],
+    hdrs: bytes,
+    data: bytes,
+    now_ns: int,
+) -> Verdict:
+    """Headers that ask something of the stream, in the server's order: the first that fails is
+    the answer, though an invalid TTL only counts once the message is known to fit."""
     incr = h.get("Nats-Incr")
     if incr:
-        try:
-            int(incr)
-        except ValueError:
-            return errors.MESSAGE_INCR_INVALID
-        return errors.MESSAGE_INCR_DISABLED
+        return _incr_error(incr)
     expected_stream = h.get("Nats-Expected-Stream")
     if expected_stream and expected_stream != cfg["name"]:
         return errors.STREAM_NOT_MATCH
     ttl_text = h.get("Nats-TTL")
-    ttl, ttl_error = 0, False
-    if ttl_text:
-        try:
-            ttl = parse_ttl(ttl_text)
-        except InvalidTTL:
-            ttl_error = True
-        if ttl and not cfg.get("allow_msg_ttl"):
-            return errors.MESSAGE_TTL_DISABLED
+    ttl, ttl_error = _read_ttl(ttl_text) if ttl_text else (0, False)
+    if ttl and not cfg.get("allow_msg_ttl"):
+        return errors.MESSAGE_TTL_DISABLED
+    refused = _check_expected_seqs(stream, subject, h) or _check_schedules_and_sources(subject, h)
+    if refused:
+        return refused
+    msg_id = h.get("Nats-Msg-Id", "")
+    if msg_id:
+        seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"])
+        if seq is not None:
+            return Duplicate(seq)
+    expected_id = h.get("Nats-Expected-Last-Msg-Id")
+    if expected_id and expected_id != stream.dedup.last_msg_id:
+        return errors.STREAM_WRONG_LAST_MSG_ID.format(id=stream.dedup.last_msg_id)
+    rollup = (h.get("Nats-Rollup") or "").lower()
+    refused = _rollup_error(cfg, rollup) if rollup else None
+    refused = refused or _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs)
+    if refused:
+        return refused
+    if ttl_error:
+        return errors.MESSAGE_TTL_INVALID
+    marker_ttl_s = cfg.get("subject_delete_marker_ttl", 0) // 1_000_000_000
+    if ttl > 0 and marker_ttl_s and cfg.get("max_msgs_per_subject") != 1 and ttl < marker_ttl_s:
+        ttl = marker_ttl_s
+        hdrs = set_header(hdrs, "Nats-TTL", str(ttl))
+    return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
+
+
+def _incr_error(incr: str) -> errors.ApiError:
+    """Counters are off on every jetlake stream; the server still tells a bad increment apart."""
+    try:
+        int(incr)
+    except ValueError:
+        return errors.MESSAGE_INCR_INVALID
+    return errors.MESSAGE_INCR_DISABLED
+
+
+def _read_ttl(text: str) -> tuple[int, bool]:
+    """The TTL and whether it was invalid: an invalid one is refused only after the size checks."""
+    try:
+        return parse_ttl(text), False
+    except InvalidTTL:
+        return 0, True
+
+
+def _check_expected_seqs(stream: StreamView, subject: str, h: dict[str, str]) -> errors.ApiError | None:
     subj_seq = h.get("Nats-Expected-Last-Subject-Sequence")
     subj_override = h.get("Nats-Expected-Last-Subject-Sequence-Subject")
     if subj_seq:
@@ -166,6 +214,11 @@ def _check_headers(
     last_seq = h.get("Nats-Expected-Last-Sequence")
     if last_seq and _seq_header(last_seq) != stream.last_seq:
         return errors.STREAM_WRONG_LAST_SEQUENCE.format(seq=stream.last_seq)
+    return None
+
+
+def _check_schedules_and_sources(subject: str, h: dict[str, str]) -> errors.ApiError | None:
+    """Headers of features jetlake streams do not have, each refused in the server's words."""
     if h.get("Nats-Schedule"):
         return errors.MESSAGE_SCHEDULES_DISABLED
     schedule_next = h.get("Nats-Schedule-Next")
@@ -178,30 +231,15 @@ def _check_headers(
         return errors.MESSAGE_SCHEDULES_SCHEDULER_INVALID
     if h.get("Nats-Stream-Source"):
         return errors.MESSAGE_SOURCE_HEADER_NOT_ALLOWED
-    msg_id = h.get("Nats-Msg-Id", "")
-    if msg_id:
-        seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"])
-        if seq is not None:
-            return Duplicate(seq)
-    expected_id = h.get("Nats-Expected-Last-Msg-Id")
-    if expected_id and expected_id != stream.dedup.last_msg_id:
-        return errors.STREAM_WRONG_LAST_MSG_ID.format(id=stream.dedup.last_msg_id)
-    rollup = (h.get("Nats-Rollup") or "").lower()
-    if rollup:
-        if not cfg.get("allow_rollup_hdrs") or cfg.get("deny_purge"):
-            return errors.STREAM_ROLLUP_FAILED.format(err="rollup not permitted")
-        if rollup not in ("sub", "all"):
-            return errors.STREAM_ROLLUP_FAILED.format(err=f'rollup value invalid: "{rollup}"')
-    too_big = _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs)
-    if too_big:
-        return too_big
-    if ttl_error:
-        return errors.MESSAGE_TTL_INVALID
-    marker_ttl_s = cfg.get("subject_delete_marker_ttl", 0) // 1_000_000_000
-    if ttl > 0 and marker_ttl_s and cfg.get("max_msgs_per_subject") != 1 and ttl < marker_ttl_s:
-        ttl = marker_ttl_s
-        hdrs = set_header(hdrs, "Nats-TTL", str(ttl))
-    return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
+    return None
+
+
+def _rollup_error(cfg: dict[str, Any], rollup: str) -> errors.ApiError | None:
+    if not cfg.get("allow_rollup_hdrs") or cfg.get("deny_purge"):
+        return errors.STREAM_ROLLUP_FAILED.format(err="rollup not permitted")
+    if rollup not in ("sub", "all"):
+        return errors.STREAM_ROLLUP_FAILED.format(err=f'rollup value invalid: "{rollup}"')
+    return None
 
 
 def is_delete_marker(h: dict[str, str]) -> bool:

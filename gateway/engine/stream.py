@@ -641,25 +641,39 @@ class Stream:
         idx = self._index
         end = min(idx.end, (limit if limit is not None else self.state.last_seq) + 1)
         start = max(seq, self.state.first_seq, idx.base)
-        out: list[int] = []
         if len(filters) == 1 and _literal(filters[0]):
-            sid = self._subject_ids.get(filters[0], 0)
-            seqs = self._by_subject.get(sid)
-            while seqs is not None and len(out) < count:
-                found = seqs.first_at_or_after(start, idx, sid)
-                if not found or found >= end:
-                    break
-                out.append(found)
-                start = found + 1
-            return out
-        sids, base = idx.sid, idx.base
+            return self._seqs_of_subject(filters[0], start, end, count)
         if not filters:
-            for s in range(start, end):
-                if sids[s - base]:
-                    out.append(s)
-                    if len(out) >= count:
-                        break
-            return out
+            return self._seqs_of_any(start, end, count)
+        return self._seqs_matching(filters, start, end, count)
+
+    def _seqs_of_subject(self, subject: str, start: int, end: int, count: int) -> list[int]:
+        """One literal subject: its own sequence list, not a walk over the others' messages."""
+        idx = self._index
+        out: list[int] = []
+        sid = self._subject_ids.get(subject, 0)
+        seqs = self._by_subject.get(sid)
+        while seqs is not None and len(out) < count:
+            found = seqs.first_at_or_after(start, idx, sid)
+            if not found or found >= end:
+                break
+            out.append(found)
+            start = found + 1
+        return out
+
+    def _seqs_of_any(self, start: int, end: int, count: int) -> list[int]:
+        sids, base = self._index.sid, self._index.base
+        out: list[int] = []
+        for s in range(start, end):
+            if sids[s - base]:
+                out.append(s)
+                if len(out) >= count:
+                    break
+        return out
+
+    def _seqs_matching(self, filters: list[str], start: int, end: int, count: int) -> list[int]:
+        sids, base = self._index.sid, self._index.base
+        out: list[int] = []
         names = self._subject_names
         hits: dict[int, bool] = {}  # a subject is matched once per search, not once per message
         for s in range(start, end):

@@ -75,6 +75,22 @@ SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
 _NAME_CHARS = string.ascii_lowercase + string.digits
 
 
+def _check_subject_names(
+    cfg: dict[str, Any], name: str | None, filter_subject: str | None, durable_subject: bool
+) -> None:
+    """The names and filter in the request subject must agree with the config's (an ephemeral
+    create names no consumer; the legacy ``CONSUMER.DURABLE.CREATE`` needs a durable name)."""
+    durable = cfg.get("durable_name")
+    if name is None and durable:
+        raise errors.CONSUMER_EPHEMERAL_WITH_DURABLE
+    if name is not None and durable and durable != name:
+        raise errors.CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT
+    if durable_subject and not durable:
+        raise errors.CONSUMER_DURABLE_NAME_NOT_SET
+    if filter_subject and cfg.get("filter_subject") != filter_subject:
+        raise errors.CONSUMER_FILTER_NOT_MATCH_SUBJECT
+
+
 def ephemeral_name() -> str:
     return "".join(secrets.choice(_NAME_CHARS) for _ in range(8))
 
@@ -137,15 +153,7 @@ class ConsumerApi:
             raise errors.STREAM_MISMATCH
         stream = self._stream(stream_name)
         cfg_in = dict(raw.get("config") or {})
-        durable = cfg_in.get("durable_name")
-        if name is None and durable:
-            raise errors.CONSUMER_EPHEMERAL_WITH_DURABLE
-        if name is not None and durable and durable != name:
-            raise errors.CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT
-        if durable_subject and not durable:
-            raise errors.CONSUMER_DURABLE_NAME_NOT_SET
-        if filter_subject and cfg_in.get("filter_subject") != filter_subject:
-            raise errors.CONSUMER_FILTER_NOT_MATCH_SUBJECT
+        _check_subject_names(cfg_in, name, filter_subject, durable_subject)
         if name is not None:
             cfg_in["name"] = name
         pedantic = bool(raw.get("pedantic"))
@@ -155,28 +163,36 @@ class ConsumerApi:
         action = raw.get("action", "")
         now = now_ns()
         if existing is not None:
-            if not consumer_config.same_config(existing.config, cfg):
-                if action == "create":
-                    raise errors.CONSUMER_ALREADY_EXISTS
-                consumer_config.check_update(existing.config, cfg)
-                await self.reg.update_consumer(existing, cfg)
-            consumer = existing
+            consumer = await self._update(existing, cfg, action)
         else:
-            if action == "update":
-                raise errors.CONSUMER_DOES_NOT_EXIST
-            retention.check_new_consumer(stream, self.reg.consumers.get(stream_name, {}).values(), cfg)
-            limit = int(stream.config.get("max_consumers") or -1)
-            if 0 < limit <= len(self.reg.consumers.get(stream_name, {})):
-                raise errors.MAXIMUM_CONSUMERS_LIMIT
-            time_seq = None
-            if cfg["deliver_policy"] == "by_start_time":
-                time_seq = await self.seq_at_time(
-                    stream, consumer_config.parse_time_ns(cfg["opt_start_time"])
-                )
-            start_after, skip = start_position(stream, cfg, time_seq)
-            consumer = await self.reg.add_consumer(stream, cfg, now, cname, start_after, skip)
-            self.publish(advisories.consumer_action(stream_name, cname, "create", now))
+            consumer = await self._add(stream, cfg, cname, action, now)
         return {"type": T + "consumer_create_response", **consumer.info(stream_name, now_ns())}
+
+    async def _update(self, existing: Consumer, cfg: dict[str, Any], action: str) -> Consumer:
+        """A create of a consumer that exists: the same config is no change (even for a plain
+        ``create``), a different one an update of what may change."""
+        if not consumer_config.same_config(existing.config, cfg):
+            if action == "create":
+                raise errors.CONSUMER_ALREADY_EXISTS
+            consumer_config.check_update(existing.config, cfg)
+            await self.reg.update_consumer(existing, cfg)
+        return existing
+
+    async def _add(self, stream: Stream, cfg: dict[str, Any], cname: str, action: str, now: int) -> Consumer:
+        if action == "update":
+            raise errors.CONSUMER_DOES_NOT_EXIST
+        others = self.reg.consumers.get(stream.name, {})
+        retention.check_new_consumer(stream, others.values(), cfg)
+        limit = int(stream.config.get("max_consumers") or -1)
+        if 0 < limit <= len(others):
+            raise errors.MAXIMUM_CONSUMERS_LIMIT
+        time_seq = None
+        if cfg["deliver_policy"] == "by_start_time":
+            time_seq = await self.seq_at_time(stream, consumer_config.parse_time_ns(cfg["opt_start_time"]))
+        start_after, skip = start_position(stream, cfg, time_seq)
+        consumer = await self.reg.add_consumer(stream, cfg, now, cname, start_after, skip)
+        self.publish(advisories.consumer_action(stream.name, cname, "create", now))
+        return consumer
 
     def info(self, stream_name: str, name: str) -> dict[str, Any]:
         consumer = self._consumer(stream_name, name)

@@ -147,68 +147,89 @@ class LeafConnection:
         reader, writer = await asyncio.open_connection(t.host, t.port, limit=1 << 20)
         try:
             parser = proto.FrameParser(ack_runs=self._on_acks is not None)
-            line = await reader.readline()
-            frames = parser.feed(line)
-            info = next((f for f in frames if isinstance(f, proto.Info)), None)
-            if info is None:
-                raise proto.ProtocolError("no INFO from server")
-            self.server_info = info.body
-            self.permissions = SubscribePermissions.from_info(info.body)
-            if t.wants_tls(info.body):
-                # a leafnode listener sends INFO in the clear, then expects the TLS handshake
-                await writer.start_tls(t.ssl_context(), server_hostname=t.host)
-            opts: dict[str, object] = {
-                "name": self.name,
-                "headers": True,
-                "protocol": 1,
-                "verbose": False,
-                "pedantic": False,
-                **t.connect_auth(str(info.body.get("nonce", ""))),
-            }
-            writer.write(proto.encode_connect(opts) + b"PING\r\n")
-            await writer.drain()
-            got_pong = False
-            while True:
-                data = await reader.read(1 << 20)
-                if not data:
-                    raise ConnectionError("server closed the connection")
-                try:
-                    for frame in parser.feed(data):
-                        if type(frame) is proto.Msg:
-                            self._on_msg(frame)
-                        elif type(frame) is proto.AckRun:
-                            assert self._on_acks is not None
-                            self._on_acks(frame.acks)
-                        elif isinstance(frame, proto.Interest):
-                            if frame.added:
-                                self.interest.add(frame.subject)
-                            else:
-                                self.interest.remove(frame.subject)
-                        elif isinstance(frame, proto.Ping):
-                            writer.write(b"PONG\r\n")
-                        elif isinstance(frame, proto.Info):
-                            # sent after CONNECT: what this leaf may subscribe to
-                            self.server_info = frame.body
-                            self.permissions = SubscribePermissions.from_info(frame.body)
-                        elif isinstance(frame, proto.Pong) and not got_pong:
-                            got_pong = True
-                            writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
-                            self._writer = writer
-                            self._connected.set()
-                            if self._on_connected:
-                                self._on_connected(self.server_info)
-                        elif isinstance(frame, proto.ServerError):
-                            if frame.text.startswith("Permissions Violation"):
-                                # the server refused one subject and keeps the link up; so does the gateway
-                                log.warning("leaf link: %s", frame.text)
-                                continue
-                            raise ConnectionError(f"server error: {frame.text}")
-                finally:
-                    if self._on_read_done is not None:
-                        self._on_read_done()
+            await self._handshake(reader, writer, parser)
+            await self._read(reader, writer, parser)
         finally:
             self._connected.clear()
             writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: proto.FrameParser
+    ) -> None:
+        """INFO, TLS if the server asks for it, then CONNECT and a PING: its PONG, which ``_read``
+        waits for, says the server took the CONNECT."""
+        t = self.target
+        line = await reader.readline()
+        frames = parser.feed(line)
+        info = next((f for f in frames if isinstance(f, proto.Info)), None)
+        if info is None:
+            raise proto.ProtocolError("no INFO from server")
+        self.server_info = info.body
+        self.permissions = SubscribePermissions.from_info(info.body)
+        if t.wants_tls(info.body):
+            # a leafnode listener sends INFO in the clear, then expects the TLS handshake
+            await writer.start_tls(t.ssl_context(), server_hostname=t.host)
+        opts: dict[str, object] = {
+            "name": self.name,
+            "headers": True,
+            "protocol": 1,
+            "verbose": False,
+            "pedantic": False,
+            **t.connect_auth(str(info.body.get("nonce", ""))),
+        }
+        writer.write(proto.encode_connect(opts) + b"PING\r\n")
+        await writer.drain()
+
+    async def _read(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: proto.FrameParser
+    ) -> None:
+        """The link's frames until it ends: messages and ack runs, nearly all of them, are handed
+        on here; the rest go to ``_on_control``."""
+        up = False
+        while True:
+            data = await reader.read(1 << 20)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            try:
+                for frame in parser.feed(data):
+                    if type(frame) is proto.Msg:
+                        self._on_msg(frame)
+                    elif type(frame) is proto.AckRun:
+                        assert self._on_acks is not None
+                        self._on_acks(frame.acks)
+                    else:
+                        up = self._on_control(frame, writer, up)
+            finally:
+                if self._on_read_done is not None:
+                    self._on_read_done()
+
+    def _on_control(self, frame: proto.Frame, writer: asyncio.StreamWriter, up: bool) -> bool:
+        """Interest, PING, INFO, PONG, -ERR; whether the link is up after the frame (the first
+        PONG brings it up: only then are the subscriptions sent and writes let through)."""
+        if isinstance(frame, proto.Interest):
+            if frame.added:
+                self.interest.add(frame.subject)
+            else:
+                self.interest.remove(frame.subject)
+        elif isinstance(frame, proto.Ping):
+            writer.write(b"PONG\r\n")
+        elif isinstance(frame, proto.Info):
+            # sent after CONNECT: what this leaf may subscribe to
+            self.server_info = frame.body
+            self.permissions = SubscribePermissions.from_info(frame.body)
+        elif isinstance(frame, proto.Pong) and not up:
+            writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
+            self._writer = writer
+            self._connected.set()
+            if self._on_connected:
+                self._on_connected(self.server_info)
+            return True
+        elif isinstance(frame, proto.ServerError):
+            if not frame.text.startswith("Permissions Violation"):
+                raise ConnectionError(f"server error: {frame.text}")
+            # the server refused one subject and keeps the link up; so does the gateway
+            log.warning("leaf link: %s", frame.text)
+        return up
 
     def subscribe(self, subject: str) -> None:
         if subject in self._subs:
