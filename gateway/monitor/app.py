@@ -35,34 +35,24 @@ def _dashboard_html() -> str:
 
 
 def build_app(gateway: Gateway) -> FastAPI:
-    settings = gateway.settings
     app = FastAPI(
         title="jetlake monitor",
         description="Health, JetStream state (nats-server's /jsz shape) and Prometheus metrics of a "
         "jetlake gateway.",
     )
+    _add_probes(app, gateway)
+    _add_state(app, gateway)
     page = _dashboard_html()
 
-    def authorized(
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
-    ) -> None:
-        token = settings.monitor_token
-        if not token:
-            return
-        given = creds.credentials if creds is not None else ""
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(401, "bearer token required", headers={"WWW-Authenticate": "Bearer"})
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(page)
 
-    def started() -> Core:
-        if gateway.core is None:
-            raise HTTPException(503, "gateway not started")
-        return gateway.core
+    return app
 
-    async def snapshot() -> Snapshot:
-        core = started()
-        reg = core.registry
-        names = {stream: list(consumers) for stream, consumers in reg.consumers.items()}
-        return await take_snapshot(core.api, list(reg.streams), names)
+
+def _add_probes(app: FastAPI, gateway: Gateway) -> None:
+    """Liveness and readiness: open to all (an orchestrator asks them), they reveal no state."""
 
     @app.get(
         "/healthz",
@@ -85,6 +75,32 @@ def build_app(gateway: Gateway) -> FastAPI:
         if not ready:
             response.status_code = 503
         return {"status": "ready" if ready else "unavailable", "leaf_connected": leaf, "store_open": store}
+
+
+def _add_state(app: FastAPI, gateway: Gateway) -> None:
+    """/jsz and /metrics: the API's own answers, behind the optional bearer token."""
+    settings = gateway.settings
+
+    def authorized(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    ) -> None:
+        token = settings.monitor_token
+        if not token:
+            return
+        given = creds.credentials if creds is not None else ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "bearer token required", headers={"WWW-Authenticate": "Bearer"})
+
+    def started() -> Core:
+        if gateway.core is None:
+            raise HTTPException(503, "gateway not started")
+        return gateway.core
+
+    async def snapshot() -> Snapshot:
+        core = started()
+        reg = core.registry
+        names = {stream: list(consumers) for stream, consumers in reg.consumers.items()}
+        return await take_snapshot(core.api, list(reg.streams), names)
 
     @app.get(
         "/jsz",
@@ -112,12 +128,6 @@ def build_app(gateway: Gateway) -> FastAPI:
         loop = asyncio.get_running_loop()
         jobs = await loop.run_in_executor(gateway.executor, job_figures, gateway.root)
         return Response(metrics.render(snap, _counters(started()), jobs), media_type=metrics.CONTENT_TYPE)
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def dashboard() -> HTMLResponse:
-        return HTMLResponse(page)
-
-    return app
 
 
 def _counters(core: Core) -> metrics.Counters:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Protocol
 
 from gateway.wire import protocol as proto
@@ -52,10 +51,6 @@ class Interest:
         return any(subject_matches(w, subject) for w in self._wild)
 
 
-def _nobody(msg: proto.Msg) -> None:
-    """Before ``start`` nothing is read, so nothing is handed over."""
-
-
 class LinkHandler(Protocol):
     """What the link hands over, in the order it reads it (the service's dispatcher)."""
 
@@ -72,6 +67,22 @@ class LinkHandler(Protocol):
         """The hub's INFO, once per connection."""
 
 
+class _Nobody:
+    """The handler before ``start``: nothing is read before it, so nothing is handed over."""
+
+    def on_msg(self, msg: proto.Msg) -> None:
+        pass
+
+    def on_acks(self, acks: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
+        pass
+
+    def on_read_done(self) -> None:
+        pass
+
+    def on_connected(self, info: dict[str, object]) -> None:
+        pass
+
+
 class LeafConnection:
     """One leaf link; :meth:`start` keeps it up (reconnecting) until :meth:`close`. Components
     that send hold it from construction; what it reads goes to the handler given to ``start``."""
@@ -79,10 +90,7 @@ class LeafConnection:
     def __init__(self, target: LeafTarget, name: str) -> None:
         self.target = target
         self.name = name
-        self._on_msg: Callable[[proto.Msg], None] = _nobody
-        self._on_read_done: Callable[[], None] | None = None
-        self._on_connected: Callable[[dict[str, object]], None] | None = None
-        self._on_acks: Callable[[list[tuple[bytes, bytes, bytes, bytes]]], None] | None = None
+        self._handler: LinkHandler = _Nobody()
         self._subs: set[str] = set()
         self.interest = Interest()
         self._writer: asyncio.StreamWriter | None = None
@@ -105,10 +113,7 @@ class LeafConnection:
         """Start the link, handing what it reads to ``handler``, and give it ``wait_s`` to come
         up. A hub that is down or refuses the credentials at start-up is not fatal: the link keeps
         retrying, as after any later loss."""
-        self._on_msg = handler.on_msg
-        self._on_acks = handler.on_acks
-        self._on_read_done = handler.on_read_done
-        self._on_connected = handler.on_connected
+        self._handler = handler
         self._task = asyncio.create_task(self._run(), name="leaf-connection")
         try:
             await asyncio.wait_for(self._connected.wait(), wait_s)
@@ -146,7 +151,7 @@ class LeafConnection:
         t = self.target
         reader, writer = await asyncio.open_connection(t.host, t.port, limit=1 << 20)
         try:
-            parser = proto.FrameParser(ack_runs=self._on_acks is not None)
+            parser = proto.FrameParser(ack_runs=True)
             await self._handshake(reader, writer, parser)
             await self._read(reader, writer, parser)
         finally:
@@ -186,6 +191,8 @@ class LeafConnection:
         """The link's frames until it ends: messages and ack runs, nearly all of them, are handed
         on here; the rest go to ``_on_control``."""
         up = False
+        handler = self._handler
+        on_msg, on_acks, on_read_done = handler.on_msg, handler.on_acks, handler.on_read_done
         while True:
             data = await reader.read(1 << 20)
             if not data:
@@ -193,15 +200,13 @@ class LeafConnection:
             try:
                 for frame in parser.feed(data):
                     if type(frame) is proto.Msg:
-                        self._on_msg(frame)
+                        on_msg(frame)
                     elif type(frame) is proto.AckRun:
-                        assert self._on_acks is not None
-                        self._on_acks(frame.acks)
+                        on_acks(frame.acks)
                     else:
                         up = self._on_control(frame, writer, up)
             finally:
-                if self._on_read_done is not None:
-                    self._on_read_done()
+                on_read_done()
 
     def _on_control(self, frame: proto.Frame, writer: asyncio.StreamWriter, up: bool) -> bool:
         """Interest, PING, INFO, PONG, -ERR; whether the link is up after the frame (the first
@@ -221,8 +226,7 @@ class LeafConnection:
             writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
             self._writer = writer
             self._connected.set()
-            if self._on_connected:
-                self._on_connected(self.server_info)
+            self._handler.on_connected(self.server_info)
             return True
         elif isinstance(frame, proto.ServerError):
             if not frame.text.startswith("Permissions Violation"):
