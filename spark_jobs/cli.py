@@ -9,79 +9,50 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_jobs.settings import JobSettings
 
 log = logging.getLogger("jetlake.jobs")
 
-CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "jobs.toml"
-JOBS = ("seal", "retention", "ackfloors", "removals")
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """``conf/jobs.toml``, then ``JETLAKE_JOBS_*`` variables, then flags."""
-
-    data_root: str = "./data"
-    vacuum_margin_hours: int = 24
-    seal_min_files: int = 2
-    every: Mapping[str, float] = field(
-        default_factory=lambda: {"retention": 300, "seal": 900, "ackfloors": 60, "removals": 600}
-    )
-
-    @classmethod
-    def load(cls, conf_file: str | None, overrides: Mapping[str, Any]) -> JobSettings:
-        path = Path(conf_file) if conf_file else CONFIG_FILE
-        doc: dict[str, Any] = {}
-        if path.is_file():
-            with path.open("rb") as f:
-                doc = tomllib.load(f)
-        values: dict[str, Any] = {}
-        for name in ("data_root", "vacuum_margin_hours", "seal_min_files"):
-            value = doc.get(name)
-            env = os.environ.get(f"JETLAKE_JOBS_{name.upper()}")
-            if env is not None:
-                value = env
-            if overrides.get(name) is not None:
-                value = overrides[name]
-            if value is not None:
-                values[name] = value if name == "data_root" else int(value)
-        every = {**cls().every, **{k: float(v) for k, v in doc.get("every", {}).items()}}
-        unknown = set(every) - set(JOBS)
-        if unknown:
-            raise ValueError(f"{path}: [every] names unknown jobs {sorted(unknown)}")
-        return cls(**values, every=every)
-
 
 def add_parser(sub: Any) -> None:
-    """Add ``jobs run`` and ``jobs schedule`` to a parent parser's subcommands."""
+    """Add ``jobs run`` and ``jobs schedule`` to a parent parser's subcommands, each with a flag for
+    every job and Spark setting. (Our imports wait for a call: run as a file under spark-submit, this
+    module puts the repository on the path first.)"""
+    from spark_jobs.settings import JOBS_LOADER, SPARK_LOADER, Intervals
+
     jobs = sub.add_parser("jobs", help="run the Spark maintenance jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
     run = jobs_sub.add_parser("run", help="run jobs once, in the order given")
-    run.add_argument("job", choices=JOBS, nargs="+")
+    run.add_argument("job", choices=[f.name for f in fields(Intervals)], nargs="+")
     schedule = jobs_sub.add_parser("schedule", help="run every job on its interval until stopped")
     for p in (run, schedule):
-        p.add_argument("--conf", help="configuration file (default conf/jobs.toml)")
-        p.add_argument("--data-root", help="store root: a directory or an object-store URI")
-        p.add_argument("--master", help="Spark master URL (default conf/spark.toml, or spark-submit's)")
-        p.add_argument("--vacuum-margin-hours", type=int, help="keep removed files this long")
+        JOBS_LOADER.add_flags(p)
+        SPARK_LOADER.add_flags(p)
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = JobSettings.load(
-        args.conf, {"data_root": args.data_root, "vacuum_margin_hours": args.vacuum_margin_hours}
-    )
+    from spark_jobs.settings import JOBS_LOADER, SPARK_LOADER
+    from storage_delta.format.settings import SettingsError
+
+    try:
+        settings = JOBS_LOADER.load(vars(args))
+        spark_settings = SPARK_LOADER.load(vars(args))
+    except SettingsError as exc:
+        print(f"jetlake jobs: {exc}", file=sys.stderr)
+        return 2
     from spark_jobs.session import build_spark_session
 
-    spark = build_spark_session(master=args.master, app_name=f"jetlake-jobs-{args.jobs_command}")
+    spark = build_spark_session(app_name=f"jetlake-jobs-{args.jobs_command}", settings=spark_settings)
     try:
         if args.jobs_command == "run":
             for job in args.job:
@@ -90,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        schedule(lambda job: run_job(spark, job, settings), settings.every, stop)
+        schedule(lambda job: run_job(spark, job, settings), asdict(settings.every), stop)
         return 0
     finally:
         spark.stop()

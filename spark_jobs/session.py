@@ -1,7 +1,8 @@
 """The one way jetlake code gets a SparkSession, so jobs, notebooks and tests run alike.
 
-Defaults come from ``conf/spark.toml`` (read when a session is built, never at import, so a test
-or notebook can change the file or the arguments without re-importing); arguments win over it.
+Its settings (``SparkSettings``: ``conf/spark.toml``, then ``JETLAKE_SPARK_<KEY>`` variables, then the
+flags of ``jetlake jobs``) are loaded when a session is built, never at import, so a test or notebook
+can change the file, the environment or the arguments without re-importing; arguments win over them.
 """
 
 from __future__ import annotations
@@ -11,16 +12,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
 from spark_jobs.datasource import JetlakeDataSource
+from spark_jobs.settings import SPARK_LOADER, SparkSettings
 
-CONFIG_FILE = Path(__file__).resolve().parent.parent / "conf" / "spark.toml"
-DEFAULT_MASTER = "local[*]"
 MIN_JAVA = 17
 
 _JAVA_HINT = f"Spark needs Java {MIN_JAVA}+: install it (e.g. apt-get install openjdk-17-jre-headless)"
@@ -29,34 +27,36 @@ _JAVA_HINT = f"Spark needs Java {MIN_JAVA}+: install it (e.g. apt-get install op
 def build_spark_session(
     master: str | None = None,
     app_name: str = "jetlake",
-    conf: dict[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
     quiet: bool = False,
+    settings: SparkSettings | None = None,
 ) -> SparkSession:
     """A SparkSession with jetlake's settings and the ``jetlake`` data source registered.
 
+    ``settings`` are loaded now when not given; ``master`` and ``conf`` win over them.
     ``quiet`` is for tests: no UI (no port to collide on), no progress bars, only errors logged.
     If a session is already running it is returned, and settings that only apply at JVM start
     (master, UI) keep their old values: that is Spark's ``getOrCreate``.
     """
     check_java()
-    file_master, settings = _load_config(CONFIG_FILE)
-    settings.update(conf or {})
+    loaded = settings or SPARK_LOADER.load()
+    properties = {**loaded.conf, **(conf or {})}
     # Executors must run the interpreter (and so the venv) we run in, not whatever "python3" is.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    settings["spark.pyspark.python"] = sys.executable
+    properties["spark.pyspark.python"] = sys.executable
     # Under spark-submit the master (and the rest) come from its command line, unless given here.
-    resolved_master = master or (None if _under_spark_submit() else file_master or DEFAULT_MASTER)
+    resolved_master = master or (None if _under_spark_submit() else loaded.master)
     if resolved_master and resolved_master.startswith("local"):
         # A local session has no other node to talk to: binding to loopback avoids Spark guessing an
         # interface (and warning about it) on machines whose hostname resolves oddly.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if quiet:
-        settings["spark.ui.enabled"] = "false"
-        settings["spark.ui.showConsoleProgress"] = "false"
+        properties["spark.ui.enabled"] = "false"
+        properties["spark.ui.showConsoleProgress"] = "false"
     builder = SparkSession.builder.appName(app_name)
     if resolved_master:
         builder = builder.master(resolved_master)
-    for key, value in settings.items():
+    for key, value in properties.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if quiet:
@@ -93,22 +93,3 @@ def java_major_version(version_output: str) -> int | None:
         return None
     major = int(m.group(1))
     return int(m.group(2) or 0) if major == 1 else major
-
-
-def _load_config(path: Path) -> tuple[str | None, dict[str, str]]:
-    """``[spark] master`` and the ``[spark.conf]`` table; TOML numbers and booleans become the
-    strings Spark expects (``true``, not Python's ``True``)."""
-    if not path.is_file():
-        return None, {}
-    with path.open("rb") as f:
-        doc = tomllib.load(f)
-    spark: dict[str, Any] = doc.get("spark", {})
-    master = spark.get("master")
-    settings = {key: _conf_value(value) for key, value in spark.get("conf", {}).items()}
-    return (str(master) if master else None), settings
-
-
-def _conf_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

@@ -66,7 +66,7 @@ async def removals_durable(store: Path, stream: str, within_s: float = 20.0) -> 
 
 
 async def run_notebook(store: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
-    monkeypatch.setenv("JETLAKE_ROOT", str(store))
+    monkeypatch.setenv("JETLAKE_DATA_ROOT", str(store))
     nb: nbformat.NotebookNode = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(
         nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}

@@ -12,7 +12,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from spark_jobs.cli import JobSettings, run_job
+from spark_jobs.cli import run_job
+from spark_jobs.settings import JobSettings
 from storage_delta.commit.store import StoreRoot
 from storage_delta.tables.ackfloors import latest_run
 from storage_delta.tables.jobruns import job_figures

@@ -185,19 +185,3 @@ def test_schedule_runs_each_job_on_its_interval_and_survives_a_failure() -> None
     assert sorted(runs[:2]) == ["retention", "seal"]
     assert runs.count("retention") >= 2
     assert runs.count("seal") > runs.count("retention")
-
-
-def test_job_settings_file_env_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    conf = tmp_path / "jobs.toml"
-    conf.write_text('data_root = "/from/file"\nvacuum_margin_hours = 5\n[every]\nseal = 7\n')
-    monkeypatch.setenv("JETLAKE_JOBS_VACUUM_MARGIN_HOURS", "6")
-    s = jobs_cli.JobSettings.load(str(conf), {"data_root": "/from/flag"})
-    assert (s.data_root, s.vacuum_margin_hours, s.every["seal"], s.every["retention"]) == (
-        "/from/flag",
-        6,
-        7,
-        300,
-    )
-    conf.write_text("[every]\nnope = 1\n")
-    with pytest.raises(ValueError, match="nope"):
-        jobs_cli.JobSettings.load(str(conf), {})

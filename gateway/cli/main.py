@@ -9,11 +9,13 @@ import gc
 import logging
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.cli import inspect as inspect_cli
-from gateway.runtime import settings as settings_mod
+from gateway.runtime.settings import LOADER, Settings
 from spark_jobs import cli as jobs_cli
+from storage_delta.format.settings import SettingsError
 
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -24,20 +26,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jetlake", description="NATS JetStream served from a Delta Lake")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--conf", help="configuration file (default conf/jetlake.toml)")
-    serve.add_argument("--nats-url", help="leafnode URL of an existing nats-server (nats-leaf://host:port)")
-    serve.add_argument("--data-root", help="store root: a directory or an object-store URI")
-    serve.add_argument("--client-port", type=int, help="embedded nats-server client port")
-    serve.add_argument("--leaf-port", type=int, help="embedded nats-server leafnode port")
-    serve.add_argument("--domain", help="JetStream domain served ($JS.<domain>.API.>)")
-    serve.add_argument("--monitor-port", type=int, help="HTTP monitor port (0: no monitor)")
-    serve.add_argument("--creds-file", help="NATS credentials file for the leaf connection")
+    LOADER.add_flags(serve)
     inspect_cli.add_parsers(sub)
     jobs_cli.add_parser(sub)
     return p
 
 
-async def serve(settings: settings_mod.Settings) -> int:
+async def serve(settings: Settings) -> int:
     # Imported here so the inspection commands start without loading the storage engine.
     from gateway.runtime.embedded import EmbeddedServer
     from gateway.service.gateway import Gateway
@@ -49,7 +44,7 @@ async def serve(settings: settings_mod.Settings) -> int:
             str(workdir), settings.host, settings.client_port, settings.leaf_port, settings.domain
         )
         await embedded.start()
-        settings = settings_mod.replace(settings, nats_url=embedded.leaf_url)
+        settings = replace(settings, nats_url=embedded.leaf_url)
         log.info("embedded nats-server: clients connect to %s", embedded.client_url)
     gateway = Gateway(settings)
     stop = asyncio.Event()
@@ -107,18 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
-        settings = settings_mod.load(
-            args.conf,
-            {
-                "nats_url": args.nats_url,
-                "data_root": args.data_root,
-                "client_port": args.client_port,
-                "leaf_port": args.leaf_port,
-                "domain": args.domain,
-                "monitor_port": args.monitor_port,
-                "creds_file": args.creds_file,
-            },
-        )
+        try:
+            settings = LOADER.load(vars(args))
+        except SettingsError as exc:
+            print(f"jetlake serve: {exc}", file=sys.stderr)
+            return 2
         return asyncio.run(serve(settings))
     if args.command == "jobs":
         return jobs_cli.main(args)

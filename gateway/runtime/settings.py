@@ -1,78 +1,98 @@
-"""One typed settings object per process: conf/jetlake.toml, then JETLAKE_* variables, then flags.
+"""The gateway's settings: ``conf/jetlake.toml``, then ``JETLAKE_<KEY>`` variables, then the flags of
+``jetlake serve``, through the one loader (``storage_delta/format/settings.py``).
 
-Read when a process starts (``load``), never at import time.
+One typed object per process, loaded once when ``jetlake serve`` starts (``LOADER.load``), never at
+import time, and handed to what needs it.
 """
 
 from __future__ import annotations
 
-import os
-import tomllib
-from dataclasses import dataclass, field, fields, replace
-
-__all__ = ["Settings", "load", "replace"]
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-DEFAULT_CONF = Path(__file__).resolve().parent.parent / "conf" / "jetlake.toml"
+from storage_delta.format.settings import Loader, setting
+
+__all__ = ["LOADER", "Settings"]
+
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class Settings:
-    data_root: str = "./data"
-    nats_url: str = ""
-    host: str = "127.0.0.1"
-    client_port: int = 4222
-    leaf_port: int = 7422
-    domain: str = "jetlake"
-    monitor_host: str = "127.0.0.1"
-    monitor_port: int = 8222
-    monitor_token: str = ""
-    max_pending_bytes: int = 64 * 1024 * 1024
-    tail_cache_bytes: int = 32 * 1024 * 1024
-    ack_flush_interval_ms: int = 100
-    acklog_max_pending: int = 100_000
-    acklog_compact_rows: int = 250_000
-    index_snapshot_interval_ms: int = 10_000
-    index_snapshot_min_new: int = 10_000
-    leaf_name: str = "jetlake"
-    creds_file: str = ""
-    nkey_seed_file: str = ""
-    tls_ca_file: str = ""
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    storage_options: dict[str, str] = field(default_factory=dict)
+    """What one gateway process serves and how: each field's meaning is its flag's help and its row
+    in the README's table, so it is written once, here."""
+
+    data_root: str = setting(
+        "./data", "where the Delta tables live: a directory, or an object-store URI such as `s3://…`"
+    )
+    storage_options: dict[str, str] = setting(
+        {},
+        "object-store options for delta-rs (e.g. `AWS_ENDPOINT_URL`, `AWS_REGION`); "
+        "put secrets in the variable, not the file",
+    )
+    nats_url: str = setting(
+        "",
+        "leafnode URL of an existing nats-server (`nats-leaf://user:password@host:7422`, `tls://…`); "
+        "empty: start an embedded nats-server",
+    )
+    host: str = setting("127.0.0.1", "address the embedded nats-server's client and leafnode ports bind to")
+    client_port: int = setting(4222, "the embedded nats-server's client port")
+    leaf_port: int = setting(7422, "the embedded nats-server's leafnode port")
+    domain: str = setting("jetlake", "JetStream domain the API is served under: `$JS.<domain>.API.>`")
+    monitor_host: str = setting("127.0.0.1", "address of the HTTP monitor (see *Watching it*)")
+    monitor_port: int = setting(8222, "port of the HTTP monitor; 0 turns it off")
+    monitor_token: str = setting(
+        "",
+        "bearer token the monitor asks for on `/jsz` and `/metrics` (empty: none); "
+        "set it as the variable rather than in the file",
+    )
+    max_pending_bytes: int = setting(
+        64 * MiB, "bytes of publishes that may wait for a Delta commit before publishers get an error"
+    )
+    tail_cache_bytes: int = setting(
+        32 * MiB, "bytes of newest messages kept in memory per stream for consumers that keep up"
+    )
+    ack_flush_interval_ms: int = setting(
+        100,
+        "longest wait of a plain ack (or a delivery) for its ack log commit; "
+        "an `ack_sync` commits at once and is answered after the commit",
+    )
+    acklog_max_pending: int = setting(
+        100_000,
+        "ack log rows that may wait for a commit; when full, acks are not taken "
+        "(the message is redelivered after `ack_wait`) and deliveries wait",
+    )
+    acklog_compact_rows: int = setting(
+        250_000,
+        "compact the ack log (fold rows at or below each consumer's ack floor) after this many rows; "
+        "0: never",
+    )
+    index_snapshot_interval_ms: int = setting(
+        10_000,
+        "how often the gateway looks for streams due an index snapshot "
+        "(what a restart reads instead of every message file); every clean stop writes them too",
+    )
+    index_snapshot_min_new: int = setting(
+        10_000,
+        "messages committed since a stream's last index snapshot (and at least a quarter of the stream) "
+        "that make it due another",
+    )
+    leaf_name: str = setting("jetlake", "name the gateway's leaf connection reports to the server")
+    creds_file: str = setting(
+        "", "NATS credentials file (user JWT + seed, as `nsc` writes it) for the leaf connection"
+    )
+    nkey_seed_file: str = setting(
+        "", "file holding the nkey seed the leaf connection signs the server's nonce with"
+    )
+    tls_ca_file: str = setting(
+        "", "CA file that verifies the hub's TLS certificate (empty: the system's CAs)"
+    )
+    tls_cert_file: str = setting("", "client certificate, for hubs that verify leaf certificates")
+    tls_key_file: str = setting("", "the client certificate's key")
 
     @property
     def embedded(self) -> bool:
         return not self.nats_url
 
 
-def _coerce(kind: Any, value: str) -> Any:
-    if kind in (int, "int"):
-        return int(value)
-    if kind in (dict, "dict[str, str]"):
-        return dict(item.split("=", 1) for item in value.split(",") if item)
-    return value
-
-
-def load(
-    conf_file: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None
-) -> Settings:
-    """Settings from the config file, the environment (``JETLAKE_<FIELD>``) and explicit overrides."""
-    path = Path(conf_file) if conf_file else Path(os.environ.get("JETLAKE_CONF", DEFAULT_CONF))
-    values: dict[str, Any] = {}
-    if path.exists():
-        with path.open("rb") as fh:
-            values.update(tomllib.load(fh))
-    known = {f.name: f.type for f in fields(Settings)}
-    unknown = set(values) - set(known)
-    if unknown:
-        raise ValueError(f"{path}: unknown settings {sorted(unknown)}")
-    for name, kind in known.items():
-        env = os.environ.get(f"JETLAKE_{name.upper()}")
-        if env is not None:
-            values[name] = _coerce(kind, env)
-    for name, value in (overrides or {}).items():
-        if value is not None:
-            values[name] = value
-    return replace(Settings(), **values)
+LOADER = Loader(Settings, Path(__file__).resolve().parents[2] / "conf" / "jetlake.toml", "JETLAKE_")
