@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
+from gateway.api import errors
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from storage_delta.tables.catalog import CatalogTable
@@ -56,6 +57,13 @@ class Registry:
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+
+    def stream(self, name: str) -> Stream:
+        """The live stream of that name, or the API's "stream not found"."""
+        stream = self.streams.get(name)
+        if stream is None:
+            raise errors.STREAM_NOT_FOUND
+        return stream
 
     def route(self, subject: str) -> Stream | None:
         """The stream that captures ``subject`` (None: no stream does)."""

@@ -127,10 +127,7 @@ class ConsumerApi:
         return None
 
     def _stream(self, name: str) -> Stream:
-        stream = self.reg.streams.get(name)
-        if stream is None:
-            raise errors.STREAM_NOT_FOUND
-        return stream
+        return self.reg.stream(name)
 
     def _consumer(self, stream_name: str, name: str) -> Consumer:
         self._stream(stream_name)
@@ -208,30 +205,29 @@ class ConsumerApi:
             retention.settle(stream, others, held if retention.policy(stream) == "interest" else ())
         return {"type": T + "consumer_delete_response", "success": True}
 
-    def _sorted(self, stream_name: str) -> list[Consumer]:
+    def _page(self, stream_name: str, body: bytes, size: int) -> tuple[int, int, list[Consumer]]:
+        """A page of a stream's listed consumers: (offset, how many in all, the page)."""
+        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
         self._stream(stream_name)
-        return self.reg.listed_consumers(stream_name)
+        everyone = self.reg.listed_consumers(stream_name)
+        return offset, len(everyone), everyone[offset : offset + size]
 
     def names(self, stream_name: str, body: bytes) -> dict[str, Any]:
-        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
-        everyone = self._sorted(stream_name)
-        page = everyone[offset : offset + NAMES_PAGE]
+        offset, total, page = self._page(stream_name, body, NAMES_PAGE)
         return {
             "type": T + "consumer_names_response",
-            "total": len(everyone),
+            "total": total,
             "offset": offset,
             "limit": NAMES_PAGE,
             "consumers": [c.name for c in page],
         }
 
     def list(self, stream_name: str, body: bytes) -> dict[str, Any]:
-        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
-        everyone = self._sorted(stream_name)
+        offset, total, page = self._page(stream_name, body, LIST_PAGE)
         now = now_ns()
-        page = everyone[offset : offset + LIST_PAGE]
         return {
             "type": T + "consumer_list_response",
-            "total": len(everyone),
+            "total": total,
             "offset": offset,
             "limit": LIST_PAGE,
             "consumers": [

@@ -106,10 +106,7 @@ class StreamApi:
         return None
 
     def _stream(self, name: str) -> Stream:
-        stream = self.reg.streams.get(name)
-        if stream is None:
-            raise errors.STREAM_NOT_FOUND
-        return stream
+        return self.reg.stream(name)
 
     # ---- definitions ------------------------------------------------------------------------------
 
