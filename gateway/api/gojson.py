@@ -12,7 +12,7 @@ unknown fields are ignored; ``null`` leaves a field alone).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 INT, INT64, DURATION, STRING, BOOL = "int", "int64", "time.Duration", "string", "bool"
@@ -121,40 +121,44 @@ def _value(data: bytes, i: int, context: str) -> int:
 
 
 def _object(data: bytes, i: int) -> int:
-    i = _skip(data, i)
-    if _at(data, i) == ord("}"):
-        return i + 1
-    while True:
-        c = _at(data, i)
-        if c != ord('"'):
-            raise JsonSyntaxError(
-                f"invalid character {quote_char(c)} looking for beginning of object key string", i
-            )
-        i = _skip(data, _string(data, i + 1))
-        c = _at(data, i)
-        if c != ord(":"):
-            raise JsonSyntaxError(f"invalid character {quote_char(c)} after object key", i)
-        i = _skip(data, _value(data, _skip(data, i + 1), "looking for beginning of value"))
-        c = _at(data, i)
-        if c == ord("}"):
-            return i + 1
-        if c != ord(","):
-            raise JsonSyntaxError(f"invalid character {quote_char(c)} after object key:value pair", i)
-        i = _skip(data, i + 1)
+    return _members(data, i, ord("}"), _key_value, "object key:value pair")
 
 
 def _array(data: bytes, i: int) -> int:
+    return _members(data, i, ord("]"), _element, "array element")
+
+
+def _members(data: bytes, i: int, close: int, member: Callable[[bytes, int], int], after: str) -> int:
+    """Scan an object's or an array's members up to ``close`` (the opening bracket is behind ``i``),
+    failing with Go's words for what may follow a member."""
     i = _skip(data, i)
-    if _at(data, i) == ord("]"):
+    if _at(data, i) == close:
         return i + 1
     while True:
-        i = _skip(data, _value(data, i, "looking for beginning of value"))
+        i = _skip(data, member(data, i))
         c = _at(data, i)
-        if c == ord("]"):
+        if c == close:
             return i + 1
         if c != ord(","):
-            raise JsonSyntaxError(f"invalid character {quote_char(c)} after array element", i)
+            raise JsonSyntaxError(f"invalid character {quote_char(c)} after {after}", i)
         i = _skip(data, i + 1)
+
+
+def _key_value(data: bytes, i: int) -> int:
+    c = _at(data, i)
+    if c != ord('"'):
+        raise JsonSyntaxError(
+            f"invalid character {quote_char(c)} looking for beginning of object key string", i
+        )
+    i = _skip(data, _string(data, i + 1))
+    c = _at(data, i)
+    if c != ord(":"):
+        raise JsonSyntaxError(f"invalid character {quote_char(c)} after object key", i)
+    return _value(data, _skip(data, i + 1), "looking for beginning of value")
+
+
+def _element(data: bytes, i: int) -> int:
+    return _value(data, i, "looking for beginning of value")
 
 
 def _string(data: bytes, i: int) -> int:
