@@ -1,0 +1,250 @@
+"""The deadline timers (gateway/runtime/timers.py) and sequence waiters (gateway/runtime/seqwait.py)
+on their own: the heap without a loop or clock, the loop driver with a fake loop and clock (what it
+arms, when, and that a failing callback stops nothing), and one short run on a real loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+
+from gateway.runtime.seqwait import SeqWaiters
+from gateway.runtime.timers import DeadlineHeap, Timers
+from storage_delta.commit.writer import WriterClosed
+
+S = 1_000_000_000
+
+
+# ---- the heap ---------------------------------------------------------------------------------
+
+
+def test_heap_orders_keys_by_deadline_and_pops_what_is_due() -> None:
+    heap: DeadlineHeap[str] = DeadlineHeap()
+    heap.set("b", 20)
+    heap.set("a", 10)
+    heap.set("c", 30)
+    assert heap.next_ns() == 10
+    assert heap.pop_due(9) == []
+    assert heap.pop_due(20) == ["a", "b"]  # earliest first, both taken off
+    assert "a" not in heap
+    assert len(heap) == 1
+    assert heap.next_ns() == 30
+
+
+def test_heap_keeps_one_deadline_per_key() -> None:
+    heap: DeadlineHeap[str] = DeadlineHeap()
+    heap.set("a", 10)
+    heap.set("a", 50)  # replaced, not added: the old entry is skipped when it surfaces
+    assert heap.get("a") == 50
+    assert heap.next_ns() == 50
+    assert heap.pop_due(100) == ["a"]
+    assert heap.pop_due(100) == []
+
+
+def test_heap_earlier_only_moves_forward() -> None:
+    heap: DeadlineHeap[str] = DeadlineHeap()
+    assert heap.earlier("a", 50)  # no deadline yet: set
+    assert not heap.earlier("a", 60)  # later: ignored
+    assert not heap.earlier("a", 50)  # the same: nothing changes
+    assert heap.earlier("a", 40)
+    assert heap.get("a") == 40
+
+
+def test_heap_cancel_and_sweep_of_stale_entries() -> None:
+    heap: DeadlineHeap[int] = DeadlineHeap()
+    heap.set(1, 5)
+    heap.cancel(1)
+    assert heap.next_ns() is None
+    assert heap.pop_due(10) == []
+    for when in range(1000):  # a key moved often leaves stale entries, swept now and then
+        heap.set(2, 1000 - when)
+    assert len(heap._heap) <= 2 * len(heap) + 64 + 1
+    assert heap.pop_due(10**9) == [2]
+
+
+# ---- the loop driver, with a fake loop and clock -----------------------------------------------
+
+
+class FakeLoop:
+    """``time`` and ``call_at`` as the driver uses them; ``run_until`` moves both clocks and runs
+    what fell due, as the event loop would."""
+
+    def __init__(self, clock: list[int]) -> None:
+        self.clock = clock
+        self.armed: list[tuple[float, Callable[[], object], asyncio.TimerHandle]] = []
+        self.arms = 0
+
+    def time(self) -> float:
+        return self.clock[0] / S
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
+        self.arms += 1
+        handle = asyncio.TimerHandle(when, callback, (), cast(asyncio.AbstractEventLoop, _NoLoop()))
+        self.armed.append((when, callback, handle))
+        return handle
+
+    def live(self) -> list[float]:
+        return sorted(w for w, _, h in self.armed if not h.cancelled())
+
+    def run_until(self, ns: int) -> None:
+        while True:
+            due = [(w, cb, h) for w, cb, h in self.armed if not h.cancelled() and w <= ns / S]
+            if not due:
+                break
+            w, cb, h = min(due, key=lambda d: d[0])
+            self.armed.remove((w, cb, h))
+            self.clock[0] = max(self.clock[0], round(w * S))
+            cb()
+        self.clock[0] = ns
+
+
+class _NoLoop:
+    """A TimerHandle asks its loop only when cancelled (``_timer_handle_cancelled``)."""
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        pass
+
+    def get_debug(self) -> bool:
+        return False
+
+
+def fake_timers(fired: list[Any], clock: list[int]) -> tuple[Timers[Any], FakeLoop]:
+    loop = FakeLoop(clock)
+    return Timers(fired.append, loop, lambda: clock[0]), loop
+
+
+def test_driver_arms_the_loop_for_the_earliest_deadline_only() -> None:
+    clock = [0]
+    fired: list[str] = []
+    timers, loop = fake_timers(fired, clock)
+    timers.set("late", 5 * S)
+    timers.set("later", 9 * S)
+    assert loop.live() == [5.0]  # one loop timer, for the earliest
+    timers.earlier("soon", 2 * S)
+    assert loop.live() == [2.0]  # re-armed for the new earliest
+    timers.earlier("late", 7 * S)  # later than its deadline: nothing moves
+    assert loop.live() == [2.0]
+    loop.run_until(6 * S)
+    assert fired == ["soon", "late"]
+    assert loop.live() == [9.0]
+    loop.run_until(20 * S)
+    assert fired == ["soon", "late", "later"]
+    assert loop.live() == []  # nothing due: nothing armed, nothing wakes
+
+
+def test_driver_sleeps_while_nothing_is_due() -> None:
+    """The point of it: a key due in an hour costs one arming, not a wake-up per tick."""
+    clock = [0]
+    fired: list[str] = []
+    timers, loop = fake_timers(fired, clock)
+    timers.set("hour", 3600 * S)
+    for _ in range(100):
+        timers.earlier("hour", 3600 * S)  # what a hot path does per event: no re-arming
+    assert loop.arms == 1
+    loop.run_until(3599 * S)
+    assert fired == []
+    assert timers.fired == 0
+    loop.run_until(3600 * S)
+    assert fired == ["hour"]
+    assert timers.fired == 1
+
+
+def test_driver_rearms_when_the_loop_runs_it_early() -> None:
+    """The loop's clock and the wall clock differ: a run before the deadline finds nothing due
+    and arms again for what is left."""
+    clock = [0]
+    fired: list[str] = []
+    timers, loop = fake_timers(fired, clock)
+    timers.set("a", 10 * S)
+    (_when, callback, _handle) = loop.armed.pop()
+    clock[0] = 9 * S  # the loop thought it was time; the wall clock says 1 s early
+    callback()
+    assert fired == []
+    assert loop.live() == [10.0]
+    loop.run_until(10 * S)
+    assert fired == ["a"]
+
+
+def test_callbacks_may_set_deadlines_and_one_failing_stops_nothing() -> None:
+    clock = [0]
+    seen: list[str] = []
+    loop = FakeLoop(clock)
+
+    def callback(key: str) -> None:
+        seen.append(key)
+        if key == "bad":
+            raise RuntimeError("boom")
+        if key == "again" and len(seen) < 5:
+            timers.set("again", clock[0] + S)  # what an expiry does: time its next run
+
+    timers: Timers[str] = Timers(callback, loop, lambda: clock[0])
+    timers.set("bad", S)
+    timers.set("again", S)
+    loop.run_until(10 * S)
+    assert seen[:2] == ["bad", "again"]  # the failure was logged, the next key still ran
+    assert seen.count("again") == 4
+    assert loop.live() == []
+
+
+def test_cancel_and_close() -> None:
+    clock = [0]
+    fired: list[str] = []
+    timers, loop = fake_timers(fired, clock)
+    timers.set("a", S)
+    timers.set("b", 2 * S)
+    timers.cancel("a")
+    loop.run_until(3 * S)
+    assert fired == ["b"]
+    timers.set("c", 4 * S)
+    timers.close()
+    assert loop.live() == []  # the armed loop timer is cancelled
+    timers.set("d", 5 * S)  # after close nothing is armed or run
+    loop.run_until(10 * S)
+    assert fired == ["b"]
+
+
+async def test_on_a_real_loop_a_deadline_fires_once_when_due() -> None:
+    fired: list[tuple[str, int]] = []
+    done = asyncio.Event()
+
+    def callback(key: str) -> None:
+        fired.append((key, time.time_ns()))
+        done.set()
+
+    timers: Timers[str] = Timers(callback)
+    try:
+        due = time.time_ns() + 30_000_000
+        timers.set("a", due)
+        timers.set("b", due + 10 * S)
+        await asyncio.wait_for(done.wait(), 5)
+        assert [k for k, _ in fired] == ["a"]
+        assert fired[0][1] >= due
+        assert timers.fired == 1
+    finally:
+        timers.close()
+
+
+# ---- sequence waiters -------------------------------------------------------------------------
+
+
+async def test_seq_waiters_resolve_by_sequence() -> None:
+    waiters = SeqWaiters()
+    w5, w3, w9 = waiters.wait(5), waiters.wait(3), waiters.wait(9)
+    waiters.reached(4)
+    assert w3.done()
+    assert not w5.done()
+    assert not w9.done()
+    waiters.reached(5)
+    assert w5.done()
+    assert len(waiters) == 1
+    waiters.release()
+    assert w9.done()
+    assert w9.exception() is None
+    assert len(waiters) == 0
+    w1 = waiters.wait(1)
+    waiters.fail(WriterClosed("gone"))
+    with pytest.raises(WriterClosed):
+        await w1
