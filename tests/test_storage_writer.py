@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from storage_delta.commit.store import StoreRoot
-from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage, WriterOverloaded
+from storage_delta.commit.writer import (
+    GroupCommitWriter,
+    MessageTable,
+    StoredMessage,
+    WriterClosed,
+    WriterOverloaded,
+)
 from tests.test_storage_hazards import message, seqs_in_table
 
 
@@ -49,8 +55,6 @@ async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> 
 
 
 async def test_closed_writer_refuses(tmp_path: Path) -> None:
-    from storage_delta.commit.writer import WriterClosed
-
     with ThreadPoolExecutor(1) as pool:
         writer = GroupCommitWriter(
             MessageTable(StoreRoot(str(tmp_path / "r"))), pool, 1 << 20, lambda s: None
@@ -83,3 +87,43 @@ async def test_admitted_messages_count_once(tmp_path: Path) -> None:
         await done
         await writer.close()
     assert writer.refused == 1
+
+
+class _DyingTable(MessageTable):
+    """A table whose commit fails and which then cannot even say what landed: the commit loop has
+    no way on and ends."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def last_txn_version(self) -> int:
+        self.asked += 1
+        if self.asked > 1:
+            raise OSError("store unreachable")
+        return 0
+
+    def commit(self, batch: list[StoredMessage], version: int, retries: int = 5) -> None:
+        raise OSError("write failed")
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_dead_commit_loop_fails_its_waiters_and_rolls_back() -> None:
+    """Nothing waits for a commit that cannot come: the batch in flight and what queued behind it
+    fail with WriterClosed, their streams roll back, and the writer takes nothing more."""
+    rolled_back: list[set[str]] = []
+    with ThreadPoolExecutor(1) as pool:
+        writer = GroupCommitWriter(_DyingTable(), pool, 1 << 20, rolled_back.append)
+        await writer.start()
+        first = writer.submit([message("S", 1)])
+        await asyncio.sleep(0)  # the loop takes the first batch
+        second = writer.submit([message("T", 1)])
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert [type(r) for r in results] == [WriterClosed, WriterClosed]
+        assert rolled_back == [{"S", "T"}]
+        assert not writer.running
+        with pytest.raises(WriterClosed):
+            writer.submit([message("S", 2)])
+        with pytest.raises(OSError, match="store unreachable"):
+            await writer.close()

@@ -228,6 +228,7 @@ class GroupCommitWriter:
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: tuple[list[StoredMessage], list[asyncio.Future[None]]] = ([], [])
         self._closed = False
         self._version = 0
         self.commits = 0
@@ -269,6 +270,32 @@ class GroupCommitWriter:
         return fut
 
     async def _run(self) -> None:
+        """The commit loop; should it ever end by an error (or be cancelled), everything it holds
+        fails and its streams roll back, so no publisher and nothing waiting on a stream's durable
+        sequence waits for a commit that cannot come."""
+        try:
+            await self._commit_loop()
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Fail what the dead loop held. Whether the batch in flight landed is unknown; the streams
+        still roll back, which is safe because nothing is accepted any more (no sequence can be
+        given again) and the next start reads what landed from the table. ``running`` is False
+        before ``on_failure`` runs, so it can tell this rollback from a failed commit's."""
+        self._closed = True
+        batch = self._in_flight[0] + self._pending
+        waiters = self._in_flight[1] + self._waiters
+        self._in_flight, self._pending, self._waiters, self._pending_bytes = ([], []), [], [], 0
+        log.error("the commit loop ended (%r); %d messages fail", exc, len(batch))
+        try:
+            if batch:
+                self._on_failure({m.stream for m in batch})
+        finally:
+            _notify(waiters, WriterClosed(f"commit loop ended: {exc!r}"))
+
+    async def _commit_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
@@ -279,6 +306,7 @@ class GroupCommitWriter:
                 continue
             batch, waiters = self._pending, self._waiters
             self._pending, self._waiters, self._pending_bytes = [], [], 0
+            self._in_flight = (batch, waiters)
             self._version += 1
             started = time.perf_counter()
             try:
@@ -287,6 +315,7 @@ class GroupCommitWriter:
                 log.exception("commit of %d messages failed", len(batch))
                 landed = await loop.run_in_executor(self._executor, self._table.last_txn_version)
                 if landed >= self._version:  # the error came after the commit landed (delta-rs #2509)
+                    self._in_flight = ([], [])
                     self._resolve(batch, waiters, time.perf_counter() - started)
                     continue
                 # What was queued behind the failed batch holds later sequences of the same streams:
@@ -296,9 +325,11 @@ class GroupCommitWriter:
                 waiters.extend(self._waiters)
                 self._pending, self._waiters, self._pending_bytes = [], [], 0
                 self._version = await loop.run_in_executor(self._executor, self._table.last_txn_version)
+                self._in_flight = ([], [])
                 self._on_failure({m.stream for m in batch})
                 _notify(waiters, exc)
                 continue
+            self._in_flight = ([], [])
             self._resolve(batch, waiters, time.perf_counter() - started)
 
     def _resolve(
