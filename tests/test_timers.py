@@ -1,6 +1,7 @@
 """The deadline timers (gateway/runtime/timers.py) and sequence waiters (gateway/runtime/seqwait.py)
 on their own: the heap without a loop or clock, the loop driver with a fake loop and clock (what it
-arms, when, and that a failing callback stops nothing), and one short run on a real loop."""
+arms, when, and that a failing callback stops nothing), and one short run on a real loop. Also the
+stream's side: the durable-sequence signal a removal waits on instead of polling."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from typing import Any, cast
 
 import pytest
 
+from gateway.adapters.loader import MessageLoader
+from gateway.adapters.registry import Registry
+from gateway.adapters.removals import RemovalRecorder
+from gateway.engine.stream import Stream
+from gateway.handlers.streams import StreamApi
 from gateway.runtime.seqwait import SeqWaiters
 from gateway.runtime.timers import DeadlineHeap, Timers
 from storage_delta.commit.writer import WriterClosed
@@ -248,3 +254,73 @@ async def test_seq_waiters_resolve_by_sequence() -> None:
     waiters.fail(WriterClosed("gone"))
     with pytest.raises(WriterClosed):
         await w1
+
+
+# ---- the stream's side ------------------------------------------------------------------------
+
+
+def make(**cfg: Any) -> Stream:
+    return Stream({"name": "S", "subjects": ["s.>"], **cfg}, 1, 1 << 20)
+
+
+def test_durable_signal_is_told_of_commits_rollbacks_and_the_end() -> None:
+    stream = make()
+    told: list[tuple[int, int]] = []
+    stream.on_durable = lambda: told.append((stream.durable_last_seq, stream.state.last_seq))
+    for _ in range(3):
+        stream.accept("s.a", None, b"", 1)
+    stream.committed(1)
+    stream.rollback()  # 2 and 3 failed
+    stream.end()
+    assert told == [(1, 3), (1, 1), (1, 1)]
+    assert stream.ended
+
+
+# ---- a removal waiting for its message's commit ---------------------------------------------
+
+
+def stream_api(storing: Callable[[], bool] = lambda: True) -> StreamApi:
+    """The handler with nothing behind it: only its commit waits are exercised."""
+    return StreamApi(
+        cast(Registry, None), cast(MessageLoader, None), cast(RemovalRecorder, None), lambda e: None, storing
+    )
+
+
+def in_flight() -> Stream:
+    stream = make()
+    for _ in range(3):
+        stream.accept("s.a", None, b"", 1)
+    stream.committed(1)
+    return stream
+
+
+async def test_removal_wait_ends_when_the_commit_lands() -> None:
+    api, stream = stream_api(), in_flight()
+    wait = api._durable(stream, 3)
+    stream.committed(2)
+    assert not wait.done()
+    stream.committed(3)
+    await wait
+    assert stream.on_durable is None  # the hook is set only while someone waits
+
+
+@pytest.mark.parametrize("how", ["rollback", "deleted"])
+async def test_removal_wait_is_released_by_a_rollback_or_deletion(how: str) -> None:
+    api, stream = stream_api(), in_flight()
+    wait = api._durable(stream, 3)
+    if how == "rollback":
+        stream.rollback()
+    else:
+        stream.end()
+    await wait
+    assert stream.on_durable is None
+
+
+async def test_removal_wait_fails_when_the_commit_loop_died() -> None:
+    """The writer rolls its streams back when its loop dies; whether the message landed is then
+    unknown, so its removal is not acknowledged."""
+    api, stream = stream_api(storing=lambda: False), in_flight()
+    wait = api._durable(stream, 3)
+    stream.rollback()
+    with pytest.raises(WriterClosed):
+        await wait

@@ -138,6 +138,7 @@ class Registry:
             await self._persist("consumer", stream.name, name, None)
         await self._persist("stream", stream.name, stream.name, None)
         del self.streams[stream.name]
+        stream.end()  # a removal waiting for one of its commits is released
         for gone in self.consumers.pop(stream.name, {}).values():
             self.on_consumer_removed(gone)
             await self.recorder.deleted(gone)

@@ -115,6 +115,10 @@ class Stream:
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
         #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
         self.on_removed: Callable[[int, str], None] | None = None
+        #: While set, told whenever ``durable_last_seq`` advances, the stream rolls back to it, or
+        #: the stream ends: an answer waiting for a commit is woken by it instead of polling.
+        self.on_durable: Callable[[], None] | None = None
+        self.ended = False  # deleted: nothing it waits for will come
 
     @property
     def subjects(self) -> list[str]:
@@ -338,6 +342,14 @@ class Stream:
 
     def committed(self, seq: int) -> None:
         self.durable_last_seq = max(self.durable_last_seq, seq)
+        if self.on_durable is not None:
+            self.on_durable()
+
+    def end(self) -> None:
+        """The stream was deleted: whoever waits on its durable sequence is told."""
+        self.ended = True
+        if self.on_durable is not None:
+            self.on_durable()
 
     # ---- limits ----------------------------------------------------------------------------------
 
@@ -551,6 +563,8 @@ class Stream:
                         self.on_removed(s, names[idx.subject_id(s)])
             st.last_seq = max(st.last_seq, below - 1)
             self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
+            if self.on_durable is not None:
+                self.on_durable()
             st.messages = st.bytes = 0
             for sid in list(self._subject_counts):
                 self._forget_subject(sid)
@@ -758,6 +772,8 @@ class Stream:
             st.first_seq, st.first_ts = (st.last_seq + 1 if st.last_seq else 0), 0
         elif not idx.subject_id(st.first_seq):
             self._advance_first()
+        if self.on_durable is not None:
+            self.on_durable()
 
     def restore_removed(self, first: int, last: int) -> None:
         """Replay a range from the durable removal log at start-up (not recorded again)."""

@@ -283,7 +283,13 @@ class Gateway:
         loader = MessageLoader(self.reader, self.executor)
         self.api = api = Api(
             self.registry,
-            StreamApi(self.registry, loader, self.recorder, self._publish_event),
+            StreamApi(
+                self.registry,
+                loader,
+                self.recorder,
+                self._publish_event,
+                lambda: self.writer is not None and self.writer.running,
+            ),
             self.cold.first_seq_at,
             self._publish_event,
         )
