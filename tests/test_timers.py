@@ -1,18 +1,22 @@
 """The deadline timers (gateway/runtime/timers.py) and sequence waiters (gateway/runtime/seqwait.py)
 on their own: the heap without a loop or clock, the loop driver with a fake loop and clock (what it
 arms, when, and that a failing callback stops nothing), and one short run on a real loop. Also the
-stream's side: the durable-sequence signal a removal waits on instead of polling."""
+stream's side of them: when its next expiry is due, the durable-sequence signal a removal waits on
+instead of polling; and expiry on the timers, with the delete markers it asks for."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from gateway.adapters.loader import MessageLoader
+from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.engine.stream import Stream
@@ -20,6 +24,7 @@ from gateway.handlers.streams import StreamApi
 from gateway.runtime.seqwait import SeqWaiters
 from gateway.runtime.timers import DeadlineHeap, Timers
 from storage_delta.commit.writer import WriterClosed
+from storage_delta.tables.removals import RemovalLog
 
 S = 1_000_000_000
 
@@ -263,6 +268,35 @@ def make(**cfg: Any) -> Stream:
     return Stream({"name": "S", "subjects": ["s.>"], **cfg}, 1, 1 << 20)
 
 
+def test_next_expiry_is_the_earliest_of_max_age_and_ttls() -> None:
+    stream = make(max_age=10 * S, allow_msg_ttl=True)
+    assert stream.next_expiry_ns() is None  # empty: nothing will expire
+    stream.accept("s.a", None, b"", 100 * S)
+    assert stream.next_expiry_ns() == 110 * S
+    stream.accept("s.b", None, b"", 101 * S)
+    stream.ttl.add(2, 101 * S, 2)
+    assert stream.next_expiry_ns() == 103 * S  # the TTL runs out first
+    no_age = make(allow_msg_ttl=True)
+    no_age.accept("s.a", None, b"", 100 * S)
+    assert no_age.next_expiry_ns() is None
+    no_age.ttl.add(1, 100 * S, 5)
+    assert no_age.next_expiry_ns() == 105 * S
+
+
+def test_next_expiry_steps_over_messages_max_age_spares() -> None:
+    """``Nats-TTL: never`` outlives MaxAge: the next expiry is that of the oldest other message,
+    so a timer set to it does not fire again and again for a message that stays."""
+    stream = make(max_age=10 * S, allow_msg_ttl=True)
+    for i in range(3):
+        stream.accept("s.a", None, b"", (100 + i) * S)
+    stream.ttl.add(1, 100 * S, -1)  # never
+    stream.ttl.add(2, 101 * S, -1)
+    assert stream.next_expiry_ns() == 112 * S
+    stream.expire(112 * S)
+    assert stream.state.messages == 2
+    assert stream.next_expiry_ns() is None  # only the spared ones are left
+
+
 def test_durable_signal_is_told_of_commits_rollbacks_and_the_end() -> None:
     stream = make()
     told: list[tuple[int, int]] = []
@@ -274,6 +308,22 @@ def test_durable_signal_is_told_of_commits_rollbacks_and_the_end() -> None:
     stream.end()
     assert told == [(1, 3), (1, 1), (1, 1)]
     assert stream.ended
+
+
+def test_removals_queued_tells_once_until_taken() -> None:
+    stream = make()
+    told: list[int] = []
+    stream.on_removal_queued = lambda: told.append(1)
+    for _ in range(4):
+        stream.accept("s.a", None, b"", 1)
+    stream.committed(4)
+    stream.remove(1)
+    stream.remove(3)
+    assert told == [1]
+    assert stream.removals_queued
+    assert stream.take_removals() == [(1, 1), (3, 3)]
+    stream.remove(2)
+    assert told == [1, 1]
 
 
 # ---- a removal waiting for its message's commit ---------------------------------------------
@@ -324,3 +374,52 @@ async def test_removal_wait_fails_when_the_commit_loop_died() -> None:
     stream.rollback()
     with pytest.raises(WriterClosed):
         await wait
+
+
+# ---- expiry on the timers -------------------------------------------------------------------
+
+
+class Markers:
+    """The publish path as the recorder sees it: ``on_expiring`` and ``place_markers``."""
+
+    def __init__(self) -> None:
+        self.on_expiring: Callable[[Stream, int], None] | None = None
+        self.placed: list[tuple[str, list[str]]] = []
+
+    def place_markers(self, stream: Stream, now: int) -> None:
+        self.placed.append((stream.name, stream.markers_due))
+        stream.markers_due = []
+
+
+async def test_expiry_fires_when_due_and_places_markers_at_once() -> None:
+    """MaxAge runs when the oldest message's time is up (not on a tick), the subject it left
+    empty gets its marker in the same step, and a commit of something expiring sooner brings the
+    timer forward; with nothing left to expire nothing is armed."""
+    stream = make(max_age=S, subject_delete_marker_ttl=S)
+    registry = SimpleNamespace(streams={"S": stream}, on_removal_queued=None, on_stream_removed=None)
+    recorder = RemovalRecorder(cast(Registry, registry), cast(RemovalLog, None), cast(Executor, None))
+    publish = Markers()
+    task = asyncio.create_task(recorder.run(cast(PublishPath, publish)))
+    try:
+        await asyncio.sleep(0)
+        assert publish.on_expiring == recorder.stored
+        now = time.time_ns()
+        stream.accept("s.a", None, b"", now - S + 50_000_000)  # due in 50 ms
+        stream.committed(1)
+        recorder.stored(stream, stream.state.first_ts)
+        assert recorder._expiry is not None
+        assert recorder._expiry.get(stream) == now + 50_000_000
+        for _ in range(100):
+            if publish.placed:
+                break
+            await asyncio.sleep(0.01)
+        assert stream.state.messages == 0
+        assert publish.placed == [("S", ["s.a"])]
+        assert time.time_ns() >= now + 50_000_000
+        assert stream not in recorder._expiry  # nothing left: nothing armed
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert publish.on_expiring is None  # the task's end takes its hooks and timers with it
+    assert recorder._expiry is None

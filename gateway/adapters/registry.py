@@ -42,6 +42,11 @@ class Registry:
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+        #: Told of every stream deleted (its timers go), after the stream has ended.
+        self.on_stream_removed: Callable[[Stream], None] = lambda stream: None
+        #: Told when a stream's removals start waiting for the removal log
+        #: (``Stream.on_removal_queued``): the recorder wakes for them.
+        self.on_removal_queued: Callable[[], None] = lambda: None
 
     def listed_consumers(self, stream: str) -> list[Consumer]:
         """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
@@ -64,7 +69,11 @@ class Registry:
                 consumer.forget(seq, subject)
 
         stream.on_removed = removed
+        stream.on_removal_queued = self._removal_queued
         return stream
+
+    def _removal_queued(self) -> None:
+        self.on_removal_queued()
 
     def install_consumer(
         self,
@@ -139,6 +148,7 @@ class Registry:
         await self._persist("stream", stream.name, stream.name, None)
         del self.streams[stream.name]
         stream.end()  # a removal waiting for one of its commits is released
+        self.on_stream_removed(stream)
         for gone in self.consumers.pop(stream.name, {}).values():
             self.on_consumer_removed(gone)
             await self.recorder.deleted(gone)

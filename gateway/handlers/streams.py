@@ -167,6 +167,7 @@ class StreamApi:
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
+        self.recorder.changed(stream)  # its delete markers, and MaxAge timed anew
         self.publish(advisories.stream_action(name, "modify", now_ns()))
         return {"type": T + "stream_update_response", **self._stream_body(stream)}
 

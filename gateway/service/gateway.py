@@ -139,9 +139,8 @@ class Gateway:
                 self.leaf.subscribe(subject)
         self.tasks.own(self._api_worker(), "api-worker")
         self.tasks.own(self.delivery.ticker(), "consumer-timer")
-        self.tasks.own(self.recorder.run(), "removals")
+        self.tasks.own(self.recorder.run(self.publish), "removals")
         self.tasks.own(self.snapshots.run(), "index-snapshots")
-        self.tasks.own(self.publish.marker_ticker(), "delete-markers")
         await self.leaf.start()
         self.started = True
 
