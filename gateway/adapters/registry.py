@@ -42,6 +42,8 @@ class Registry:
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+        #: Told of every consumer created or changed through the API (its timers are set anew).
+        self.on_consumer_changed: Callable[[Consumer], None] = lambda consumer: None
         #: Told of every stream deleted (its timers go), after the stream has ended.
         self.on_stream_removed: Callable[[Stream], None] = lambda stream: None
         #: Told when a stream's removals start waiting for the removal log
@@ -109,6 +111,7 @@ class Registry:
         await self._persist("consumer", stream.name, name, body)
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
         await self.recorder.created(consumer, start_after, skip)
+        self.on_consumer_changed(consumer)
         return consumer
 
     async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
@@ -116,6 +119,7 @@ class Registry:
         await self._persist("consumer", consumer.stream.name, consumer.name, body)
         consumer.reconfigure(config)
         await self.recorder.config_changed(consumer)
+        self.on_consumer_changed(consumer)
 
     async def remove_consumer(self, consumer: Consumer) -> bool:
         """Delete a consumer (durably first); False if it was already gone."""
