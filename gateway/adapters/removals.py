@@ -80,6 +80,7 @@ class RemovalRecorder:
                     self._queued.set()  # above the durable sequence: once their commit landed
         finally:
             publish.on_expiring = None
+            self._publish = None
             self._expiry.close()
             self._expiry = None
 
