@@ -125,10 +125,43 @@ async def test_a_commit_that_landed_despite_an_error_counts_as_committed() -> No
 
 
 async def test_a_broken_loop_fails_its_waiters_and_starts_over() -> None:
-    """A fault of the loop itself (here the owner's ``committed`` hook raises once) does not leave
-    a waiter hanging: it fails with CommitLoopDied, the loop starts over and takes new rows."""
+    """A fault of the loop itself before the commit (here the owner's ``drained`` hook raises once)
+    does not leave a waiter hanging: it fails with CommitLoopDied, the owner hears of the rows (they
+    were not stored), and the loop starts over and takes new rows."""
     table = Table()
     calls = []
+    failed: list[list[int]] = []
+
+    def drained(rows: list[int]) -> None:
+        calls.append(rows)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+
+    with ThreadPoolExecutor(1) as pool:
+        loop: CommitLoop[int] = CommitLoop(
+            "test",
+            pool,
+            table.commit,
+            table.committed_version,
+            lambda rows, _e: failed.append(rows),
+            drained=drained,
+        )
+        await loop.start()
+        with pytest.raises(CommitLoopDied):
+            await asyncio.wait_for(put(loop, 1), 5)
+        await asyncio.wait_for(put(loop, 2), 5)
+        assert loop.restarts == 1
+        await loop.close()
+    assert table.rows == [2]
+    assert failed == [[1]]
+
+
+async def test_a_break_after_the_commit_landed_answers_its_waiters_as_committed() -> None:
+    """What broke came after the commit (the ``committed`` hook): the table holds the version, so
+    the waiter is answered and nothing is rolled back (its sequences must not be given out again)."""
+    table = Table()
+    calls = []
+    failed: list[list[int]] = []
 
     def committed(rows: list[int]) -> None:
         calls.append(rows)
@@ -137,15 +170,20 @@ async def test_a_broken_loop_fails_its_waiters_and_starts_over() -> None:
 
     with ThreadPoolExecutor(1) as pool:
         loop: CommitLoop[int] = CommitLoop(
-            "test", pool, table.commit, table.committed_version, lambda r, e: None, committed=committed
+            "test",
+            pool,
+            table.commit,
+            table.committed_version,
+            lambda rows, _e: failed.append(rows),
+            committed=committed,
         )
         await loop.start()
-        with pytest.raises(CommitLoopDied):
-            await asyncio.wait_for(put(loop, 1), 5)
+        await asyncio.wait_for(put(loop, 1), 5)
         await asyncio.wait_for(put(loop, 2), 5)
         assert loop.restarts == 1
         await loop.close()
-    assert table.rows == [1, 2]
+    assert table.versions == {1: [1], 2: [2]}
+    assert failed == []
 
 
 async def test_waiters_fail_when_the_task_is_cancelled() -> None:

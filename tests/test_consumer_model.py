@@ -213,3 +213,23 @@ def test_expired_requests_are_neither_served_nor_counted_before_the_timer_sweeps
     assert [r.reply for r in q] == ["b", "c", "d"]  # b has no expiry, so c waits for the sweep
     assert [r.reply for r in q.expire(100)] == ["c"]
     assert [r.reply for r in q.expire_head(1000)] == []  # b at the front never expires
+
+
+def test_next_deadline_is_the_earliest_one_expire_would_act_on() -> None:
+    """What a consumer's timer is set to: acked messages, re-armed deadlines (+WPI, a nak delay)
+    and messages already queued for redelivery no longer count, so the timer does not wake for
+    them; the answer is exactly when ``expire`` next has something to do."""
+    c = _consumer(_stream(4), ack_wait=10 * NS)
+    for now in (1, 2, 3):
+        _take(c, now * NS)
+    assert c.next_deadline_ns() == 11 * NS
+    c.ack(1, 1, 5 * NS)
+    assert c.next_deadline_ns() == 12 * NS  # the acked message's deadline is gone
+    assert c.progress(2, 6 * NS)
+    assert c.next_deadline_ns() == 13 * NS  # +WPI moved message 2 to 16 s
+    assert c.nak(3, 0, 7 * NS)  # queued for redelivery now: no deadline until delivered again
+    assert c.next_deadline_ns() == 16 * NS
+    assert c.expire(15 * NS) == []
+    assert list(c.redeliver) == [3]
+    assert c.expire(16 * NS) == []
+    assert c.next_deadline_ns() is None

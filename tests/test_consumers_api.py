@@ -4,6 +4,7 @@ defaults, update rules, info, delete, names, list, pause, ephemeral inactivity."
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -281,6 +282,37 @@ async def test_ephemeral_goes_after_inactive_threshold(targets: dict[str, str], 
 
     out = await same(targets, case, unique)
     assert out == {"idle_gone": True, "busy": True, "total": 2}
+
+
+@pytest.mark.slow
+async def test_inactive_threshold_counts_from_the_last_request_gone(
+    targets: dict[str, str], unique: str
+) -> None:
+    """A pull request that waits longer than ``inactive_threshold`` keeps its ephemeral consumer:
+    the threshold counts from when the request ended (it expired), not from when it came."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        cfg = {"ack_policy": "explicit", "inactive_threshold": 1_000_000_000}
+        created = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
+        inbox = nc.new_inbox()
+        await nc.subscribe(inbox)
+        await nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{name}.{created['name']}",
+            b'{"batch":1,"expires":2000000000}',
+            reply=inbox,
+        )
+        t0 = time.monotonic()
+        seen = []
+        # the request ends at 2 s; the server's own check runs once per threshold, so it deletes
+        # between 3 and 4 s, jetlake at 3 s: neither instant is sampled
+        for at in (1.5, 2.5, 5.0):
+            await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+            names = await api(nc, f"CONSUMER.NAMES.{name}")
+            seen.append(created["name"] in (names["consumers"] or []))
+        return seen
+
+    assert await same(targets, case, unique) == [True, True, False]
 
 
 @pytest.mark.parametrize(

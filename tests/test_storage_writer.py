@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from storage_delta.commit.loop import CommitLoopDied
 from storage_delta.commit.store import StoreRoot
-from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage, WriterOverloaded
+from storage_delta.commit.writer import (
+    GroupCommitWriter,
+    MessageTable,
+    StoredMessage,
+    WriterClosed,
+    WriterOverloaded,
+)
 from tests.test_storage_hazards import message, seqs_in_table
 
 
@@ -49,8 +56,6 @@ async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> 
 
 
 async def test_closed_writer_refuses(tmp_path: Path) -> None:
-    from storage_delta.commit.writer import WriterClosed
-
     with ThreadPoolExecutor(1) as pool:
         writer = GroupCommitWriter(
             MessageTable(StoreRoot(str(tmp_path / "r"))), pool, 1 << 20, lambda s: None
@@ -83,3 +88,44 @@ async def test_admitted_messages_count_once(tmp_path: Path) -> None:
         await done
         await writer.close()
     assert writer.refused == 1
+
+
+class _DyingTable(MessageTable):
+    """A table whose commit fails and which then cannot even say what landed: the commit loop has
+    no way on and ends."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def last_txn_version(self) -> int:
+        self.asked += 1
+        if self.asked > 1:
+            raise OSError("store unreachable")
+        return 0
+
+    def commit(self, batch: list[StoredMessage], version: int) -> None:
+        raise OSError("write failed")
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_dead_commit_loop_fails_its_waiters_and_rolls_back() -> None:
+    """Nothing waits for a commit whose outcome cannot be known: the batch in flight and what
+    queued behind it fail with CommitLoopDied (publishers get 503/10077), their streams roll back,
+    the loop stops loudly (``running`` False, which /healthz reports) and the writer takes nothing
+    more, so no sequence is given out twice."""
+    rolled_back: list[set[str]] = []
+    with ThreadPoolExecutor(1) as pool:
+        writer = GroupCommitWriter(_DyingTable(), pool, 1 << 20, rolled_back.append)
+        await writer.start()
+        first = writer.submit([message("S", 1)])
+        await asyncio.sleep(0)  # the loop takes the first batch
+        second = writer.submit([message("T", 1)])
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert [type(r) for r in results] == [CommitLoopDied, CommitLoopDied]
+        assert rolled_back == [{"S", "T"}]
+        assert not writer.running
+        with pytest.raises(WriterClosed):
+            writer.submit([message("S", 2)])
+        await writer.close()

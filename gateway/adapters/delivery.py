@@ -1,18 +1,26 @@
 """Delivery: the thin async adapter around the consumer state machines.
 
 It serves pull requests and push deliver subjects from the stream, sends the status messages,
-runs the consumer timer (request expiry, idle heartbeats, ack-wait redelivery, interest and
-inactivity) and takes the ``$JS.ACK`` path. One serve task per consumer at most, owned by the
-gateway's :class:`~gateway.tasks.TaskOwner`; cold reads run on the executor so the event loop
-never waits on parquet. Interest comes from the leaf's view of the server's subscriptions
-(``LS+``/``LS-``), as JetStream itself decides whether a deliver subject or an inbox listens.
+runs the consumer timers (request expiry, idle heartbeats, ack-wait redelivery, interest and
+inactivity) and takes the ``$JS.ACK`` path. The timers fire when something is due: each consumer
+has one deadline (``gateway.runtime.timers``), the earliest of what it waits for, set after each of
+its timer runs and brought forward by whatever adds an earlier one (a pull request, a delivery's ack
+wait, a nak delay or ``+WPI``, a config change); interest changes (``LS+``/``LS-``) make every
+consumer look again, at most once per ``SWEEP_NS``. An idle gateway does not wake.
+
+One serve task per consumer at most, owned by the gateway's :class:`~gateway.tasks.TaskOwner`;
+cold reads run on the executor so the event loop never waits on parquet. Interest comes from the
+leaf's view of the server's subscriptions (``LS+``/``LS-``), as JetStream itself decides whether a
+deliver subject or an inbox listens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -41,6 +49,7 @@ from gateway.engine.consumer import Consumer, Delivered, Pending
 from gateway.engine.flow_control import FlowControl
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
+from gateway.runtime.timers import Timers
 from gateway.wire import acks
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import CRLF, msg_head
@@ -48,9 +57,17 @@ from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import status_block
 from storage_delta.tables import acklog as al
 
+log = logging.getLogger(__name__)
+
 FLOW_CONTROL_REQUEST = (100, "FlowControl Request")
-TICK_S = 0.05
 NS = 1_000_000_000
+#: Interest changes make every consumer look again (lost requesters, push subscribers that came or
+#: went) at most this often: as often as the fixed tick did, however fast subscriptions churn.
+SWEEP_NS = 50_000_000
+#: A consumer's timer never fires sooner than this after its last run (against a deadline that
+#: would stay due and spin), nor does a delivery task that failed get retried sooner.
+MIN_STEP_NS = 1_000_000
+RETRY_NS = SWEEP_NS
 RATE_BURST_BYTES = 1 << 20  # what a rate-limited push consumer may send at once
 RUN = 256  # deliveries made in one go at most, between checks of the link's send buffer
 RUN_BYTES = 1 << 20  # and their payload bytes at most (a larger message goes alone)
@@ -108,6 +125,13 @@ class Delivery:
         self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
         self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
         self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
+        #: Consumers found listening (waiting requests, or a push subscriber) when last looked at,
+        #: so the moment they stop is when ``inactive_threshold`` starts counting.
+        self._listening: set[int] = set()
+        #: One deadline per consumer, and ``None``: the sweep after interest changed. Exists while
+        #: ``ticker`` runs.
+        self._timers: Timers[Consumer | None] | None = None
+        self._last_sweep = 0
         #: Plain acks of the current read of the leaf link (``protocol.AckRun``), not applied yet.
         self.queued_acks: list[tuple[bytes, bytes, bytes, bytes]] = []
 
@@ -143,6 +167,10 @@ class Delivery:
             self._send_status(Status(reply, *NO_MESSAGES))
             return
         consumer.waiting.push(req)
+        self._listening.add(id(consumer))
+        if self._timers is not None and (req.expires_at_ns or req.heartbeat_ns):
+            due = min(t for t in (req.expires_at_ns, req.next_heartbeat_ns) if t)
+            self._timers.earlier(consumer, due)
         self.kick(consumer)
 
     def consumer_gone(self, consumer: Consumer) -> None:
@@ -151,6 +179,9 @@ class Delivery:
             self._send_status(Status(req.reply, *CONSUMER_DELETED))
         for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets, self._flow):
             table.pop(id(consumer), None)
+        self._listening.discard(id(consumer))
+        if self._timers is not None:
+            self._timers.cancel(consumer)
 
     # ---- serving ------------------------------------------------------------------------------
 
@@ -171,7 +202,28 @@ class Delivery:
         if key in self._serving:
             return
         self._serving.add(key)
-        self.tasks.own(self._serve(consumer, key), f"deliver-{consumer.stream.name}-{consumer.name}")
+        task = self.tasks.own(self._serve(consumer, key), f"deliver-{consumer.stream.name}-{consumer.name}")
+        task.add_done_callback(partial(self._served_out, consumer))
+
+    def _served_out(self, consumer: Consumer, task: asyncio.Task[None]) -> None:
+        """A delivery task ended. If its consumer stopped listening meanwhile (its last request
+        was served), inactivity counts from now. A task that failed is logged and its consumer's
+        timer retries it (as the fixed tick used to)."""
+        if task.cancelled() or self._consumer(consumer.stream.name, consumer.name) is not consumer:
+            return
+        exc = task.exception()
+        now = now_ns()
+        key = id(consumer)
+        listening = self._observe(consumer, key, now)
+        if exc is not None:
+            log.error("delivery for %s/%s failed", consumer.stream.name, consumer.name, exc_info=exc)
+        if self._timers is None:
+            return
+        if exc is not None:
+            self._timers.earlier(consumer, now + RETRY_NS)
+        threshold = int(consumer.config.get("inactive_threshold") or 0)
+        if threshold and not listening:
+            self._timers.earlier(consumer, self._last_seen[key] + threshold + 1)
 
     def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
         """Where the next message goes: the oldest waiting pull request that has time left, or a
@@ -326,6 +378,10 @@ class Delivery:
         self.leaf.publish_frames(parts)
         if consumer.is_push:
             self._last_sent[id(consumer)] = now_ns()
+        if self._timers is not None:
+            due = consumer.next_deadline_ns()  # the ack waits these deliveries started
+            if due is not None:
+                self._timers.earlier(consumer, due)
         return size
 
     def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
@@ -347,17 +403,96 @@ class Delivery:
     def _publish_event(self, event: tuple[str, bytes]) -> None:
         self.leaf.publish(event[0], event[1])
 
-    # ---- the consumer timer -------------------------------------------------------------------
+    # ---- the consumer timers ------------------------------------------------------------------
 
     async def ticker(self) -> None:
-        """Expire pull requests, send idle heartbeats, redeliver what ``ack_wait`` ran out on,
-        drop requests whose requester left, and delete consumers inactive past their threshold."""
-        while True:
-            await asyncio.sleep(TICK_S)
-            now = now_ns()
-            for by_name in list(self.registry.consumers.values()):
-                for consumer in list(by_name.values()):
-                    self._tick(consumer, now)
+        """The owned task the consumer timers live in: every consumer is looked at once now (as
+        after a restart), then each again when its deadline is due; cancelling the task stops them.
+        Expires pull requests, sends idle heartbeats, redelivers what ``ack_wait`` ran out on,
+        drops requests whose requester left, and deletes consumers inactive past their threshold."""
+        self._timers = timers = Timers(self._due)
+        self.leaf.interest.on_change = self._interest_changed
+        self.registry.on_consumer_changed = self._consumer_changed
+        try:
+            timers.set(None, now_ns())
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            self.leaf.interest.on_change = None
+            self.registry.on_consumer_changed = lambda consumer: None
+            timers.close()
+            self._timers = None
+
+    def _consumer_changed(self, consumer: Consumer) -> None:
+        """Created or reconfigured (thresholds, heartbeats, a pause): looked at right away."""
+        if self._timers is not None:
+            self._timers.set(consumer, now_ns())
+
+    def _interest_changed(self) -> None:
+        """A subscription came or went: every consumer looks again, at most once per SWEEP_NS."""
+        if self._timers is not None and self.registry.consumers:
+            self._timers.earlier(None, max(now_ns(), self._last_sweep + SWEEP_NS))
+
+    def _due(self, key: Consumer | None) -> None:
+        """A deadline is due: one consumer's, or the sweep of all of them (``None``)."""
+        now = now_ns()
+        if key is None:
+            self._last_sweep = now
+            consumers = [c for by_name in list(self.registry.consumers.values()) for c in by_name.values()]
+        elif self._consumer(key.stream.name, key.name) is key:
+            consumers = [key]
+        else:
+            return  # deleted meanwhile
+        for consumer in consumers:
+            try:
+                self._tick(consumer, now)
+            except Exception:
+                log.exception("timer of consumer %s/%s failed", consumer.stream.name, consumer.name)
+                self._schedule(consumer, now + RETRY_NS)
+            else:
+                self._schedule(consumer, now)
+
+    def _schedule(self, consumer: Consumer, now: int) -> None:
+        """Set the consumer's deadline to the earliest thing it waits for (what ``_tick`` acts
+        on), or none; never sooner than MIN_STEP_NS after ``now``."""
+        if self._timers is None or self._consumer(consumer.stream.name, consumer.name) is not consumer:
+            return
+        due = self._next_due(consumer, now)
+        if due is None:
+            self._timers.cancel(consumer)
+        else:
+            self._timers.set(consumer, max(due, now + MIN_STEP_NS))
+
+    def _next_due(self, consumer: Consumer, now: int) -> int | None:
+        key = id(consumer)
+        times = [consumer.next_deadline_ns()]
+        for req in consumer.waiting:
+            times += (req.expires_at_ns, req.next_heartbeat_ns)
+        listening = key in self._listening
+        cfg = consumer.config
+        beat = int(cfg.get("idle_heartbeat") or 0) if consumer.is_push else 0
+        if beat and listening:
+            times.append(self._last_sent.get(key, now) + beat)
+        threshold = int(cfg.get("inactive_threshold") or 0)
+        if threshold and not listening:
+            times.append(self._last_seen.get(key, now) + threshold + 1)
+        if consumer.paused_until_ns > now:
+            times.append(consumer.paused_until_ns)  # delivery resumes
+        return min((t for t in times if t), default=None)
+
+    def _observe(self, consumer: Consumer, key: int, now: int) -> bool:
+        """Whether the consumer listens (waiting requests; a push consumer's subscriber). While it
+        does, and at the first look after it stopped, it counts as seen now."""
+        if consumer.is_push:
+            listening = self.leaf.interest.has(str(consumer.config["deliver_subject"]))
+        else:
+            listening = len(consumer.waiting) > 0
+        if listening or key in self._listening:
+            self._last_seen[key] = now
+        if listening:
+            self._listening.add(key)
+        else:
+            self._listening.discard(key)
+        return listening
 
     def _tick(self, consumer: Consumer, now: int) -> None:
         key = id(consumer)
@@ -373,16 +508,13 @@ class Delivery:
             self._publish_event(
                 advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now)
             )
-        listening = len(consumer.waiting) > 0
+        listening = self._observe(consumer, key, now)
         if consumer.is_push:
             subject = str(consumer.config["deliver_subject"])
-            listening = self.leaf.interest.has(subject)
             beat = int(consumer.config.get("idle_heartbeat") or 0)
             if listening and beat and now - self._last_sent.setdefault(key, now) >= beat:
                 self._last_sent[key] = now
                 self._heartbeat(consumer, subject)
-        if listening:
-            self._last_seen[key] = now
         threshold = int(consumer.config.get("inactive_threshold") or 0)
         if threshold and now - self._last_seen.setdefault(key, now) > threshold:
             self._last_seen[key] = now + threshold  # one deletion at a time
@@ -423,6 +555,10 @@ class Delivery:
         consumer = self._consumer(token.stream, token.consumer)
         if consumer is not None:  # nobody listens on a deleted consumer's acks, as on the real server
             self._ack(consumer, token, kind, reply)
+            if kind.kind in ("nak", "wpi") and self._timers is not None:
+                due = consumer.next_deadline_ns()  # a nak delay or a restarted ack wait
+                if due is not None:
+                    self._timers.earlier(consumer, due)
 
     def apply_acks(self) -> None:
         """Apply the queued plain acks (``queued_acks``): each run of consecutive acks of one

@@ -5,7 +5,8 @@ A duplicate (``Nats-Msg-Id`` seen within the window) stores nothing; its PubAck 
 sequence, and if the original is still in flight it waits for that commit, so no client is told of
 a sequence that a failed commit could take back. ``no_ack`` streams answer nothing, errors included.
 A ``Nats-TTL`` enters the stream's TTL schedule, a ``Nats-Rollup`` purges once the writer has the
-message, and the delete markers expiry asks for (ADR-43) are stored here by ``marker_ticker``.
+message, and the delete markers expiry asks for (ADR-43) are stored here by ``place_markers``, which
+the removal recorder calls as soon as expiry has asked (``gateway.adapters.removals``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from storage_delta.commit.writer import (
 )
 from storage_delta.format.nats import status_block
 
-MARKER_TICK_S = 0.05
 NO_RESPONDERS = status_block(503, "")
 PUBACK = b'{"stream":"%s","seq":%d}'
 
@@ -68,6 +68,9 @@ class PublishPath:
         self.leaf = leaf
         self._on_stored = on_stored
         self.route = registry.route
+        #: Told of each committed run of a stream that has something to expire (MaxAge, or TTLs)
+        #: with its first message's stored time: the expiry timer is brought forward to it.
+        self.on_expiring: Callable[[Stream, int], None] | None = None
         # Accepted but not yet submitted: one run per stream, until ``flush``.
         self._runs: dict[Stream, _Run] = {}
         # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
@@ -231,15 +234,6 @@ class PublishPath:
             self._enqueue(self._run_of(stream), stored, "")
         self.flush()
 
-    async def marker_ticker(self) -> None:
-        """Place the markers that expiry (on the removal task's tick) asked for."""
-        while True:
-            await asyncio.sleep(MARKER_TICK_S)
-            now = now_ns()
-            for stream in list(self.registry.streams.values()):
-                if stream.markers_due:
-                    self.place_markers(stream, now)
-
     def _duplicate(self, stream: Stream, seq: int, reply: str) -> None:
         if not reply:
             return
@@ -277,6 +271,9 @@ class PublishPath:
             answer(exc)
         if exc is None:
             self._on_stored(run.stream)
+            stream = run.stream
+            if self.on_expiring is not None and (stream.limits.max_age or stream.ttl.next_ns() is not None):
+                self.on_expiring(stream, run.msgs[0].ts)
 
     def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
         """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""

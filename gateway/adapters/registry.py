@@ -57,6 +57,13 @@ class Registry:
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+        #: Told of every consumer created or changed through the API (its timers are set anew).
+        self.on_consumer_changed: Callable[[Consumer], None] = lambda consumer: None
+        #: Told of every stream deleted (its timers go), after the stream has ended.
+        self.on_stream_removed: Callable[[Stream], None] = lambda stream: None
+        #: Told when a stream's removals start waiting for the removal log
+        #: (``Stream.on_removal_queued``): the recorder wakes for them.
+        self.on_removal_queued: Callable[[], None] = lambda: None
 
     def stream(self, name: str) -> Stream:
         """The live stream of that name, or the API's "stream not found"."""
@@ -109,7 +116,11 @@ class Registry:
                 consumer.forget(seq, subject)
 
         stream.on_removed = removed
+        stream.on_removal_queued = self._removal_queued
         return stream
+
+    def _removal_queued(self) -> None:
+        self.on_removal_queued()
 
     def install_consumer(
         self,
@@ -143,6 +154,7 @@ class Registry:
         await self._persist("consumer", stream.name, name, body)
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
         await self.recorder.created(consumer, start_after, skip)
+        self.on_consumer_changed(consumer)
         return consumer
 
     async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
@@ -150,6 +162,7 @@ class Registry:
         await self._persist("consumer", consumer.stream.name, consumer.name, body)
         consumer.reconfigure(config)
         await self.recorder.config_changed(consumer)
+        self.on_consumer_changed(consumer)
 
     async def remove_consumer(self, consumer: Consumer) -> bool:
         """Delete a consumer (durably first); False if it was already gone."""
@@ -181,6 +194,8 @@ class Registry:
             await self._persist("consumer", stream.name, name, None)
         await self._persist("stream", stream.name, stream.name, None)
         del self.streams[stream.name]
+        stream.end()  # a removal waiting for one of its commits is released
+        self.on_stream_removed(stream)
         for gone in self.consumers.pop(stream.name, {}).values():
             self.on_consumer_removed(gone)
             await self.recorder.deleted(gone)

@@ -1,9 +1,16 @@
-"""Moving removals into the durable removal log, and MaxAge on a timer.
+"""Moving removals into the durable removal log, and MaxAge and TTL expiry when they are due.
 
 Explicit removals (MSG.DELETE, PURGE) are answered only after ``flush`` made them durable. Removals
-the limits cause (MaxMsgs, MaxBytes, MaxAge, per subject) are made durable by the same task within
-``FLUSH_EVERY`` ticks (5 s); if the gateway dies before that, recovery re-applies the limits from the
-config and the stored messages, which removes them again (docs/storage.md).
+the limits cause (MaxMsgs, MaxBytes, MaxAge, per subject) are made durable by the recorder's task
+``FLUSH_S`` (5 s) after the first of them was queued; if the gateway dies before that, recovery
+re-applies the limits from the config and the stored messages, which removes them again
+(docs/storage.md).
+
+Expiry runs per stream on a deadline timer (``gateway.runtime.timers``) armed for the stream's next
+expiry (``Stream.next_expiry_ns``): set again after each run, brought forward when a commit stores
+something that expires sooner (``PublishPath.on_expiring``), set anew when the config changes. The
+delete markers an expiry asks for (ADR-43) are placed right after it, by the publish path. Nothing
+wakes while nothing is due.
 """
 
 from __future__ import annotations
@@ -12,14 +19,16 @@ import asyncio
 import logging
 from concurrent.futures import Executor
 
+from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.api.timefmt import now_ns
+from gateway.engine.stream import Stream
+from gateway.runtime.timers import Timers
 from storage_delta.tables.removals import Removal, RemovalLog
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.1
-FLUSH_EVERY = 50
+FLUSH_S = 5.0
 
 
 class RemovalRecorder:
@@ -29,6 +38,11 @@ class RemovalRecorder:
         self.executor = executor
         self._lock = asyncio.Lock()
         self._unwritten: list[Removal] = []  # taken from the streams, not yet durable
+        self._queued = asyncio.Event()  # some stream has removals for the log
+        registry.on_removal_queued = self._queued.set
+        registry.on_stream_removed = self._stream_removed
+        self._publish: PublishPath | None = None
+        self._expiry: Timers[Stream] | None = None  # while ``run`` runs
 
     async def flush(self) -> None:
         """Make every removal so far durable; raises when the commit fails (they are retried)."""
@@ -44,17 +58,70 @@ class RemovalRecorder:
             await loop.run_in_executor(self.executor, self.log.append, self._unwritten)
             self._unwritten = []
 
-    async def run(self) -> None:
-        """Expire messages past MaxAge every tick; record limit removals every FLUSH_EVERY ticks."""
-        ticks = 0
-        while True:
-            await asyncio.sleep(TICK_S)
-            now = now_ns()
+    async def run(self, publish: PublishPath) -> None:
+        """The owned task: expiry timers for every stream while it runs (they stop with it), and
+        limit removals recorded ``FLUSH_S`` after they were queued."""
+        self._publish = publish
+        self._expiry = Timers(self._expire)
+        publish.on_expiring = self.stored
+        try:
             for stream in list(self.registry.streams.values()):
-                stream.expire(now)
-            ticks += 1
-            if ticks % FLUSH_EVERY == 0:
+                self.changed(stream)  # recovery applied the limits: markers, the next expiry
+            while True:
+                await self._queued.wait()
+                await asyncio.sleep(FLUSH_S)  # what comes meanwhile goes in the same commit
+                self._queued.clear()
                 try:
                     await self.flush()
                 except Exception:
                     log.exception("recording removals failed; retrying")
+                    self._queued.set()
+                if any(s.removals_queued for s in self.registry.streams.values()):
+                    self._queued.set()  # above the durable sequence: once their commit landed
+        finally:
+            publish.on_expiring = None
+            self._publish = None
+            self._expiry.close()
+            self._expiry = None
+
+    # ---- expiry ---------------------------------------------------------------------------------
+
+    def stored(self, stream: Stream, first_ts: int) -> None:
+        """A commit stored messages from ``first_ts`` on, on a stream with MaxAge or TTLs: the
+        timer comes forward to the earliest any of them (or a new TTL) can expire. O(1), for the
+        commit path: a message MaxAge does not apply to (``Nats-TTL: never``) only makes it early."""
+        if self._expiry is None:
+            return
+        when = stream.ttl.next_ns()
+        max_age = stream.limits.max_age
+        if max_age:
+            when = first_ts + max_age if when is None else min(when, first_ts + max_age)
+        if when is not None:
+            self._expiry.earlier(stream, when)
+
+    def changed(self, stream: Stream) -> None:
+        """The stream's limits were applied anew (start-up, a config update): place the markers
+        that asked for, and time the next expiry from scratch (MaxAge may have changed)."""
+        if self._expiry is None:
+            return
+        self._place_markers(stream)
+        when = stream.next_expiry_ns()
+        if when is None:
+            self._expiry.cancel(stream)
+        else:
+            self._expiry.set(stream, when)
+
+    def _expire(self, stream: Stream) -> None:
+        """The timer: remove what ran out, place the markers that leaves due, time the next run."""
+        if self.registry.streams.get(stream.name) is not stream:
+            return  # deleted (its timer was cancelled; this is a run already under way)
+        stream.expire(now_ns())
+        self.changed(stream)
+
+    def _place_markers(self, stream: Stream) -> None:
+        if stream.markers_due and self._publish is not None:
+            self._publish.place_markers(stream, now_ns())
+
+    def _stream_removed(self, stream: Stream) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel(stream)

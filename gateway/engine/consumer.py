@@ -562,7 +562,17 @@ class Consumer:
         return exhausted
 
     def next_deadline_ns(self) -> int | None:
-        return self._deadlines[0][0] if self._deadlines else None
+        """The earliest ack-wait (or nak delay) deadline :meth:`expire` would act on, None if none.
+        Entries left behind by acks and re-arms are dropped from the top here (``expire`` would
+        skip them), so a timer set to the answer does not wake for a message already acked."""
+        heap, pending = self._deadlines, self.pending
+        while heap:
+            deadline, seq = heap[0]
+            p = pending.get(seq)
+            if p is not None and p.deadline_ns == deadline and seq not in self._queued:
+                return deadline
+            heapq.heappop(heap)
+        return None
 
     # ---- restart ------------------------------------------------------------------------------
 

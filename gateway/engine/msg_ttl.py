@@ -62,6 +62,10 @@ class TTLSchedule:
             out.append((seq, ts))
         return out
 
+    def next_ns(self) -> int | None:
+        """The earliest deadline on the schedule (its message may be gone by then), None if none."""
+        return self._heap[0][0] if self._heap else None
+
     def forget_after(self, seq: int) -> None:
         """Sequences above ``seq`` were rolled back (heap entries are checked by time instead)."""
         self.never = {s for s in self.never if s <= seq}

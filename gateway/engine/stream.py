@@ -115,6 +115,13 @@ class Stream:
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
         #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
         self.on_removed: Callable[[int, str], None] | None = None
+        #: Told when removals start waiting for the removal log (the queue was empty), so the
+        #: task that records them sleeps while there is nothing to record.
+        self.on_removal_queued: Callable[[], None] | None = None
+        #: While set, told whenever ``durable_last_seq`` advances, the stream rolls back to it, or
+        #: the stream ends: an answer waiting for a commit is woken by it instead of polling.
+        self.on_durable: Callable[[], None] | None = None
+        self.ended = False  # deleted: nothing it waits for will come
 
     @property
     def subjects(self) -> list[str]:
@@ -338,6 +345,14 @@ class Stream:
 
     def committed(self, seq: int) -> None:
         self.durable_last_seq = max(self.durable_last_seq, seq)
+        if self.on_durable is not None:
+            self.on_durable()
+
+    def end(self) -> None:
+        """The stream was deleted: whoever waits on its durable sequence is told."""
+        self.ended = True
+        if self.on_durable is not None:
+            self.on_durable()
 
     # ---- limits ----------------------------------------------------------------------------------
 
@@ -397,11 +412,25 @@ class Stream:
         return 1
 
     def next_expiry_ns(self) -> int | None:
-        """When the oldest message expires under MaxAge, None when nothing will."""
+        """When :meth:`expire` next has something to do (a TTL runs out, or the oldest message
+        MaxAge applies to does), None when nothing will expire. Never later than the truth: a TTL
+        of a message gone meanwhile may make it early. Messages ``Nats-TTL: never`` exempts are
+        stepped over from the first, as ``expire`` steps over them."""
+        when = self.ttl.next_ns()
         max_age = self.limits.max_age
-        if not max_age or not self.state.messages:
-            return None
-        return self.state.first_ts + max_age
+        st = self.state
+        if not max_age or not st.messages:
+            return when
+        oldest = st.first_ts
+        never = self.ttl.never
+        if never:
+            idx, seq = self._index, st.first_seq
+            while seq < idx.end and (not idx.sid[seq - idx.base] or seq in never):
+                seq += 1
+            if seq >= idx.end:
+                return when
+            oldest = idx.ts[seq - idx.base]
+        return oldest + max_age if when is None else min(when, oldest + max_age)
 
     def enforce_limits(self, now_ns: int) -> None:
         """Apply every limit to what is stored (after recovery, or a config update that lowered one)."""
@@ -435,10 +464,19 @@ class Stream:
         return self._subject_names[sid] if sid else None
 
     def _record(self, first: int, last: int) -> None:
-        if self._removed and self._removed[-1][1] + 1 == first:
-            self._removed[-1][1] = last
-        else:
-            self._removed.append([first, last])
+        removed = self._removed
+        if removed and removed[-1][1] + 1 == first:
+            removed[-1][1] = last
+            return
+        if not removed and self.on_removal_queued is not None:
+            self.on_removal_queued()
+        removed.append([first, last])
+
+    @property
+    def removals_queued(self) -> bool:
+        """Whether removals wait for the removal log (``take_removals`` leaves those above the
+        durable sequence)."""
+        return bool(self._removed)
 
     def _drop(self, seq: int) -> int:
         """Make a live sequence a hole and take it out of the counts; its subject id."""
@@ -551,6 +589,8 @@ class Stream:
                         self.on_removed(s, names[idx.subject_id(s)])
             st.last_seq = max(st.last_seq, below - 1)
             self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
+            if self.on_durable is not None:
+                self.on_durable()
             st.messages = st.bytes = 0
             for sid in list(self._subject_counts):
                 self._forget_subject(sid)
@@ -772,6 +812,8 @@ class Stream:
             st.first_seq, st.first_ts = (st.last_seq + 1 if st.last_seq else 0), 0
         elif not idx.subject_id(st.first_seq):
             self._advance_first()
+        if self.on_durable is not None:
+            self.on_durable()
 
     def restore_removed(self, first: int, last: int) -> None:
         """Replay a range from the durable removal log at start-up (not recorded again)."""

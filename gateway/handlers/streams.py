@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from gateway.adapters.loader import MessageLoader
@@ -35,6 +37,8 @@ from gateway.api.stream_update import apply_update
 from gateway.api.timefmt import now_ns, rfc3339
 from gateway.engine.stream import Stream
 from gateway.handlers.direct_get import MSG_GET_REQUEST, DirectGet, check_get_request, find_seq
+from gateway.runtime.seqwait import SeqWaiters
+from storage_delta.commit.writer import WriterClosed
 from storage_delta.format.nats import subjects_overlap
 
 RESPONSE_TYPES = {
@@ -57,7 +61,6 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
 }
 
 LIST_PAGE = 256
-COMMIT_POLL_S = 0.002
 SUBJECT_DETAILS_LIMIT = 100_000
 
 
@@ -75,13 +78,22 @@ STREAM_CONFIG_REQUEST = Struct("server.StreamConfigRequest")  # its fields: stre
 
 class StreamApi:
     def __init__(
-        self, registry: Registry, loader: MessageLoader, recorder: RemovalRecorder, publish: Publish
+        self,
+        registry: Registry,
+        loader: MessageLoader,
+        recorder: RemovalRecorder,
+        publish: Publish,
+        storing: Callable[[], bool] = lambda: True,
     ) -> None:
+        #: Whether the commit loop runs: a rollback while it does not (it died) leaves unknown
+        #: whether the commit in flight landed, so a removal waiting for it fails.
+        self._storing = storing
         self.reg = registry
         self.loader = loader
         self.recorder = recorder
         self.publish = publish
         self.direct = DirectGet(registry, loader)
+        self._waiting: dict[Stream, SeqWaiters] = {}  # removals waiting for a commit, by stream
 
     async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
         op = ".".join(toks[:2])
@@ -152,6 +164,7 @@ class StreamApi:
         self._check_overlap(cfg)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
+        self.recorder.changed(stream)  # its delete markers, and MaxAge timed anew
         self.publish(advisories.stream_action(name, "modify", now_ns()))
         return {"type": T + "stream_update_response", **self._stream_body(stream)}
 
@@ -237,11 +250,35 @@ class StreamApi:
         """Make a removal durable before it is answered. A removed message whose own commit is
         still in flight is recorded once that commit lands (or rolls back), so a crash can never
         bring back a message whose removal was acknowledged."""
-        # Polled: the stream state machine signals nothing, and this wait is rare (a removal
-        # racing its own message's commit) and short (one group commit).
-        while stream.durable_last_seq < upto <= stream.state.last_seq:  # noqa: ASYNC110
-            await asyncio.sleep(COMMIT_POLL_S)
+        if stream.durable_last_seq < upto <= stream.state.last_seq:
+            await self._durable(stream, upto)
         await self.recorder.flush()
+
+    def _durable(self, stream: Stream, upto: int) -> asyncio.Future[None]:
+        """A future resolved once ``upto`` is durable, or need not be: its commit failed and the
+        stream rolled back (the message never was), or the stream was deleted. It fails with
+        :class:`~storage_delta.commit.writer.WriterClosed` when the commit loop died: whether the
+        message landed is then unknown, and a removal must not be acknowledged without its record.
+        The stream tells of each change (``on_durable``), so nothing polls; the hook is set only
+        while a removal waits."""
+        waiters = self._waiting.get(stream)
+        if waiters is None:
+            waiters = self._waiting[stream] = SeqWaiters()
+            stream.on_durable = partial(self._durable_moved, stream)
+        return waiters.wait(upto)
+
+    def _durable_moved(self, stream: Stream) -> None:
+        waiters = self._waiting[stream]
+        waiters.reached(stream.durable_last_seq)
+        if waiters and (stream.ended or stream.state.last_seq <= stream.durable_last_seq):
+            # nothing above the durable sequence is in flight any more: rolled back, or deleted
+            if stream.ended or self._storing():
+                waiters.release()
+            else:
+                waiters.fail(WriterClosed("the commit loop ended; the message's commit is unknown"))
+        if not waiters:
+            del self._waiting[stream]
+            stream.on_durable = None
 
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_optional_request(body, PURGE_REQUEST)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 from collections.abc import Iterator
+from email.utils import formatdate
 from importlib import resources
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.monitor import metrics
 from gateway.monitor.jsz import JszOptions, Snapshot, render_jsz, take_snapshot
@@ -152,8 +154,55 @@ def _counters(core: Core) -> metrics.Counters:
 
 class MonitorServer(uvicorn.Server):
     """uvicorn without signal handlers of its own: the gateway owns SIGINT/SIGTERM, finishes the
-    commit in flight and then stops the monitor, so uvicorn must not take the signals first."""
+    commit in flight and then stops the monitor, so uvicorn must not take the signals first.
+
+    Nor with uvicorn's main loop, which wakes every 100 ms to refresh the ``date`` header and look
+    at ``should_exit``: an idle gateway would wake ten times a second for it. Here the loop waits
+    for ``should_exit`` to be set (it is an event underneath) and each answer is dated as it
+    leaves (:class:`_Dated`). ``limit_max_requests`` and ``callback_notify``, which that loop also
+    served, are not used by the gateway."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._exit = asyncio.Event()
+        config.date_header = False
+        config.app = _Dated(config.app)
+        super().__init__(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            self._exit.set()
+        else:
+            self._exit.clear()
+
+    async def main_loop(self) -> None:
+        await self.on_tick(0)  # the default headers, once
+        await self._exit.wait()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _Dated:
+    """ASGI middleware: a ``date`` header on every HTTP answer, taken when it starts."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def dated(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                date = (b"date", formatdate(usegmt=True).encode())
+                message = {**message, "headers": [*message.get("headers", []), date]}
+            await send(message)
+
+        await self.app(scope, receive, dated)

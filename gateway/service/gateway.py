@@ -127,7 +127,13 @@ class Gateway:
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
         api = Api(
             registry,
-            StreamApi(registry, MessageLoader(self.reader, self.executor), recorder, self._publish_event),
+            StreamApi(
+                registry,
+                MessageLoader(self.reader, self.executor),
+                recorder,
+                self._publish_event,
+                lambda: writer.running,
+            ),
             self.cold.first_seq_at,
             self._publish_event,
         )
@@ -138,9 +144,8 @@ class Gateway:
         core = Core(leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots)
         self.tasks.own(dispatcher.api_worker(), "api-worker")
         self.tasks.own(delivery.ticker(), "consumer-timer")
-        self.tasks.own(recorder.run(), "removals")
+        self.tasks.own(recorder.run(publish), "removals")
         self.tasks.own(snapshots.run(), "index-snapshots")
-        self.tasks.own(publish.marker_ticker(), "delete-markers")
         self.core = core
         await leaf.start(dispatcher)
 

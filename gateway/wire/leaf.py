@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.wire import protocol as proto
@@ -28,10 +29,14 @@ class Interest:
     def __init__(self) -> None:
         self._literal: dict[str, int] = {}
         self._wild: dict[str, int] = {}
+        #: Told after every change (consumer timers look at who listens then, not on a tick).
+        self.on_change: Callable[[], None] | None = None
 
     def add(self, subject: str) -> None:
         bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
         bucket[subject] = bucket.get(subject, 0) + 1
+        if self.on_change is not None:
+            self.on_change()
 
     def remove(self, subject: str) -> None:
         bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
@@ -40,10 +45,14 @@ class Interest:
             bucket[subject] = n
         else:
             bucket.pop(subject, None)
+        if self.on_change is not None:
+            self.on_change()
 
     def clear(self) -> None:
         self._literal.clear()
         self._wild.clear()
+        if self.on_change is not None:
+            self.on_change()
 
     def has(self, subject: str) -> bool:
         if subject in self._literal:

@@ -12,9 +12,12 @@ commit is retried), not the rules. The rules (docs/storage.md):
   for up to ``retry_s``; then it fails, together with everything queued behind it (later rows may
   depend on it: a stream's later sequences, a consumer's later acks), every waiter of those rows gets
   the error, and the owner's ``on_failure`` puts its view back to what is durable;
-* **a waiter never hangs**: if the loop itself breaks (a bug, not a failed commit) it fails every
-  waiter with :class:`CommitLoopDied`, logs what died, counts a restart and starts over from what the
-  table holds; if its task ends any other way than :meth:`close`, a done-callback fails the waiters.
+* **a waiter never hangs**: if the loop itself breaks (a bug, not a failed commit) it asks the table
+  whether the batch in hand landed (then it is committed) or not (then it fails, with
+  :class:`CommitLoopDied`), logs what broke, counts a restart and starts over from what the table
+  holds; if the table cannot say (reading it fails too), the loop stops for good, loudly, and fails
+  everything it holds; if its task ends any other way than :meth:`close`, a done-callback fails the
+  waiters.
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ RESTART_PAUSE_S = 0.1
 
 
 class CommitLoopDied(Exception):
-    """The commit loop broke or stopped before these rows were committed; they were not."""
+    """The commit loop broke or stopped before these rows were committed."""
+
+
+class OutcomeUnknown(Exception):
+    """A commit failed and the table cannot say whether it landed (reading it fails too)."""
 
 
 class CommitLoop(Generic[Row]):
@@ -79,6 +86,7 @@ class CommitLoop(Generic[Row]):
         self._waiters: list[asyncio.Future[None]] = []
         self._in_flight: list[asyncio.Future[None]] = []
         self._batch: list[Row] = []
+        self._batch_version = 0
         self._urgent = False
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -158,33 +166,60 @@ class CommitLoop(Generic[Row]):
             self._wakeup.clear()
 
     async def _run(self) -> None:
-        while not (self._closed and not self.pending and not self._waiters):
-            try:
-                await self._cycle()
-            except Exception as exc:  # the loop's own fault, not a failed commit (that is handled)
-                log.exception("%s commit loop broke; failing its waiters and starting over", self.name)
-                self.restarts += 1
-                broken, self._batch = self._batch, []
-                self._fail(broken, CommitLoopDied(f"{self.name} commit loop broke: {exc!r}"))
-                await asyncio.sleep(RESTART_PAUSE_S)
-                self._version = await self._landed()
+        try:
+            while not (self._closed and not self.pending and not self._waiters):
+                try:
+                    await self._cycle()
+                except OutcomeUnknown:
+                    raise
+                except Exception as exc:  # the loop's own fault, not a failed commit (handled)
+                    log.exception("%s commit loop broke; failing its waiters and starting over", self.name)
+                    self.restarts += 1
+                    await self._recover(CommitLoopDied(f"{self.name} commit loop broke: {exc!r}"))
+        except OutcomeUnknown as exc:
+            self._stop(exc)
+
+    def _stop(self, exc: OutcomeUnknown) -> None:
+        """Whether a commit landed cannot be known: the loop stops for good (loudly: the log,
+        ``running`` False, ``/healthz``). Everything it held fails and its owner rolls back, which
+        is safe only because nothing is taken any more; a restart reads what landed."""
+        log.error("%s commit loop stops: %s", self.name, exc, exc_info=exc.__cause__)
+        self._closed = True
+        broken, self._batch = self._batch, []
+        self._fail(broken, CommitLoopDied(f"{self.name} commit loop stopped: {exc}"))
 
     async def _cycle(self) -> None:
         await self._gather()
         batch, self._in_flight = self.pending, self._waiters
         self.pending, self._waiters, self._urgent = [], [], False
+        self._batch, self._batch_version = batch, self._version + 1
         if self._drained is not None:
             self._drained(batch)
-        if batch:
-            self._batch = batch
-            committed = await self._commit(batch)
+        if batch and not await self._commit(batch):
             self._batch = []
-            if not committed:
-                return
+            return
+        self._batch = []
         waiters, self._in_flight = self._in_flight, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    async def _recover(self, exc: CommitLoopDied) -> None:
+        """After a break, the table says what happened to the batch in hand: if its version landed
+        it is committed (its waiters are answered so, nothing rolls back: a rollback would give its
+        sequences out again); if not, it fails as a failed commit does. Then start over from the
+        table's version."""
+        landed = await self._landed()
+        broken, self._batch = self._batch, []
+        if broken and landed >= self._batch_version:
+            waiters, self._in_flight = self._in_flight, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+            broken = []
+        self._fail(broken, exc)
+        await asyncio.sleep(RESTART_PAUSE_S)
+        self._version = max(self._version, await self._landed())
 
     async def _commit(self, batch: list[Row]) -> bool:
         """Commit ``batch`` under the failure policy; False when it failed (and what was queued
@@ -220,11 +255,11 @@ class CommitLoop(Generic[Row]):
         return True
 
     async def _landed(self) -> int:
+        """The newest version the table holds; :class:`OutcomeUnknown` when it cannot say."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._committed_version)
-        except Exception:
-            log.exception("%s: reading the committed version failed", self.name)
-            return self._version
+        except Exception as exc:
+            raise OutcomeUnknown("the table cannot say which commits landed") from exc
 
     def _fail(self, batch: list[Row], exc: BaseException) -> None:
         """``batch`` (the failed commit's rows) and everything queued behind it fail: the owner
@@ -233,7 +268,8 @@ class CommitLoop(Generic[Row]):
         if self._drained is not None:
             self._drained(behind)
         try:
-            self._on_failure(batch + behind, exc)
+            if batch or behind:
+                self._on_failure(batch + behind, exc)
         finally:
             waiters = self._in_flight + self._waiters
             self._in_flight, self._waiters, self._urgent = [], [], False
