@@ -277,6 +277,7 @@ async def test_subject_tokens(pair: dict[str, str], endpoint: str, stream: str, 
     await exchange(pair, Case(endpoint, stream, consumer, b""))
 
 
+@pytest.mark.waits
 @settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     extra=st.lists(good_token | odd_token, min_size=1, max_size=3),

@@ -15,6 +15,7 @@ from typing import Any
 
 import nats
 import numpy as np
+import pytest
 from nats.aio.client import Client
 
 from gateway.adapters.ack_recorder import AckRecorder
@@ -130,6 +131,7 @@ async def _view(url: str) -> dict[str, Any]:
     return {"state": info["state"], "lasts": lasts, "duplicate": (dup.seq, dup.duplicate)}
 
 
+@pytest.mark.waits
 def test_recovery_from_a_snapshot_equals_a_full_scan_after_kill_9(tmp_path: Path) -> None:
     gw = Jetlake(tmp_path)
     gw.gateway_env = {"JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "100", "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "50"}

@@ -207,6 +207,7 @@ def _break_mutual_tls(s: Setup) -> Setup:
     return s
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize(
     ("name", "breaks", "logged"),
     [
@@ -386,6 +387,7 @@ async def permissions_case(url: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.waits
 async def test_client_permissions_same_as_jetstream(permissioned: dict[str, str]) -> None:
     """A client without ``$JS.API.STREAM.>`` cannot create or delete a stream but publishes and
     consumes; an admin with ``$JS.API.>`` can create: the same on the real JetStream and jetlake."""

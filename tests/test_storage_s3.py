@@ -96,6 +96,7 @@ def test_append_after_another_writer_removed_files_on_s3(s3_endpoint: str) -> No
     assert MessageTable(root).last_txn_version() == 4
 
 
+@pytest.mark.waits
 def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_path: Path) -> None:
     """The whole gateway with its store root on S3: publish, consume with acks, a clean restart
     and a ``kill -9``; every message, the consumer's ack floor and the stream state come back."""
