@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test check lint types java chromium bench soak
+.PHONY: run test test-fast check lint types java chromium bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ run: $(STAMP) java
 
 test: $(STAMP) java chromium $(NODE_MODULES)
 	$(PY) -m pytest
+
+# The inner loop: the unit and the quick differential tests, without the slow, Spark, Node and
+# waiting ones (pyproject.toml's markers); see the README for its time. CI runs everything (check).
+test-fast: $(STAMP) chromium
+	$(PY) -m pytest -m "not slow and not spark and not node and not waits"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -58,6 +58,16 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -
     raise RuntimeError(f"port {port} did not open")
 
 
+def spawn(
+    args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A process whose stdout and stderr append to ``log``. The child holds its own copy of the
+    file's descriptor, so ours is closed as soon as it has started: left open, it would be closed by
+    the garbage collector, with a ResourceWarning (an error in the tests)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=out, env=env, cwd=cwd)
+
+
 def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -86,7 +96,6 @@ class ReferenceJetStream:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
         args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.workdir / "js")]
         if self.domain:
             conf = self.workdir / "nats-server.conf"
@@ -94,10 +103,14 @@ class ReferenceJetStream:
             args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.monitor_port:
             args += ["-m", str(self.monitor_port)]
-        self.proc = subprocess.Popen([nats_server_binary(), *args], stdout=log, stderr=log)
-        wait_port(self.port, self.proc)
-        if self.monitor_port:
-            wait_port(self.monitor_port, self.proc)
+        self.proc = spawn([nats_server_binary(), *args], self.workdir / "nats-server.log")
+        try:
+            wait_port(self.port, self.proc)
+            if self.monitor_port:
+                wait_port(self.monitor_port, self.proc)
+        except BaseException:
+            stop(self.proc)  # started or not at all: no server outlives a failed start
+            raise
 
     def stop(self) -> None:
         stop(self.proc)
@@ -133,26 +146,38 @@ class Jetlake:
         return server_config("127.0.0.1", self.port, "127.0.0.1", self.leaf_port, self.domain)
 
     def start(self) -> None:
+        """Both processes or neither: a start that fails (a gateway never ready) leaves no process
+        behind for the caller, which has nothing to stop yet."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.start_server()
-        self.start_gateway()
+        try:
+            self.start_server()
+            self.start_gateway()
+        except BaseException:
+            stop(self.gateway)
+            stop(self.server)
+            raise
 
     def start_server(self) -> None:
         conf = self.workdir / "nats-server.conf"
         conf.write_text(self.server_conf())
-        log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
-        self.server = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log)
-        wait_port(self.port, self.server)
-        wait_port(self.leaf_port, self.server)
+        self.server = spawn([nats_server_binary(), "-c", str(conf)], self.workdir / "nats-server.log")
+        try:
+            wait_port(self.port, self.server)
+            wait_port(self.leaf_port, self.server)
+        except BaseException:
+            stop(self.server)
+            raise
 
     def start_gateway(
         self, extra_env: dict[str, str] | None = None, ready_s: float = 60.0, wait: bool = True
     ) -> None:
-        log = open(self.workdir / "gateway.log", "ab")  # noqa: SIM115
         env = {**os.environ, **self.gateway_env, **(extra_env or {})}
-        self.gateway = subprocess.Popen(
+        self.gateway = spawn(
             [
                 sys.executable,
+                # printed to gateway.log, which ``stop`` reads: a leak in the gateway fails the test
+                "-W",
+                "default::ResourceWarning",
                 "-m",
                 "gateway",
                 "serve",
@@ -165,13 +190,16 @@ class Jetlake:
                 "--monitor-port",
                 str(self.monitor_port),
             ],
-            stdout=log,
-            stderr=log,
-            cwd=ROOT,
+            self.workdir / "gateway.log",
             env=env,
+            cwd=ROOT,
         )
         if wait:
-            asyncio.run(self._wait_ready(ready_s))
+            try:
+                asyncio.run(self._wait_ready(ready_s))
+            except BaseException:
+                stop(self.gateway)
+                raise
 
     async def _wait_ready(self, wait_s: float = 60.0) -> None:
         """Ready when the API answers through the server (the leaf is up and subscribed)."""
@@ -204,8 +232,17 @@ class Jetlake:
         return self.gateway.returncode
 
     def stop(self) -> None:
+        """Stops both processes, then fails if the gateway ever leaked a file, socket, transport or
+        event loop (its ResourceWarnings, which the tests' own process turns into errors)."""
         stop(self.gateway)
         stop(self.server)
+        log = self.workdir / "gateway.log"
+        leaks = [line for line in _read(log).splitlines() if "ResourceWarning" in line]
+        assert not leaks, f"the gateway leaked resources (see {log}):\n" + "\n".join(leaks)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 Server = TypeVar("Server", bound=ReferenceJetStream | Jetlake)

@@ -22,11 +22,14 @@ class MonitoredJetlake(Jetlake):
     """jetlake whose gateway asks for a monitor token (set through the environment, as documented)."""
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.start_server()
-        self.start_gateway({"JETLAKE_MONITOR_TOKEN": TOKEN})
+        self.gateway_env = {"JETLAKE_MONITOR_TOKEN": TOKEN}
+        super().start()
         assert self.gateway is not None
-        wait_port(self.monitor_port, self.gateway)  # uvicorn binds after the API answers
+        try:
+            wait_port(self.monitor_port, self.gateway)  # uvicorn binds after the API answers
+        except BaseException:
+            self.stop()
+            raise
 
 
 @pytest.fixture(scope="module")

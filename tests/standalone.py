@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pyspark
 
-from tests.harness import free_port, stop, wait_port
+from tests.harness import free_port, spawn, stop, wait_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
 
 def _spark_class(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}
-    out = open(log, "ab")  # noqa: SIM115
-    return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out, stderr=out, env=env)
+    return spawn([str(SPARK_HOME / "bin" / "spark-class"), *args], log, env=env)
 
 
 @contextmanager

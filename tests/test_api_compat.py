@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -302,6 +303,7 @@ async def test_stream_update_rules(targets: dict[str, str], unique: str) -> None
     assert out["{'deny_delete': True} then {}"]["err_code"] == 10052
 
 
+@pytest.mark.waits
 async def test_consumer_action_and_pause_advisories(targets: dict[str, str], unique: str) -> None:
     """CONSUMER.CREATED (not again for a repeated create), PAUSE for a pause, an unpause and a
     pause until a past time, DELETED for an API delete (once) and for an ephemeral consumer that

@@ -130,8 +130,8 @@ def test_clean_restart_keeps_every_consumer_info(tmp_path: Path) -> None:
     gw = Jetlake(tmp_path / "jetlake")
     ref = ReferenceJetStream(tmp_path / "reference")
     gw.start()
-    ref.start()
     try:
+        ref.start()
         asyncio.run(run_build(gw.url))
         asyncio.run(run_build(ref.url))
         before = asyncio.run(infos(gw.url))
@@ -174,59 +174,61 @@ async def consume_until_killed(
     gw: Jetlake, kill_at: float, seed: int
 ) -> tuple[Observed, float, dict[str, Any]]:
     nc = await nats.connect(gw.url)
-    js = nc.jetstream()
-    await js.add_stream(name=STREAM, subjects=["restart.>"])
-    for chunk in range(0, 400, 50):  # in order, many in flight (each PubAck waits for a commit)
-        futs = [
-            await js.publish_async(f"restart.{i % 4}", f"m{i}".encode()) for i in range(chunk, chunk + 50)
-        ]
-        await asyncio.gather(*futs)
-    cfg = {
-        "durable_name": "WORK",
-        "ack_policy": "explicit",
-        "ack_wait": 1_500_000_000,
-        "max_ack_pending": 100,
-    }
-    await api(nc, f"CONSUMER.CREATE.{STREAM}.WORK", {"stream_name": STREAM, "config": cfg})
-    eph = await api(
-        nc, f"CONSUMER.CREATE.{STREAM}", {"stream_name": STREAM, "config": {"ack_policy": "explicit"}}
-    )
-    config = (await api(nc, f"CONSUMER.INFO.{STREAM}.WORK"))["config"]
-    sub = await js.pull_subscribe_bind("WORK", STREAM)
-    rng = random.Random(seed)
-    seen = Observed()
-    start = time.monotonic()
-    killer = threading.Timer(kill_at, gw.kill_gateway)
-    killer.start()
-
-    async def ack(m: Msg, seq: int) -> None:
-        seen.in_flight.add(seq)
-        try:
-            await m.ack_sync(timeout=2)
-        except Exception:
-            return
-        seen.in_flight.discard(seq)
-        seen.synced.add(seq)
-
     try:
-        while time.monotonic() - start < kill_at + 1:
+        js = nc.jetstream()
+        await js.add_stream(name=STREAM, subjects=["restart.>"])
+        for chunk in range(0, 400, 50):  # in order, many in flight (each PubAck waits for a commit)
+            futs = [
+                await js.publish_async(f"restart.{i % 4}", f"m{i}".encode()) for i in range(chunk, chunk + 50)
+            ]
+            await asyncio.gather(*futs)
+        cfg = {
+            "durable_name": "WORK",
+            "ack_policy": "explicit",
+            "ack_wait": 1_500_000_000,
+            "max_ack_pending": 100,
+        }
+        await api(nc, f"CONSUMER.CREATE.{STREAM}.WORK", {"stream_name": STREAM, "config": cfg})
+        eph = await api(
+            nc, f"CONSUMER.CREATE.{STREAM}", {"stream_name": STREAM, "config": {"ack_policy": "explicit"}}
+        )
+        config = (await api(nc, f"CONSUMER.INFO.{STREAM}.WORK"))["config"]
+        sub = await js.pull_subscribe_bind("WORK", STREAM)
+        rng = random.Random(seed)
+        seen = Observed()
+        start = time.monotonic()
+        killer = threading.Timer(kill_at, gw.kill_gateway)
+        killer.start()
+
+        async def ack(m: Msg, seq: int) -> None:
+            seen.in_flight.add(seq)
             try:
-                msgs = await sub.fetch(20, timeout=0.5)
+                await m.ack_sync(timeout=2)
             except Exception:
-                await asyncio.sleep(0.05)
-                continue
-            acks = []
-            for m in msgs:
-                seq = m.metadata.sequence.stream
-                seen.deliveries.setdefault(seq, []).append(
-                    (m.metadata.num_delivered, time.monotonic() - start)
-                )
-                # every 13th is never acked before the kill, a fifth of the rest left for redelivery
-                if seq % 13 and rng.random() < 0.8:
-                    acks.append(ack(m, seq))
-            await asyncio.gather(*acks)
+                return
+            seen.in_flight.discard(seq)
+            seen.synced.add(seq)
+
+        try:
+            while time.monotonic() - start < kill_at + 1:
+                try:
+                    msgs = await sub.fetch(20, timeout=0.5)
+                except Exception:
+                    await asyncio.sleep(0.05)
+                    continue
+                acks = []
+                for m in msgs:
+                    seq = m.metadata.sequence.stream
+                    seen.deliveries.setdefault(seq, []).append(
+                        (m.metadata.num_delivered, time.monotonic() - start)
+                    )
+                    # every 13th is never acked before the kill, a fifth of the rest left for redelivery
+                    if seq % 13 and rng.random() < 0.8:
+                        acks.append(ack(m, seq))
+                await asyncio.gather(*acks)
+        finally:
+            killer.join()
     finally:
-        killer.join()
         await nc.close()
     return seen, kill_at, {"config": config, "ephemeral": eph["name"]}
 
@@ -270,8 +272,8 @@ async def ephemeral_gone(gw: Jetlake, name: str) -> dict[str, Any]:
 def test_kill_9_keeps_acked_acked_and_redelivers_the_rest(tmp_path: Path, trial: int) -> None:
     gw = Jetlake(tmp_path)
     gw.start_server()
-    gw.start_gateway({"JETLAKE_ACK_FLUSH_INTERVAL_MS": "50"})
     try:
+        gw.start_gateway({"JETLAKE_ACK_FLUSH_INTERVAL_MS": "50"})
         kill_at = random.Random(100 + trial).uniform(4.0, 7.0)
         seen, kill_at, before = asyncio.run(consume_until_killed(gw, kill_at, trial))
         assert seen.synced, "no ack_sync returned before the kill"

@@ -68,6 +68,7 @@ async def test_seed_walkthrough_dispatch_on_orders(targets: dict[str, str], uniq
     assert out["no_ack_again"]["num_redelivered"] == 1
 
 
+@pytest.mark.waits
 async def test_every_ack_kind(targets: dict[str, str], unique: str) -> None:
     """+ACK, -NAK, +WPI, +TERM with a reason, legacy +OK and an empty body, each sent with a reply
     (all answered); the nak'd message comes back, the termed one does not; advisories for nak and
@@ -114,6 +115,7 @@ async def test_every_ack_kind(targets: dict[str, str], unique: str) -> None:
     assert out["events"][2]["reason"] == "too big"
 
 
+@pytest.mark.waits
 async def test_ack_policy_all_and_none(targets: dict[str, str], unique: str) -> None:
     """Ack all: acking the 3rd of 5 acks 1-3 and moves the floor there; an older ack then changes
     nothing. Ack none: delivery moves the floor, nothing is pending."""

@@ -336,6 +336,7 @@ async def test_stream_consumer_limits(targets: dict[str, str], unique: str, cfg:
     await same(targets, case, unique)
 
 
+@pytest.mark.waits
 async def test_reset(targets: dict[str, str], unique: str) -> None:
     """CONSUMER.RESET starts the consumer again above its ack floor or at a sequence (also past the
     end); pending acks are dropped and the consumer sequence restarts; an unknown consumer gets

@@ -107,6 +107,7 @@ async def test_push_idle_heartbeat(targets: dict[str, str], unique: str) -> None
     assert out[2][1] == "100"
 
 
+@pytest.mark.waits
 async def test_push_replay_original_and_rate_limit(targets: dict[str, str], unique: str) -> None:
     """replay_policy original keeps the gaps between stored messages; rate_limit_bps lets a
     burst through at once (the server's limiter has a burst allowance)."""

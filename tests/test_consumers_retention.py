@@ -24,6 +24,7 @@ WQ_CONSUMERS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+@pytest.mark.waits
 async def test_work_queue(targets: dict[str, str], unique: str) -> None:
     """Work-queue consumer rules, and acked messages (ack, term) leaving the stream at once while
     unacked and nak'd ones stay."""
@@ -58,6 +59,7 @@ async def test_work_queue(targets: dict[str, str], unique: str) -> None:
     assert out["state"]["messages"] == 4
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize("ack_policy", ["explicit", "all"])
 async def test_interest(targets: dict[str, str], unique: str, ack_policy: str) -> None:
     """Interest retention: a publish without consumers is acked and not kept; a message stays

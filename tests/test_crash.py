@@ -21,35 +21,39 @@ async def publish_until_killed(
     """Publish as fast as PubAcks come back; kill the gateway mid-stream; return what was acked
     (sequence → payload)."""
     nc = await nats.connect(gw.url)
-    js = nc.jetstream()
-    await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
-    acked: dict[int, bytes] = {}
-    stop = asyncio.Event()
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+        acked: dict[int, bytes] = {}
+        stop = asyncio.Event()
 
-    async def publisher(worker: int) -> None:
-        i = 0
-        while not stop.is_set():
-            payload = f"{worker}-{i}".encode()
-            try:
-                ack = await js.publish(f"{stream.lower()}.{worker}", payload, timeout=1)
-            except Exception:
-                return
-            acked[ack.seq] = payload
-            i += 1
+        async def publisher(worker: int) -> None:
+            i = 0
+            while not stop.is_set():
+                payload = f"{worker}-{i}".encode()
+                try:
+                    ack = await js.publish(f"{stream.lower()}.{worker}", payload, timeout=1)
+                except Exception:
+                    return
+                acked[ack.seq] = payload
+                i += 1
 
-    tasks = [asyncio.create_task(publisher(w)) for w in range(publishers)]
-    await asyncio.sleep(kill_after_s)
-    gw.kill_gateway()
-    stop.set()
-    await asyncio.gather(*tasks)
-    await nc.close()
+        tasks = [asyncio.create_task(publisher(w)) for w in range(publishers)]
+        await asyncio.sleep(kill_after_s)
+        gw.kill_gateway()
+        stop.set()
+        await asyncio.gather(*tasks)
+    finally:
+        await nc.close()
     return acked
 
 
 async def stream_info(url: str, stream: str) -> dict[str, Any]:
     nc = await nats.connect(url)
-    msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)
-    await nc.close()
+    try:
+        msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)
+    finally:
+        await nc.close()
     answer: dict[str, Any] = json.loads(msg.data)
     return answer
 
@@ -101,8 +105,10 @@ def test_kill_9_loses_no_acked_message(tmp_path: Path, kill_after: float, publis
 
 async def account_info(url: str) -> dict[str, Any]:
     nc = await nats.connect(url)
-    msg = await nc.request("$JS.API.INFO", b"", timeout=5)
-    await nc.close()
+    try:
+        msg = await nc.request("$JS.API.INFO", b"", timeout=5)
+    finally:
+        await nc.close()
     answer: dict[str, Any] = json.loads(msg.data)
     return answer
 
@@ -134,9 +140,11 @@ def test_leaf_reconnects_after_server_restart(tmp_path: Path) -> None:
 
 async def publish_n(url: str, stream: str, n: int, create: bool = True) -> list[int]:
     nc = await nats.connect(url)
-    js = nc.jetstream()
-    if create:
-        await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
-    seqs = [(await js.publish(f"{stream.lower()}.x", b"m")).seq for _ in range(n)]
-    await nc.close()
+    try:
+        js = nc.jetstream()
+        if create:
+            await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+        seqs = [(await js.publish(f"{stream.lower()}.x", b"m")).seq for _ in range(n)]
+    finally:
+        await nc.close()
     return seqs

@@ -177,8 +177,8 @@ def test_kill_9_under_mixed_load(tmp_path: Path, trial: int) -> None:
     rng = random.Random(9000 + trial)
     gw = Jetlake(tmp_path)
     gw.start_server()
-    gw.start_gateway(GATEWAY_ENV)
     try:
+        gw.start_gateway(GATEWAY_ENV)
         seen, info = asyncio.run(run_trial(gw, rng))
         rows = (
             duckdb_connection()

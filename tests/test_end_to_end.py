@@ -22,18 +22,20 @@ def expected_rows(prefix: str) -> list[tuple[str, bytes, str]]:
 
 async def publish_and_drain(url: str, stream: str, prefix: str) -> dict[str, Any]:
     nc = await nats.connect(url)
-    js = nc.jetstream()
-    await js.add_stream(name=stream, subjects=[f"{prefix}.>"])
-    rows = expected_rows(prefix)
-    acks = await asyncio.gather(*[js.publish(s, d, headers={"X-Idx": i}) for s, d, i in rows])
-    sub = await js.pull_subscribe(f"{prefix}.>", durable="drain")
-    got: list[tuple[str, bytes, str]] = []
-    while len(got) < N:
-        for m in await sub.fetch(250, timeout=5):
-            got.append((m.subject, m.data, (m.headers or {})["X-Idx"]))
-            await m.ack()
-    info = await js.stream_info(stream)
-    await nc.close()
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{prefix}.>"])
+        rows = expected_rows(prefix)
+        acks = await asyncio.gather(*[js.publish(s, d, headers={"X-Idx": i}) for s, d, i in rows])
+        sub = await js.pull_subscribe(f"{prefix}.>", durable="drain")
+        got: list[tuple[str, bytes, str]] = []
+        while len(got) < N:
+            for m in await sub.fetch(250, timeout=5):
+                got.append((m.subject, m.data, (m.headers or {})["X-Idx"]))
+                await m.ack()
+        info = await js.stream_info(stream)
+    finally:
+        await nc.close()
     return {"acks": [a.seq for a in acks], "got": got, "messages": info.state.messages}
 
 

@@ -82,10 +82,15 @@ class Proxy:
                 self._server.close()
             for w in list(self._writers):
                 w.transport.abort()
+            # the pipes see the abort and end: none is destroyed pending when the loop stops
+            pipes = asyncio.all_tasks() - {asyncio.current_task()}
+            if pipes:
+                await asyncio.wait(pipes, timeout=3)
 
         asyncio.run_coroutine_threadsafe(shut(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()  # an event loop left open is a ResourceWarning when it is collected
 
 
 class ProxiedJetlake(Jetlake):
@@ -101,7 +106,11 @@ class ProxiedJetlake(Jetlake):
 
     def start(self) -> None:
         self.proxy.start()
-        super().start()
+        try:
+            super().start()
+        except BaseException:
+            self.proxy.close()
+            raise
 
     def stop(self) -> None:
         super().stop()
@@ -122,41 +131,43 @@ async def publish_load(
     said is recorded with the payload it acknowledged."""
     out = LoadResult()
     nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=_quiet)
-    js = nc.jetstream()
-    await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
-    done = asyncio.Event()
-    fault_over = asyncio.Event()
-    resumed = asyncio.Event()
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+        done = asyncio.Event()
+        fault_over = asyncio.Event()
+        resumed = asyncio.Event()
 
-    async def publisher(w: int) -> None:
-        i = 0
-        while not done.is_set():
-            payload = f"{w}-{i}".encode()
-            i += 1
-            try:
-                ack = await js.publish(f"{stream.lower()}.{w}", payload, timeout=1)
-            except Exception as exc:  # every kind of failure is an allowed answer; counted below
-                out.errors[type(exc).__name__] += 1
-                await asyncio.sleep(0.05)
-                continue
-            assert ack.stream == stream
-            assert ack.seq not in out.acked, f"seq {ack.seq} acknowledged twice"
-            out.acked[ack.seq] = payload
-            if fault_over.is_set():
-                out.acked_after_fault += 1
-                if out.acked_after_fault >= RESUMED:
-                    resumed.set()
+        async def publisher(w: int) -> None:
+            i = 0
+            while not done.is_set():
+                payload = f"{w}-{i}".encode()
+                i += 1
+                try:
+                    ack = await js.publish(f"{stream.lower()}.{w}", payload, timeout=1)
+                except Exception as exc:  # every kind of failure is an allowed answer; counted below
+                    out.errors[type(exc).__name__] += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                assert ack.stream == stream
+                assert ack.seq not in out.acked, f"seq {ack.seq} acknowledged twice"
+                out.acked[ack.seq] = payload
+                if fault_over.is_set():
+                    out.acked_after_fault += 1
+                    if out.acked_after_fault >= RESUMED:
+                        resumed.set()
 
-    tasks = [asyncio.create_task(publisher(w)) for w in range(WORKERS)]
-    await asyncio.sleep(0.7)
-    await fault()
-    fault_over.set()
-    await asyncio.sleep(settle_s)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(resumed.wait(), 20)
-    done.set()
-    await asyncio.gather(*tasks)
-    await nc.close()
+        tasks = [asyncio.create_task(publisher(w)) for w in range(WORKERS)]
+        await asyncio.sleep(0.7)
+        await fault()
+        fault_over.set()
+        await asyncio.sleep(settle_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(resumed.wait(), 20)
+        done.set()
+        await asyncio.gather(*tasks)
+    finally:
+        await nc.close()
     return out
 
 

@@ -64,23 +64,29 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     ref = ReferenceJetStream(Path(tmp_path_factory.mktemp("fuzz-ref")))
     lake = Jetlake(Path(tmp_path_factory.mktemp("fuzz-lake")))
     ref.start()
-    lake.start()
-    urls = {"jetstream": ref.url, "jetlake": lake.url}
-    asyncio.run(_seed(urls))
-    yield urls
-    lake.stop()
-    ref.stop()
+    try:
+        lake.start()
+        try:
+            urls = {"jetstream": ref.url, "jetlake": lake.url}
+            asyncio.run(_seed(urls))
+            yield urls
+        finally:
+            lake.stop()
+    finally:
+        ref.stop()
 
 
 async def _seed(urls: dict[str, str]) -> None:
     for url in urls.values():
         nc = await nats.connect(url)
-        js = nc.jetstream()
-        await js.add_stream(name=STREAM, subjects=["fz.>"])
-        await js.publish("fz.a", b"one")
-        await js.publish("fz.b", b"two")
-        await js.pull_subscribe("fz.>", durable=CONSUMER, stream=STREAM)
-        await nc.close()
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name=STREAM, subjects=["fz.>"])
+            await js.publish("fz.a", b"one")
+            await js.publish("fz.b", b"two")
+            await js.pull_subscribe("fz.>", durable=CONSUMER, stream=STREAM)
+        finally:
+            await nc.close()
 
 
 # ---- observing a server -------------------------------------------------------------------------
@@ -271,6 +277,7 @@ async def test_subject_tokens(pair: dict[str, str], endpoint: str, stream: str, 
     await exchange(pair, Case(endpoint, stream, consumer, b""))
 
 
+@pytest.mark.waits
 @settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     extra=st.lists(good_token | odd_token, min_size=1, max_size=3),

@@ -15,6 +15,7 @@ from typing import Any
 
 import nats
 import numpy as np
+import pytest
 from nats.aio.client import Client
 
 from gateway.adapters.ack_recorder import AckRecorder
@@ -108,24 +109,29 @@ async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> 
 
 async def _load(url: str, first: int, count: int, deletes: list[int]) -> None:
     nc = await nats.connect(url)
-    js = nc.jetstream()
-    for i in range(first, first + count):
-        headers = {"Nats-Msg-Id": f"id-{i}"} if i % 3 == 0 else None
-        await js.publish(f"snap.s{i % 8}", b"m%d" % i, headers=headers)
-    for seq in deletes:
-        assert (await _api(nc, "STREAM.MSG.DELETE.SNAP", {"seq": seq}))["success"]
-    await nc.close()
+    try:
+        js = nc.jetstream()
+        for i in range(first, first + count):
+            headers = {"Nats-Msg-Id": f"id-{i}"} if i % 3 == 0 else None
+            await js.publish(f"snap.s{i % 8}", b"m%d" % i, headers=headers)
+        for seq in deletes:
+            assert (await _api(nc, "STREAM.MSG.DELETE.SNAP", {"seq": seq}))["success"]
+    finally:
+        await nc.close()
 
 
 async def _view(url: str) -> dict[str, Any]:
     nc = await nats.connect(url)
-    info = await _api(nc, "STREAM.INFO.SNAP", {"subjects_filter": ">", "deleted_details": True})
-    lasts = [await _api(nc, "STREAM.MSG.GET.SNAP", {"last_by_subj": f"snap.s{i}"}) for i in range(8)]
-    dup = await nc.jetstream().publish("snap.s0", b"again", headers={"Nats-Msg-Id": "id-597"})
-    await nc.close()
+    try:
+        info = await _api(nc, "STREAM.INFO.SNAP", {"subjects_filter": ">", "deleted_details": True})
+        lasts = [await _api(nc, "STREAM.MSG.GET.SNAP", {"last_by_subj": f"snap.s{i}"}) for i in range(8)]
+        dup = await nc.jetstream().publish("snap.s0", b"again", headers={"Nats-Msg-Id": "id-597"})
+    finally:
+        await nc.close()
     return {"state": info["state"], "lasts": lasts, "duplicate": (dup.seq, dup.duplicate)}
 
 
+@pytest.mark.waits
 def test_recovery_from_a_snapshot_equals_a_full_scan_after_kill_9(tmp_path: Path) -> None:
     gw = Jetlake(tmp_path)
     gw.gateway_env = {"JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "100", "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "50"}
@@ -135,8 +141,10 @@ def test_recovery_from_a_snapshot_equals_a_full_scan_after_kill_9(tmp_path: Path
 
         async def create() -> None:
             nc = await nats.connect(gw.url)
-            await nc.jetstream().add_stream(name="SNAP", subjects=["snap.>"], max_msgs_per_subject=60)
-            await nc.close()
+            try:
+                await nc.jetstream().add_stream(name="SNAP", subjects=["snap.>"], max_msgs_per_subject=60)
+            finally:
+                await nc.close()
 
         asyncio.run(create())
         asyncio.run(_load(gw.url, 0, 400, [5, 17, 390]))

@@ -77,6 +77,7 @@ async def test_ttl_raised_to_marker_ttl(targets: dict[str, str], unique: str) ->
     assert "Nats-TTL: 5" in out[0][2]
 
 
+@pytest.mark.waits
 async def test_ttl_expiry_and_never(targets: dict[str, str], unique: str) -> None:
     """A TTL removes its message on time; `never` outlives MaxAge, a longer TTL does not."""
 
@@ -99,6 +100,7 @@ async def test_ttl_expiry_and_never(targets: dict[str, str], unique: str) -> Non
     assert [m[1] for m in out[2][1]] == [f"{unique.lower()}.c"]
 
 
+@pytest.mark.waits
 async def test_delete_markers(targets: dict[str, str], unique: str) -> None:
     """With subject_delete_marker_ttl, the expiry of a subject's last message (by TTL or MaxAge)
     places a marker (Nats-Marker-Reason: MaxAge, Nats-TTL, Nats-Rollup: sub) that expires in turn;

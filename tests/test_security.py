@@ -20,7 +20,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from gateway.wire.leafauth import CredentialsError, LeafTarget, SubscribePermissions, read_creds
-from tests.harness import Jetlake, ReferenceJetStream, wait_port
+from tests.harness import Jetlake, ReferenceJetStream, spawn, wait_port
 from tests.natsauth import (
     account_jwt,
     account_key,
@@ -207,6 +207,7 @@ def _break_mutual_tls(s: Setup) -> Setup:
     return s
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize(
     ("name", "breaks", "logged"),
     [
@@ -297,8 +298,6 @@ class PermissionedReference(ReferenceJetStream):
     """The real JetStream with the same accounts and permissions."""
 
     def start(self) -> None:
-        import subprocess
-
         from gateway.runtime.embedded import nats_server_binary
 
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -308,8 +307,7 @@ class PermissionedReference(ReferenceJetStream):
             f"jetstream {{ store_dir: '{self.workdir / 'js'}' }}\n"
             f"{accounts_conf(jetstream=True)}\n"
         )
-        log = open(self.workdir / "nats-server.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log)
+        self.proc = spawn([nats_server_binary(), "-c", str(conf)], self.workdir / "nats-server.log")
         wait_port(self.port, self.proc)
 
 
@@ -320,10 +318,14 @@ def permissioned(tmp_path_factory: pytest.TempPathFactory) -> Any:
     setup.client_opts = {"user": "admin", "password": "admin"}
     lake = SecuredJetlake(Path(tmp_path_factory.mktemp("perm-lake")), setup)
     ref.start()
-    lake.start()
-    yield {"jetstream": ref.url, "jetlake": lake.url}
-    lake.stop()
-    ref.stop()
+    try:
+        lake.start()
+        try:
+            yield {"jetstream": ref.url, "jetlake": lake.url}
+        finally:
+            lake.stop()
+    finally:
+        ref.stop()
 
 
 async def attempt(url: str, user: str, subject: str, body: dict[str, Any] | None = None) -> str:
@@ -385,6 +387,7 @@ async def permissions_case(url: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.waits
 async def test_client_permissions_same_as_jetstream(permissioned: dict[str, str]) -> None:
     """A client without ``$JS.API.STREAM.>`` cannot create or delete a stream but publishes and
     consumes; an admin with ``$JS.API.>`` can create: the same on the real JetStream and jetlake."""

@@ -87,7 +87,8 @@ def rss_mb(pid: int) -> float:
 
 
 def metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as res:
+        text = res.read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
@@ -132,11 +133,9 @@ class Jobs:
     def __init__(self, gw: Jetlake) -> None:
         self.gw = gw
         self.exit_codes: list[int] = []
-        self.log = open(gw.workdir / "jobs.log", "ab")  # noqa: SIM115 (closed by run)
 
     async def run(self, done: asyncio.Event) -> None:
-        log = self.log
-        try:
+        with open(self.gw.workdir / "jobs.log", "ab") as log:  # noqa: ASYNC230 (once, a local file)
             while not done.is_set():
                 await asyncio.sleep(JOBS_EVERY_S)
                 cmd = ["-m", "gateway", "jobs", "run", "retention", "seal", "removals"]
@@ -144,8 +143,6 @@ class Jobs:
                     sys.executable, *cmd, "--data-root", str(self.gw.data_root), stdout=log, stderr=log
                 )
                 self.exit_codes.append(await proc.wait())
-        finally:
-            log.close()
 
 
 async def soak(
@@ -194,8 +191,8 @@ def per_interval(points: list[tuple[float, float]], pct: int) -> list[float]:
 def test_soak_memory_bounded_latency_flat(tmp_path: Path) -> None:
     gw = Jetlake(tmp_path)
     gw.start_server()
-    gw.start_gateway(GATEWAY_ENV)
     try:
+        gw.start_gateway(GATEWAY_ENV)
         jobs = Jobs(gw)
         latencies, rss, acked, floor = asyncio.run(soak(gw, jobs))
         compactions = metric(gw.monitor_port, "jetlake_acklog_compactions_total")

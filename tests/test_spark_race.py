@@ -50,38 +50,40 @@ def _seqs(spark: SparkSession, root: str, stream: str, view: str) -> list[int]:
 @pytest.mark.slow
 async def test_jobs_race_live_ingest(spark: SparkSession, jetlake: Jetlake, unique: str) -> None:
     nc = await nats.connect(jetlake.url)
-    await nc.jetstream().add_stream(name=unique, subjects=[f"{unique.lower()}.>"], max_msgs=KEEP)
-    root = StoreRoot(str(jetlake.data_root))
-    enough = asyncio.Event()
-    acked: list[int] = []
-    publisher = asyncio.create_task(_publish(jetlake.url, unique, enough, acked))
-    runs: list[compaction.Outcome] = []
     try:
-        # Until the jobs have removed rows twice while publishes were committing. Limit removals
-        # reach the removal log every five seconds, so rounds are paced and bounded by time.
-        deadline = time.monotonic() + 120
-        while sum(1 for r in runs if r.rows_removed) < 2:
-            runs.append(await asyncio.to_thread(compaction.retention, spark, root, load_stream_states))
-            runs.append(await asyncio.to_thread(compaction.seal, spark, root))
-            assert not publisher.done(), publisher
-            assert time.monotonic() < deadline, (len(acked), runs[-2:])
-            await asyncio.sleep(0.5)
-    finally:
-        enough.set()
-    await publisher
-    assert acked == list(range(1, len(acked) + 1))
-    await asyncio.sleep(6)  # limit removals are recorded within about five seconds
-    await asyncio.to_thread(compaction.retention, spark, root, load_stream_states)
+        await nc.jetstream().add_stream(name=unique, subjects=[f"{unique.lower()}.>"], max_msgs=KEEP)
+        root = StoreRoot(str(jetlake.data_root))
+        enough = asyncio.Event()
+        acked: list[int] = []
+        publisher = asyncio.create_task(_publish(jetlake.url, unique, enough, acked))
+        runs: list[compaction.Outcome] = []
+        try:
+            # Until the jobs have removed rows twice while publishes were committing. Limit removals
+            # reach the removal log every five seconds, so rounds are paced and bounded by time.
+            deadline = time.monotonic() + 120
+            while sum(1 for r in runs if r.rows_removed) < 2:
+                runs.append(await asyncio.to_thread(compaction.retention, spark, root, load_stream_states))
+                runs.append(await asyncio.to_thread(compaction.seal, spark, root))
+                assert not publisher.done(), publisher
+                assert time.monotonic() < deadline, (len(acked), runs[-2:])
+                await asyncio.sleep(0.5)
+        finally:
+            enough.set()
+        await publisher
+        assert acked == list(range(1, len(acked) + 1))
+        await asyncio.sleep(6)  # limit removals are recorded within about five seconds
+        await asyncio.to_thread(compaction.retention, spark, root, load_stream_states)
 
-    last = acked[-1]
-    expected = list(range(last - KEEP + 1, last + 1))
-    state = await full_state(nc, unique)
-    assert (state["messages"], state["first_seq"], state["last_seq"]) == (KEEP, expected[0], last)
-    # Nothing acknowledged and visible is lost, nothing removed comes back: the raw table holds
-    # exactly what the API shows.
-    assert await asyncio.to_thread(_seqs, spark, root.uri, unique, "logical") == expected
-    assert await asyncio.to_thread(_seqs, spark, root.uri, unique, "raw") == expected
-    for seq in (expected[0], expected[len(expected) // 2], last):
-        got = await run_step(nc, unique, ("get", {"seq": seq}))
-        assert got["message"]["seq"] == seq
-    await nc.close()
+        last = acked[-1]
+        expected = list(range(last - KEEP + 1, last + 1))
+        state = await full_state(nc, unique)
+        assert (state["messages"], state["first_seq"], state["last_seq"]) == (KEEP, expected[0], last)
+        # Nothing acknowledged and visible is lost, nothing removed comes back: the raw table holds
+        # exactly what the API shows.
+        assert await asyncio.to_thread(_seqs, spark, root.uri, unique, "logical") == expected
+        assert await asyncio.to_thread(_seqs, spark, root.uri, unique, "raw") == expected
+        for seq in (expected[0], expected[len(expected) // 2], last):
+            got = await run_step(nc, unique, ("get", {"seq": seq}))
+            assert got["message"]["seq"] == seq
+    finally:
+        await nc.close()

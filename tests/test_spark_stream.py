@@ -127,8 +127,10 @@ async def test_restart_during_ingest_is_exactly_once(
     spark: SparkSession, jetlake: Jetlake, unique: str, tmp_path: Path
 ) -> None:
     nc = await nats.connect(jetlake.url)
-    await nc.jetstream().add_stream(name=unique, subjects=[f"{unique}.>"])
-    await nc.close()
+    try:
+        await nc.jetstream().add_stream(name=unique, subjects=[f"{unique}.>"])
+    finally:
+        await nc.close()
     sink, ckpt = tmp_path / "sink", tmp_path / "ckpt"
 
     def start() -> StreamingQuery:

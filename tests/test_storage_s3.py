@@ -96,6 +96,7 @@ def test_append_after_another_writer_removed_files_on_s3(s3_endpoint: str) -> No
     assert MessageTable(root).last_txn_version() == 4
 
 
+@pytest.mark.waits
 def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_path: Path) -> None:
     """The whole gateway with its store root on S3: publish, consume with acks, a clean restart
     and a ``kill -9``; every message, the consumer's ack floor and the stream state come back."""
@@ -111,41 +112,47 @@ def test_gateway_on_s3_publishes_consumes_and_recovers(s3_endpoint: str, tmp_pat
 
         async def publish(first: int, count: int) -> None:
             nc = await nats.connect(gw.url)
-            js = nc.jetstream()
-            if first == 1:
-                await js.add_stream(name="S3", subjects=["s3.>"])
-            # all at once: they share group commits (each commit is a few round trips to S3)
-            acks = await asyncio.gather(
-                *(
-                    js.publish(f"s3.k{i % 3}", b"m%d" % i, timeout=30, headers={"Nats-Msg-Id": f"i{i}"})
-                    for i in range(first, first + count)
+            try:
+                js = nc.jetstream()
+                if first == 1:
+                    await js.add_stream(name="S3", subjects=["s3.>"])
+                # all at once: they share group commits (each commit is a few round trips to S3)
+                acks = await asyncio.gather(
+                    *(
+                        js.publish(f"s3.k{i % 3}", b"m%d" % i, timeout=30, headers={"Nats-Msg-Id": f"i{i}"})
+                        for i in range(first, first + count)
+                    )
                 )
-            )
-            assert [a.seq for a in acks] == list(range(first, first + count))
-            await nc.close()
+                assert [a.seq for a in acks] == list(range(first, first + count))
+            finally:
+                await nc.close()
 
         async def consume(count: int) -> list[bytes]:
             nc = await nats.connect(gw.url)
-            sub = await nc.jetstream().pull_subscribe("s3.>", "C", stream="S3")
-            got: list[Any] = []
-            while len(got) < count:
-                msgs = await sub.fetch(count - len(got), timeout=10)
-                for msg in msgs[:-1]:
-                    await msg.ack()
-                # committed after every ack before it (the ack log commits in order)
-                await msgs[-1].ack_sync(timeout=30)
-                got += [m.data for m in msgs]
-            await nc.close()
+            try:
+                sub = await nc.jetstream().pull_subscribe("s3.>", "C", stream="S3")
+                got: list[Any] = []
+                while len(got) < count:
+                    msgs = await sub.fetch(count - len(got), timeout=10)
+                    for msg in msgs[:-1]:
+                        await msg.ack()
+                    # committed after every ack before it (the ack log commits in order)
+                    await msgs[-1].ack_sync(timeout=30)
+                    got += [m.data for m in msgs]
+            finally:
+                await nc.close()
             return got
 
         async def view() -> dict[str, Any]:
             nc = await nats.connect(gw.url)
-            js = nc.jetstream()
-            info = await js.stream_info("S3")
-            consumer = await js.consumer_info("S3", "C")
-            last = await js.get_msg("S3", info.state.last_seq)
-            dup = await js.publish("s3.k0", b"again", headers={"Nats-Msg-Id": "i2"})
-            await nc.close()
+            try:
+                js = nc.jetstream()
+                info = await js.stream_info("S3")
+                consumer = await js.consumer_info("S3", "C")
+                last = await js.get_msg("S3", info.state.last_seq)
+                dup = await js.publish("s3.k0", b"again", headers={"Nats-Msg-Id": "i2"})
+            finally:
+                await nc.close()
             return {
                 "state": (info.state.messages, info.state.first_seq, info.state.last_seq, info.state.bytes),
                 "floor": consumer.ack_floor.stream_seq if consumer.ack_floor else 0,

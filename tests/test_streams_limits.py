@@ -111,6 +111,7 @@ async def test_limits_and_removals(
     assert out[0] is None, out[0]
 
 
+@pytest.mark.waits
 async def test_max_age_expires_on_a_timer(targets: dict[str, str], unique: str) -> None:
     """MaxAge removes messages once they are older, without any further request; the first
     sequence moves past them and a message published later stays."""

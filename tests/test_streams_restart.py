@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
+import pytest
 from nats.aio.client import Client
 
 from storage_delta.commit.store import StoreRoot
@@ -71,6 +72,7 @@ def restarter(jetlake: Jetlake, url: str) -> Callable[[Client, bool], Awaitable[
     return restart
 
 
+@pytest.mark.waits
 async def test_restart_changes_no_answer(targets: dict[str, str], jetlake: Jetlake, unique: str) -> None:
     restart = restarter(jetlake, targets["jetlake"])
 
@@ -129,6 +131,7 @@ async def test_removal_log_is_plain_delta(jetlake: Jetlake, unique: str) -> None
     assert not states[unique].is_removed(5)
 
 
+@pytest.mark.waits
 async def test_purge_under_load_survives_kill(jetlake: Jetlake, unique: str) -> None:
     """A purge served while publishes keep arriving is durable when answered: ``kill -9`` right
     after brings none of the purged messages back. (The wait for a purged message's own commit in
