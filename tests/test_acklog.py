@@ -188,8 +188,8 @@ async def test_group_commits_load_compact_and_duckdb(tmp_path: Path) -> None:
     interleaved = [r for rows in zip_longest(*histories.values()) for r in rows if r is not None]
     table = al.AckLogTable(root)
     writer = await write_all(table, interleaved, sync_every=37)
-    assert 1 < writer.commits < len(interleaved)
-    assert writer.rows_committed == len(interleaved)
+    assert 1 < writer.loop.commits < len(interleaved)
+    assert writer.loop.rows_committed == len(interleaved)
 
     stored = al.group(al.from_arrow(al.AckLogTable(root).dt.to_pyarrow_table()))
     log = al.AckLogTable(root).load()

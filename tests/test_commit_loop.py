@@ -8,6 +8,7 @@ tests/test_storage_writer.py, tests/test_acklog.py and tests/test_storage_hazard
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -43,7 +44,12 @@ class Table:
 
 
 def make(
-    table: Table, pool: ThreadPoolExecutor, linger_s: float = 0.0, retry_s: float = 0.0
+    table: Table,
+    pool: ThreadPoolExecutor,
+    linger_s: float = 0.0,
+    retry_s: float = 0.0,
+    drained: Callable[[list[int]], None] | None = None,
+    committed: Callable[[list[int]], None] | None = None,
 ) -> tuple[CommitLoop[int], list[list[int]]]:
     failed: list[list[int]] = []
     loop: CommitLoop[int] = CommitLoop(
@@ -54,8 +60,22 @@ def make(
         lambda rows, _e: failed.append(rows),
         linger_s=linger_s,
         retry_s=retry_s,
+        drained=drained,
+        committed=committed,
     )
     return loop, failed
+
+
+def raises_once() -> Callable[[list[int]], None]:
+    """An owner's hook with a bug that shows once: the first call raises."""
+    calls: list[list[int]] = []
+
+    def hook(rows: list[int]) -> None:
+        calls.append(rows)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+
+    return hook
 
 
 def put(loop: CommitLoop[int], *rows: int) -> asyncio.Future[None]:
@@ -129,23 +149,8 @@ async def test_a_broken_loop_fails_its_waiters_and_starts_over() -> None:
     does not leave a waiter hanging: it fails with CommitLoopDied, the owner hears of the rows (they
     were not stored), and the loop starts over and takes new rows."""
     table = Table()
-    calls = []
-    failed: list[list[int]] = []
-
-    def drained(rows: list[int]) -> None:
-        calls.append(rows)
-        if len(calls) == 1:
-            raise RuntimeError("a bug")
-
     with ThreadPoolExecutor(1) as pool:
-        loop: CommitLoop[int] = CommitLoop(
-            "test",
-            pool,
-            table.commit,
-            table.committed_version,
-            lambda rows, _e: failed.append(rows),
-            drained=drained,
-        )
+        loop, failed = make(table, pool, drained=raises_once())
         await loop.start()
         with pytest.raises(CommitLoopDied):
             await asyncio.wait_for(put(loop, 1), 5)
@@ -160,23 +165,8 @@ async def test_a_break_after_the_commit_landed_answers_its_waiters_as_committed(
     """What broke came after the commit (the ``committed`` hook): the table holds the version, so
     the waiter is answered and nothing is rolled back (its sequences must not be given out again)."""
     table = Table()
-    calls = []
-    failed: list[list[int]] = []
-
-    def committed(rows: list[int]) -> None:
-        calls.append(rows)
-        if len(calls) == 1:
-            raise RuntimeError("a bug")
-
     with ThreadPoolExecutor(1) as pool:
-        loop: CommitLoop[int] = CommitLoop(
-            "test",
-            pool,
-            table.commit,
-            table.committed_version,
-            lambda rows, _e: failed.append(rows),
-            committed=committed,
-        )
+        loop, failed = make(table, pool, committed=raises_once())
         await loop.start()
         await asyncio.wait_for(put(loop, 1), 5)
         await asyncio.wait_for(put(loop, 2), 5)

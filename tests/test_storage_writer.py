@@ -51,7 +51,7 @@ async def test_batches_answer_in_order_and_memory_is_bounded(tmp_path: Path) -> 
         assert writer.refused == 2
         await writer.close()
     assert answered == list(range(1, 101))
-    assert writer.commits < 100  # the queued messages went out together
+    assert writer.loop.commits < 100  # the queued messages went out together
     assert seqs_in_table(root) == {"S": list(range(1, 101))}
 
 

@@ -74,10 +74,6 @@ class Gateway:
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
 
-    @property
-    def started(self) -> bool:
-        return self.core is not None
-
     # ---- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.loop import CommitLoop
-from storage_delta.commit.stats import Histogram
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 
@@ -142,41 +141,20 @@ class GroupCommitWriter:
         self._executor = executor
         self._max_pending_bytes = max_pending_bytes
         self._pending_bytes = 0
-        self._loop: CommitLoop[StoredMessage] = CommitLoop(
+        #: The commit loop: its counters (commits, rows, latency and batch histograms) are the
+        #: writer's.
+        self.loop: CommitLoop[StoredMessage] = CommitLoop(
             "messages",
             executor,
-            self._commit,
+            table.commit,
             table.last_txn_version,
             lambda rows, _exc: on_failure({m.stream for m in rows}),
             drained=self._drained,
         )
         self.refused = 0  # messages turned away because too many bytes were waiting
 
-    @property
-    def commits(self) -> int:
-        return self._loop.commits
-
-    @property
-    def messages_committed(self) -> int:
-        return self._loop.rows_committed
-
-    @property
-    def commit_seconds(self) -> Histogram:
-        return self._loop.commit_seconds
-
-    @property
-    def batch_messages(self) -> Histogram:
-        return self._loop.batch_rows
-
-    @property
-    def loop(self) -> CommitLoop[StoredMessage]:
-        return self._loop
-
     async def start(self) -> None:
-        await self._loop.start()
-
-    def _commit(self, batch: list[StoredMessage], version: int) -> None:
-        self._table.commit(batch, version)
+        await self.loop.start()
 
     def _drained(self, _rows: list[StoredMessage]) -> None:
         """The bound counts what waits for the next commit, not the commit in flight."""
@@ -186,7 +164,7 @@ class GroupCommitWriter:
         """Make room for ``count`` messages of ``size`` bytes in all before their stream gives them
         sequences, so a refusal leaves nothing to undo. The caller submits them
         (``admitted=True``) before it next yields to the event loop."""
-        if not self._loop.running:
+        if not self.loop.running:
             raise WriterClosed("writer closed")
         if self._pending_bytes + size > self._max_pending_bytes and self._pending_bytes:
             # Counted here because a core publish has no reply to carry the error.
@@ -202,17 +180,17 @@ class GroupCommitWriter:
         """Queue messages for the next commit; the future resolves once they are durable."""
         if not admitted:
             self.admit(sum(m.nbytes for m in messages), len(messages))
-        self._loop.pending.extend(messages)
-        fut = self._loop.queued(sync=True, added=len(messages))
+        self.loop.pending.extend(messages)
+        fut = self.loop.queued(sync=True, added=len(messages))
         assert fut is not None
         return fut
 
     @property
     def running(self) -> bool:
         """The commit loop is alive and takes submissions (the store is open)."""
-        return self._loop.running
+        return self.loop.running
 
     async def close(self) -> None:
         """Finish what was submitted, then stop."""
-        await self._loop.close()
+        await self.loop.close()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._table.close)

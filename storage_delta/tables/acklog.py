@@ -440,7 +440,8 @@ class AckLogWriter:
         self._compact_every = compact_every
         self._since_compaction = backlog
         self._compaction: asyncio.Task[None] | None = None
-        self._loop: CommitLoop[AckRow] = CommitLoop(
+        #: The commit loop: its counters (commits, rows) are the ack log's.
+        self.loop: CommitLoop[AckRow] = CommitLoop(
             "acklog",
             executor,
             self._append,
@@ -454,37 +455,25 @@ class AckLogWriter:
         )
         self.compactions = 0
 
-    @property
-    def commits(self) -> int:
-        return self._loop.commits
-
-    @property
-    def rows_committed(self) -> int:
-        return self._loop.rows_committed
-
-    @property
-    def loop(self) -> CommitLoop[AckRow]:
-        return self._loop
-
     async def start(self) -> None:
-        await self._loop.start()
+        await self.loop.start()
 
     def has_room(self) -> bool:
-        return not self._loop.closed and len(self._loop.pending) < self._max_pending
+        return not self.loop.closed and len(self.loop.pending) < self._max_pending
 
     def room(self) -> int:
         """How many more rows :meth:`has_room` would take one after the other."""
-        return 0 if self._loop.closed else max(self._max_pending - len(self._loop.pending), 0)
+        return 0 if self.loop.closed else max(self._max_pending - len(self.loop.pending), 0)
 
     def submit(self, record: AckRecord | None, sync: bool = False) -> asyncio.Future[None] | None:
         """Queue a row. With ``sync`` the returned future resolves once it (and every row queued
         before it) is committed; a ``None`` record is such a barrier alone."""
         if record is None:
-            return self._loop.queued(sync, 0)
+            return self.loop.queued(sync, 0)
         self._lsn += 1
         record.lsn = self._lsn
-        self._loop.pending.append(_as_row(record))
-        return self._loop.queued(sync)
+        self.loop.pending.append(_as_row(record))
+        return self.loop.queued(sync)
 
     def add(
         self,
@@ -501,18 +490,18 @@ class AckLogWriter:
         """:meth:`submit` for the frequent rows (deliveries, acks) without building a record:
         ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
         self._lsn += 1
-        self._loop.pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
-        return self._loop.queued(sync)
+        self.loop.pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
+        return self.loop.queued(sync)
 
     def add_rows(self, rows: list[AckRow]) -> None:
         """:meth:`add` for many rows in one call (no sync)."""
         self._lsn += len(rows)
-        self._loop.pending.extend(rows)
-        self._loop.queued(False, len(rows))
+        self.loop.pending.extend(rows)
+        self.loop.queued(False, len(rows))
 
     async def flush(self) -> None:
         """Wait until every row submitted so far is committed."""
-        await self._loop.flush()
+        await self.loop.flush()
 
     def _drained(self, rows: list[AckRow]) -> None:
         """Rows leave the queue in lsn order: a batch's lsns follow the last batch's."""
@@ -532,7 +521,7 @@ class AckLogWriter:
     def _committed(self, batch: list[AckRow]) -> None:
         self._since_compaction += len(batch)
         due = self._compact_every and self._since_compaction >= self._compact_every
-        if due and self._compaction is None and not self._loop.closed:
+        if due and self._compaction is None and not self.loop.closed:
             self._compaction = asyncio.create_task(self._compact(), name="acklog-compact")
 
     async def _compact(self) -> None:
@@ -551,7 +540,7 @@ class AckLogWriter:
 
     async def close(self) -> None:
         """Commit what was submitted, wait for a compaction in progress, then stop."""
-        await self._loop.close()
+        await self.loop.close()
         if self._compaction is not None:
             await self._compaction
         await asyncio.get_running_loop().run_in_executor(self._executor, self._table.close)
