@@ -99,7 +99,7 @@ def test_num_pending_is_incremental_and_exact() -> None:
     ):
         stream = _stream(20)
         c = _consumer(stream, **cfg)
-        stream.on_removed = c.forget
+        stream.msg_removed.connect(c.forget)
         for i in range(400):
             op = rng.random()
             if op < 0.35:

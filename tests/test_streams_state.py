@@ -125,11 +125,11 @@ def test_subjects_without_messages_are_forgotten() -> None:
     assert stream.subject_counts(">") == {f"s.{i}": 1 for i in range(995, 1000)}
 
 
-def test_on_removed_tells_every_removal() -> None:
+def test_msg_removed_tells_every_removal() -> None:
     """Consumers hear of each removed message with its subject, also from a whole purge."""
     stream = make(max_msgs_per_subject=1)
     heard: list[tuple[int, str]] = []
-    stream.on_removed = lambda seq, subject: heard.append((seq, subject))
+    stream.msg_removed.connect(lambda seq, subject: heard.append((seq, subject)))
     for subj in ("s.a", "s.a", "s.b", "s.c"):
         stream.accept(subj, None, b"", 0)
     stream.remove(3)
@@ -265,8 +265,8 @@ def test_accept_run_is_one_accept_per_publish(cfg: dict[str, Any]) -> None:
     ]
     one, run = make(**cfg), make(**cfg)
     removed: dict[str, list[tuple[int, str]]] = {"one": [], "run": []}
-    one.on_removed = lambda seq, subj: removed["one"].append((seq, subj))
-    run.on_removed = lambda seq, subj: removed["run"].append((seq, subj))
+    one.msg_removed.connect(lambda seq, subj: removed["one"].append((seq, subj)))
+    run.msg_removed.connect(lambda seq, subj: removed["run"].append((seq, subj)))
     for stream in (one, run):  # something before, so times must stay increasing
         stream.accept("s.a", None, b"first", 1_000)
     singles = [one.accept(subj, hdrs, data, 500) for subj, hdrs, data in items]

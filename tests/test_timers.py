@@ -22,6 +22,7 @@ from gateway.adapters.removals import RemovalRecorder
 from gateway.engine.stream import Stream
 from gateway.handlers.streams import StreamApi
 from gateway.runtime.seqwait import SeqWaiters
+from gateway.runtime.signals import Signal
 from gateway.runtime.timers import DeadlineHeap, Timers
 from storage_delta.commit.writer import WriterClosed
 from storage_delta.tables.removals import RemovalLog
@@ -300,7 +301,7 @@ def test_next_expiry_steps_over_messages_max_age_spares() -> None:
 def test_durable_signal_is_told_of_commits_rollbacks_and_the_end() -> None:
     stream = make()
     told: list[tuple[int, int]] = []
-    stream.on_durable = lambda: told.append((stream.durable_last_seq, stream.state.last_seq))
+    stream.durable_moved.connect(lambda: told.append((stream.durable_last_seq, stream.state.last_seq)))
     for _ in range(3):
         stream.accept("s.a", None, b"", 1)
     stream.committed(1)
@@ -313,7 +314,7 @@ def test_durable_signal_is_told_of_commits_rollbacks_and_the_end() -> None:
 def test_removals_queued_tells_once_until_taken() -> None:
     stream = make()
     told: list[int] = []
-    stream.on_removal_queued = lambda: told.append(1)
+    stream.removal_queued.connect(lambda: told.append(1))
     for _ in range(4):
         stream.accept("s.a", None, b"", 1)
     stream.committed(4)
@@ -351,7 +352,7 @@ async def test_removal_wait_ends_when_the_commit_lands() -> None:
     assert not wait.done()
     stream.committed(3)
     await wait
-    assert stream.on_durable is None  # the hook is set only while someone waits
+    assert not stream.durable_moved  # listened to only while someone waits
 
 
 @pytest.mark.parametrize("how", ["rollback", "deleted"])
@@ -363,7 +364,7 @@ async def test_removal_wait_is_released_by_a_rollback_or_deletion(how: str) -> N
     else:
         stream.end()
     await wait
-    assert stream.on_durable is None
+    assert not stream.durable_moved
 
 
 async def test_removal_wait_fails_when_the_commit_loop_died() -> None:
@@ -380,10 +381,10 @@ async def test_removal_wait_fails_when_the_commit_loop_died() -> None:
 
 
 class Markers:
-    """The publish path as the recorder sees it: ``on_expiring`` and ``place_markers``."""
+    """The publish path as the recorder sees it: ``expiring`` and ``place_markers``."""
 
     def __init__(self) -> None:
-        self.on_expiring: Callable[[Stream, int], None] | None = None
+        self.expiring: Signal[[Stream, int]] = Signal()
         self.placed: list[tuple[str, list[str]]] = []
 
     def place_markers(self, stream: Stream, now: int) -> None:
@@ -396,13 +397,13 @@ async def test_expiry_fires_when_due_and_places_markers_at_once() -> None:
     empty gets its marker in the same step, and a commit of something expiring sooner brings the
     timer forward; with nothing left to expire nothing is armed."""
     stream = make(max_age=S, subject_delete_marker_ttl=S)
-    registry = SimpleNamespace(streams={"S": stream}, on_removal_queued=None, on_stream_removed=None)
+    registry = SimpleNamespace(streams={"S": stream}, removal_queued=Signal(), stream_removed=Signal())
     recorder = RemovalRecorder(cast(Registry, registry), cast(RemovalLog, None), cast(Executor, None))
     publish = Markers()
     task = asyncio.create_task(recorder.run(cast(PublishPath, publish)))
     try:
         await asyncio.sleep(0)
-        assert publish.on_expiring == recorder.stored
+        assert publish.expiring  # the recorder listens while its task runs
         now = time.time_ns()
         stream.accept("s.a", None, b"", now - S + 50_000_000)  # due in 50 ms
         stream.committed(1)
@@ -421,5 +422,5 @@ async def test_expiry_fires_when_due_and_places_markers_at_once() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert publish.on_expiring is None  # the task's end takes its hooks and timers with it
+    assert not publish.expiring  # the task's end takes its listener and timers with it
     assert recorder._expiry is None

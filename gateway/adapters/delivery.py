@@ -411,14 +411,16 @@ class Delivery:
         Expires pull requests, sends idle heartbeats, redelivers what ``ack_wait`` ran out on,
         drops requests whose requester left, and deletes consumers inactive past their threshold."""
         self._timers = timers = Timers(self._due)
-        self.leaf.interest.on_change = self._interest_changed
-        self.registry.on_consumer_changed = self._consumer_changed
+        listening = (
+            self.leaf.interest.changed.connect(self._interest_changed),
+            self.registry.consumer_changed.connect(self._consumer_changed),
+        )
         try:
             timers.set(None, now_ns())
             await asyncio.get_running_loop().create_future()  # until cancelled
         finally:
-            self.leaf.interest.on_change = None
-            self.registry.on_consumer_changed = lambda consumer: None
+            for disconnect in listening:
+                disconnect()
             timers.close()
             self._timers = None
 

@@ -23,6 +23,7 @@ from gateway.api.durations import go_duration
 from gateway.api.timefmt import now_ns
 from gateway.engine.publish_checks import Accepted, Duplicate, check_publish, size_limit
 from gateway.engine.stream import Stream
+from gateway.runtime.signals import Signal
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
 from storage_delta.commit.writer import (
@@ -70,7 +71,7 @@ class PublishPath:
         self.route = registry.route
         #: Told of each committed run of a stream that has something to expire (MaxAge, or TTLs)
         #: with its first message's stored time: the expiry timer is brought forward to it.
-        self.on_expiring: Callable[[Stream, int], None] | None = None
+        self.expiring: Signal[[Stream, int]] = Signal()
         # Accepted but not yet submitted: one run per stream, until ``flush``.
         self._runs: dict[Stream, _Run] = {}
         # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
@@ -272,8 +273,8 @@ class PublishPath:
         if exc is None:
             self._on_stored(run.stream)
             stream = run.stream
-            if self.on_expiring is not None and (stream.limits.max_age or stream.ttl.next_ns() is not None):
-                self.on_expiring(stream, run.msgs[0].ts)
+            if self.expiring and (stream.limits.max_age or stream.ttl.next_ns() is not None):
+                self.expiring.emit(stream, run.msgs[0].ts)
 
     def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
         """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""

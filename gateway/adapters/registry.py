@@ -7,7 +7,6 @@ survives a crash; the leaf is told of new stream subjects only after that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
@@ -15,6 +14,7 @@ from gateway.adapters.ack_recorder import AckRecorder
 from gateway.api import errors
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
+from gateway.runtime.signals import Signal
 from storage_delta.tables.catalog import CatalogTable
 
 #: Subjects whose stream is remembered; past it the memory starts over (publishers to many
@@ -56,14 +56,14 @@ class Registry:
         self._lock = asyncio.Lock()
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
-        self.on_consumer_removed: Callable[[Consumer], None] = lambda consumer: None
+        self.consumer_removed: Signal[[Consumer]] = Signal()
         #: Told of every consumer created or changed through the API (its timers are set anew).
-        self.on_consumer_changed: Callable[[Consumer], None] = lambda consumer: None
+        self.consumer_changed: Signal[[Consumer]] = Signal()
         #: Told of every stream deleted (its timers go), after the stream has ended.
-        self.on_stream_removed: Callable[[Stream], None] = lambda stream: None
+        self.stream_removed: Signal[[Stream]] = Signal()
         #: Told when a stream's removals start waiting for the removal log
-        #: (``Stream.on_removal_queued``): the recorder wakes for them.
-        self.on_removal_queued: Callable[[], None] = lambda: None
+        #: (``Stream.removal_queued``): the recorder wakes for them.
+        self.removal_queued: Signal[[]] = Signal()
 
     def stream(self, name: str) -> Stream:
         """The live stream of that name, or the API's "stream not found"."""
@@ -115,12 +115,9 @@ class Registry:
             for consumer in consumers.values():
                 consumer.forget(seq, subject)
 
-        stream.on_removed = removed
-        stream.on_removal_queued = self._removal_queued
+        stream.msg_removed.connect(removed)
+        stream.removal_queued.connect(self.removal_queued.emit)
         return stream
-
-    def _removal_queued(self) -> None:
-        self.on_removal_queued()
 
     def install_consumer(
         self,
@@ -154,7 +151,7 @@ class Registry:
         await self._persist("consumer", stream.name, name, body)
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
         await self.recorder.created(consumer, start_after, skip)
-        self.on_consumer_changed(consumer)
+        self.consumer_changed.emit(consumer)
         return consumer
 
     async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
@@ -162,7 +159,7 @@ class Registry:
         await self._persist("consumer", consumer.stream.name, consumer.name, body)
         consumer.reconfigure(config)
         await self.recorder.config_changed(consumer)
-        self.on_consumer_changed(consumer)
+        self.consumer_changed.emit(consumer)
 
     async def remove_consumer(self, consumer: Consumer) -> bool:
         """Delete a consumer (durably first); False if it was already gone."""
@@ -173,7 +170,7 @@ class Registry:
         if by_name.get(consumer.name) is not consumer:
             return False
         del by_name[consumer.name]
-        self.on_consumer_removed(consumer)
+        self.consumer_removed.emit(consumer)
         await self.recorder.deleted(consumer)
         return True
 
@@ -195,9 +192,9 @@ class Registry:
         await self._persist("stream", stream.name, stream.name, None)
         del self.streams[stream.name]
         stream.end()  # a removal waiting for one of its commits is released
-        self.on_stream_removed(stream)
+        self.stream_removed.emit(stream)
         for gone in self.consumers.pop(stream.name, {}).values():
-            self.on_consumer_removed(gone)
+            self.consumer_removed.emit(gone)
             await self.recorder.deleted(gone)
         self._subjects_changed(stream.subjects, [])
 

@@ -8,7 +8,7 @@ re-applies the limits from the config and the stored messages, which removes the
 
 Expiry runs per stream on a deadline timer (``gateway.runtime.timers``) armed for the stream's next
 expiry (``Stream.next_expiry_ns``): set again after each run, brought forward when a commit stores
-something that expires sooner (``PublishPath.on_expiring``), set anew when the config changes. The
+something that expires sooner (``PublishPath.expiring``), set anew when the config changes. The
 delete markers an expiry asks for (ADR-43) are placed right after it, by the publish path. Nothing
 wakes while nothing is due.
 """
@@ -39,8 +39,8 @@ class RemovalRecorder:
         self._lock = asyncio.Lock()
         self._unwritten: list[Removal] = []  # taken from the streams, not yet durable
         self._queued = asyncio.Event()  # some stream has removals for the log
-        registry.on_removal_queued = self._queued.set
-        registry.on_stream_removed = self._stream_removed
+        registry.removal_queued.connect(self._queued.set)
+        registry.stream_removed.connect(self._stream_removed)
         self._publish: PublishPath | None = None
         self._expiry: Timers[Stream] | None = None  # while ``run`` runs
 
@@ -63,7 +63,7 @@ class RemovalRecorder:
         limit removals recorded ``FLUSH_S`` after they were queued."""
         self._publish = publish
         self._expiry = Timers(self._expire)
-        publish.on_expiring = self.stored
+        stop_listening = publish.expiring.connect(self.stored)
         try:
             for stream in list(self.registry.streams.values()):
                 self.changed(stream)  # recovery applied the limits: markers, the next expiry
@@ -79,7 +79,7 @@ class RemovalRecorder:
                 if any(s.removals_queued for s in self.registry.streams.values()):
                     self._queued.set()  # above the durable sequence: once their commit landed
         finally:
-            publish.on_expiring = None
+            stop_listening()
             self._publish = None
             self._expiry.close()
             self._expiry = None

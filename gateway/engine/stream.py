@@ -11,7 +11,7 @@ log (``take_removals``), so a restart rebuilds the same view (docs/storage.md, `
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from gateway.api.timefmt import rfc3339
 from gateway.engine.dedup import DedupWindow
 from gateway.engine.msg_ttl import TTLSchedule
 from gateway.engine.stream_index import SeqIndex, SubjectSeqs, TailCache
+from gateway.runtime.signals import Signal
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import subject_matches
 from storage_delta.format.schema import DEFAULT_BLOCK_SIZE, stored_size
@@ -114,13 +115,13 @@ class Stream:
         self._by_subject: dict[int, SubjectSeqs] = {}
         self._removed: list[list[int]] = []  # ranges not yet handed to the removal log
         #: Told of each message removed (seq, subject), so consumers keep num_pending exact.
-        self.on_removed: Callable[[int, str], None] | None = None
+        self.msg_removed: Signal[[int, str]] = Signal()
         #: Told when removals start waiting for the removal log (the queue was empty), so the
         #: task that records them sleeps while there is nothing to record.
-        self.on_removal_queued: Callable[[], None] | None = None
-        #: While set, told whenever ``durable_last_seq`` advances, the stream rolls back to it, or
+        self.removal_queued: Signal[[]] = Signal()
+        #: Told whenever ``durable_last_seq`` advances, the stream rolls back to it, or
         #: the stream ends: an answer waiting for a commit is woken by it instead of polling.
-        self.on_durable: Callable[[], None] | None = None
+        self.durable_moved: Signal[[]] = Signal()
         self.ended = False  # deleted: nothing it waits for will come
 
     @property
@@ -345,14 +346,12 @@ class Stream:
 
     def committed(self, seq: int) -> None:
         self.durable_last_seq = max(self.durable_last_seq, seq)
-        if self.on_durable is not None:
-            self.on_durable()
+        self.durable_moved.emit()
 
     def end(self) -> None:
         """The stream was deleted: whoever waits on its durable sequence is told."""
         self.ended = True
-        if self.on_durable is not None:
-            self.on_durable()
+        self.durable_moved.emit()
 
     # ---- limits ----------------------------------------------------------------------------------
 
@@ -468,8 +467,8 @@ class Stream:
         if removed and removed[-1][1] + 1 == first:
             removed[-1][1] = last
             return
-        if not removed and self.on_removal_queued is not None:
-            self.on_removal_queued()
+        if not removed:
+            self.removal_queued.emit()
         removed.append([first, last])
 
     @property
@@ -487,8 +486,7 @@ class Stream:
         subject = self._subject_names[sid]  # before un-counting may give the id back
         self._uncount(sid, idx.size[i])
         self.tail.drop(seq)
-        if self.on_removed is not None:
-            self.on_removed(seq, subject)
+        self.msg_removed.emit(seq, subject)
         return sid
 
     def _uncount(self, sid: int, size: int) -> None:
@@ -582,15 +580,14 @@ class Stream:
             self._record(start, below - 1)
         if below > st.last_seq:  # everything goes: no need to un-count each message
             n = st.messages
-            if self.on_removed is not None:
+            if self.msg_removed:
                 names = self._subject_names
                 for s in range(max(start, idx.base), idx.end):
                     if idx.subject_id(s):
-                        self.on_removed(s, names[idx.subject_id(s)])
+                        self.msg_removed.emit(s, names[idx.subject_id(s)])
             st.last_seq = max(st.last_seq, below - 1)
             self.durable_last_seq = max(self.durable_last_seq, st.last_seq)
-            if self.on_durable is not None:
-                self.on_durable()
+            self.durable_moved.emit()
             st.messages = st.bytes = 0
             for sid in list(self._subject_counts):
                 self._forget_subject(sid)
@@ -812,8 +809,7 @@ class Stream:
             st.first_seq, st.first_ts = (st.last_seq + 1 if st.last_seq else 0), 0
         elif not idx.subject_id(st.first_seq):
             self._advance_first()
-        if self.on_durable is not None:
-            self.on_durable()
+        self.durable_moved.emit()
 
     def restore_removed(self, first: int, last: int) -> None:
         """Replay a range from the durable removal log at start-up (not recorded again)."""
@@ -850,9 +846,9 @@ class Stream:
             sid_view.release()
         seqs = (live + lo).tolist()
         names = self._subject_names
-        if self.on_removed is not None:
+        if self.msg_removed:
             for seq, sid in zip(seqs, gone.tolist(), strict=True):
-                self.on_removed(seq, names[sid])
+                self.msg_removed.emit(seq, names[sid])
         self.tail.drop_seqs(seqs)
         st = self.state
         st.messages -= len(seqs)

@@ -94,6 +94,7 @@ class StreamApi:
         self.publish = publish
         self.direct = DirectGet(registry, loader)
         self._waiting: dict[Stream, SeqWaiters] = {}  # removals waiting for a commit, by stream
+        self._listening: dict[Stream, Callable[[], None]] = {}  # their durable_moved listeners
 
     async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
         op = ".".join(toks[:2])
@@ -259,12 +260,12 @@ class StreamApi:
         stream rolled back (the message never was), or the stream was deleted. It fails with
         :class:`~storage_delta.commit.writer.WriterClosed` when the commit loop died: whether the
         message landed is then unknown, and a removal must not be acknowledged without its record.
-        The stream tells of each change (``on_durable``), so nothing polls; the hook is set only
+        The stream tells of each change (``durable_moved``), so nothing polls; this listens only
         while a removal waits."""
         waiters = self._waiting.get(stream)
         if waiters is None:
             waiters = self._waiting[stream] = SeqWaiters()
-            stream.on_durable = partial(self._durable_moved, stream)
+            self._listening[stream] = stream.durable_moved.connect(partial(self._durable_moved, stream))
         return waiters.wait(upto)
 
     def _durable_moved(self, stream: Stream) -> None:
@@ -278,7 +279,7 @@ class StreamApi:
                 waiters.fail(WriterClosed("the commit loop ended; the message's commit is unknown"))
         if not waiters:
             del self._waiting[stream]
-            stream.on_durable = None
+            self._listening.pop(stream)()
 
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_optional_request(body, PURGE_REQUEST)

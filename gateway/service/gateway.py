@@ -119,7 +119,7 @@ class Gateway:
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
         delivery = Delivery(registry, leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder)
-        registry.on_consumer_removed = delivery.consumer_gone
+        registry.consumer_removed.connect(delivery.consumer_gone)
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
         api = Api(
             registry,

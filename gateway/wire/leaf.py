@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Protocol
 
+from gateway.runtime.signals import Signal
 from gateway.wire import protocol as proto
 from gateway.wire.leafauth import CredentialsError, LeafTarget, SubscribePermissions
 from storage_delta.format.nats import subject_matches
@@ -30,13 +30,12 @@ class Interest:
         self._literal: dict[str, int] = {}
         self._wild: dict[str, int] = {}
         #: Told after every change (consumer timers look at who listens then, not on a tick).
-        self.on_change: Callable[[], None] | None = None
+        self.changed: Signal[[]] = Signal()
 
     def add(self, subject: str) -> None:
         bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
         bucket[subject] = bucket.get(subject, 0) + 1
-        if self.on_change is not None:
-            self.on_change()
+        self.changed.emit()
 
     def remove(self, subject: str) -> None:
         bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
@@ -45,14 +44,12 @@ class Interest:
             bucket[subject] = n
         else:
             bucket.pop(subject, None)
-        if self.on_change is not None:
-            self.on_change()
+        self.changed.emit()
 
     def clear(self) -> None:
         self._literal.clear()
         self._wild.clear()
-        if self.on_change is not None:
-            self.on_change()
+        self.changed.emit()
 
     def has(self, subject: str) -> bool:
         if subject in self._literal:
