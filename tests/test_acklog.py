@@ -7,6 +7,7 @@ import asyncio
 import random
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.api import consumer_config
+from gateway.api.configs import ConsumerConfig, StreamConfig, from_json, to_json
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
@@ -29,7 +31,7 @@ CREATED = 1_700_000_000_000_000_000
 
 
 def make_consumer(name: str, ack_policy: str = "explicit", messages: int = 400, **extra: Any) -> Consumer:
-    stream = Stream({"name": "S", "subjects": ["s.>"]}, CREATED, 1 << 20)
+    stream = Stream(StreamConfig("S", subjects=("s.>",)), CREATED, 1 << 20)
     for seq in range(1, messages + 1):
         stream.restore(seq, CREATED + seq, f"s.{seq % 3}", 40)
     raw = {"durable_name": name, "ack_policy": ack_policy, **extra}
@@ -75,7 +77,11 @@ def drive(consumer: Consumer, rng: random.Random, steps: int, resets: bool = Fal
 
 def restored(consumer: Consumer, state: ConsumerState) -> Consumer:
     fresh = Consumer(
-        consumer.stream, state.config or consumer.config, state.created_ns, state.start_after, state.skip
+        consumer.stream,
+        from_json(ConsumerConfig, state.config) if state.config else consumer.config,
+        state.created_ns,
+        state.start_after,
+        state.skip,
     )
     fresh.restore(state)
     return fresh
@@ -211,7 +217,7 @@ async def test_group_commits_load_compact_and_duckdb(tmp_path: Path) -> None:
     # the catalog knows A and B; C was deleted with its stream, say: compaction drops its rows
     catalog = CatalogTable(root)
     for name in ("A", "B"):
-        catalog.put("consumer", "S", name, {"config": consumers[name].config, "created": CREATED})
+        catalog.put("consumer", "S", name, {"config": to_json(consumers[name].config), "created": CREATED})
     result = al.compact_store(root)
     assert result.rows_before == len(interleaved)
     assert result.rows_after < result.rows_before
@@ -267,7 +273,7 @@ def test_config_rows_carry_pause(tmp_path: Path) -> None:
     """A config change (such as a pause) is part of the rebuilt state, also after compaction."""
     consumer = make_consumer("C")
     rows = drive(consumer, random.Random(5), 100)
-    paused: dict[str, Any] = {**consumer.config, "pause_until": "2030-01-01T00:00:00Z"}
+    paused = to_json(replace(consumer.config, pause_until="2030-01-01T00:00:00Z"))
     change = AckRecorder._row(consumer, al.CONFIG, config=paused)
     change.lsn = len(rows) + 1
     for history in ([*rows, change], al.fold([*rows, change])):
@@ -282,7 +288,7 @@ async def test_gateway_checkpoint_compacts_beside_commits(tmp_path: Path) -> Non
     root = StoreRoot(str(tmp_path))
     consumer = make_consumer("C", messages=1500)
     rows = drive(consumer, random.Random(9), 3000)
-    CatalogTable(root).put("consumer", "S", "C", {"config": consumer.config, "created": CREATED})
+    CatalogTable(root).put("consumer", "S", "C", {"config": to_json(consumer.config), "created": CREATED})
     writer = await write_all(al.AckLogTable(root), rows, sync_every=11, compact_every=400)
     assert writer.compactions >= 1
     log = al.AckLogTable(root).load()

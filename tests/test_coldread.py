@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from gateway.adapters.coldread import CHUNK, ColdReader
+from gateway.api.configs import StreamConfig
 from gateway.engine.stream import Stream
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
@@ -34,7 +35,7 @@ class CountingReader(MessageReader):
 
 def _store(root: StoreRoot, created: int, count: int, tag: bytes, version: int) -> Stream:
     """``count`` messages of stream S in the table, and the stream state a restart rebuilds."""
-    stream = Stream({"name": "S", "subjects": ["s.>"]}, created, 1 << 20)
+    stream = Stream(StreamConfig("S", subjects=("s.>",)), created, 1 << 20)
     msgs = [
         StoredMessage("S", stream.block_size, s, created + s, "s.x", None, tag + b"%d" % s)
         for s in range(1, count + 1)

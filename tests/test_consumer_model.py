@@ -4,6 +4,7 @@ and num_pending kept incrementally equal to a full recount under random work."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from gateway.api.consumer_config import normalize
@@ -171,7 +172,7 @@ def _drive_consumer(rng: random.Random, c: Consumer, op: float, i: int) -> None:
     an ack."""
     if op < 0.44:
         filters = rng.choice([["m.s1"], ["m.s0", "m.s2"], ["m.*"], []])
-        c.reconfigure({**c.config, "filter_subject": "", "filter_subjects": filters})
+        c.reconfigure(replace(c.config, filter_subject="", filter_subjects=tuple(filters)))
     elif op < 0.445:
         c.reset(0)
     elif op < 0.85:

@@ -22,6 +22,7 @@ from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.adapters.snapshots import Snapshots
+from gateway.api.configs import StreamConfig
 from gateway.engine.stream import Stream
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable
@@ -39,7 +40,7 @@ CREATED = 1_700_000_000_000_000_000
 
 def filled(messages: int = 200) -> Stream:
     """A stream with committed messages on a few subjects and holes (a delete, a subject purge)."""
-    stream = Stream({"name": "S", "subjects": ["s.>"]}, CREATED, 1 << 20)
+    stream = Stream(StreamConfig("S", subjects=("s.>",)), CREATED, 1 << 20)
     for i in range(messages):
         msg = stream.accept(
             f"s.{i % 5}", b"NATS/1.0\r\nA: b\r\n\r\n" if i % 7 == 0 else None, b"x" * i, CREATED
@@ -80,7 +81,7 @@ def test_load_index_reads_no_file_the_snapshot_covers(tmp_path: Path) -> None:
     """The snapshot replaces the files below it: with them deleted from disk the index is the same
     as a full scan's (a read of any of them would fail)."""
     root = StoreRoot(str(tmp_path))
-    stream = Stream({"name": "S", "subjects": ["s.>"]}, CREATED, 1 << 20)
+    stream = Stream(StreamConfig("S", subjects=("s.>",)), CREATED, 1 << 20)
     table = MessageTable(root)
     for version in range(1, 11):  # ten commit files of 20 messages
         batch = [stream.accept(f"s.{i % 3}", None, b"p%d" % i, CREATED + i) for i in range(20)]
@@ -206,7 +207,7 @@ async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path)
         acks = AckRecorder(AckLogWriter(AckLogTable(root), executor, 0, 0.1, 1000, 0))
         subjects = Subjects()
         registry = Registry(CatalogTable(root), executor, 1 << 20, acks, subjects)
-        stream = await registry.add_stream({"name": "S", "subjects": ["s.>"]}, CREATED)
+        stream = await registry.add_stream(StreamConfig("S", subjects=("s.>",)), CREATED)
         assert subjects.live == {"s.>"}  # the registry listens to a stream's subjects
         for i in range(100):
             stream.committed(stream.accept(f"s.{i % 4}", None, b"x", CREATED + i).seq)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gateway.api import errors
+from gateway.api.configs import StreamConfig
 from gateway.engine.stream import Stream
 from gateway.engine.stream_index import COMPACT_MIN
 from storage_delta.format.nats import subject_matches
@@ -20,7 +21,7 @@ from storage_delta.read.reader import StoredIndex
 
 
 def make(**cfg: Any) -> Stream:
-    return Stream({"name": "S", "subjects": ["s.>"], **cfg}, 1, 1 << 20)
+    return Stream(StreamConfig("S", subjects=("s.>",), **cfg), 1, 1 << 20)
 
 
 class Model:

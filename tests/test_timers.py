@@ -19,6 +19,7 @@ from gateway.adapters.loader import MessageLoader
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
+from gateway.api.configs import StreamConfig
 from gateway.engine.stream import Stream
 from gateway.handlers.streams import StreamApi
 from gateway.runtime.seqwait import SeqWaiters
@@ -266,7 +267,7 @@ async def test_seq_waiters_resolve_by_sequence() -> None:
 
 
 def make(**cfg: Any) -> Stream:
-    return Stream({"name": "S", "subjects": ["s.>"], **cfg}, 1, 1 << 20)
+    return Stream(StreamConfig("S", subjects=("s.>",), **cfg), 1, 1 << 20)
 
 
 def test_next_expiry_is_the_earliest_of_max_age_and_ttls() -> None:

@@ -14,6 +14,7 @@ import asyncio
 import json
 from typing import Any
 
+from gateway.api.configs import to_json
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer, Delivered
 from storage_delta.tables import acklog as al
@@ -47,7 +48,7 @@ class AckRecorder:
             delivered_cseq=consumer.dseq,
             floor_seq=consumer.ack_floor_sseq,
             floor_cseq=consumer.ack_floor_cseq,
-            body=json.dumps(body, separators=(",", ":")) if body else None,
+            body=json.dumps(body, separators=(",", ":"), default=to_json) if body else None,
         )
 
     async def _durable(self, record: al.AckRecord) -> None:

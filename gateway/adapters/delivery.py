@@ -221,7 +221,7 @@ class Delivery:
             return
         if exc is not None:
             self._timers.earlier(consumer, now + RETRY_NS)
-        threshold = int(consumer.config.get("inactive_threshold") or 0)
+        threshold = consumer.config.inactive_threshold
         if threshold and not listening:
             self._timers.earlier(consumer, self._last_seen[key] + threshold + 1)
 
@@ -229,7 +229,7 @@ class Delivery:
         """Where the next message goes: the oldest waiting pull request that has time left, or a
         push consumer's deliver subject while it has interest."""
         if consumer.is_push:
-            subject = str(consumer.config["deliver_subject"])
+            subject = consumer.config.deliver_subject
             flow = self._flow.get(id(consumer))
             if flow is not None and flow.stalled():
                 return None  # until the subscriber answers the flow-control request
@@ -262,9 +262,7 @@ class Delivery:
                     if msg is None or (req is not None and self._request_over(consumer, req, msg)):
                         continue
                     cfg = consumer.config
-                    if consumer.is_push and (
-                        cfg.get("replay_policy") == "original" or cfg.get("rate_limit_bps")
-                    ):
+                    if consumer.is_push and (cfg.replay_policy == "original" or cfg.rate_limit_bps):
                         await self._pace(consumer, key, msg)
                     if not self.recorder.has_room():
                         await self.recorder.writer.flush()  # back-pressure from the ack log
@@ -310,8 +308,8 @@ class Delivery:
         if req is not None:
             return not req.max_bytes
         cfg = consumer.config
-        paced = cfg.get("rate_limit_bps") or cfg.get("replay_policy") == "original"
-        return not (paced or cfg.get("flow_control"))
+        paced = cfg.rate_limit_bps or cfg.replay_policy == "original"
+        return not (paced or cfg.flow_control)
 
     def _serve_run(self, consumer: Consumer, inbox: str, req: PullRequest | None, now: int) -> bool:
         """Deliver what the tail cache (or a cold read already done) holds of the next messages, up
@@ -343,12 +341,12 @@ class Delivery:
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
         """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
         holds the average rate down."""
-        if consumer.config.get("replay_policy") == "original":
+        if consumer.config.replay_policy == "original":
             prev = self._replay_ts.get(key)
             if prev is not None and msg.ts > prev:
                 await asyncio.sleep(min((msg.ts - prev) / NS, 3600))
             self._replay_ts[key] = msg.ts
-        bps = int(consumer.config.get("rate_limit_bps") or 0)
+        bps = consumer.config.rate_limit_bps
         if bps:
             bucket = self._buckets.setdefault(key, TokenBucket(bps / 8, max(RATE_BURST_BYTES, bps / 8)))
             await asyncio.sleep(bucket.take(len(msg.data), time.monotonic()))
@@ -357,8 +355,8 @@ class Delivery:
         """Deliveries as one write, each under its stored subject with the ack reply; the bytes a
         pull request's ``max_bytes`` counts for them."""
         stream, name = consumer.stream.name, consumer.name
-        headers_only = consumer.config.get("headers_only")
-        group = consumer.config.get("deliver_group") if consumer.is_push else None
+        headers_only = consumer.config.headers_only
+        group = consumer.config.deliver_group if consumer.is_push else None
         queues = (group,) if group else ()
         parts: list[bytes] = []
         add = parts.append
@@ -387,11 +385,11 @@ class Delivery:
     def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
         """One delivery (and the flow-control request it makes due, if any)."""
         size = self._send_run(consumer, inbox, [(msg, d)])
-        if consumer.is_push and consumer.config.get("flow_control"):
+        if consumer.is_push and consumer.config.flow_control:
             flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
             request = flow.sent(size)
             if request is not None:
-                group = consumer.config.get("deliver_group")
+                group = consumer.config.deliver_group
                 hdrs = status_block(*FLOW_CONTROL_REQUEST)
                 self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
         return size
@@ -471,10 +469,10 @@ class Delivery:
             times += (req.expires_at_ns, req.next_heartbeat_ns)
         listening = key in self._listening
         cfg = consumer.config
-        beat = int(cfg.get("idle_heartbeat") or 0) if consumer.is_push else 0
+        beat = cfg.idle_heartbeat if consumer.is_push else 0
         if beat and listening:
             times.append(self._last_sent.get(key, now) + beat)
-        threshold = int(cfg.get("inactive_threshold") or 0)
+        threshold = cfg.inactive_threshold
         if threshold and not listening:
             times.append(self._last_seen.get(key, now) + threshold + 1)
         if consumer.paused_until_ns > now:
@@ -485,7 +483,7 @@ class Delivery:
         """Whether the consumer listens (waiting requests; a push consumer's subscriber). While it
         does, and at the first look after it stopped, it counts as seen now."""
         if consumer.is_push:
-            listening = self.leaf.interest.has(str(consumer.config["deliver_subject"]))
+            listening = self.leaf.interest.has(consumer.config.deliver_subject)
         else:
             listening = len(consumer.waiting) > 0
         if listening or key in self._listening:
@@ -512,12 +510,12 @@ class Delivery:
             )
         listening = self._observe(consumer, key, now)
         if consumer.is_push:
-            subject = str(consumer.config["deliver_subject"])
-            beat = int(consumer.config.get("idle_heartbeat") or 0)
+            subject = consumer.config.deliver_subject
+            beat = consumer.config.idle_heartbeat
             if listening and beat and now - self._last_sent.setdefault(key, now) >= beat:
                 self._last_sent[key] = now
                 self._heartbeat(consumer, subject)
-        threshold = int(consumer.config.get("inactive_threshold") or 0)
+        threshold = consumer.config.inactive_threshold
         if threshold and now - self._last_seen.setdefault(key, now) > threshold:
             self._last_seen[key] = now + threshold  # one deletion at a time
             self.tasks.own(self.delete_consumer(consumer), f"inactive-{consumer.name}")
@@ -529,7 +527,7 @@ class Delivery:
         """``100 Idle Heartbeat`` with the last sequences; while a flow-control request is
         unanswered it also names that request's reply (``Nats-Consumer-Stalled``), as the server
         does, so a client that missed the request can answer it."""
-        group = consumer.config.get("deliver_group") if consumer.is_push else None
+        group = consumer.config.deliver_group if consumer.is_push else None
         headers = {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)}
         flow = self._flow.get(id(consumer))
         if flow is not None and flow.outstanding is not None:
@@ -573,7 +571,7 @@ class Delivery:
                 self._ack_run(consumer, list(run))
 
     def _ack_run(self, consumer: Consumer, run: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
-        if consumer.ack_all or consumer.config.get("sample_freq"):
+        if consumer.ack_all or consumer.config.sample_freq:
             # AckAll settles ranges and sampling answers per ack: one at a time, as ever
             for subject, *_ in run:
                 token = acks.parse_ack_subject(subject.decode(errors="replace"))
@@ -602,7 +600,7 @@ class Delivery:
         if k in ("ack", "next"):
             settled = consumer.ack(token.seq, token.cseq, now)
             changed = settled is not None
-            if settled is not None and consumer.config.get("sample_freq"):
+            if settled is not None and consumer.config.sample_freq:
                 self._sample(consumer, token, settled, now)
         elif k == "term":
             record, changed = al.TERM, self._term(consumer, token, kind, now)
@@ -626,7 +624,7 @@ class Delivery:
 
     def _sample(self, consumer: Consumer, token: acks.AckToken, settled: Pending, now: int) -> None:
         """``sample_freq``: an advisory for that share of the acks, with the delivery's round trip."""
-        rate = advisories.sample_rate(consumer.config["sample_freq"])
+        rate = advisories.sample_rate(consumer.config.sample_freq)
         if rate and _sampled(rate, token.cseq):
             self._publish_event(
                 advisories.ack_sample(
@@ -659,7 +657,7 @@ class Delivery:
         changed = consumer.nak(token.seq, kind.delay_ns, now)
         p = consumer.pending.get(token.seq)
         delay: dict[str, int] = {}
-        if p is not None and (kind.delay_ns > 0 or consumer.config.get("backoff")):
+        if p is not None and (kind.delay_ns > 0 or consumer.config.backoff):
             delay = {"delay": p.deadline_ns - now}
         if changed:
             self._publish_event(

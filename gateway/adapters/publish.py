@@ -135,7 +135,7 @@ class PublishPath:
             return
         stored = stream.accept_run(items, now)
         last = stored[-1]
-        stream.dedup.record("", last.seq, last.ts, now, stream.config["duplicate_window"])
+        stream.dedup.record("", last.seq, last.ts, now, stream.config.duplicate_window)
         run.msgs += stored
         name = stream.name_bytes
         run.acks += [
@@ -188,7 +188,7 @@ class PublishPath:
             self._reply_error(reply, stream, err)
             return
         seq = stored.seq
-        stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config["duplicate_window"])
+        stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config.duplicate_window)
         self._enqueue(run, stored, reply)
         if hdrs is None:
             return
@@ -219,7 +219,7 @@ class PublishPath:
         """Store the delete markers (ADR-43) for subjects whose last message MaxAge or a TTL removed:
         an empty message with ``Nats-Marker-Reason: MaxAge``, the marker TTL and ``Nats-Rollup: sub``,
         itself removed once that TTL runs out."""
-        marker_ns = int(stream.config.get("subject_delete_marker_ttl") or 0)
+        marker_ns = stream.config.subject_delete_marker_ttl
         hdrs = (
             b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\nNats-TTL: %s\r\nNats-Rollup: sub\r\n\r\n"
             % go_duration(marker_ns).encode()

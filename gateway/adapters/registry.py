@@ -7,11 +7,13 @@ survives a crash; the leaf is told of new stream subjects only after that.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.api import errors
+from gateway.api.configs import ConsumerConfig, StreamConfig, to_json
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
@@ -83,7 +85,7 @@ class Registry:
         self._route_cache[subject] = found
         return found
 
-    def _subjects_changed(self, old: list[str], new: list[str]) -> None:
+    def _subjects_changed(self, old: Sequence[str], new: Sequence[str]) -> None:
         """A stream was added, updated or deleted: route its subjects anew and tell the server which
         subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
         self._route_cache.clear()
@@ -98,17 +100,17 @@ class Registry:
         """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
         without the ``direct`` ones, which the server keeps out of sight."""
         by_name = self.consumers.get(stream, {})
-        return [by_name[n] for n in sorted(by_name) if not by_name[n].config.get("direct")]
+        return [by_name[n] for n in sorted(by_name) if not by_name[n].config.direct]
 
     async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
         loop = asyncio.get_running_loop()
         async with self._lock:
             await loop.run_in_executor(self._executor, self._catalog.put, kind, stream, name, body)
 
-    def install_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
+    def install_stream(self, config: StreamConfig, created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self._subjects_changed([], stream.subjects)
+        self._subjects_changed((), stream.subjects)
         consumers = self.consumers.setdefault(stream.name, {})
 
         def removed(seq: int, subject: str) -> None:
@@ -122,7 +124,7 @@ class Registry:
     def install_consumer(
         self,
         stream: Stream,
-        config: dict[str, Any],
+        config: ConsumerConfig,
         created_ns: int,
         name: str,
         start_after: int = 0,
@@ -132,30 +134,34 @@ class Registry:
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
-    async def add_stream(self, config: dict[str, Any], created_ns: int) -> Stream:
+    async def add_stream(self, config: StreamConfig, created_ns: int) -> Stream:
         await self._persist(
-            "stream", config["name"], config["name"], {"config": config, "created": created_ns}
+            "stream", config.name, config.name, {"config": to_json(config), "created": created_ns}
         )
         return self.install_stream(config, created_ns)
 
     async def add_consumer(
         self,
         stream: Stream,
-        config: dict[str, Any],
+        config: ConsumerConfig,
         created_ns: int,
         name: str,
         start_after: int,
         skip: list[int],
     ) -> Consumer:
-        body = {"config": config, "created": created_ns, "start_after": start_after}
+        body = {"config": to_json(config), "created": created_ns, "start_after": start_after}
         await self._persist("consumer", stream.name, name, body)
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
         await self.recorder.created(consumer, start_after, skip)
         self.consumer_changed.emit(consumer)
         return consumer
 
-    async def update_consumer(self, consumer: Consumer, config: dict[str, Any]) -> None:
-        body = {"config": config, "created": consumer.created_ns, "start_after": consumer.ack_floor_sseq}
+    async def update_consumer(self, consumer: Consumer, config: ConsumerConfig) -> None:
+        body = {
+            "config": to_json(config),
+            "created": consumer.created_ns,
+            "start_after": consumer.ack_floor_sseq,
+        }
         await self._persist("consumer", consumer.stream.name, consumer.name, body)
         consumer.reconfigure(config)
         await self.recorder.config_changed(consumer)
@@ -174,11 +180,10 @@ class Registry:
         await self.recorder.deleted(consumer)
         return True
 
-    async def update_stream(self, stream: Stream, config: dict[str, Any]) -> None:
+    async def update_stream(self, stream: Stream, config: StreamConfig) -> None:
         """Store a stream's new config, then make it the live one (subjects re-routed)."""
-        await self._persist(
-            "stream", stream.name, stream.name, {"config": config, "created": stream.created_ns}
-        )
+        body = {"config": to_json(config), "created": stream.created_ns}
+        await self._persist("stream", stream.name, stream.name, body)
         old = stream.subjects
         stream.config = config
         if old != stream.subjects:
@@ -196,7 +201,7 @@ class Registry:
         for gone in self.consumers.pop(stream.name, {}).values():
             self.consumer_removed.emit(gone)
             await self.recorder.deleted(gone)
-        self._subjects_changed(stream.subjects, [])
+        self._subjects_changed(stream.subjects, ())
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

@@ -8,10 +8,12 @@ Every check below was asked of ``nats-server -js`` 2.15.1; the error values live
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from gateway.api import errors
+from gateway.api.configs import ConsumerConfig, ConsumerLimits, StreamConfig, from_json, to_json
 from gateway.api.durations import go_duration
 from gateway.api.requests import (
     BOOL,
@@ -164,34 +166,31 @@ def _check_filters(raw: dict[str, Any]) -> list[str]:
     return filters
 
 
-def _req_level(cfg: dict[str, Any]) -> str:
+def _req_level(pause_until: str, ack_policy: str) -> str:
     """``_nats.req.level``: the API level the config needs (ADR-44)."""
-    if cfg.get("pause_until"):
+    if pause_until:
         return "1"
-    return "4" if cfg.get("ack_policy") == "flow_control" else "0"
+    return "4" if ack_policy == "flow_control" else "0"
 
 
-def with_pause(cfg: dict[str, Any], until: str) -> dict[str, Any]:
+def with_pause(cfg: ConsumerConfig, until: str) -> ConsumerConfig:
     """The config after ``CONSUMER.PAUSE``: ``pause_until`` set or cleared, the level to match."""
-    out = {k: v for k, v in cfg.items() if k != "pause_until"}
-    if until:
-        out["pause_until"] = until
-    out["metadata"] = {**cfg.get("metadata", {}), "_nats.req.level": _req_level(out)}
-    return out
+    level = _req_level(until, cfg.ack_policy)
+    return replace(cfg, pause_until=until, metadata={**cfg.metadata, "_nats.req.level": level})
 
 
-def listed(cfg: dict[str, Any]) -> dict[str, Any]:
+def listed(cfg: ConsumerConfig) -> dict[str, Any]:
     """The config as ``CONSUMER.LIST`` shows it: without the server's dynamic metadata."""
-    meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if k not in ("_nats.level", "_nats.ver")}
-    return {**cfg, "metadata": meta}
+    meta = {k: v for k, v in cfg.metadata.items() if k not in ("_nats.level", "_nats.ver")}
+    return to_json(replace(cfg, metadata=meta))
 
 
-def _check_limits(raw: dict[str, Any], limits: dict[str, Any]) -> None:
+def _check_limits(raw: dict[str, Any], limits: ConsumerLimits) -> None:
     """The stream's ``consumer_limits`` cap what a consumer may ask for (10121, 10153)."""
-    cap = int(limits.get("max_ack_pending") or 0)
+    cap = limits.max_ack_pending
     if cap > 0 and int(raw.get("max_ack_pending") or 0) > cap:
         raise errors.CONSUMER_MAX_ACK_PENDING_LIMIT.format(limit=cap)
-    cap = int(limits.get("inactive_threshold") or 0)
+    cap = limits.inactive_threshold
     if cap > 0 and int(raw.get("inactive_threshold") or 0) > cap:
         raise errors.CONSUMER_INACTIVE_THRESHOLD_LIMIT.format(limit=go_duration(cap))
 
@@ -210,7 +209,7 @@ _PEDANTIC_FLOORS = (
 )
 
 
-def _check_pedantic(raw: dict[str, Any], limits: dict[str, Any]) -> None:
+def _check_pedantic(raw: dict[str, Any], limits: ConsumerLimits) -> None:
     """A ``pedantic`` create: where the server would change a value to fit, it refuses instead,
     in the order it fills the defaults in."""
     for key, floor, words in _PEDANTIC_FLOORS:
@@ -223,7 +222,7 @@ def _check_pedantic(raw: dict[str, Any], limits: dict[str, Any]) -> None:
     if backoff and ack_wait != backoff[0]:
         raise errors.PEDANTIC.format(err="first backoff value has to equal batch AckWait")
     for key in ("max_ack_pending", "inactive_threshold"):
-        if not raw.get(key) and int(limits.get(key) or 0) > 0:
+        if not raw.get(key) and getattr(limits, key) > 0:
             raise errors.PEDANTIC.format(err=f"{key} must be set if it's configured in stream limits")
 
 
@@ -251,7 +250,7 @@ def _check_ack_flow_control(raw: dict[str, Any], push: bool) -> None:
         raise errors.ACK_FC_REQUIRES_NO_MAX_DELIVER
 
 
-def _check_deliver_subject(subject: str, stream_subjects: list[str]) -> None:
+def _check_deliver_subject(subject: str, stream_subjects: tuple[str, ...]) -> None:
     """A push consumer's deliver subject: a literal, valid subject outside the stream's own
     subjects (else every delivery would be stored again)."""
     if any(c in subject for c in "*>"):
@@ -283,10 +282,10 @@ def _check_not_negative(raw: dict[str, Any]) -> None:
         raise errors.CONSUMER_ACK_WAIT_NEGATIVE
 
 
-def _check_push(raw: dict[str, Any], ack_policy: str, heartbeat: int, stream: dict[str, Any]) -> None:
+def _check_push(raw: dict[str, Any], ack_policy: str, heartbeat: int, stream: StreamConfig | None) -> None:
     """A push consumer sends unasked to a subject: nothing waits on it, a pending limit needs acks
     to release it, and a heartbeat below 100 ms would flood the subscriber."""
-    _check_deliver_subject(raw["deliver_subject"], list(stream.get("subjects") or []))
+    _check_deliver_subject(raw["deliver_subject"], stream.subjects if stream else ())
     if int(raw.get("max_waiting") or 0) > 0:
         raise errors.CONSUMER_PUSH_MAX_WAITING
     if int(raw.get("max_ack_pending") or 0) > 0 and ack_policy == "none":
@@ -307,7 +306,7 @@ def _check_pull(raw: dict[str, Any], heartbeat: int) -> None:
         raise errors.CONSUMER_MAX_EXPIRES_TOO_SMALL
 
 
-def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) -> list[str]:
+def _check_config(raw: dict[str, Any], ack_policy: str, stream: StreamConfig | None) -> list[str]:
     """The server's checks of a consumer config (``checkConsumerCfg``), in its order, once the
     values it changes to fit are changed; the filters, checked."""
     _check_name(str(raw.get("name") or ""))
@@ -325,7 +324,7 @@ def _check_config(raw: dict[str, Any], ack_policy: str, stream: dict[str, Any]) 
         _check_push(raw, ack_policy, heartbeat, stream)
     else:
         _check_pull(raw, heartbeat)
-    _check_limits(raw, stream.get("consumer_limits") or {})
+    _check_limits(raw, stream.consumer_limits if stream else ConsumerLimits())
     if raw.get("direct") and not push:
         raise errors.CONSUMER_DIRECT_REQUIRES_PUSH
     filters = _check_filters(raw)
@@ -356,15 +355,14 @@ def _check_sample_freq(freq: str) -> None:
 
 
 def normalize(
-    raw: dict[str, Any], server_version: str, stream: dict[str, Any] | None = None, pedantic: bool = False
-) -> dict[str, Any]:
+    raw: dict[str, Any], server_version: str, stream: StreamConfig | None = None, pedantic: bool = False
+) -> ConsumerConfig:
     """The config a create request asks for, checked and with JetStream's defaults. A raw request
     without ``ack_policy`` gets ``none`` (the JSON zero value); a consumer without a durable name
     is ephemeral and goes away after 5 s without interest. The stream's ``consumer_limits`` set
     the defaults of ``max_ack_pending`` and ``inactive_threshold`` (durables included) and cap them.
     ``pedantic`` refuses a value the server would otherwise change to fit (10157)."""
-    stream = stream or {}
-    limits = stream.get("consumer_limits") or {}
+    limits = stream.consumer_limits if stream else ConsumerLimits()
     if pedantic:
         _check_pedantic(raw, limits)
     raw = _fit(raw)
@@ -374,7 +372,7 @@ def normalize(
     if ack_policy == "flow_control" and not pedantic:
         raw = {**raw, "flow_control": True, "idle_heartbeat": FLOW_CONTROL_HEARTBEAT_NS}
     filters = _check_config(raw, ack_policy, stream)
-    return {
+    fields = {
         **_identity_fields(raw),
         **_start_fields(raw),
         **_ack_fields(raw, ack_policy),
@@ -387,6 +385,7 @@ def normalize(
         "metadata": _metadata(raw, ack_policy, server_version),
         **({"pause_until": raw["pause_until"]} if raw.get("pause_until") else {}),
     }
+    return from_json(ConsumerConfig, fields)
 
 
 # The parts of a normalized config, each in the real server's field order: the API answers with
@@ -436,7 +435,7 @@ def _filter_fields(raw: dict[str, Any], filters: list[str]) -> dict[str, Any]:
     return {"filter_subjects": filters} if filters else {}
 
 
-def _limit_fields(raw: dict[str, Any], ack_policy: str, limits: dict[str, Any]) -> dict[str, Any]:
+def _limit_fields(raw: dict[str, Any], ack_policy: str, limits: ConsumerLimits) -> dict[str, Any]:
     """The stream's ``consumer_limits`` are the defaults of ``max_ack_pending`` and
     ``inactive_threshold``; a push consumer has no waiting requests to limit."""
     out: dict[str, Any] = {}
@@ -444,7 +443,7 @@ def _limit_fields(raw: dict[str, Any], ack_policy: str, limits: dict[str, Any]) 
         waiting = int(raw.get("max_waiting") or 0)
         out["max_waiting"] = waiting if waiting > 0 else DEFAULT_MAX_WAITING
     pending = int(raw.get("max_ack_pending") or 0)
-    pending_cap = int(limits.get("max_ack_pending") or 0)
+    pending_cap = limits.max_ack_pending
     if ack_policy != "none" or pending or pending_cap > 0:
         out["max_ack_pending"] = pending or (pending_cap if pending_cap > 0 else DEFAULT_MAX_ACK_PENDING)
     if raw.get("headers_only"):
@@ -456,7 +455,7 @@ def _limit_fields(raw: dict[str, Any], ack_policy: str, limits: dict[str, Any]) 
         if raw.get(key):
             out[key] = raw[key]
     inactive = int(raw.get("inactive_threshold") or 0)
-    inactive_cap = int(limits.get("inactive_threshold") or 0)
+    inactive_cap = limits.inactive_threshold
     if inactive > 0:
         out["inactive_threshold"] = inactive
     elif inactive_cap > 0:
@@ -477,41 +476,32 @@ def _storage_fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _metadata(raw: dict[str, Any], ack_policy: str, server_version: str) -> dict[str, str]:
     """The user's metadata; the ``_nats.`` keys are the server's to set."""
-    req_level = _req_level({"pause_until": raw.get("pause_until"), "ack_policy": ack_policy})
+    req_level = _req_level(str(raw.get("pause_until") or ""), ack_policy)
     metadata = {k: v or "" for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
     metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
     return metadata
 
 
-def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+def check_update(old: ConsumerConfig, new: ConsumerConfig) -> None:
     """Refuse an update that changes what JetStream keeps fixed for a consumer's life."""
-    if bool(old.get("deliver_subject")) != bool(new.get("deliver_subject")):
+    if old.is_push != new.is_push:
         raise errors.CONSUMER_CREATE.format(
             err="can not update pull consumer to push based"
-            if new.get("deliver_subject")
+            if new.is_push
             else "can not update push consumer to pull based"
         )
     for key, words in _FROZEN:
-        if old.get(key) != new.get(key):
+        if getattr(old, key) != getattr(new, key):
             raise errors.CONSUMER_CREATE.format(err=words)
 
 
-def same_config(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def same_config(old: ConsumerConfig, new: ConsumerConfig) -> bool:
     """Whether a create repeats the existing config (the server-set metadata aside)."""
-    strip = ("metadata",)
-    return {k: v for k, v in old.items() if k not in strip} == {
-        k: v for k, v in new.items() if k not in strip
-    } and _user_metadata(old) == _user_metadata(new)
+    return replace(old, metadata=_user_metadata(old)) == replace(new, metadata=_user_metadata(new))
 
 
-def _user_metadata(cfg: dict[str, Any]) -> dict[str, str]:
-    return {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("_nats.")}
-
-
-def filters_of(cfg: dict[str, Any]) -> list[str]:
-    if cfg.get("filter_subject"):
-        return [cfg["filter_subject"]]
-    return list(cfg.get("filter_subjects") or [])
+def _user_metadata(cfg: ConsumerConfig) -> dict[str, str]:
+    return {k: v for k, v in cfg.metadata.items() if not k.startswith("_nats.")}
 
 
 def parse_time_ns(text: str) -> int:

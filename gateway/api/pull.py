@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api.configs import ConsumerConfig
 from gateway.api.durations import go_duration
 from gateway.api.gojson import BOOL, DURATION, INT, INT64, STRING, GoJsonError, decode_struct
 from storage_delta.format.nats import no_responders
@@ -100,15 +101,15 @@ def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | St
     )
 
 
-def limit_status(req: PullRequest, cfg: dict[str, Any], now_ns: int) -> Status | None:
+def limit_status(req: PullRequest, cfg: ConsumerConfig, now_ns: int) -> Status | None:
     """The 409 for a request beyond the consumer's per-request limits, if it is."""
-    max_batch = int(cfg.get("max_batch") or 0)
+    max_batch = cfg.max_batch
     if max_batch and req.batch > max_batch:
         return Status(req.reply, 409, f"Exceeded MaxRequestBatch of {max_batch}")
-    max_expires = int(cfg.get("max_expires") or 0)
+    max_expires = cfg.max_expires
     if max_expires and req.expires_at_ns and req.expires_at_ns - now_ns > max_expires:
         return Status(req.reply, 409, f"Exceeded MaxRequestExpires of {go_duration(max_expires)}")
-    max_bytes = int(cfg.get("max_bytes") or 0)
+    max_bytes = cfg.max_bytes
     if max_bytes and req.max_bytes > max_bytes:
         return Status(req.reply, 409, f"Exceeded MaxRequestMaxBytes of {max_bytes}")
     return None

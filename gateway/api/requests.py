@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api import errors
@@ -18,26 +18,54 @@ Publish = Callable[[tuple[str, bytes]], None]
 
 
 # Go types of request fields, as a Struct maps them (the names appear in the server's errors).
-INT, UINT, STRING, BOOL, TIME, STRINGS = "int", "uint64", "string", "bool", "time.Time", "[]string"
+INT, INT32, INT64, UINT = "int", "int32", "int64", "uint64"
+STRING, BOOL, TIME, STRINGS = "string", "bool", "time.Time", "[]string"
 DURATION, DURATIONS, STRING_MAP = "time.Duration", "[]time.Duration", "map[string]string"
-_INTS = {INT: (-(2**63), 2**63), DURATION: (-(2**63), 2**63), UINT: (0, 2**64)}
-_ELEMENTS = {STRINGS: STRING, DURATIONS: DURATION}
+#: A list of structs the server keeps as they are (stream sources): only its JSON type is checked.
+SOURCES = "[]*server.StreamSource"
+_INTS = {
+    INT: (-(2**63), 2**63),
+    INT64: (-(2**63), 2**63),
+    DURATION: (-(2**63), 2**63),
+    INT32: (-(2**31), 2**31),
+    UINT: (0, 2**64),
+}
+#: The member type of each list type, and the value Go leaves in a member sent as ``null``.
+_ELEMENTS = {STRINGS: (STRING, ""), DURATIONS: (DURATION, 0)}
 
 
 @dataclass(frozen=True, slots=True)
 class Enum:
     """A field the server reads with its own ``UnmarshalJSON``: any other value, ``null`` included,
-    is refused with ``wording`` ({text}: the JSON as sent, {quoted}: that text quoted)."""
+    is refused with ``wording`` ({text}: the JSON as sent, {quoted}: that text quoted).
+    ``aliases`` maps other accepted spellings to the value they stand for; ``fold_case`` accepts
+    any case (DiscardPolicy); ``type_wording`` is the refusal of a value that is not a string
+    ({kind}: its JSON type) where the server has other words for it (StoreCompression)."""
 
     values: tuple[str, ...]
     wording: str = "can not unmarshal {quoted}"
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    fold_case: bool = False
+    type_wording: str | None = None
+
+    def parse(self, value: Any) -> str:
+        if self.type_wording is not None and value is not None and not isinstance(value, str):
+            raise _invalid(self.type_wording.format(kind=_json_type(value)))
+        text = value.lower() if self.fold_case and isinstance(value, str) else value
+        if isinstance(text, str) and text in self.aliases:
+            return self.aliases[text]
+        if text not in self.values:
+            sent = json.dumps(value, separators=(",", ":"))
+            raise _invalid(self.wording.format(text=sent, quoted=json.dumps(sent)))
+        return str(text)
 
 
 @dataclass(frozen=True, slots=True)
 class Struct:
     """A request struct as the server's strict decoder reads it: its Go type and its fields (JSON
-    name: Go type, Enum or nested Struct); ``fields`` None leaves the members to another module.
-    Not ``strict``: unknown fields are ignored, as where the server uses plain ``json.Unmarshal``."""
+    name: Go type, Enum or nested Struct); ``fields`` None leaves the members unread (a struct the
+    server keeps as it is). Not ``strict``: unknown fields are ignored, as where the server uses
+    plain ``json.Unmarshal``."""
 
     gotype: str
     fields: Mapping[str, str | Enum | Struct] | None = None
@@ -49,7 +77,9 @@ def load_request(body: bytes, struct: Struct | None = None) -> dict[str, Any]:
     empty and ``null`` leave it at its zero value (``{}``); anything else but an object is invalid
     JSON (10025). The fields are checked as Go's strict decoding checks them: the first unknown key
     (names match without regard to case, as in Go) or value of the wrong type, in the order sent,
-    is invalid JSON too, worded as the server words it."""
+    is invalid JSON too, worded as the server words it. What it returns is what Go would hold: a
+    field sent as ``null`` is left out (at its zero value), a ``null`` member of a list or map is
+    that member type's zero value, an enum is the value it stands for."""
     if not body.strip():
         return {}
     try:
@@ -91,30 +121,28 @@ def _check_struct(req: dict[str, Any], struct: Struct, path: str) -> dict[str, A
             if struct.strict:
                 raise _invalid(f'json: unknown field "{key}"')
             continue
-        kind = fields[name]
-        _check_value(value, kind, f"{path}.{key}", "Go struct field ")
-        if isinstance(kind, Struct) and kind.fields is not None and value is not None:
-            value = _check_struct(value, kind, f"{path}.{key}")
-        out[name] = value
+        decoded = _decode_value(value, fields[name], f"{path}.{key}", "Go struct field ")
+        if decoded is not None:
+            out[name] = decoded
     return out
 
 
-def _check_value(value: Any, kind: str | Enum | Struct, path: str, field: str) -> None:
-    """``field`` is how Go names the place in a type error: a struct field or a slice element (a
-    nested struct's own fields are checked by the caller)."""
+def _decode_value(value: Any, kind: str | Enum | Struct, path: str, field: str) -> Any:
+    """The value as Go holds it once decoded, or the server's refusal. ``field`` is how Go names
+    the place in a type error: a struct field or a slice element."""
     if isinstance(kind, Enum):
-        _check_enum(value, kind)
-        return
+        return kind.parse(value)
     if value is None:
-        return
+        return None
     where = f"{field}{path} of type {_name(kind)}"
     if not _json_type_fits(value, kind):
         raise _invalid(f"json: cannot unmarshal {_json_type(value)} into {where}")
-    if not isinstance(kind, Struct):
-        _check_contents(value, kind, path, where)
+    if isinstance(kind, Struct):
+        return value if kind.fields is None else _check_struct(value, kind, path)
+    return _check_contents(value, kind, path, where)
 
 
-def _check_contents(value: Any, kind: str, path: str, where: str) -> None:
+def _check_contents(value: Any, kind: str, path: str, where: str) -> Any:
     """A value of the JSON type its Go type reads: what Go still refuses in it (a number out of
     range, a member of the wrong type, a time that is not RFC 3339)."""
     if kind in _INTS:
@@ -122,21 +150,25 @@ def _check_contents(value: Any, kind: str, path: str, where: str) -> None:
         if isinstance(value, float) or not lo <= value < hi:
             raise _invalid(f"json: cannot unmarshal number {value} into {where}")
     elif kind == STRING_MAP:
-        for k, v in value.items():
-            _check_value(v, STRING, f"{path}.{k}", "Go struct field ")
+        return {
+            k: _zero_if_null(_decode_value(v, STRING, f"{path}.{k}", "Go struct field "), "")
+            for k, v in value.items()
+        }
     elif kind in _ELEMENTS:
-        for i, item in enumerate(value):
-            _check_value(item, _ELEMENTS[kind], f"{path}.{i}", "")
+        member, zero = _ELEMENTS[kind]
+        return [
+            _zero_if_null(_decode_value(item, member, f"{path}.{i}", ""), zero)
+            for i, item in enumerate(value)
+        ]
     elif kind == TIME:
         trouble = _time_error(value)
         if trouble:
             raise _invalid(trouble)
+    return value
 
 
-def _check_enum(value: Any, kind: Enum) -> None:
-    if value not in kind.values:
-        text = json.dumps(value, separators=(",", ":"))
-        raise _invalid(kind.wording.format(text=text, quoted=json.dumps(text)))
+def _zero_if_null(value: Any, zero: Any) -> Any:
+    return zero if value is None else value
 
 
 #: The JSON value each Go type reads (the numbers are checked apart: a JSON bool is no number).
@@ -147,6 +179,7 @@ _JSON_TYPES: dict[str, type] = {
     STRING_MAP: dict,
     STRINGS: list,
     DURATIONS: list,
+    SOURCES: list,
 }
 
 

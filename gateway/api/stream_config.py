@@ -1,8 +1,8 @@
-"""StreamConfig as JetStream has it: decoded, defaulted and validated as nats-server does, rendered
-back in its field order. Pure: a request dict in, a config dict (or an ApiError) out.
+"""StreamConfig as JetStream has it: decoded, defaulted and validated as nats-server does. Pure: a
+decoded request in (``REQUEST``, read by :func:`gateway.api.requests.load_request`), a
+:class:`~gateway.api.configs.StreamConfig` (or an ApiError) out; the model renders itself back as
+the real server would, since clients read it and send it back on update.
 
-A config is kept as the dict the API returns (JetStream's field names and defaults), because the
-API must hand back exactly what the real server would: clients read it and send it back on update.
 The checks follow nats-server's ``jsStreamCreateRequest`` and ``checkStreamCfg`` in their order, so
 a request with several faults gets the same (first) error. Fields jetlake cannot honour are refused
 last, once the request is otherwise valid (see docs/compatibility.md).
@@ -10,10 +10,25 @@ last, once the request is otherwise valid (see docs/compatibility.md).
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from typing import Any
 
 from gateway.api import errors
+from gateway.api.configs import ConsumerLimits, StreamConfig
+from gateway.api.requests import (
+    BOOL,
+    DURATION,
+    INT,
+    INT32,
+    INT64,
+    SOURCES,
+    STRING,
+    STRING_MAP,
+    STRINGS,
+    UINT,
+    Enum,
+    Struct,
+)
 from storage_delta.format.nats import is_valid_subject, subject_matches, subjects_overlap
 
 DEFAULT_DUPLICATE_WINDOW_NS = 120_000_000_000
@@ -21,66 +36,59 @@ MIN_WINDOW_NS = 100_000_000
 MAX_NAME_LEN = 255
 MAX_DESCRIPTION_LEN = 4096
 MAX_METADATA_LEN = 128 * 1024
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
 
-#: Request fields and their Go types: the type names appear in nats-server's JSON errors.
-FIELD_TYPES: dict[str, str] = {
-    "name": "string",
-    "description": "string",
-    "subjects": "[]string",
-    "retention": "RetentionPolicy",
-    "max_consumers": "int",
-    "max_msgs": "int64",
-    "max_bytes": "int64",
-    "max_age": "time.Duration",
-    "max_msgs_per_subject": "int64",
-    "max_msg_size": "int32",
-    "discard": "DiscardPolicy",
-    "storage": "StorageType",
-    "num_replicas": "int",
-    "no_ack": "bool",
-    "duplicate_window": "time.Duration",
-    "placement": "server.Placement",
-    "mirror": "server.StreamSource",
-    "sources": "[]*server.StreamSource",
-    "compression": "StoreCompression",
-    "first_seq": "uint64",
-    "subject_transform": "server.SubjectTransformConfig",
-    "republish": "server.RePublish",
-    "allow_direct": "bool",
-    "mirror_direct": "bool",
-    "discard_new_per_subject": "bool",
-    "sealed": "bool",
-    "deny_delete": "bool",
-    "deny_purge": "bool",
-    "allow_rollup_hdrs": "bool",
-    "consumer_limits": "server.StreamConsumerLimits",
-    "allow_msg_ttl": "bool",
-    "subject_delete_marker_ttl": "time.Duration",
-    "allow_msg_counter": "bool",
-    "allow_atomic": "bool",
-    "allow_msg_schedules": "bool",
-    "persist_mode": "PersistModeType",
-    "allow_batched": "bool",
-    "metadata": "map[string]string",
-    "pedantic": "bool",
-}
-CONSUMER_LIMIT_FIELDS = {"inactive_threshold": "time.Duration", "max_ack_pending": "int"}
-_INT_RANGE = {
-    "int": (-(2**63), INT64_MAX),
-    "int64": (-(2**63), INT64_MAX),
-    "time.Duration": (-(2**63), INT64_MAX),
-    "int32": (-(2**31), INT32_MAX),
-    "uint64": (0, 2**64 - 1),
-}
-#: Accepted JSON spellings of the enum fields (DiscardPolicy compares in lower case).
-_ENUMS = {
-    "RetentionPolicy": {'"limits"': "limits", '"interest"': "interest", '"workqueue"': "workqueue"},
-    "DiscardPolicy": {'"old"': "old", '"new"': "new"},
-    "StorageType": {'"file"': "file", '"memory"': "memory"},
-    "PersistModeType": {'"default"': "", '""': "", '"async"': "async"},
-}
+#: ``StreamConfigRequest`` as the server decodes it, strictly: these fields with these Go types.
+CONSUMER_LIMITS = Struct(
+    "server.StreamConsumerLimits", {"inactive_threshold": DURATION, "max_ack_pending": INT}
+)
+REQUEST = Struct(
+    "server.StreamConfigRequest",
+    {
+        "name": STRING,
+        "description": STRING,
+        "subjects": STRINGS,
+        "retention": Enum(("limits", "interest", "workqueue")),
+        "max_consumers": INT,
+        "max_msgs": INT64,
+        "max_bytes": INT64,
+        "max_age": DURATION,
+        "max_msgs_per_subject": INT64,
+        "max_msg_size": INT32,
+        "discard": Enum(("old", "new"), fold_case=True),
+        "storage": Enum(("file", "memory")),
+        "num_replicas": INT,
+        "no_ack": BOOL,
+        "duplicate_window": DURATION,
+        "placement": Struct("server.Placement"),
+        "mirror": Struct("server.StreamSource"),
+        "sources": SOURCES,
+        "compression": Enum(
+            ("none", "s2"),
+            "unknown compression algorithm",
+            type_wording="json: cannot unmarshal {kind} into Go value of type string",
+        ),
+        "first_seq": UINT,
+        "subject_transform": Struct("server.SubjectTransformConfig"),
+        "republish": Struct("server.RePublish"),
+        "allow_direct": BOOL,
+        "mirror_direct": BOOL,
+        "discard_new_per_subject": BOOL,
+        "sealed": BOOL,
+        "deny_delete": BOOL,
+        "deny_purge": BOOL,
+        "allow_rollup_hdrs": BOOL,
+        "consumer_limits": CONSUMER_LIMITS,
+        "allow_msg_ttl": BOOL,
+        "subject_delete_marker_ttl": DURATION,
+        "allow_msg_counter": BOOL,
+        "allow_atomic": BOOL,
+        "allow_msg_schedules": BOOL,
+        "persist_mode": Enum(("async",), aliases={"default": "", "": ""}),
+        "allow_batched": BOOL,
+        "metadata": STRING_MAP,
+        "pedantic": BOOL,
+    },
+)
 
 #: Fields jetlake refuses although nats-server accepts them: it cannot do what they ask.
 UNSUPPORTED = (
@@ -93,122 +101,6 @@ UNSUPPORTED = (
     ("allow_msg_schedules", "message schedules"),
     ("allow_batched", "batch publish"),
 )
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
-def _type_error(what: str, path: str, gotype: str, struct_field: bool = True) -> errors.ApiError:
-    where = f"Go struct field StreamConfigRequest.{path}" if struct_field else f"StreamConfigRequest.{path}"
-    return errors.INVALID_JSON.format(err=f"json: cannot unmarshal {what} into {where} of type {gotype}")
-
-
-def _check_scalar(path: str, gotype: str, value: Any, struct_field: bool = True) -> None:
-    kind = _json_kind(value)
-    if gotype in _INT_RANGE:
-        if kind != "number":
-            raise _type_error(kind, path, gotype, struct_field)
-        lo, hi = _INT_RANGE[gotype]
-        if isinstance(value, float) or not lo <= value <= hi:
-            raise _type_error(f"number {value!r}", path, gotype, struct_field)
-    elif gotype in ("string", "bool") and kind != gotype:
-        raise _type_error(kind, path, gotype, struct_field)
-
-
-def decode(raw: dict[str, Any]) -> dict[str, Any]:
-    """The request as nats-server's JSON decoder reads it into a StreamConfigRequest: unknown
-    fields and wrong types are 10025 with Go's wording; nulls read as absent; enums are parsed."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        gotype = FIELD_TYPES.get(key)
-        if gotype is None:
-            raise errors.INVALID_JSON.format(err=f'json: unknown field "{key}"')
-        if gotype in _ENUMS:
-            out[key] = _decode_enum(gotype, value)
-        elif value is not None:
-            out[key] = _decode_value(key, gotype, value)
-        elif gotype == "StoreCompression":
-            raise errors.INVALID_JSON.format(err="unknown compression algorithm")
-    return out
-
-
-def _decode_enum(gotype: str, value: Any) -> str:
-    """An enum's own ``UnmarshalJSON`` refuses any other value, ``null`` included."""
-    text = json.dumps(value, separators=(",", ":"))
-    parsed = _ENUMS[gotype].get(text.lower() if gotype == "DiscardPolicy" else text)
-    if parsed is None:
-        raise errors.INVALID_JSON.format(err=f"can not unmarshal {json.dumps(text)}")
-    return parsed
-
-
-def _decode_value(key: str, gotype: str, value: Any) -> Any:
-    """A field that is not null, checked against its Go type (Go reads a null member of a list
-    or map of strings as the empty string)."""
-    if gotype == "StoreCompression":
-        _check_compression(value)
-    elif gotype == "[]string":
-        return _decode_strings(key, value)
-    elif gotype == "map[string]string":
-        return _decode_string_map(key, value)
-    elif gotype.startswith(("server.", "[]*server.")):
-        want = list if gotype.startswith("[]") else dict
-        if not isinstance(value, want):
-            raise _type_error(_json_kind(value), key, gotype)
-        if key == "consumer_limits" and isinstance(value, dict):
-            return _decode_consumer_limits(value)
-    else:
-        _check_scalar(key, gotype, value)
-    return value
-
-
-def _decode_strings(key: str, value: Any) -> list[str]:
-    if not isinstance(value, list):
-        raise _type_error(_json_kind(value), key, "[]string")
-    for i, item in enumerate(value):
-        if item is not None:
-            _check_scalar(f"{key}.{i}", "string", item, struct_field=False)
-    return [item or "" for item in value]
-
-
-def _decode_string_map(key: str, value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise _type_error(_json_kind(value), key, "map[string]string")
-    for k, v in value.items():
-        if v is not None:
-            _check_scalar(f"{key}.{k}", "string", v)
-    return {k: v or "" for k, v in value.items()}
-
-
-def _check_compression(value: Any) -> None:
-    """``StoreCompression`` reads a string of its own and has its own words for the rest."""
-    if not isinstance(value, str):
-        raise errors.INVALID_JSON.format(
-            err=f"json: cannot unmarshal {_json_kind(value)} into Go value of type string"
-        )
-    if value not in ("none", "s2"):
-        raise errors.INVALID_JSON.format(err="unknown compression algorithm")
-
-
-def _decode_consumer_limits(value: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        gotype = CONSUMER_LIMIT_FIELDS.get(key)
-        if gotype is None:
-            raise errors.INVALID_JSON.format(err=f'json: unknown field "{key}"')
-        if item is not None:
-            _check_scalar(f"consumer_limits.{key}", gotype, item)
-            if item:
-                out[key] = item
-    return out
 
 
 def valid_stream_name(name: str) -> bool:
@@ -251,7 +143,7 @@ def _limit(cfg: dict[str, Any], key: str, pedantic: bool) -> None:
         cfg[key] = -1
 
 
-def normalize(req: dict[str, Any], server_version: str) -> dict[str, Any]:
+def normalize(req: dict[str, Any], server_version: str) -> StreamConfig:
     """The config a decoded create request asks for, with JetStream's defaults, validated as
     ``checkStreamCfg`` validates it; raises the ApiError the real server answers with."""
     pedantic = bool(req.get("pedantic"))
@@ -444,47 +336,35 @@ def _render(
     marker_ttl: int,
     metadata: dict[str, str],
     server_version: str,
-) -> dict[str, Any]:
-    """The config in nats-server's field order, with its ``omitempty`` fields left out when zero."""
-    out: dict[str, Any] = {"name": cfg["name"]}
-    if cfg["description"]:
-        out["description"] = cfg["description"]
-    if cfg["subjects"]:
-        out["subjects"] = cfg["subjects"]
-    for key in ("retention", "max_consumers", "max_msgs", "max_bytes", "max_age", "max_msgs_per_subject"):
-        out[key] = cfg[key]
-    out["max_msg_size"] = cfg["max_msg_size"]
-    out["discard"], out["storage"], out["num_replicas"] = cfg["discard"], cfg["storage"], cfg["num_replicas"]
-    optional = {
-        "no_ack": req.get("no_ack"),
-        "duplicate_window": window,
-        "placement": req.get("placement"),
-        "mirror": req.get("mirror"),
-        "sources": req.get("sources"),
-    }
-    out.update({k: v for k, v in optional.items() if v})
-    out["compression"] = req.get("compression", "none")
-    if req.get("first_seq"):
-        out["first_seq"] = req["first_seq"]
-    for key in ("subject_transform", "republish"):
-        if req.get(key):
-            out[key] = req[key]
-    out["allow_direct"], out["mirror_direct"] = flags["allow_direct"], flags["mirror_direct"]
-    if req.get("discard_new_per_subject"):
-        out["discard_new_per_subject"] = True
-    for key in ("sealed", "deny_delete", "deny_purge", "allow_rollup_hdrs"):
-        out[key] = flags[key]
-    out["consumer_limits"] = req.get("consumer_limits") or {}
-    out["allow_msg_ttl"] = flags["allow_msg_ttl"]
-    if marker_ttl:
-        out["subject_delete_marker_ttl"] = marker_ttl
-    if req.get("persist_mode"):
-        out["persist_mode"] = req["persist_mode"]
-    out["metadata"] = {**metadata, "_nats.level": "5", "_nats.ver": server_version}
-    return out
+) -> StreamConfig:
+    """The config, with the server's own metadata keys."""
+    limits = req.get("consumer_limits") or {}
+    return StreamConfig(
+        **{**cfg, "subjects": tuple(cfg["subjects"])},
+        no_ack=bool(req.get("no_ack")),
+        duplicate_window=window,
+        placement=req.get("placement") or None,
+        mirror=req.get("mirror") or None,
+        sources=tuple(req.get("sources") or ()),
+        compression=req.get("compression", "none"),
+        first_seq=req.get("first_seq", 0),
+        subject_transform=req.get("subject_transform") or None,
+        republish=req.get("republish") or None,
+        discard_new_per_subject=bool(req.get("discard_new_per_subject")),
+        consumer_limits=ConsumerLimits(limits.get("inactive_threshold", 0), limits.get("max_ack_pending", 0)),
+        subject_delete_marker_ttl=marker_ttl,
+        persist_mode=req.get("persist_mode", ""),
+        metadata={**metadata, "_nats.level": "5", "_nats.ver": server_version},
+        allow_direct=flags["allow_direct"],
+        mirror_direct=flags["mirror_direct"],
+        sealed=flags["sealed"],
+        deny_delete=flags["deny_delete"],
+        deny_purge=flags["deny_purge"],
+        allow_rollup_hdrs=flags["allow_rollup_hdrs"],
+        allow_msg_ttl=flags["allow_msg_ttl"],
+    )
 
 
-def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two normalized configs are equal, ignoring the server-owned metadata."""
-    strip = {"metadata"}
-    return {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+def same_config(a: StreamConfig, b: StreamConfig) -> bool:
+    """Whether two configs are equal, ignoring the server-owned metadata."""
+    return replace(a, metadata={}) == replace(b, metadata={})

@@ -7,9 +7,10 @@ and pinned by differential tests).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 from gateway.api import errors
+from gateway.api.configs import StreamConfig
 
 
 def _invalid(text: str) -> errors.ApiError:
@@ -25,26 +26,23 @@ _ONE_WAY = (
 )
 
 
-def apply_update(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def apply_update(old: StreamConfig, new: StreamConfig) -> StreamConfig:
     """The config an update leaves the stream with, or the error JetStream answers (the checks in
     the server's order)."""
-    if int(new.get("num_replicas") or 1) > 1:
+    if new.num_replicas > 1:
         raise errors.STREAM_REPLICAS_NOT_SUPPORTED
-    if new.get("storage") != old.get("storage"):
+    if new.storage != old.storage:
         raise _invalid("change storage type")
-    if new.get("retention") != old.get("retention") and "workqueue" in (
-        new.get("retention"),
-        old.get("retention"),
-    ):
+    if new.retention != old.retention and "workqueue" in (new.retention, old.retention):
         raise _invalid("change retention policy to/from workqueue")
     for flag, words in _ONE_WAY:
-        if old.get(flag) and not new.get(flag):
+        if getattr(old, flag) and not getattr(new, flag):
             raise errors.STREAM_INVALID_CONFIG.format(err=words)
-    if old.get("persist_mode") != new.get("persist_mode"):
+    if old.persist_mode != new.persist_mode:
         raise _invalid("change persist mode")
-    out = dict(new)
-    if out.get("sealed"):
+    if new.sealed:
         # A sealed stream takes no more messages and loses none.
-        out.update({"max_age": 0, "discard": "new", "deny_delete": True, "deny_purge": True})
-        out["allow_rollup_hdrs"] = False
-    return out
+        return replace(
+            new, max_age=0, discard="new", deny_delete=True, deny_purge=True, allow_rollup_hdrs=False
+        )
+    return new

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.api.consumer_config import filters_of, parse_time_ns
+from gateway.api.configs import ConsumerConfig, to_json
+from gateway.api.consumer_config import parse_time_ns
 from gateway.api.pull import PullRequest
 from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
@@ -110,12 +111,12 @@ class PullRequestQueue:
         return iter(self._q)
 
 
-def start_position(stream: Stream, cfg: dict[str, Any], time_seq: int | None) -> tuple[int, list[int]]:
+def start_position(stream: Stream, cfg: ConsumerConfig, time_seq: int | None) -> tuple[int, list[int]]:
     """Where a new consumer starts: the stream sequence it counts as already passed, and (for
     ``last_per_subject``) the sequences to deliver before resuming after that point.
     ``time_seq`` is the first sequence at or after ``opt_start_time`` (found by the caller)."""
-    policy = cfg["deliver_policy"]
-    filters = filters_of(cfg)
+    policy = cfg.deliver_policy
+    filters = cfg.filters
     last = stream.state.last_seq
     if policy == "new":
         return last, []
@@ -123,7 +124,7 @@ def start_position(stream: Stream, cfg: dict[str, Any], time_seq: int | None) ->
         found = stream.last_matching(filters)
         return (found - 1 if found else last), []
     if policy == "by_start_sequence":
-        return max(int(cfg["opt_start_seq"]) - 1, 0), []
+        return max(cfg.opt_start_seq - 1, 0), []
     if policy == "by_start_time":
         return ((time_seq or last + 1) - 1), []
     if policy == "last_per_subject":
@@ -135,17 +136,17 @@ class Consumer:
     def __init__(
         self,
         stream: Stream,
-        config: dict[str, Any],
+        config: ConsumerConfig,
         created_ns: int,
         start_after: int = 0,
         skip: list[int] | None = None,
         name: str | None = None,
     ) -> None:
         self.stream = stream
-        self.name = str(name or config.get("name") or config.get("durable_name"))
+        self.name = name or config.name or config.durable_name
         self._configure(config)
         self.created_ns = created_ns
-        self.filters = filters_of(config)
+        self.filters = config.filters
         # The cursor: the next matching live sequence above ``sseq`` the last search found (0:
         # none), and how far that search looked. Deliveries move past it, deletes make it dead,
         # new messages extend the search from ``_scanned``; a filter change or reset clears it.
@@ -171,23 +172,23 @@ class Consumer:
         self._npc = 0  # matching messages in (sseq, _counted]
         self._counted = start_after
         self._match_cache: dict[str, bool] = {}
-        self.waiting = PullRequestQueue(int(config.get("max_waiting") or 0))
+        self.waiting = PullRequestQueue(config.max_waiting)
         self.paused_until_ns = _pause_ns(config)
 
     # ---- properties ---------------------------------------------------------------------------
 
-    def _configure(self, config: dict[str, Any]) -> None:
+    def _configure(self, config: ConsumerConfig) -> None:
         """The settings every delivery and ack consults, read once per config rather than per
         message."""
         self.config = config
-        self.ack_policy = str(config["ack_policy"])
+        self.ack_policy = config.ack_policy
         self.ack_none = self.ack_policy in ("none", "flow_control")
         self.ack_all = self.ack_policy == "all"
-        self.is_push = bool(config.get("deliver_subject"))
-        self.max_deliver = int(config.get("max_deliver") or -1)
-        self._backoff: list[int] = list(config.get("backoff") or [])
-        self._ack_wait_ns = int(config.get("ack_wait") or 0)
-        limit = int(config.get("max_ack_pending") or 0)
+        self.is_push = config.is_push
+        self.max_deliver = config.max_deliver or -1
+        self._backoff = config.backoff
+        self._ack_wait_ns = config.ack_wait
+        limit = config.max_ack_pending
         self._ack_limit = limit if limit > 0 and not self.ack_none else 0
 
     def matches(self, subject: str) -> bool:
@@ -200,15 +201,15 @@ class Consumer:
     def _ack_wait(self, deliveries: int) -> int:
         backoff = self._backoff
         if backoff:
-            return int(backoff[min(deliveries, len(backoff)) - 1])
+            return backoff[min(deliveries, len(backoff)) - 1]
         return self._ack_wait_ns
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
+    def reconfigure(self, config: ConsumerConfig) -> None:
         """An accepted update (see ``consumer_config.check_update``): new limits and filters."""
         self._configure(config)
-        self.waiting.max_waiting = int(config.get("max_waiting") or 0)
+        self.waiting.max_waiting = config.max_waiting
         self.paused_until_ns = _pause_ns(config)
-        filters = filters_of(config)
+        filters = config.filters
         if filters != self.filters:
             self.filters = filters
             self._match_cache.clear()
@@ -608,7 +609,7 @@ class Consumer:
             "stream_name": stream_name,
             "name": self.name,
             "created": rfc3339(self.created_ns),
-            "config": self.config,
+            "config": to_json(self.config),
             "delivered": delivered,
             "ack_floor": floor,
             "num_ack_pending": len(self.pending),
@@ -623,6 +624,5 @@ class Consumer:
         return out
 
 
-def _pause_ns(config: dict[str, Any]) -> int:
-    until = config.get("pause_until")
-    return parse_time_ns(str(until)) if until else 0
+def _pause_ns(config: ConsumerConfig) -> int:
+    return parse_time_ns(config.pause_until) if config.pause_until else 0

@@ -12,9 +12,10 @@ case) costs two comparisons.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from gateway.api import errors
+from gateway.api.configs import StreamConfig
 from gateway.engine.dedup import DedupWindow
 from gateway.engine.msg_ttl import InvalidTTL, parse_ttl
 from storage_delta.format.nats import is_valid_subject, parse_headers
@@ -23,10 +24,12 @@ MAX_HEADER_BYTES = 65535
 
 
 class StreamView(Protocol):
-    """What the checks read of a stream (``gateway.stream.Stream`` provides it)."""
+    """What the checks read of a stream (``gateway.engine.stream.Stream`` provides it)."""
 
-    config: dict[str, Any]
     dedup: DedupWindow
+
+    @property
+    def config(self) -> StreamConfig: ...
 
     @property
     def last_seq(self) -> int: ...
@@ -64,25 +67,25 @@ Verdict = Accepted | Duplicate | errors.ApiError
 
 def check_publish(stream: StreamView, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> Verdict:
     cfg = stream.config
-    if cfg.get("sealed"):
+    if cfg.sealed:
         return errors.STREAM_SEALED
     if not hdrs:
         return _check_size(cfg, 0, data) or PLAIN
     return _check_headers(stream, cfg, subject, hdrs, data, now_ns)
 
 
-def _check_size(cfg: dict[str, Any], hdr_len: int, data: bytes) -> errors.ApiError | None:
+def _check_size(cfg: StreamConfig, hdr_len: int, data: bytes) -> errors.ApiError | None:
     limit = size_limit(cfg)
     if limit >= 0 and (hdr_len > limit or len(data) > limit - hdr_len):
         return errors.STREAM_MESSAGE_EXCEEDS_MAXIMUM
     return None
 
 
-def size_limit(cfg: dict[str, Any]) -> int:
+def size_limit(cfg: StreamConfig) -> int:
     """``max_msg_size`` (headers and payload), -1 for none. A publish without headers on a stream
     that is not sealed passes every check but this one (``check_publish``), so the publish path
     checks runs of them against this number."""
-    return int(cfg.get("max_msg_size", -1))
+    return cfg.max_msg_size
 
 
 def _check_header_size(hdrs: bytes) -> errors.ApiError | None:
@@ -122,7 +125,7 @@ _ID_ONLY = frozenset({"Nats-Msg-Id"})
 
 
 def _check_headers(
-    stream: StreamView, cfg: dict[str, Any], subject: str, hdrs: bytes, data: bytes, now_ns: int
+    stream: StreamView, cfg: StreamConfig, subject: str, hdrs: bytes, data: bytes, now_ns: int
 ) -> Verdict:
     if b"Nats-" not in hdrs and b"KV-Operation" not in hdrs:  # application headers only
         return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs)
@@ -132,7 +135,7 @@ def _check_headers(
     special = CHECKED.intersection(h)
     if special <= _ID_ONLY:  # the common case of an idempotent producer: a msg id and nothing else
         msg_id = h.get("Nats-Msg-Id", "")
-        seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"]) if msg_id else None
+        seq = stream.dedup.lookup(msg_id, now_ns, cfg.duplicate_window) if msg_id else None
         if seq is not None:
             return Duplicate(seq)
         return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs, msg_id)
@@ -141,7 +144,7 @@ def _check_headers(
 
 def _check_special(
     stream: StreamView,
-    cfg: dict[str, Any],
+    cfg: StreamConfig,
     subject: str,
     h: dict[str, str],
     hdrs: bytes,
@@ -154,18 +157,18 @@ def _check_special(
     if incr:
         return _incr_error(incr)
     expected_stream = h.get("Nats-Expected-Stream")
-    if expected_stream and expected_stream != cfg["name"]:
+    if expected_stream and expected_stream != cfg.name:
         return errors.STREAM_NOT_MATCH
     ttl_text = h.get("Nats-TTL")
     ttl, ttl_error = _read_ttl(ttl_text) if ttl_text else (0, False)
-    if ttl and not cfg.get("allow_msg_ttl"):
+    if ttl and not cfg.allow_msg_ttl:
         return errors.MESSAGE_TTL_DISABLED
     refused = _check_expected_seqs(stream, subject, h) or _check_schedules_and_sources(subject, h)
     if refused:
         return refused
     msg_id = h.get("Nats-Msg-Id", "")
     if msg_id:
-        seq = stream.dedup.lookup(msg_id, now_ns, cfg["duplicate_window"])
+        seq = stream.dedup.lookup(msg_id, now_ns, cfg.duplicate_window)
         if seq is not None:
             return Duplicate(seq)
     expected_id = h.get("Nats-Expected-Last-Msg-Id")
@@ -178,8 +181,8 @@ def _check_special(
         return refused
     if ttl_error:
         return errors.MESSAGE_TTL_INVALID
-    marker_ttl_s = cfg.get("subject_delete_marker_ttl", 0) // 1_000_000_000
-    if ttl > 0 and marker_ttl_s and cfg.get("max_msgs_per_subject") != 1 and ttl < marker_ttl_s:
+    marker_ttl_s = cfg.subject_delete_marker_ttl // 1_000_000_000
+    if ttl > 0 and marker_ttl_s and cfg.max_msgs_per_subject != 1 and ttl < marker_ttl_s:
         ttl = marker_ttl_s
         hdrs = set_header(hdrs, "Nats-TTL", str(ttl))
     return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
@@ -234,8 +237,8 @@ def _check_schedules_and_sources(subject: str, h: dict[str, str]) -> errors.ApiE
     return None
 
 
-def _rollup_error(cfg: dict[str, Any], rollup: str) -> errors.ApiError | None:
-    if not cfg.get("allow_rollup_hdrs") or cfg.get("deny_purge"):
+def _rollup_error(cfg: StreamConfig, rollup: str) -> errors.ApiError | None:
+    if not cfg.allow_rollup_hdrs or cfg.deny_purge:
         return errors.STREAM_ROLLUP_FAILED.format(err="rollup not permitted")
     if rollup not in ("sub", "all"):
         return errors.STREAM_ROLLUP_FAILED.format(err=f'rollup value invalid: "{rollup}"')

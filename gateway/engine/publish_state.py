@@ -10,32 +10,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import suppress
-from typing import Any
 
+from gateway.api.configs import StreamConfig
 from gateway.engine.msg_ttl import InvalidTTL, parse_ttl
 from gateway.engine.publish_checks import is_delete_marker
 from gateway.engine.stream import Stream
 from storage_delta.format.nats import parse_headers
 
 
-def needs_full_scan(config: dict[str, Any]) -> bool:
+def needs_full_scan(config: StreamConfig) -> bool:
     """TTLs and rollups can concern any stored message; otherwise only the duplicate window."""
-    return bool(config.get("allow_msg_ttl") or config.get("allow_rollup_hdrs"))
+    return config.allow_msg_ttl or config.allow_rollup_hdrs
 
 
-def headers_since(config: dict[str, Any], created_ns: int, now_ns: int) -> int:
+def headers_since(config: StreamConfig, created_ns: int, now_ns: int) -> int:
     """From which stored time on the header blocks matter: all of the stream's messages when TTLs or
     rollups can concern any of them, else those within the duplicate window."""
     if needs_full_scan(config):
         return created_ns
-    return max(created_ns, now_ns - int(config["duplicate_window"]))
+    return max(created_ns, now_ns - config.duplicate_window)
 
 
 def replay_headers(stream: Stream, rows: Iterable[tuple[int, int, bytes | None]], now_ns: int) -> None:
     """Feed the (seq, stored time, header block) of the stream's stored messages that have a header
     block, in sequence order (a message without one changes nothing here but the last msg id, which
     then is empty: the check at the end gives the same)."""
-    window = int(stream.config["duplicate_window"])
+    window = stream.config.duplicate_window
     since = now_ns - window
     last_id, last_seq = "", 0
     for seq, ts, hdrs in rows:

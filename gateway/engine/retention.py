@@ -9,17 +9,16 @@ physically removed by the Spark jobs later (docs/storage.md).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from gateway.api import errors
-from gateway.api.consumer_config import filters_of
+from gateway.api.configs import ConsumerConfig
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from storage_delta.format.nats import subjects_overlap
 
 
 def policy(stream: Stream) -> str:
-    return str(stream.config.get("retention") or "limits")
+    return stream.config.retention
 
 
 def settle(stream: Stream, consumers: Iterable[Consumer], seqs: Iterable[int]) -> int:
@@ -53,18 +52,17 @@ def sweep_unwanted(stream: Stream, consumers: Iterable[Consumer], first: int, la
     return removed
 
 
-def check_new_consumer(stream: Stream, others: Iterable[Consumer], cfg: dict[str, Any]) -> None:
+def check_new_consumer(stream: Stream, others: Iterable[Consumer], cfg: ConsumerConfig) -> None:
     """A work-queue stream's rules for a new consumer, in the real server's order and words."""
     if policy(stream) != "workqueue":
         return
-    push = bool(cfg.get("deliver_subject"))
-    if cfg["ack_policy"] == "none" and not push:
+    if cfg.ack_policy == "none" and not cfg.is_push:
         raise errors.CONSUMER_WQ_PULL_EXPLICIT
-    if cfg["ack_policy"] != "explicit":
+    if cfg.ack_policy != "explicit":
         raise errors.CONSUMER_WQ_EXPLICIT
-    if cfg["deliver_policy"] != "all":
+    if cfg.deliver_policy != "all":
         raise errors.CONSUMER_WQ_DELIVER_ALL
-    filters = filters_of(cfg)
+    filters = cfg.filters
     for other in others:
         theirs = other.filters
         if not filters:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gateway.api import errors
+from gateway.api.configs import StreamConfig
 from gateway.api.timefmt import rfc3339
 from gateway.engine.dedup import DedupWindow
 from gateway.engine.msg_ttl import TTLSchedule
@@ -54,18 +55,15 @@ class Limits:
     sealed: bool
 
     @classmethod
-    def of(cls, config: dict[str, Any]) -> Limits:
-        def limit(key: str) -> int:
-            return max(0, int(config.get(key) or 0))
-
+    def of(cls, config: StreamConfig) -> Limits:
         return cls(
-            limit("max_msgs"),
-            limit("max_bytes"),
-            limit("max_age"),
-            limit("max_msgs_per_subject"),
-            config.get("discard") == "new",
-            bool(config.get("discard_new_per_subject")),
-            bool(config.get("sealed")),
+            max(0, config.max_msgs),
+            max(0, config.max_bytes),
+            max(0, config.max_age),
+            max(0, config.max_msgs_per_subject),
+            config.discard == "new",
+            config.discard_new_per_subject,
+            config.sealed,
         )
 
 
@@ -89,7 +87,7 @@ def _literal(subject: str) -> bool:
 class Stream:
     """One stream: its config and the live state derived from what it stored."""
 
-    def __init__(self, config: dict[str, Any], created_ns: int, tail_cache_bytes: int) -> None:
+    def __init__(self, config: StreamConfig, created_ns: int, tail_cache_bytes: int) -> None:
         self.config = config
         self.created_ns = created_ns
         self.block_size = DEFAULT_BLOCK_SIZE
@@ -101,7 +99,7 @@ class Stream:
         #: Subjects whose last message MaxAge or a TTL removed, waiting for a delete marker (ADR-43);
         #: the publish path stores the markers.
         self.markers_due: list[str] = []
-        first_seq = int(config.get("first_seq") or 0)
+        first_seq = config.first_seq
         if first_seq > 1:  # the first publish gets ``first_seq``
             self.state.first_seq = first_seq
             self.state.last_seq = self.durable_last_seq = first_seq - 1
@@ -125,8 +123,8 @@ class Stream:
         self.ended = False  # deleted: nothing it waits for will come
 
     @property
-    def subjects(self) -> list[str]:
-        return list(self.config.get("subjects") or [])
+    def subjects(self) -> tuple[str, ...]:
+        return self.config.subjects
 
     @property
     def last_seq(self) -> int:
@@ -136,17 +134,17 @@ class Stream:
         return any(subject_matches(f, subject) for f in self.subjects)
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> StreamConfig:
         return self._config
 
     @config.setter
-    def config(self, config: dict[str, Any]) -> None:
+    def config(self, config: StreamConfig) -> None:
         self._config = config
-        self.name = str(config["name"])  # read per delivered message and per ack
+        self.name = config.name  # read per delivered message and per ack
         self.limits = Limits.of(config)
         # Read for every publish, so derived once per config.
         self.name_bytes = self.name.encode()
-        self.no_ack = bool(config.get("no_ack"))
+        self.no_ack = config.no_ack
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -406,7 +404,7 @@ class Stream:
         self.remove(seq)
         if seq in self.ttl.markers:
             self.ttl.markers.discard(seq)
-        elif subject and self.config.get("subject_delete_marker_ttl") and not self.last_seq_for(subject):
+        elif subject and self.config.subject_delete_marker_ttl and not self.last_seq_for(subject):
             self.markers_due.append(subject)
         return 1
 
@@ -631,7 +629,7 @@ class Stream:
             (self.last_seq_for(self._subject_names[sid]) for sid in self._matching_sids(subject)), default=0
         )
 
-    def last_matching(self, filters: list[str]) -> int | None:
+    def last_matching(self, filters: Sequence[str]) -> int | None:
         """The newest live sequence a filter matches, any subject without filters
         (``deliver_policy: last``); None when there is none."""
         if not filters:
@@ -641,7 +639,7 @@ class Stream:
             return seq if self.state.messages else None
         return max(self.last_per_subject(filters), default=None)
 
-    def last_per_subject(self, filters: list[str], upto: int | None = None) -> list[int]:
+    def last_per_subject(self, filters: Sequence[str], upto: int | None = None) -> list[int]:
         """The newest live sequence at or below ``upto`` (default: all) of each subject the filters
         match (every subject without filters), ascending (``last_per_subject``, KV watch,
         DIRECT.GET ``multi_last``)."""
@@ -666,13 +664,13 @@ class Stream:
         hits = np.flatnonzero(live & (np.frombuffer(idx.ts, np.int64)[:n] >= ts_ns))
         return int(hits[0]) + idx.base if len(hits) else self.state.last_seq + 1
 
-    def first_seq_at_or_after(self, seq: int, filters: list[str], limit: int | None = None) -> int | None:
+    def first_seq_at_or_after(self, seq: int, filters: Sequence[str], limit: int | None = None) -> int | None:
         """The first live sequence at or above ``seq`` (and at or below ``limit``, by default the
         last accepted) whose subject a filter matches, any subject when there are no filters."""
         found = self.seqs_at_or_after(seq, filters, limit, 1)
         return found[0] if found else None
 
-    def seqs_at_or_after(self, seq: int, filters: list[str], limit: int | None, count: int) -> list[int]:
+    def seqs_at_or_after(self, seq: int, filters: Sequence[str], limit: int | None, count: int) -> list[int]:
         """Up to ``count`` of the live sequences ``first_seq_at_or_after`` would name one after
         the other, ascending, in one search."""
         idx = self._index
@@ -708,7 +706,7 @@ class Stream:
                     break
         return out
 
-    def _seqs_matching(self, filters: list[str], start: int, end: int, count: int) -> list[int]:
+    def _seqs_matching(self, filters: Sequence[str], start: int, end: int, count: int) -> list[int]:
         sids, base = self._index.sid, self._index.base
         out: list[int] = []
         names = self._subject_names
@@ -725,12 +723,12 @@ class Stream:
                         break
         return out
 
-    def next_matching(self, after: int, filters: list[str]) -> int | None:
+    def next_matching(self, after: int, filters: Sequence[str]) -> int | None:
         """The first durable live sequence above ``after`` whose subject a filter matches (any
         subject when there are no filters); consumers never see what is not committed yet."""
         return self.first_seq_at_or_after(after + 1, filters, self.durable_last_seq)
 
-    def count_matching_after(self, after: int, filters: list[str]) -> int:
+    def count_matching_after(self, after: int, filters: Sequence[str]) -> int:
         """Live messages above ``after`` a consumer with these filters would still get (num_pending)."""
         st, idx = self.state, self._index
         if not filters and after < st.first_seq:

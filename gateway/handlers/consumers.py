@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from gateway.adapters.registry import Registry
 from gateway.api import advisories, consumer_config, errors
+from gateway.api.configs import ConsumerConfig
 from gateway.api.requests import (
     BOOL,
     INT,
@@ -155,7 +156,7 @@ class ConsumerApi:
             cfg_in["name"] = name
         pedantic = bool(raw.get("pedantic"))
         cfg = consumer_config.normalize(cfg_in, self.reg.server_version, stream.config, pedantic)
-        cname = cfg.get("name") or ephemeral_name()
+        cname = cfg.name or ephemeral_name()
         existing = self.reg.consumers.get(stream_name, {}).get(cname)
         action = raw.get("action", "")
         now = now_ns()
@@ -165,7 +166,7 @@ class ConsumerApi:
             consumer = await self._add(stream, cfg, cname, action, now)
         return {"type": T + "consumer_create_response", **consumer.info(stream_name, now_ns())}
 
-    async def _update(self, existing: Consumer, cfg: dict[str, Any], action: str) -> Consumer:
+    async def _update(self, existing: Consumer, cfg: ConsumerConfig, action: str) -> Consumer:
         """A create of a consumer that exists: the same config is no change (even for a plain
         ``create``), a different one an update of what may change."""
         if not consumer_config.same_config(existing.config, cfg):
@@ -175,17 +176,17 @@ class ConsumerApi:
             await self.reg.update_consumer(existing, cfg)
         return existing
 
-    async def _add(self, stream: Stream, cfg: dict[str, Any], cname: str, action: str, now: int) -> Consumer:
+    async def _add(self, stream: Stream, cfg: ConsumerConfig, cname: str, action: str, now: int) -> Consumer:
         if action == "update":
             raise errors.CONSUMER_DOES_NOT_EXIST
         others = self.reg.consumers.get(stream.name, {})
         retention.check_new_consumer(stream, others.values(), cfg)
-        limit = int(stream.config.get("max_consumers") or -1)
+        limit = stream.config.max_consumers
         if 0 < limit <= len(others):
             raise errors.MAXIMUM_CONSUMERS_LIMIT
         time_seq = None
-        if cfg["deliver_policy"] == "by_start_time":
-            time_seq = await self.seq_at_time(stream, consumer_config.parse_time_ns(cfg["opt_start_time"]))
+        if cfg.deliver_policy == "by_start_time":
+            time_seq = await self.seq_at_time(stream, consumer_config.parse_time_ns(cfg.opt_start_time))
         start_after, skip = start_position(stream, cfg, time_seq)
         consumer = await self.reg.add_consumer(stream, cfg, now, cname, start_after, skip)
         self.publish(advisories.consumer_action(stream.name, cname, "create", now))

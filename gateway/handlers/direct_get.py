@@ -94,7 +94,7 @@ class DirectGet:
     async def answer(self, name: str, subject: str, body: bytes) -> list[RawReply]:
         """The messages to send the requester, in order."""
         stream = self.reg.streams.get(name)
-        if stream is None or not stream.config.get("allow_direct"):
+        if stream is None or not stream.config.allow_direct:
             asked = f"DIRECT.GET.{name}.{subject}" if subject else f"DIRECT.GET.{name}"
             return [RawReply(status_block(503, "", no_responders(asked)))]
         if subject:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -18,6 +19,7 @@ from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.api import advisories, errors, stream_config
+from gateway.api.configs import StreamConfig, to_json
 from gateway.api.requests import (
     BOOL,
     INT,
@@ -73,7 +75,6 @@ INFO_REQUEST = Struct(
 )
 PURGE_REQUEST = Struct("server.JSApiStreamPurgeRequest", {"filter": STRING, "seq": UINT, "keep": UINT})
 MSG_DELETE_REQUEST = Struct("server.JSApiMsgDeleteRequest", {"seq": UINT, "no_erase": BOOL})
-STREAM_CONFIG_REQUEST = Struct("server.StreamConfigRequest")  # its fields: stream_config.decode
 
 
 class StreamApi:
@@ -123,16 +124,15 @@ class StreamApi:
 
     # ---- definitions ------------------------------------------------------------------------------
 
-    def _check_overlap(self, cfg: dict[str, Any]) -> None:
+    def _check_overlap(self, cfg: StreamConfig) -> None:
         for other in self.reg.streams.values():
-            if other.name != cfg["name"] and any(
-                subjects_overlap(a, b) for a in cfg["subjects"] for b in other.subjects
+            if other.name != cfg.name and any(
+                subjects_overlap(a, b) for a in cfg.subjects for b in other.subjects
             ):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
     async def stream_create(self, name: str, body: bytes) -> dict[str, Any]:
-        raw = load_request(body, STREAM_CONFIG_REQUEST)
-        req = stream_config.decode(raw)
+        req = load_request(body, stream_config.REQUEST)
         if req.get("name") != name:
             raise errors.STREAM_MISMATCH
         req["name"] = name
@@ -156,9 +156,8 @@ class StreamApi:
     async def stream_update(self, name: str, body: bytes) -> dict[str, Any]:
         # As the server: the whole config is checked (a name is required) before it is compared
         # with the subject's and before the stream is looked up.
-        raw = load_request(body, STREAM_CONFIG_REQUEST)
-        req = stream_config.normalize(stream_config.decode(raw), self.reg.server_version)
-        if req["name"] != name:
+        req = stream_config.normalize(load_request(body, stream_config.REQUEST), self.reg.server_version)
+        if req.name != name:
             raise errors.STREAM_MISMATCH
         stream = self._stream(name)
         cfg = apply_update(stream.config, req)
@@ -208,12 +207,8 @@ class StreamApi:
         """A stream as STREAM.LIST shows it: the server's own metadata keys left out but the level
         the request asked for."""
         body = self._stream_body(stream)
-        meta = {
-            k: v
-            for k, v in stream.config.get("metadata", {}).items()
-            if k not in ("_nats.level", "_nats.ver")
-        }
-        return {**body, "config": {**stream.config, "metadata": meta}}
+        meta = {k: v for k, v in stream.config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
+        return {**body, "config": to_json(replace(stream.config, metadata=meta))}
 
     async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_optional_request(body, INFO_REQUEST)
@@ -230,7 +225,7 @@ class StreamApi:
 
     def _stream_body(self, stream: Stream, state: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
-            "config": stream.config,
+            "config": to_json(stream.config),
             "created": rfc3339(stream.created_ns),
             "state": state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
             "ts": rfc3339(now_ns()),
@@ -241,9 +236,9 @@ class StreamApi:
     def _removable(self, name: str, deny: str, refusal: errors.ApiError) -> Stream:
         """The stream a delete or purge acts on, unless it is sealed or denies the request."""
         stream = self._stream(name)
-        if stream.config.get("sealed"):
+        if stream.config.sealed:
             raise errors.STREAM_SEALED
-        if stream.config.get(deny):
+        if getattr(stream.config, deny):
             raise refusal
         return stream
 

@@ -25,6 +25,7 @@ from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.adapters.snapshots import Snapshots
 from gateway.api import advisories
+from gateway.api.configs import ConsumerConfig, StreamConfig, from_json
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
@@ -157,7 +158,8 @@ class Gateway:
         logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
         for entry in entries:
             if entry.kind == "stream":
-                stream = registry.install_stream(entry.body["config"], int(entry.body["created"]))
+                config = from_json(StreamConfig, entry.body["config"])
+                stream = registry.install_stream(config, int(entry.body["created"]))
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)
                 stored, through = await loop.run_in_executor(
@@ -183,14 +185,14 @@ class Gateway:
                 cstate = reduce(history.consumers.get((entry.stream, entry.name), []), created)
                 consumer = registry.install_consumer(
                     registry.streams[entry.stream],
-                    cstate.config or entry.body["config"],
+                    from_json(ConsumerConfig, cstate.config or entry.body["config"]),
                     created,
                     entry.name,
                     cstate.start_after if cstate.config else int(entry.body.get("start_after") or 0),
                     cstate.skip,
                 )
                 consumer.restore(cstate)
-                if not entry.body["config"].get("durable_name"):
+                if not consumer.config.durable_name:
                     await registry.remove_consumer(consumer)  # ephemeral: ends with the process
 
     async def close(self) -> None:
