@@ -32,6 +32,8 @@ CONFIGS: list[dict[str, Any]] = [
     {"ack_policy": "explicit", "backoff": [1_000_000_000, 2_000_000_000]},  # ack_wait = backoff[0]
     {"ack_policy": "explicit", "max_deliver": 1, "backoff": [1_000_000_000, 2_000_000_000]},  # 10116
     {"ack_policy": "explicit", "max_deliver": 2, "backoff": [1_000_000_000, 2_000_000_000]},  # as many: fine
+    {"ack_policy": "explicit", "backoff": [None]},  # Go reads a null member as 0: no ack wait shown
+    {"Ack_Policy": "explicit", "FILTER_SUBJECTS": [None]},  # names in any case; an empty filter: 10139
     {"ack_policy": "explicit", "max_deliver": -5},  # any negative is -1
     {"ack_policy": "explicit", "max_deliver": 0, "replay_policy": "original"},  # replay original on pull
     {"ack_policy": "explicit", "sample_freq": "50%"},

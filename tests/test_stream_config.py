@@ -121,6 +121,10 @@ CASES: list[tuple[str, Any]] = [
     ("persist_mode_async", {"name": "{n}", "persist_mode": "async"}),
     ("unknown_field", {"name": "{n}", "unknown_field": 1}),
     ("nulls_read_as_absent", {"name": "{n}", "allow_direct": None, "max_msgs": None}),
+    ("field_names_in_any_case", {"NAME": "{n}", "Subjects": ["{p}"], "Max_Msgs": 5}),
+    ("discard_in_any_case", {"name": "{n}", "discard": "NEW"}),
+    ("persist_mode_default", {"name": "{n}", "persist_mode": "default"}),
+    ("null_members", {"name": "{n}", "subjects": ["{p}", None], "metadata": {"a": None}}),
     ("name_missing_from_body", {"subjects": ["{p}"]}),
 ]
 
