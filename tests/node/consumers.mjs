@@ -41,10 +41,10 @@ async function state(jsm, stream, name) {
   };
 }
 
-async function settle(jsm, stream, name) {
+async function settle(jsm, stream, name, pending = 0) {
   const by = Date.now() + 5000;
   let s = await state(jsm, stream, name);
-  while (s.num_ack_pending > 0 && Date.now() < by) {
+  while (s.num_ack_pending > pending && Date.now() < by) {
     await new Promise((r) => setTimeout(r, 50));
     s = await state(jsm, stream, name);
   }
@@ -111,6 +111,10 @@ async function main() {
           m.ack();
         }
       }
+      // Both servers take acks and pull requests on separate paths: the next fetch is sent once
+      // the first batch's nak and acks have been taken (only the nak'd message is pending), or
+      // the real server may serve it before the nak and the redelivery lands elsewhere.
+      if (out.fetch.length === 4) await settle(jsm, stream, "ft", 1);
     }
     await nc.flush();
     out.fetch_state = await settle(jsm, stream, "ft");
