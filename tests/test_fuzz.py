@@ -366,6 +366,17 @@ CORPUS = [
     pytest.param(f"CONSUMER.MSG.NEXT.{STREAM}.{CONSUMER}", b'"x"', id="next-string-body"),
     # a stream config is decoded strictly: an unknown field is invalid JSON
     pytest.param("STREAM.CREATE.STRICT", b'{"name":"STRICT","bogus":1}', id="create-unknown-field"),
+    # a number that does not fit its field is named as it was written
+    pytest.param("STREAM.CREATE.NUM", b'{"name":"NUM","max_msgs":1e2}', id="create-number-exponent"),
+    pytest.param("STREAM.CREATE.NUM", b'{"name":"NUM","max_msgs":1.50}', id="create-number-fraction"),
+    pytest.param("STREAM.CREATE.NUM", b'{"name":"NUM","retention":1e0}', id="create-enum-number"),
+    pytest.param(
+        f"CONSUMER.CREATE.{STREAM}.N1",
+        b'{"stream_name":"%s","config":{"name":"N1","ack_wait":2E9}}' % STREAM.encode(),
+        id="consumer-number-exponent",
+    ),
+    # a later key wins, but an earlier one of the wrong type is still the error
+    pytest.param("STREAM.CREATE.DUP", b'{"name":"DUP","max_msgs":"x","max_msgs":5}', id="create-dup-key"),
     # stream_name is required in a create body and checked before anything but the JSON (10056)
     pytest.param(
         f"CONSUMER.CREATE.{STREAM}.D4",

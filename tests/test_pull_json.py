@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from gateway.api.gojson import GoJsonError, decode_struct, syntax_error
-from gateway.api.pull import PULL_REQUEST_FIELDS
+from gateway.api.gojson import GoJsonError, syntax_error
+from gateway.api.pull import decode_pull_request
 from tests.jsapi import consumer, pull, same, stream
 
 SYNTAX = [
@@ -91,7 +91,7 @@ def test_syntax_errors_are_found_by_the_scanner(body: bytes) -> None:
     against the real server above)."""
     assert syntax_error(body) is not None
     with pytest.raises(GoJsonError):
-        decode_struct(body, PULL_REQUEST_FIELDS)
+        decode_pull_request(body)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from typing import Any
 from gateway.api import errors
 from gateway.api.configs import ConsumerConfig, ConsumerLimits, StreamConfig, from_json, to_json
 from gateway.api.durations import go_duration
-from gateway.api.requests import (
+from gateway.api.structs import (
     BOOL,
     DURATION,
     DURATIONS,

@@ -1,22 +1,19 @@
-"""JSON decoding with the real server's error texts, where a client sees them verbatim.
+"""Parsing JSON as Go's ``encoding/json`` does, with the real server's words for a syntax error.
 
-A pull request body is the one place a JSON error reaches the client as text (the ``Description``
-of a ``400 Bad Request`` status), so its wording must be the server's. The texts here were asked
-of nats-server 2.15 (``tests/test_fuzz.py`` and ``tests/test_pull_json.py`` send the same bodies to
-both servers): a syntax error first (worded by a scan in the manner of Go's ``encoding/json``
-scanner, whose state names appear in the messages), then decoding into the request struct, where the
-first value of the wrong type for a known field is the error (names match without regard to case;
-unknown fields are ignored; ``null`` leaves a field alone).
+Clients see these texts verbatim (an API error's description, a pull request's ``400 Bad Request``
+status), so they are the server's: asked of nats-server 2.15 (``tests/test_fuzz.py`` and
+``tests/test_pull_json.py`` send the same bodies to both servers). A valid body is parsed once by
+Python's parser; a scan in the manner of Go's scanner (whose state names appear in the messages)
+runs only to word a refusal. Decoding the parsed body into a request struct is
+:mod:`gateway.api.structs`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-INT, INT64, DURATION, STRING, BOOL = "int", "int64", "time.Duration", "string", "bool"
-_INT_KINDS = (INT, INT64, DURATION)
 _WS = b" \t\n\r"
 _GO_ESCAPES = {7: "\\a", 8: "\\b", 12: "\\f", 10: "\\n", 13: "\\r", 9: "\\t", 11: "\\v"}
 
@@ -82,6 +79,12 @@ def loads(data: bytes, **hooks: Any) -> Any:
     except ValueError:
         check_syntax(data)  # raises JsonSyntaxError with the server's words
         raise
+
+
+def parse(data: bytes) -> Any:
+    """``data`` as Go's decoder sees it before it fills a struct: objects as their key/value pairs
+    in order, numbers as written (:mod:`gateway.api.structs` decodes it)."""
+    return loads(data, object_pairs_hook=Pairs, parse_int=NumberLiteral, parse_float=NumberLiteral)
 
 
 def check_syntax(data: bytes) -> None:
@@ -222,46 +225,3 @@ def _literal(data: bytes, i: int, word: bytes) -> int:
                 i + k,
             )
     return i + len(word)
-
-
-def decode_struct(data: bytes, fields: Mapping[str, str]) -> dict[str, Any]:
-    """A JSON object body decoded into a struct with ``fields`` (JSON name: Go type), as the
-    server's ``json.Unmarshal`` does; the values of known fields keyed by their declared names
-    (integers as ``int``). Raises :class:`GoJsonError` with the server's text."""
-    pairs = loads(data, object_pairs_hook=Pairs, parse_int=NumberLiteral, parse_float=NumberLiteral)
-    if not isinstance(pairs, Pairs):
-        raise GoJsonError("json: cannot unmarshal into Go value of type object")
-    by_lower = {name.lower(): name for name in fields}
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        name = by_lower.get(key.lower())
-        if name is None or value is None:
-            continue
-        out[name] = _field(key, value, fields[name])
-    return out
-
-
-def _field(key: str, value: Any, kind: str) -> Any:
-    if kind in _INT_KINDS and isinstance(value, NumberLiteral):
-        try:
-            number = int(value)
-        except ValueError:
-            number = None
-        if number is not None and -(2**63) <= number < 2**63:
-            return number
-        raise GoJsonError(f"json: cannot unmarshal number {value} into Go struct field .{key} of type {kind}")
-    if kind == STRING and isinstance(value, str) and not isinstance(value, NumberLiteral):
-        return value
-    if kind == BOOL and isinstance(value, bool):
-        return value
-    raise GoJsonError(f"json: cannot unmarshal {_go_kind(value)} into Go struct field .{key} of type {kind}")
-
-
-def _go_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, NumberLiteral):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "object" if isinstance(value, Pairs) else "array"

@@ -14,7 +14,8 @@ from typing import Any
 
 from gateway.api.configs import ConsumerConfig
 from gateway.api.durations import go_duration
-from gateway.api.gojson import BOOL, DURATION, INT, INT64, STRING, GoJsonError, decode_struct
+from gateway.api.gojson import GoJsonError, Pairs, parse
+from gateway.api.structs import BOOL, DURATION, INT, INT64, STRING, Struct, decode
 from storage_delta.format.nats import no_responders
 
 
@@ -59,19 +60,33 @@ def no_consumer(reply: str, stream: str, consumer: str) -> Status:
     return Status(reply, *NO_RESPONDERS, no_responders(f"CONSUMER.MSG.NEXT.{stream}.{consumer}"))
 
 
-#: The server's pull request struct (``JSApiConsumerGetNextRequest`` with its priority group).
-PULL_REQUEST_FIELDS = {
-    "expires": DURATION,
-    "batch": INT,
-    "max_bytes": INT,
-    "no_wait": BOOL,
-    "idle_heartbeat": DURATION,
-    "group": STRING,
-    "min_pending": INT64,
-    "min_ack_pending": INT64,
-    "id": STRING,
-    "priority": INT,
-}
+#: The server's pull request struct (``JSApiConsumerGetNextRequest`` with its priority group),
+#: decoded with plain ``json.Unmarshal``: unknown fields are ignored, and the struct is anonymous
+#: in its errors ("Go struct field .batch").
+PULL_REQUEST = Struct(
+    "",
+    {
+        "expires": DURATION,
+        "batch": INT,
+        "max_bytes": INT,
+        "no_wait": BOOL,
+        "idle_heartbeat": DURATION,
+        "group": STRING,
+        "min_pending": INT64,
+        "min_ack_pending": INT64,
+        "id": STRING,
+        "priority": INT,
+    },
+    strict=False,
+)
+
+
+def decode_pull_request(body: bytes) -> dict[str, Any]:
+    """A JSON pull request body as the server decodes it; :class:`GoJsonError` in its words."""
+    value = parse(body)
+    if not isinstance(value, Pairs):
+        raise GoJsonError("json: cannot unmarshal into Go value of type object")
+    return decode(value, PULL_REQUEST)
 
 
 def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | Status:
@@ -81,7 +96,7 @@ def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | St
     req: dict[str, Any] = {}
     if text.startswith(b"{"):
         try:
-            req = decode_struct(text, PULL_REQUEST_FIELDS)
+            req = decode_pull_request(text)
         except GoJsonError as exc:
             return Status(reply, 400, f"Bad Request - {exc}")
     elif text.isdigit():

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.api import errors
 from gateway.api.configs import ConsumerLimits, StreamConfig
-from gateway.api.requests import (
+from gateway.api.structs import (
     BOOL,
     DURATION,
     INT,

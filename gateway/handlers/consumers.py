@@ -18,19 +18,14 @@ from gateway.adapters.registry import Registry
 from gateway.api import advisories, consumer_config, errors
 from gateway.api.configs import ConsumerConfig
 from gateway.api.requests import (
-    BOOL,
-    INT,
     NAMES_PAGE,
-    STRING,
-    TIME,
-    UINT,
     Publish,
-    Struct,
     T,
     load_request,
     require_empty_request,
     unmarshal_request,
 )
+from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, Struct
 from gateway.api.timefmt import ZERO_TIME, now_ns
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, start_position

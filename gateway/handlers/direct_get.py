@@ -11,7 +11,8 @@ from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
 from gateway.api import errors
 from gateway.api.consumer_config import parse_time_ns
-from gateway.api.requests import BOOL, INT, STRING, STRINGS, TIME, UINT, RawReply, Struct, load_request
+from gateway.api.requests import RawReply, load_request
+from gateway.api.structs import BOOL, INT, STRING, STRINGS, TIME, UINT, Struct
 from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
 from storage_delta.commit.writer import StoredMessage

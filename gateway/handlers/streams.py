@@ -21,14 +21,9 @@ from gateway.adapters.removals import RemovalRecorder
 from gateway.api import advisories, errors, stream_config
 from gateway.api.configs import StreamConfig, to_json
 from gateway.api.requests import (
-    BOOL,
-    INT,
     NAMES_PAGE,
-    STRING,
-    UINT,
     Publish,
     RawReply,
-    Struct,
     T,
     is_empty_request,
     load_optional_request,
@@ -36,6 +31,7 @@ from gateway.api.requests import (
     require_empty_request,
 )
 from gateway.api.stream_update import apply_update
+from gateway.api.structs import BOOL, INT, STRING, UINT, Struct
 from gateway.api.timefmt import now_ns, rfc3339
 from gateway.engine.stream import Stream
 from gateway.handlers.direct_get import MSG_GET_REQUEST, DirectGet, check_get_request, find_seq
