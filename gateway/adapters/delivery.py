@@ -28,24 +28,19 @@ from typing import Any
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.coldread import ColdReader
 from gateway.adapters.registry import Registry
-from gateway.api import advisories
 from gateway.api.pull import (
     CONSUMER_DELETED,
-    EXCEEDED_MAX_WAITING,
-    IDLE_HEARTBEAT,
     NO_MESSAGES,
-    PUSH_BASED,
     PullRequest,
     Status,
-    limit_status,
     no_consumer,
-    parse_pull_request,
     timeout_status,
     too_big_status,
 )
 from gateway.api.timefmt import now_ns
+from gateway.engine import consumer_effects as ce
 from gateway.engine import retention
-from gateway.engine.consumer import Consumer, Delivered, Pending
+from gateway.engine.consumer import Consumer, Delivered
 from gateway.engine.flow_control import FlowControl
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
@@ -55,7 +50,6 @@ from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import CRLF, msg_head
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import status_block
-from storage_delta.tables import acklog as al
 
 log = logging.getLogger(__name__)
 
@@ -119,15 +113,10 @@ class Delivery:
         self.tasks = tasks
         self.delete_consumer = delete_consumer
         self._serving: set[int] = set()
-        self._last_sent: dict[int, int] = {}  # push consumers: when the deliver subject last heard from us
-        self._last_seen: dict[int, int] = {}  # when a consumer last had interest or a request
         self._replay_ts: dict[int, int] = {}  # replay original: stored time of the previous message
         self._buckets: dict[int, TokenBucket] = {}  # rate_limit_bps
         self._flow: dict[int, FlowControl] = {}  # push consumers with flow_control
         self._swept: dict[tuple[str, int], int] = {}  # interest streams: sequences checked
-        #: Consumers found listening (waiting requests, or a push subscriber) when last looked at,
-        #: so the moment they stop is when ``inactive_threshold`` starts counting.
-        self._listening: set[int] = set()
         #: One deadline per consumer, and ``None``: the sweep after interest changed. Exists while
         #: ``ticker`` runs.
         self._timers: Timers[Consumer | None] | None = None
@@ -147,39 +136,14 @@ class Delivery:
         if consumer is None:
             self._send_status(no_consumer(reply, stream, name))
             return
-        now = now_ns()
-        self._last_seen[id(consumer)] = now
-        if consumer.is_push:
-            self._send_status(Status(reply, *PUSH_BASED))
-            return
-        req = parse_pull_request(reply, body, now)
-        if isinstance(req, Status):
-            self._send_status(req)
-            return
-        refused = limit_status(req, consumer.config, now)
-        if refused is not None:
-            self._send_status(refused)
-            return
-        if consumer.waiting.full():
-            self._send_status(Status(reply, *EXCEEDED_MAX_WAITING))
-            return
-        if req.no_wait and not req.expires_at_ns and not consumer.has_work():
-            self._send_status(Status(reply, *NO_MESSAGES))
-            return
-        consumer.waiting.push(req)
-        self._listening.add(id(consumer))
-        if self._timers is not None and (req.expires_at_ns or req.heartbeat_ns):
-            due = min(t for t in (req.expires_at_ns, req.next_heartbeat_ns) if t)
-            self._timers.earlier(consumer, due)
-        self.kick(consumer)
+        self._carry_out(consumer, ce.pull_request(consumer, reply, body, now_ns()))
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""
         for req in consumer.waiting.clear():
             self._send_status(Status(req.reply, *CONSUMER_DELETED))
-        for table in (self._last_sent, self._last_seen, self._replay_ts, self._buckets, self._flow):
+        for table in (self._replay_ts, self._buckets, self._flow):
             table.pop(id(consumer), None)
-        self._listening.discard(id(consumer))
         if self._timers is not None:
             self._timers.cancel(consumer)
 
@@ -213,8 +177,7 @@ class Delivery:
             return
         exc = task.exception()
         now = now_ns()
-        key = id(consumer)
-        listening = self._observe(consumer, key, now)
+        listening = ce.observe(consumer, self.leaf.interest.has, now)
         if exc is not None:
             log.error("delivery for %s/%s failed", consumer.stream.name, consumer.name, exc_info=exc)
         if self._timers is None:
@@ -223,7 +186,7 @@ class Delivery:
             self._timers.earlier(consumer, now + RETRY_NS)
         threshold = consumer.config.inactive_threshold
         if threshold and not listening:
-            self._timers.earlier(consumer, self._last_seen[key] + threshold + 1)
+            self._timers.earlier(consumer, (consumer.watch.last_seen_ns or now) + threshold + 1)
 
     def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
         """Where the next message goes: the oldest waiting pull request that has time left, or a
@@ -375,7 +338,7 @@ class Delivery:
             size += len(msg.subject) + len(token) + len(data) + hdr_len
         self.leaf.publish_frames(parts)
         if consumer.is_push:
-            self._last_sent[id(consumer)] = now_ns()
+            consumer.watch.last_sent_ns = now_ns()
         if self._timers is not None:
             due = consumer.next_deadline_ns()  # the ack waits these deliveries started
             if due is not None:
@@ -398,8 +361,42 @@ class Delivery:
         hdrs = status_block(status.code, status.text, status.headers)
         self.leaf.publish(status.inbox, b"", hdrs=hdrs, queues=queues)
 
-    def _publish_event(self, event: tuple[str, bytes]) -> None:
-        self.leaf.publish(event[0], event[1])
+    def _carry_out(self, consumer: Consumer, effects: list[ce.Effect]) -> None:
+        """Do what the consumer's state machine decided, in its order."""
+        for effect in effects:
+            match effect:
+                case ce.SendStatus(status, queues):
+                    self._send_status(status, queues)
+                case ce.Advisory(subject, payload):
+                    self.leaf.publish(subject, payload)
+                case ce.RecordAck() | ce.RecordAckRun() | ce.RecordDrop():
+                    self._record(consumer, effect)
+                case ce.TakeRequest(reply, body):
+                    self.pull_request(consumer.stream.name, consumer.name, reply, body)
+                case ce.Heartbeat(inbox):
+                    beat = ce.heartbeat(consumer, inbox, self._flow.get(id(consumer)))
+                    self._send_status(beat.status, beat.queues)
+                case ce.Serve():
+                    self.kick(consumer)
+                case ce.WakeBy(deadline) if self._timers is not None:
+                    self._timers.earlier(consumer, deadline)
+                case ce.Remove():
+                    self.tasks.own(self.delete_consumer(consumer), f"inactive-{consumer.name}")
+
+    def _record(self, consumer: Consumer, effect: ce.RecordAck | ce.RecordAckRun | ce.RecordDrop) -> None:
+        """An ack-log row; an ack with a reply is answered only once its row is committed
+        (``ack_sync``)."""
+        if isinstance(effect, ce.RecordAckRun):
+            self.recorder.acked_run(consumer, effect.settled)
+        elif isinstance(effect, ce.RecordDrop):
+            self.recorder.dropped(consumer, effect.seq)
+        else:
+            delay = {} if effect.delay_ns is None else {"delay": effect.delay_ns}
+            reply = effect.reply
+            kind, seq, changed = effect.kind, effect.seq, effect.changed
+            durable = self.recorder.acked(consumer, kind, seq, changed, bool(reply), **delay)
+            if durable is not None and reply:
+                durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
 
     # ---- the consumer timers ------------------------------------------------------------------
 
@@ -456,83 +453,14 @@ class Delivery:
         on), or none; never sooner than MIN_STEP_NS after ``now``."""
         if self._timers is None or self._consumer(consumer.stream.name, consumer.name) is not consumer:
             return
-        due = self._next_due(consumer, now)
+        due = ce.next_due(consumer, now)
         if due is None:
             self._timers.cancel(consumer)
         else:
             self._timers.set(consumer, max(due, now + MIN_STEP_NS))
 
-    def _next_due(self, consumer: Consumer, now: int) -> int | None:
-        key = id(consumer)
-        times = [consumer.next_deadline_ns()]
-        for req in consumer.waiting:
-            times += (req.expires_at_ns, req.next_heartbeat_ns)
-        listening = key in self._listening
-        cfg = consumer.config
-        beat = cfg.idle_heartbeat if consumer.is_push else 0
-        if beat and listening:
-            times.append(self._last_sent.get(key, now) + beat)
-        threshold = cfg.inactive_threshold
-        if threshold and not listening:
-            times.append(self._last_seen.get(key, now) + threshold + 1)
-        if consumer.paused_until_ns > now:
-            times.append(consumer.paused_until_ns)  # delivery resumes
-        return min((t for t in times if t), default=None)
-
-    def _observe(self, consumer: Consumer, key: int, now: int) -> bool:
-        """Whether the consumer listens (waiting requests; a push consumer's subscriber). While it
-        does, and at the first look after it stopped, it counts as seen now."""
-        if consumer.is_push:
-            listening = self.leaf.interest.has(consumer.config.deliver_subject)
-        else:
-            listening = len(consumer.waiting) > 0
-        if listening or key in self._listening:
-            self._last_seen[key] = now
-        if listening:
-            self._listening.add(key)
-        else:
-            self._listening.discard(key)
-        return listening
-
     def _tick(self, consumer: Consumer, now: int) -> None:
-        key = id(consumer)
-        for req in consumer.waiting.expire(now):
-            self._send_status(timeout_status(req))
-        consumer.waiting.remove_where([r for r in consumer.waiting if not self.leaf.interest.has(r.reply)])
-        for req in consumer.waiting:
-            if req.heartbeat_ns and req.next_heartbeat_ns <= now:
-                req.next_heartbeat_ns = now + req.heartbeat_ns
-                self._heartbeat(consumer, req.reply)
-        for seq, deliveries in consumer.expire(now):
-            self.recorder.dropped(consumer, seq)
-            self._publish_event(
-                advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now)
-            )
-        listening = self._observe(consumer, key, now)
-        if consumer.is_push:
-            subject = consumer.config.deliver_subject
-            beat = consumer.config.idle_heartbeat
-            if listening and beat and now - self._last_sent.setdefault(key, now) >= beat:
-                self._last_sent[key] = now
-                self._heartbeat(consumer, subject)
-        threshold = consumer.config.inactive_threshold
-        if threshold and now - self._last_seen.setdefault(key, now) > threshold:
-            self._last_seen[key] = now + threshold  # one deletion at a time
-            self.tasks.own(self.delete_consumer(consumer), f"inactive-{consumer.name}")
-            return
-        if (listening or consumer.is_push) and key not in self._serving and consumer.has_work():
-            self.kick(consumer)
-
-    def _heartbeat(self, consumer: Consumer, inbox: str) -> None:
-        """``100 Idle Heartbeat`` with the last sequences; while a flow-control request is
-        unanswered it also names that request's reply (``Nats-Consumer-Stalled``), as the server
-        does, so a client that missed the request can answer it."""
-        group = consumer.config.deliver_group if consumer.is_push else None
-        headers = {"Nats-Last-Consumer": str(consumer.dseq), "Nats-Last-Stream": str(consumer.sseq)}
-        flow = self._flow.get(id(consumer))
-        if flow is not None and flow.outstanding is not None:
-            headers["Nats-Consumer-Stalled"] = flow.outstanding
-        self._send_status(Status(inbox, *IDLE_HEARTBEAT, headers), (group,) if group else ())
+        self._carry_out(consumer, ce.tick(consumer, self.leaf.interest.has, now))
 
     def on_flow_control(self, subject: str) -> None:
         """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
@@ -555,10 +483,6 @@ class Delivery:
         consumer = self._consumer(token.stream, token.consumer)
         if consumer is not None:  # nobody listens on a deleted consumer's acks, as on the real server
             self._ack(consumer, token, kind, reply)
-            if kind.kind in ("nak", "wpi") and self._timers is not None:
-                due = consumer.next_deadline_ns()  # a nak delay or a restarted ack wait
-                if due is not None:
-                    self._timers.earlier(consumer, due)
 
     def apply_acks(self) -> None:
         """Apply the queued plain acks (``queued_acks``): each run of consecutive acks of one
@@ -579,102 +503,15 @@ class Delivery:
                 self._ack(consumer, token, acks.PLAIN_ACK, "")
             return
         seqs = [int(seq) for *_, seq in run]
-        taken, settled = consumer.ack_run(seqs, now_ns(), self.recorder.room())
-        if retention.policy(consumer.stream) != "limits":
-            stream = consumer.stream
-            retention.settle(stream, self.registry.consumers.get(stream.name, {}).values(), seqs[:taken])
-        self.recorder.acked_run(consumer, settled)
-        if taken:
-            self._kick_after_ack(consumer)
+        peers = self.registry.consumers.get(consumer.stream.name, {}).values()
+        self._carry_out(consumer, ce.ack_run(consumer, peers, seqs, self.recorder.room(), now_ns()))
 
     def _ack(self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, reply: str) -> None:
-        """One ack of any kind, applied on its own."""
-        if not self.recorder.has_room():
-            return  # the ack log is full: the ack is not taken, the message is redelivered
-        now = now_ns()
-        k = kind.kind
-        stream, name = token.stream, token.consumer
-        floor = consumer.ack_floor_sseq
-        record, changed = al.ACK, False
-        delay: dict[str, int] = {}
-        if k in ("ack", "next"):
-            settled = consumer.ack(token.seq, token.cseq, now)
-            changed = settled is not None
-            if settled is not None and consumer.config.sample_freq:
-                self._sample(consumer, token, settled, now)
-        elif k == "term":
-            record, changed = al.TERM, self._term(consumer, token, kind, now)
-        elif k == "nak":
-            record = al.NAK
-            changed, delay = self._nak(consumer, token, kind, now)
-        elif k == "wpi":
-            record, changed = al.WPI, consumer.progress(token.seq, now)
-        if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
-            acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
-            retention.settle(consumer.stream, self.registry.consumers.get(stream, {}).values(), acked)
-        sync = bool(reply) and k != "next"
-        durable = self.recorder.acked(consumer, record, token.seq, changed, sync, **delay)
-        if k == "next":
-            if reply:
-                self.pull_request(stream, name, reply, kind.next_request)
-        elif durable is not None:
-            # An ack with a reply is answered only once its row is committed (ack_sync).
-            durable.add_done_callback(lambda _: self.leaf.publish(reply, b""))
-        self._kick_after_ack(consumer)
-
-    def _sample(self, consumer: Consumer, token: acks.AckToken, settled: Pending, now: int) -> None:
-        """``sample_freq``: an advisory for that share of the acks, with the delivery's round trip."""
-        rate = advisories.sample_rate(consumer.config.sample_freq)
-        if rate and _sampled(rate, token.cseq):
-            self._publish_event(
-                advisories.ack_sample(
-                    token.stream,
-                    token.consumer,
-                    token.cseq,
-                    token.seq,
-                    now - settled.sent_ns,
-                    settled.deliveries,
-                    now,
-                )
-            )
-
-    def _term(self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, now: int) -> bool:
-        """A term settles the message for good, with an advisory carrying the client's reason."""
-        changed = consumer.term(token.seq, token.cseq, now) is not None
-        if changed:
-            self._publish_event(
-                advisories.terminated(
-                    token.stream, token.consumer, token.cseq, token.seq, token.deliveries, kind.reason, now
-                )
-            )
-        return changed
-
-    def _nak(
-        self, consumer: Consumer, token: acks.AckToken, kind: acks.AckKind, now: int
-    ) -> tuple[bool, dict[str, int]]:
-        """A nak: whether it changed anything, and the redelivery delay (the nak's own, or the
-        backoff's) the ack log keeps."""
-        changed = consumer.nak(token.seq, kind.delay_ns, now)
-        p = consumer.pending.get(token.seq)
-        delay: dict[str, int] = {}
-        if p is not None and (kind.delay_ns > 0 or consumer.config.backoff):
-            delay = {"delay": p.deadline_ns - now}
-        if changed:
-            self._publish_event(
-                advisories.nak(token.stream, token.consumer, token.cseq, token.seq, token.deliveries, now)
-            )
-        return changed, delay
-
-    def _kick_after_ack(self, consumer: Consumer) -> None:
-        listening = len(consumer.waiting) > 0 or consumer.is_push
-        # an ack that frees nothing to deliver starts no task
-        if listening and id(consumer) not in self._serving and consumer.has_work():
-            self.kick(consumer)
-
-
-def _sampled(rate: int, cseq: int) -> bool:
-    """Deterministic sampling: ``rate`` percent of consumer sequences."""
-    return rate >= 100 or (cseq * 7919) % 100 < rate
+        """One ack of any kind, applied on its own, if the ack log takes it (if not, the ack is
+        not taken and the message is redelivered)."""
+        if self.recorder.has_room():
+            peers = self.registry.consumers.get(token.stream, {}).values()
+            self._carry_out(consumer, ce.ack(consumer, peers, token, kind, reply, now_ns()))
 
 
 def _size(msg: StoredMessage, consumer: Consumer) -> int:

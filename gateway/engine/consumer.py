@@ -42,6 +42,18 @@ class Pending:
     sent_ns: int = 0
 
 
+@dataclass(slots=True)
+class Watch:
+    """What the consumer's timer knows of its listeners: when a push consumer's deliver subject
+    last heard from it, when it last had interest or a request (None: not yet looked at), and
+    whether it was listening when last looked at, so the moment it stops is when
+    ``inactive_threshold`` starts counting."""
+
+    last_sent_ns: int | None = None
+    last_seen_ns: int | None = None
+    listening: bool = False
+
+
 class Delivered(NamedTuple):
     """What ``deliver`` decided: the ack token's numbers for one message, and the consumer's
     positions right after it, which its ack log row carries (a tuple: one is made per delivery)."""
@@ -174,6 +186,7 @@ class Consumer:
         self._match_cache: dict[str, bool] = {}
         self.waiting = PullRequestQueue(config.max_waiting)
         self.paused_until_ns = _pause_ns(config)
+        self.watch = Watch()
 
     # ---- properties ---------------------------------------------------------------------------
 

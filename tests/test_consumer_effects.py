@@ -1,0 +1,139 @@
+"""The consumer's answers as effects (no servers): what an ack, a pull request and a timer run ask
+the delivery adapter to do, in order. The same cases run end to end against the real server in the
+differential consumer tests; these pin the decisions on their own."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.engine import consumer_effects as ce
+from gateway.engine.consumer import Consumer
+from gateway.engine.flow_control import WINDOW, FlowControl
+from gateway.wire import acks
+from storage_delta.tables import acklog as al
+from tests.test_consumer_model import NS, _consumer, _stream, _take
+
+
+def _token(c: Consumer, seq: int, deliveries: int = 1) -> acks.AckToken:
+    p = c.pending[seq]
+    return acks.AckToken(c.stream.name, c.name, deliveries, seq, p.cseq, 0, 0)
+
+
+def _kinds(effects: list[ce.Effect]) -> list[str]:
+    return [type(e).__name__ for e in effects]
+
+
+def _event_type(effect: ce.Effect) -> str:
+    assert isinstance(effect, ce.Advisory)
+    return str(json.loads(effect.payload)["type"])
+
+
+def _nobody(_: str) -> bool:
+    return False
+
+
+def test_ack_with_reply_records_a_row_answered_once_durable() -> None:
+    # AckSync: one ack row carrying the reply; nothing else is due (no listener)
+    c = _consumer(_stream(2))
+    _take(c)
+    effects = ce.ack(c, [c], _token(c, 1), acks.PLAIN_ACK, "_INBOX.r", 5)
+    assert effects == [ce.RecordAck(al.ACK, 1, True, "_INBOX.r")]
+    # a second ack of the same message changes nothing, but its reply still waits for durability
+    again = ce.ack(c, [c], acks.AckToken("M", "c", 1, 1, 1, 0, 0), acks.PLAIN_ACK, "_INBOX.s", 6)
+    assert again == [ce.RecordAck(al.ACK, 1, False, "_INBOX.s")]
+
+
+def test_nak_with_delay_sends_the_advisory_records_the_delay_and_wakes_the_timer() -> None:
+    # -NAK {"delay": …}: MSG_NAKED advisory, a nak row with the delay, the timer due at the delay
+    c = _consumer(_stream(1), ack_wait=30 * NS)
+    _take(c)
+    effects = ce.ack(c, [c], _token(c, 1), acks.AckKind("nak", delay_ns=2 * NS), "", NS)
+    assert _kinds(effects) == ["Advisory", "RecordAck", "WakeBy"]
+    assert _event_type(effects[0]) == "io.nats.jetstream.advisory.v1.nak"
+    assert effects[1:] == [ce.RecordAck(al.NAK, 1, True, "", 2 * NS), ce.WakeBy(3 * NS)]
+
+
+def test_term_sends_the_reason_and_acks_underneath() -> None:
+    # +TERM reason: MSG_TERMINATED with the reason; the message is settled like an ack
+    c = _consumer(_stream(2))
+    _take(c)
+    effects = ce.ack(c, [c], _token(c, 1), acks.AckKind("term", reason="bad"), "", 7)
+    assert _kinds(effects) == ["Advisory", "RecordAck"]
+    assert json.loads(effects[0].payload)["reason"] == "bad"  # type: ignore[union-attr]
+    assert effects[1] == ce.RecordAck(al.TERM, 1, True)
+    assert 1 not in c.pending
+
+
+def test_ack_next_records_without_reply_and_takes_the_request() -> None:
+    # +NXT: the ack row is not a sync ack; the reply becomes a pull request for the body
+    c = _consumer(_stream(3))
+    _take(c)
+    effects = ce.ack(c, [c], _token(c, 1), acks.AckKind("next", next_request=b"2"), "_INBOX.n", 1)
+    assert effects == [ce.RecordAck(al.ACK, 1, True), ce.TakeRequest("_INBOX.n", b"2")]
+
+
+def test_an_ack_that_frees_work_for_a_waiting_request_serves() -> None:
+    # max_ack_pending 1: the ack frees the next message for the waiting request
+    c = _consumer(_stream(2), max_ack_pending=1)
+    _take(c)
+    assert ce.pull_request(c, "_INBOX.p", b'{"batch":1,"expires":5000000000}', 0)[-1] == ce.SERVE
+    effects = ce.ack(c, [c], _token(c, 1), acks.PLAIN_ACK, "", 1)
+    assert effects == [ce.RecordAck(al.ACK, 1, True), ce.SERVE]
+
+
+def test_ack_run_records_the_settled_rows_up_to_the_room() -> None:
+    # plain acks in one run: as many as the ack log has room for are taken
+    c = _consumer(_stream(3))
+    for _ in range(3):
+        _take(c)
+    effects = ce.ack_run(c, [c], [1, 2, 3], 2, 9)
+    assert effects == [ce.RecordAckRun([(1, 1, 1), (2, 2, 2)])]
+    assert sorted(c.pending) == [3]
+
+
+def test_pull_request_refusals_are_the_servers_statuses() -> None:
+    # a push consumer refuses pulls (409); no_wait on nothing is 404; a bad body is 400
+    push = _consumer(_stream(1), deliver_subject="d")
+    (refused,) = ce.pull_request(push, "_INBOX.a", b"", 0)
+    assert isinstance(refused, ce.SendStatus)
+    assert (refused.status.code, refused.status.text) == (409, "Consumer is push based")
+    c = _consumer(_stream(0))
+    (empty,) = ce.pull_request(c, "_INBOX.b", b'{"batch":1,"no_wait":true}', 0)
+    assert isinstance(empty, ce.SendStatus)
+    assert empty.status.code == 404
+    (bad,) = ce.pull_request(c, "_INBOX.c", b'{"batch":"x"}', 0)
+    assert isinstance(bad, ce.SendStatus)
+    assert bad.status.code == 400
+    assert len(c.waiting) == 0
+
+
+def test_tick_expires_requests_drops_exhausted_messages_and_removes_the_inactive() -> None:
+    # a request past its expiry hears 408; a message out of deliveries is dropped with the
+    # MAX_DELIVERIES advisory; once unseen past inactive_threshold the consumer is removed
+    c = _consumer(_stream(1), ack_wait=NS, max_deliver=1, inactive_threshold=10 * NS)
+    ce.pull_request(c, "_INBOX.t", b'{"batch":5,"expires":1000000000}', 0)
+    _take(c)
+    effects = ce.tick(c, lambda inbox: True, 2 * NS)
+    assert _kinds(effects) == ["SendStatus", "RecordDrop", "Advisory"]
+    assert effects[0].status.code == 408  # type: ignore[union-attr]
+    assert effects[1] == ce.RecordDrop(1)
+    assert _event_type(effects[2]) == "io.nats.jetstream.advisory.v1.max_deliver"
+    assert ce.next_due(c, 2 * NS) == 2 * NS + 10 * NS + 1  # inactivity counts from the last look
+    assert ce.tick(c, _nobody, 5 * NS) == []
+    assert ce.tick(c, _nobody, 13 * NS) == [ce.REMOVE]
+
+
+def test_push_heartbeat_while_listening_names_an_unanswered_flow_control_request() -> None:
+    # idle_heartbeat on a push consumer: due a heartbeat after the last send while a subscriber listens
+    c = _consumer(_stream(0), deliver_subject="d", idle_heartbeat=NS, flow_control=True)
+    assert ce.tick(c, lambda subject: subject == "d", 0) == []
+    assert ce.next_due(c, 0) == NS
+    assert ce.tick(c, lambda subject: subject == "d", NS) == [ce.Heartbeat("d")]
+    assert ce.tick(c, _nobody, 3 * NS) == []  # nobody listens: no heartbeat
+    flow = FlowControl("M", "c")
+    request = flow.sent(WINDOW)
+    beat = ce.heartbeat(c, "d", flow)
+    assert (beat.status.code, beat.status.headers) == (
+        100,
+        {"Nats-Last-Consumer": "0", "Nats-Last-Stream": "0", "Nats-Consumer-Stalled": request},
+    )
