@@ -114,19 +114,7 @@ def run_job(spark: Any, job: str, settings: JobSettings) -> None:
         raise ValueError(f"unknown job {job!r}")
     vacuumed = maintenance.vacuum(root, settings.vacuum_margin_hours)
     maintenance.checkpoint(root)
-    record_run(
-        root,
-        JobRun(
-            job,
-            started_ns,
-            time.monotonic() - started,
-            out.rows_removed,
-            out.files_removed,
-            out.files_added,
-            out.bytes_before,
-            out.bytes_after,
-        ),
-    )
+    record_run(root, JobRun(job, started_ns, time.monotonic() - started, out))
     log.info(
         "%s: done in %.1fs: %d files removed, %d added, %d rows removed, live bytes %d -> %d, "
         "%d files vacuumed, %d swaps abandoned",

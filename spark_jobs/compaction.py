@@ -31,6 +31,7 @@ from storage_delta.maintenance.files import (
     rewrite_files,
     swap_files,
 )
+from storage_delta.tables.jobruns import RunFigures
 from storage_delta.tables.removals import StreamLogicalState
 
 log = logging.getLogger(__name__)
@@ -56,15 +57,11 @@ class Plan:
     rewrites: list[Rewrite] = field(default_factory=list)
 
 
-@dataclass
-class Outcome:
-    """What a run did, for the log and the tests."""
+@dataclass(slots=True)
+class Outcome(RunFigures):
+    """What a run did, for the log, the ``jobruns`` row and the tests; and how many swaps it
+    abandoned to a racing writer."""
 
-    files_removed: int = 0
-    files_added: int = 0
-    rows_removed: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
     abandoned: int = 0
 
 

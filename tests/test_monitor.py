@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.monitor.jsz import stored_config
 from storage_delta.commit.store import StoreRoot
-from storage_delta.tables.jobruns import JobRun, record_run
+from storage_delta.tables.jobruns import JobRun, RunFigures, record_run
 from tests.harness import ReferenceJetStream, scrub, stop
 from tests.monitor_fixtures import (
     TOKEN,
@@ -189,7 +189,7 @@ async def test_metrics_report_the_job_runs(monitored: MonitoredJetlake) -> None:
         ("retention", t0 + 2_000_000_000, 7),
         ("seal", t0, 0),
     ):
-        await asyncio.to_thread(record_run, root, JobRun(job, started, 0.5, rows_removed=removed))
+        await asyncio.to_thread(record_run, root, JobRun(job, started, 0.5, RunFigures(rows_removed=removed)))
     after = samples(http_get(url)[1].decode())
 
     def delta(name: str, job: str) -> float:

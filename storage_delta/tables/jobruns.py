@@ -5,7 +5,7 @@ run elsewhere, under spark-submit). Append-only, not partitioned; docs/storage.m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -16,16 +16,24 @@ from storage_delta.format import schema as sch
 JOBRUNS_TABLE = TableSpec(sch.JOBRUNS, sch.JOBRUNS_SCHEMA)
 
 
-@dataclass(frozen=True, slots=True)
-class JobRun:
-    job: str
-    started: int  # Unix ns
-    seconds: float
+@dataclass(slots=True)
+class RunFigures:
+    """What a maintenance run changed in the messages table: the figures the job counts as it goes
+    and the ``jobruns`` row keeps."""
+
     rows_removed: int = 0
     files_removed: int = 0
     files_added: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    job: str
+    started: int  # Unix ns
+    seconds: float
+    figures: RunFigures = field(default_factory=RunFigures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +48,10 @@ class JobFigures:
 def record_run(root: StoreRoot, run: JobRun) -> None:
     """Append one run. Runs are rare and never repeated, so no txn marker: a lost race with another
     job process is retried by the append primitive."""
-    row = pa.Table.from_pylist([asdict(run)], schema=sch.JOBRUNS_SCHEMA)
+    # the figures a job's own outcome may extend, as the table has them
+    figures = {name: getattr(run.figures, name) for name in RunFigures.__dataclass_fields__}
+    fields = {"job": run.job, "started": run.started, "seconds": run.seconds, **figures}
+    row = pa.Table.from_pylist([fields], schema=sch.JOBRUNS_SCHEMA)
     appender = TableAppender(root, JOBRUNS_TABLE, None)
     try:
         appender.append([({}, row)], None)
