@@ -76,7 +76,7 @@ def test_an_ack_that_frees_work_for_a_waiting_request_serves() -> None:
     # max_ack_pending 1: the ack frees the next message for the waiting request
     c = _consumer(_stream(2), max_ack_pending=1)
     _take(c)
-    assert ce.pull_request(c, "_INBOX.p", b'{"batch":1,"expires":5000000000}', 0)[-1] == ce.SERVE
+    assert ce.pull_request(c, "_INBOX.p", b'{"batch":1,"expires":5000000000}', None, 0)[-1] == ce.SERVE
     effects = ce.ack(c, [c], _token(c, 1), acks.PLAIN_ACK, "", 1)
     assert effects == [ce.RecordAck(al.ACK, 1, True), ce.SERVE]
 
@@ -94,14 +94,14 @@ def test_ack_run_records_the_settled_rows_up_to_the_room() -> None:
 def test_pull_request_refusals_are_the_servers_statuses() -> None:
     # a push consumer refuses pulls (409); no_wait on nothing is 404; a bad body is 400
     push = _consumer(_stream(1), deliver_subject="d")
-    (refused,) = ce.pull_request(push, "_INBOX.a", b"", 0)
+    (refused,) = ce.pull_request(push, "_INBOX.a", b"", None, 0)
     assert isinstance(refused, ce.SendStatus)
     assert (refused.status.code, refused.status.text) == (409, "Consumer is push based")
     c = _consumer(_stream(0))
-    (empty,) = ce.pull_request(c, "_INBOX.b", b'{"batch":1,"no_wait":true}', 0)
+    (empty,) = ce.pull_request(c, "_INBOX.b", b'{"batch":1,"no_wait":true}', None, 0)
     assert isinstance(empty, ce.SendStatus)
     assert empty.status.code == 404
-    (bad,) = ce.pull_request(c, "_INBOX.c", b'{"batch":"x"}', 0)
+    (bad,) = ce.pull_request(c, "_INBOX.c", b'{"batch":"x"}', None, 0)
     assert isinstance(bad, ce.SendStatus)
     assert bad.status.code == 400
     assert len(c.waiting) == 0
@@ -111,7 +111,7 @@ def test_tick_expires_requests_drops_exhausted_messages_and_removes_the_inactive
     # a request past its expiry hears 408; a message out of deliveries is dropped with the
     # MAX_DELIVERIES advisory; once unseen past inactive_threshold the consumer is removed
     c = _consumer(_stream(1), ack_wait=NS, max_deliver=1, inactive_threshold=10 * NS)
-    ce.pull_request(c, "_INBOX.t", b'{"batch":5,"expires":1000000000}', 0)
+    ce.pull_request(c, "_INBOX.t", b'{"batch":5,"expires":1000000000}', None, 0)
     _take(c)
     effects = ce.tick(c, lambda inbox: True, 2 * NS)
     assert _kinds(effects) == ["SendStatus", "RecordDrop", "Advisory"]

@@ -31,6 +31,14 @@ LIMITS = {"max_batch": 3, "max_expires": 2_000_000_000, "max_bytes": 500}
         {"batch": 3, "no_wait": True},  # what there is, then 408
         {"batch": 3, "no_wait": True, "expires": 500_000_000},  # no_wait with expires
         {"batch": 3, "expires": 500_000_000},  # what there is, 408 at expiry
+        # idle_heartbeat more than half of expires: 400 Bad Request - heartbeat value too large
+        {"batch": 1, "expires": 1_000_000_000, "idle_heartbeat": 600_000_000},
+        {"batch": 1, "expires": 1_000_000_000, "idle_heartbeat": 500_000_000},  # half: served
+        {"batch": 1, "idle_heartbeat": 100_000_000},  # a heartbeat without expires: 400
+        {"batch": 1, "no_wait": True, "idle_heartbeat": 100_000_000},  # with a bare no_wait: 400
+        {"batch": 1, "expires": -1, "idle_heartbeat": 1},  # the 400 before expired on arrival
+        {"batch": 4, "idle_heartbeat": 100_000_000},  # the 400 before MaxRequestBatch's 409
+        {"batch": 3, "expires": 1_000_000_000, "idle_heartbeat": -5},  # below zero: no heartbeats
     ],
 )
 async def test_pull_request_forms(targets: dict[str, str], unique: str, body: Any) -> None:

@@ -129,14 +129,16 @@ class Delivery:
 
     # ---- pull requests ------------------------------------------------------------------------
 
-    def pull_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
+    def pull_request(
+        self, stream: str, name: str, reply: str, body: bytes, hdrs: bytes | None = None
+    ) -> None:
         consumer = self._consumer(stream, name)
         if not reply:
             return
         if consumer is None:
             self._send_status(no_consumer(reply, stream, name))
             return
-        self._carry_out(consumer, ce.pull_request(consumer, reply, body, now_ns()))
+        self._carry_out(consumer, ce.pull_request(consumer, reply, body, hdrs, now_ns()))
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """The consumer was deleted: its waiting requests hear ``409 Consumer Deleted``."""

@@ -29,6 +29,7 @@ class ApiError(Exception):
 
 INVALID_JSON = ApiError(400, 10025, "invalid JSON: {err}")
 CLUSTER_REQUIRED = ApiError(503, 10010, "JetStream clustering support required")
+REQUIRED_API_LEVEL = ApiError(412, 10185, "JetStream minimum api level required")
 NOT_EMPTY_REQUEST = ApiError(400, 10038, "expected an empty request payload")
 STREAM_NOT_FOUND = ApiError(404, 10059, "stream not found")
 STREAM_NAME_EXISTS = ApiError(400, 10058, "stream name already in use with a different configuration")

@@ -2,7 +2,8 @@
 
 What the real server does with odd bodies was asked of it: a body that does not start with ``{``
 and is not a number, or a batch below 1, is served as batch 1; a body that starts with ``{`` but
-does not decode into the request struct gets ``400 Bad Request - <the decoder's error>``; one with
+does not decode into the request struct gets ``400 Bad Request - <the decoder's error>``, and so does
+one whose ``idle_heartbeat`` is more than half its ``expires`` (or that has none); one with
 a negative ``expires`` has expired on arrival (408 at once); requests above the consumer's ``max_batch``,
 ``max_expires`` or ``max_bytes`` get a 409 naming the limit.
 """
@@ -52,6 +53,7 @@ PUSH_BASED = (409, "Consumer is push based")
 CONSUMER_DELETED = (409, "Consumer Deleted")
 SIZE_EXCEEDS_MAX_BYTES = (409, "Message Size Exceeds MaxBytes")
 NO_RESPONDERS = (503, "")
+REQUIRED_API_LEVEL = (412, "Required Api Level")
 
 
 def no_consumer(reply: str, stream: str, consumer: str) -> Status:
@@ -102,9 +104,13 @@ def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | St
     elif text.isdigit():
         req = {"batch": int(text)}
     expires = req.get("expires", 0)
+    heartbeat = max(req.get("idle_heartbeat", 0), 0)  # none below zero, as on the server
+    if heartbeat * 2 > expires and heartbeat:
+        # the server's decoding refuses a heartbeat more than half the request's time (none:
+        # no expires, a bare no_wait, or expired on arrival) before it looks at anything else
+        return Status(reply, 400, "Bad Request - heartbeat value too large")
     if expires < 0:  # expired on arrival: the server's own 408, which counts nothing pending
         return Status(reply, *REQUEST_TIMEOUT, {"Nats-Pending-Messages": "0", "Nats-Pending-Bytes": "0"})
-    heartbeat = req.get("idle_heartbeat", 0)
     return PullRequest(
         reply=reply,
         batch=max(req.get("batch", 0), 1),

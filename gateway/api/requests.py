@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,35 @@ NAMES_PAGE = 1024
 
 #: Sends an event (advisory subject, JSON body) to the server.
 Publish = Callable[[tuple[str, bytes]], None]
+
+#: What an API handler answers: a JSON body, raw replies, or None where the server is silent.
+Answer = dict[str, Any] | list["RawReply"] | None
+#: An API subject's handler with its subject's tokens bound: called with the request body.
+Route = Callable[[bytes], Answer | Awaitable[Answer]]
+
+#: The JetStream API level jetlake implements (``$JS.API.INFO``, the ``_nats.level`` metadata):
+#: nats-server 2.15's, as far as the compatibility table says.
+API_LEVEL = 5
+_LEVEL_HEADER = b"\r\nNats-Required-Api-Level:"
+_GO_INT = re.compile(rb"[+-]?[0-9]+")
+
+
+def above_api_level(hdrs: bytes | None) -> bool:
+    """Whether a request's ``Nats-Required-Api-Level`` asks for more than :data:`API_LEVEL`, read
+    as the server reads it: the first header of exactly that name, its leading spaces dropped, an
+    empty value asking nothing, and a value that is not a whole number in Go's ``strconv.Atoi``
+    form (trailing space, a fraction, out of int64) refused as too high."""
+    at = hdrs.find(_LEVEL_HEADER) if hdrs else -1
+    if hdrs is None or at < 0:
+        return False
+    start = at + len(_LEVEL_HEADER)
+    value = hdrs[start : hdrs.find(b"\r\n", start)].lstrip(b" ")
+    if not value:
+        return False
+    if not _GO_INT.fullmatch(value):
+        return True
+    level = int(value)
+    return not -(2**63) <= level < 2**63 or level > API_LEVEL
 
 
 def load_request(body: bytes, struct: Struct) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.api import errors
 from gateway.api.configs import ConsumerLimits, StreamConfig
+from gateway.api.requests import API_LEVEL
 from gateway.api.structs import (
     BOOL,
     DURATION,
@@ -354,7 +355,7 @@ def _render(
         consumer_limits=ConsumerLimits(limits.get("inactive_threshold", 0), limits.get("max_ack_pending", 0)),
         subject_delete_marker_ttl=marker_ttl,
         persist_mode=req.get("persist_mode", ""),
-        metadata={**metadata, "_nats.level": "5", "_nats.ver": server_version},
+        metadata={**metadata, "_nats.level": str(API_LEVEL), "_nats.ver": server_version},
         allow_direct=flags["allow_direct"],
         mirror_direct=flags["mirror_direct"],
         sealed=flags["sealed"],

@@ -20,11 +20,13 @@ from gateway.api.pull import (
     IDLE_HEARTBEAT,
     NO_MESSAGES,
     PUSH_BASED,
+    REQUIRED_API_LEVEL,
     Status,
     limit_status,
     parse_pull_request,
     timeout_status,
 )
+from gateway.api.requests import above_api_level
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, Pending
 from gateway.engine.flow_control import FlowControl
@@ -228,11 +230,13 @@ def _serve_if_due(consumer: Consumer) -> list[Effect]:
 # ---- pull requests ----------------------------------------------------------------------------
 
 
-def pull_request(consumer: Consumer, reply: str, body: bytes, now: int) -> list[Effect]:
+def pull_request(consumer: Consumer, reply: str, body: bytes, hdrs: bytes | None, now: int) -> list[Effect]:
     """A ``CONSUMER.MSG.NEXT`` request: refused with the status the server sends, or queued."""
     consumer.watch.last_seen_ns = now
     if consumer.is_push:
         return [SendStatus(Status(reply, *PUSH_BASED))]
+    if above_api_level(hdrs):
+        return [SendStatus(Status(reply, *REQUIRED_API_LEVEL))]
     req = parse_pull_request(reply, body, now)
     if isinstance(req, Status):
         return [SendStatus(req)]

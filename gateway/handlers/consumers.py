@@ -12,6 +12,7 @@ import re
 import secrets
 import string
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, NoReturn
 
 from gateway.adapters.registry import Registry
@@ -19,7 +20,9 @@ from gateway.api import advisories, consumer_config, errors
 from gateway.api.configs import ConsumerConfig
 from gateway.api.requests import (
     NAMES_PAGE,
+    Answer,
     Publish,
+    Route,
     T,
     load_request,
     require_empty_request,
@@ -97,29 +100,27 @@ class ConsumerApi:
         self.seq_at_time = seq_at_time
         self.publish = publish
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | None:
+    def route(self, toks: list[str]) -> Route | None:
+        """The handler of a consumer subject; None for a subject nobody answers."""
         op = ".".join(toks[:2])
         n = len(toks)
         if op == "CONSUMER.CREATE" and n >= 3:
-            name = toks[3] if n > 3 else None
-            return await self.create(toks[2], name, ".".join(toks[4:]) or None, body, durable_subject=False)
+            name, filtered = toks[3] if n > 3 else None, ".".join(toks[4:]) or None
+            return partial(self.create, toks[2], name, filtered, durable_subject=False)
         if op == "CONSUMER.DURABLE" and n == 5 and toks[2] == "CREATE":
-            return await self.create(toks[3], toks[4], None, body, durable_subject=True)
-        if op == "CONSUMER.INFO" and n == 4:
-            require_empty_request(body)
-            return self.info(toks[2], toks[3])
-        if op == "CONSUMER.DELETE" and n == 4:
-            return await self.delete(toks[2], toks[3])
-        if op == "CONSUMER.NAMES" and n == 3:
-            return self.names(toks[2], body)
-        if op == "CONSUMER.LIST" and n == 3:
-            return self.list(toks[2], body)
-        if op == "CONSUMER.PAUSE" and n == 4:
-            return await self.pause(toks[2], toks[3], body)
-        if op == "CONSUMER.RESET" and n == 4:
-            return await self.reset(toks[2], toks[3], body)
-        if op == "CONSUMER.UNPIN" and n == 4:
-            return self.unpin(toks[2], toks[3], body)
+            return partial(self.create, toks[3], toks[4], None, durable_subject=True)
+        handlers: dict[str, Callable[[str, str, bytes], Answer | Awaitable[Answer]]] = {
+            "CONSUMER.INFO": self.info,
+            "CONSUMER.DELETE": self.delete,
+            "CONSUMER.PAUSE": self.pause,
+            "CONSUMER.RESET": self.reset,
+            "CONSUMER.UNPIN": self.unpin,
+        }
+        by_consumer = handlers.get(op)
+        if by_consumer is not None and n == 4:
+            return partial(by_consumer, toks[2], toks[3])
+        if op in ("CONSUMER.NAMES", "CONSUMER.LIST") and n == 3:
+            return partial(self.names if op == "CONSUMER.NAMES" else self.list, toks[2])
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -187,11 +188,13 @@ class ConsumerApi:
         self.publish(advisories.consumer_action(stream.name, cname, "create", now))
         return consumer
 
-    def info(self, stream_name: str, name: str) -> dict[str, Any]:
+    def info(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
+        require_empty_request(body)
         consumer = self._consumer(stream_name, name)
         return {"type": T + "consumer_info_response", **consumer.info(stream_name, now_ns())}
 
-    async def delete(self, stream_name: str, name: str) -> dict[str, Any]:
+    async def delete(self, stream_name: str, name: str, _body: bytes) -> dict[str, Any]:
+        """The body is not read, as on the server."""
         consumer = self._consumer(stream_name, name)
         if await self.reg.remove_consumer(consumer):
             self.publish(advisories.consumer_action(stream_name, name, "delete", now_ns()))

@@ -11,7 +11,8 @@ from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
 from gateway.api import errors
 from gateway.api.consumer_config import parse_time_ns
-from gateway.api.requests import RawReply, load_request
+from gateway.api.pull import REQUIRED_API_LEVEL
+from gateway.api.requests import RawReply, above_api_level, load_request
 from gateway.api.structs import BOOL, INT, STRING, STRINGS, TIME, UINT, Struct
 from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
@@ -92,12 +93,14 @@ class DirectGet:
         self.reg = registry
         self.loader = loader
 
-    async def answer(self, name: str, subject: str, body: bytes) -> list[RawReply]:
+    async def answer(self, name: str, subject: str, body: bytes, hdrs: bytes | None) -> list[RawReply]:
         """The messages to send the requester, in order."""
         stream = self.reg.streams.get(name)
         if stream is None or not stream.config.allow_direct:
             asked = f"DIRECT.GET.{name}.{subject}" if subject else f"DIRECT.GET.{name}"
             return [RawReply(status_block(503, "", no_responders(asked)))]
+        if above_api_level(hdrs):
+            return [RawReply(status_block(*REQUIRED_API_LEVEL))]
         if subject:
             req: dict[str, Any] = {"last_by_subj": subject}
         elif not body.strip():

@@ -6,11 +6,12 @@ Handlers are coroutines on a :class:`~gateway.registry.Registry`; they return th
 
 from __future__ import annotations
 
+from inspect import isawaitable
 from typing import Any
 
 from gateway.adapters.registry import Registry
 from gateway.api import errors
-from gateway.api.requests import Publish, RawReply, T
+from gateway.api.requests import API_LEVEL, Answer, Publish, Route, T, above_api_level
 from gateway.handlers import consumers as consumer_api
 from gateway.handlers import streams as stream_api
 from gateway.handlers.consumers import ConsumerApi, SeqAtTime
@@ -34,26 +35,39 @@ class Api:
         self.streams = streams
         self.consumers = ConsumerApi(registry, seq_at_time, publish)
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
-        """Answer one API request; unknown subjects get no answer, as from the real server."""
+    async def handle(self, toks: list[str], body: bytes, hdrs: bytes | None = None) -> Answer:
+        """Answer one API request; unknown subjects get no answer, as from the real server. A
+        request that requires a higher API level than jetlake's is refused before anything else
+        is read (a direct get answers that with a status of its own)."""
         op = ".".join(toks[:2])
         try:
             if any(CLUSTERED_ONLY.get(".".join(toks[:n])) == len(toks) for n in (2, 3)):
                 raise errors.CLUSTER_REQUIRED
-            if toks == ["INFO"]:
-                return self.account_info()
-            if toks[0] in ("STREAM", "DIRECT"):
-                return await self.streams.handle(toks, body)
-            if toks[0] == "CONSUMER":
-                return await self.consumers.handle(toks, body)
+            route = self._route(toks, hdrs)
+            if route is None:
+                return None
+            if toks[0] != "DIRECT" and above_api_level(hdrs):
+                raise errors.REQUIRED_API_LEVEL
+            answer = route(body)
+            return await answer if isawaitable(answer) else answer
         except errors.ApiError as err:
-            answer: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
-            answer.update(stream_api.ERROR_EXTRAS.get(op, {}))
-            answer.update(consumer_api.ERROR_EXTRAS.get(op, {}))
-            return answer
+            refusal: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
+            refusal.update(stream_api.ERROR_EXTRAS.get(op, {}))
+            refusal.update(consumer_api.ERROR_EXTRAS.get(op, {}))
+            return refusal
         return None
 
-    def account_info(self) -> dict[str, Any]:
+    def _route(self, toks: list[str], hdrs: bytes | None) -> Route | None:
+        if toks == ["INFO"]:
+            return self.account_info
+        if toks[0] in ("STREAM", "DIRECT"):
+            return self.streams.route(toks, hdrs)
+        if toks[0] == "CONSUMER":
+            return self.consumers.route(toks)
+        return None
+
+    def account_info(self, _body: bytes) -> dict[str, Any]:
+        """``$JS.API.INFO`` (its body is not read, as on the server)."""
         streams = self.reg.streams.values()
         return {
             "type": T + "account_info_response",
@@ -73,7 +87,7 @@ class Api:
                 "storage_max_stream_bytes": -1,
                 "max_bytes_required": False,
             },
-            "api": {"level": 5, "total": self.reg.api_total, "errors": self.reg.api_errors},
+            "api": {"level": API_LEVEL, "total": self.reg.api_total, "errors": self.reg.api_errors},
         }
 
 

@@ -23,7 +23,7 @@ from gateway.api.configs import StreamConfig, to_json
 from gateway.api.requests import (
     NAMES_PAGE,
     Publish,
-    RawReply,
+    Route,
     T,
     is_empty_request,
     load_optional_request,
@@ -93,12 +93,15 @@ class StreamApi:
         self._waiting: dict[Stream, SeqWaiters] = {}  # removals waiting for a commit, by stream
         self._listening: dict[Stream, Callable[[], None]] = {}  # their durable_moved listeners
 
-    async def handle(self, toks: list[str], body: bytes) -> dict[str, Any] | list[RawReply] | None:
+    def route(self, toks: list[str], hdrs: bytes | None) -> Route | None:
+        """The handler of a stream (or direct get) subject; None for a subject nobody answers.
+        A direct get reads the request's headers itself: it refuses a required API level with a
+        status, and only where a stream serves direct gets."""
         op = ".".join(toks[:2])
         if toks[0] == "DIRECT" and len(toks) >= 3 and toks[1] == "GET":
-            return await self.direct.answer(toks[2], ".".join(toks[3:]), body)
+            return partial(self.direct.answer, toks[2], ".".join(toks[3:]), hdrs=hdrs)
         if op in ("STREAM.NAMES", "STREAM.LIST") and len(toks) == 2:
-            return self.stream_list(body, names_only=op == "STREAM.NAMES")
+            return partial(self.stream_list, names_only=op == "STREAM.NAMES")
         if len(toks) == 3:
             handler = {
                 "STREAM.CREATE": self.stream_create,
@@ -108,11 +111,9 @@ class StreamApi:
                 "STREAM.PURGE": self.stream_purge,
             }.get(op)
             if handler is not None:
-                return await handler(toks[2], body)
+                return partial(handler, toks[2])
         if op == "STREAM.MSG" and len(toks) == 4 and toks[2] in ("GET", "DELETE"):
-            if toks[2] == "GET":
-                return await self.msg_get(toks[3], body)
-            return await self.msg_delete(toks[3], body)
+            return partial(self.msg_get if toks[2] == "GET" else self.msg_delete, toks[3])
         return None
 
     def _stream(self, name: str) -> Stream:

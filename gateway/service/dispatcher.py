@@ -50,7 +50,9 @@ class LinkDispatcher:
         self._publish = publish
         self._delivery = delivery
         self._api = api
-        self._api_queue: asyncio.Queue[tuple[list[str], str, bytes]] = asyncio.Queue(API_QUEUE_SIZE)
+        self._api_queue: asyncio.Queue[tuple[list[str], str, bytes, bytes | None]] = asyncio.Queue(
+            API_QUEUE_SIZE
+        )
         self.api_dropped = 0
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
@@ -100,10 +102,10 @@ class LinkDispatcher:
     def _api_request(self, msg: Msg) -> None:
         toks = split_api_subject(msg.subject, self.api_prefix) or []
         if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
-            self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data)
+            self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return
         try:
-            self._api_queue.put_nowait((toks, msg.reply, msg.data))
+            self._api_queue.put_nowait((toks, msg.reply, msg.data, msg.hdrs))
         except asyncio.QueueFull:
             self.api_dropped += 1
 
@@ -111,9 +113,9 @@ class LinkDispatcher:
         """Answer queued API requests one at a time; a request that raises is logged and gets no
         answer (the client times out), and the worker goes on with the next."""
         while True:
-            toks, reply, body = await self._api_queue.get()
+            toks, reply, body, hdrs = await self._api_queue.get()
             try:
-                answer = await self._api.handle(toks, body)
+                answer = await self._api.handle(toks, body, hdrs)
             except Exception:
                 log.exception("API request %s failed", ".".join(toks))
                 continue
