@@ -35,6 +35,7 @@ from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
     blind_appends_allowed,
+    checkpoint_table,
     commit_adds,
     open_existing,
     retry_listing,
@@ -193,7 +194,7 @@ def swap_actions(
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
-            LocalLogAppender(f"{local}/{table}", dt.version() + 1).swap(
+            LocalLogAppender(f"{local}/{table}", dt.version() + 1, root.fsync).swap(
                 removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE"
             )
             return True
@@ -257,8 +258,7 @@ def checkpoint(root: StoreRoot) -> None:
     """A Delta checkpoint and removal of expired log files: readers replay less log."""
     dt = open_existing(root, sch.MESSAGES)
     if dt is not None:
-        retry_listing(dt.create_checkpoint)
-        retry_listing(dt.cleanup_metadata)
+        checkpoint_table(root, dt, sch.MESSAGES)
 
 
 def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[str]:
