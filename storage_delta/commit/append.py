@@ -33,7 +33,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable, sync_log_entries
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -135,19 +135,23 @@ class TableAppender:
 
     def _commit_delta_rs(self, adds: list[AddAction], version: int | None) -> None:
         txn = (self.app_id, version) if self.app_id is not None and version is not None else None
+        before = self.dt.version()
         for attempt in range(self._retries + 1):
             try:
                 commit_adds(self.dt, adds, self.spec.schema, list(self.spec.partition_by), txn)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
                 retry_listing(self.dt.update_incremental)
-                return
+                break
             except CommitConflict:
                 retry_listing(self.dt.update_incremental)
                 if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
-                    return  # it landed although the call reported an error (delta-rs #2509)
+                    break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:
                     raise
+        local = self.root.synced_path()
+        if local is not None:
+            sync_log_entries(f"{local}/{self.spec.name}", before + 1, self.dt.version())
 
     def _start_hygiene(self) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():

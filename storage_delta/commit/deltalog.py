@@ -48,6 +48,17 @@ def commit_path(log_dir: str, version: int) -> str:
     return os.path.join(log_dir, f"{version:020d}.json")
 
 
+def sync_log_entries(table_path: str, first: int, last: int) -> None:
+    """Sync the log entries ``first`` to ``last`` of a local table, then its log directory: for the
+    commits delta-rs makes (it syncs nothing) on a root that syncs."""
+    log_dir = os.path.join(table_path, "_delta_log")
+    for version in range(first, last + 1):
+        entry = commit_path(log_dir, version)
+        if os.path.exists(entry):
+            fsync_path(entry)
+    fsync_path(log_dir)
+
+
 def add_line(add: AddAction) -> dict[str, Any]:
     return {
         "add": {

@@ -30,7 +30,12 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.deltalog import ConcurrentRemoval, LocalLogAppender, UnsupportedTable
+from storage_delta.commit.deltalog import (
+    ConcurrentRemoval,
+    LocalLogAppender,
+    UnsupportedTable,
+    sync_log_entries,
+)
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -203,7 +208,13 @@ def swap_actions(
             return False
         except UnsupportedTable:
             retry_listing(dt.update_incremental)  # delta-rs's commit judges the new protocol
-    return _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
+    before = dt.version()
+    swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
+    synced = root.synced_path()
+    if swapped and synced is not None:
+        retry_listing(dt.update_incremental)
+        sync_log_entries(f"{synced}/{table}", before + 1, dt.version())
+    return swapped
 
 
 def _live_paths(dt: DeltaTable) -> set[str]:
