@@ -124,7 +124,13 @@ async def load_then_cut(gw: Jetlake, fs: PowerCutMount, rng: random.Random) -> S
 def cut_and_restart(tmp_path: Path, seed: int, sync_interval: str) -> tuple[Jetlake, Seen]:
     """A trial up to the restart on the lower directory; the caller stops the returned gateway."""
     rng = random.Random(seed)
-    env = {"JETLAKE_ACK_FLUSH_INTERVAL_MS": "50", "JETLAKE_SYNC_INTERVAL": sync_interval}
+    env = {
+        "JETLAKE_ACK_FLUSH_INTERVAL_MS": "50",
+        "JETLAKE_SYNC_INTERVAL": sync_interval,
+        # index snapshots are written during the load too, so a cut can land on one
+        "JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "300",
+        "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "300",
+    }
     gw = Jetlake(tmp_path)
     fs = PowerCutMount(tmp_path / "lower", gw.data_root, tmp_path / "powercut.log")
     fs.start()
@@ -164,7 +170,9 @@ def test_power_cut_loses_nothing_acknowledged(tmp_path: Path, trial: int) -> Non
         print(
             f"trial {trial + 1}/{TRIALS}: cut after {seen.killed_at - seen.started:.2f} s, "
             f"{len(seen.acked)} PubAck'd, {len(stored)} stored, {len(seen.synced)} ack_synced, "
-            f"{seen.retries} failed publishes"
+            f"{seen.retries} failed publishes; kept a checkpoint: "
+            f"{(gw.data_root / 'messages' / '_delta_log' / '_last_checkpoint').exists()}, "
+            f"an index snapshot: {any((gw.data_root / '_jetlake_index').glob('*.parquet'))}"
         )
         assert seen.acked, "nothing published before the cut"
         assert seen.synced, "nothing acked before the cut"
