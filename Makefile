@@ -28,7 +28,8 @@ chromium:
 	  { echo "the dashboard test needs Chromium: install it, e.g. apt-get install chromium"; exit 1; }
 
 # The power-cut test (tests/test_power_loss.py) mounts a FUSE file system (mfusepy over Debian's
-# libfuse 3); fuse3 brings the library and fusermount3, installed once with apt where missing.
+# libfuse 3, loaded when the test module is collected); fuse3 brings the library and fusermount3,
+# installed once with apt where missing.
 fuse:
 	@command -v fusermount3 >/dev/null 2>&1 || \
 	  { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
@@ -43,7 +44,7 @@ test: $(STAMP) java chromium fuse $(NODE_MODULES)
 
 # The inner loop: the unit and the quick differential tests, without the slow, Spark, Node and
 # waiting ones (pyproject.toml's markers); see the README for its time. CI runs everything (check).
-test-fast: $(STAMP) chromium
+test-fast: $(STAMP) chromium fuse
 	$(PY) -m pytest -m "not slow and not spark and not node and not waits"
 
 lint: $(STAMP)
