@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test test-fast check lint types java chromium bench soak
+.PHONY: run test test-fast check lint types java chromium fuse bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,15 +27,24 @@ chromium:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
 	  { echo "the dashboard test needs Chromium: install it, e.g. apt-get install chromium"; exit 1; }
 
+# The power-cut test (tests/test_power_loss.py) mounts a FUSE file system (mfusepy over Debian's
+# libfuse 3, loaded when the test module is collected); fuse3 brings the library and fusermount3,
+# installed once with apt where missing.
+fuse:
+	@command -v fusermount3 >/dev/null 2>&1 || \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q fuse3; } || \
+	  { echo "the power-cut test needs FUSE 3: install it, e.g. apt-get install fuse3"; exit 1; }
+
 run: $(STAMP) java
 	$(VENV)/bin/jetlake serve
 
-test: $(STAMP) java chromium $(NODE_MODULES)
+test: $(STAMP) java chromium fuse $(NODE_MODULES)
 	$(PY) -m pytest
 
 # The inner loop: the unit and the quick differential tests, without the slow, Spark, Node and
 # waiting ones (pyproject.toml's markers); see the README for its time. CI runs everything (check).
-test-fast: $(STAMP) chromium
+test-fast: $(STAMP) chromium fuse
 	$(PY) -m pytest -m "not slow and not spark and not node and not waits"
 
 lint: $(STAMP)

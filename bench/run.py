@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import acklog_restart, compaction, consumers, spark_read
+from bench import acklog_restart, compaction, consumers, spark_read, sync_cost
 from bench import workloads as wl
 from bench.targets import BENCH_DIR, start_targets
 from storage_delta.commit.store import StoreRoot
@@ -151,6 +151,9 @@ def main() -> None:
             "acklog_restart": lambda: acklog_restart.measure(sizes.acks, 10_000),
             "spark_vs_drain": lambda: spark_read.spark_vs_drain(targets, lake, sizes.catch_up, 1000),
             "compaction": lambda: compaction.compaction_throughput(targets, lake, sizes.catch_up, Path(tmp)),
+            "sync_cost": lambda: sync_cost.sync_cost(
+                targets, Path(tmp), sizes.sync, sizes.pipelined, sizes.window
+            ),
         }
         results = []
         try:

@@ -83,9 +83,12 @@ class ReferenceJetStream:
     """The oracle: the same nats-server binary with JetStream on and a file store (in JetStream
     domain ``domain`` when one is given, as jetlake serves its API)."""
 
-    def __init__(self, workdir: Path, domain: str | None = None, monitor_port: int = 0) -> None:
+    def __init__(
+        self, workdir: Path, domain: str | None = None, monitor_port: int = 0, sync_interval: str = ""
+    ) -> None:
         self.workdir = workdir
         self.domain = domain
+        self.sync_interval = sync_interval  # the server's ``jetstream { sync_interval }``; "": its default
         self.port = free_port()
         self.monitor_port = monitor_port  # its HTTP monitor (/jsz), when not 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -97,9 +100,12 @@ class ReferenceJetStream:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.workdir / "js")]
-        if self.domain:
+        if self.domain or self.sync_interval:
             conf = self.workdir / "nats-server.conf"
-            conf.write_text(f'jetstream {{ store_dir: "{self.workdir / "js"}", domain: {self.domain} }}\n')
+            options = [f'store_dir: "{self.workdir / "js"}"']
+            options += [f"domain: {self.domain}"] if self.domain else []
+            options += [f"sync_interval: {self.sync_interval}"] if self.sync_interval else []
+            conf.write_text(f"jetstream {{ {', '.join(options)} }}\n")
             args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.monitor_port:
             args += ["-m", str(self.monitor_port)]

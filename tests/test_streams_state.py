@@ -305,3 +305,22 @@ def test_runs_without_limits_match_runs_with_limits_that_never_bite() -> None:
         assert bulk.last_seq_for(subj) == single.last_seq_for(subj)
     assert bulk.first_seq_at_or_after(0, ["s.b"]) == single.first_seq_at_or_after(0, ["s.b"])
     assert [bulk.tail.get(s) for s in range(1, 55)] == [single.tail.get(s) for s in range(1, 55)]
+
+
+def test_a_wall_clock_stepping_back_reorders_nothing() -> None:
+    """Stored times stay increasing per stream when the wall clock steps back (an NTP step), so
+    MaxAge removes nothing early and the duplicate window is never shorter than configured."""
+    second = 1_000_000_000
+    window = 2 * second
+    s = make(max_age=10 * second, duplicate_window=window)
+    now = 10_000 * second
+    first = s.accept("s.a", None, b"1", now)
+    back = now - 3600 * second  # the clock steps back an hour
+    second_msg = s.accept("s.a", None, b"2", back)
+    assert second_msg.ts == first.ts + 1
+    s.dedup.record("id", second_msg.seq, second_msg.ts, back, window)
+    assert s.dedup.lookup("id", back + 5 * second, window) == second_msg.seq  # 5 s later on the new clock
+    s.expire(back + 11 * second)
+    assert s.state.messages == 2
+    s.expire(now + 11 * second)  # once the clock has caught up, both are past MaxAge
+    assert s.state.messages == 0

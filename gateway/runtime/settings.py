@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage_delta.format.settings import Loader, setting
+from storage_delta.commit.durable import sync_interval_seconds
+from storage_delta.format.settings import Loader, SettingsError, setting
 
 __all__ = ["LOADER", "Settings"]
 
@@ -24,6 +25,12 @@ class Settings:
 
     data_root: str = setting(
         "./data", "where the Delta tables live: a directory, or an object-store URI such as `s3://…`"
+    )
+    sync_interval: str = setting(
+        "always",
+        "when writes reach stable storage (JetStream's `sync_interval`): `always` syncs every commit "
+        "before its PubAck, ack reply or API answer; a duration (`2m`, `30s`) syncs that often instead, "
+        "so a power cut can lose what was acknowledged since; no effect on an object store",
     )
     storage_options: dict[str, str] = setting(
         {},
@@ -89,6 +96,17 @@ class Settings:
     )
     tls_cert_file: str = setting("", "client certificate, for hubs that verify leaf certificates")
     tls_key_file: str = setting("", "the client certificate's key")
+
+    def __post_init__(self) -> None:
+        try:
+            sync_interval_seconds(self.sync_interval)
+        except ValueError as exc:
+            raise SettingsError(f"sync_interval: {exc}") from None
+
+    @property
+    def sync_seconds(self) -> float | None:
+        """``sync_interval`` in seconds; None for ``always``."""
+        return sync_interval_seconds(self.sync_interval)
 
     @property
     def embedded(self) -> bool:

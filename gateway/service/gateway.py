@@ -4,7 +4,7 @@
 from the tables, the publish and delivery paths, the API router, the dispatcher) and only then
 starts the leaf link, handing what it reads to the one ordered dispatcher
 (:mod:`gateway.service.dispatcher`). Owns the background tasks (API worker, consumer timer,
-per-consumer delivery, removals, index snapshots) and cancels and awaits them on ``close``.
+per-consumer delivery, removals, index snapshots, the sync flusher) and cancels and awaits them on ``close``.
 Blocking work (delta-rs, parquet) runs on ``executor``.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
+from storage_delta.commit.durable import flush_every
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
@@ -67,7 +69,11 @@ class Core:
 class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.root = StoreRoot(settings.data_root, settings.storage_options or None)
+        sync_s = settings.sync_seconds
+        self.root = StoreRoot(settings.data_root, settings.storage_options or None, fsync=sync_s is None)
+        #: Seconds between two syncs of a local root whose commits do not sync (None: they do, or
+        #: the root is an object store, where a completed PUT is durable).
+        self.flush_s = sync_s if self.root.local_path() is not None else None
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
@@ -143,6 +149,8 @@ class Gateway:
         self.tasks.own(delivery.ticker(), "consumer-timer")
         self.tasks.own(recorder.run(publish), "removals")
         self.tasks.own(snapshots.run(), "index-snapshots")
+        if self.flush_s is not None:
+            self.tasks.own(flush_every(self.flush_s, self.executor), "sync-flusher")
         self.core = core
         await leaf.start(dispatcher)
 
@@ -214,6 +222,8 @@ class Gateway:
             await core.acklog.close()
             await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
+        if self.flush_s is not None:  # a clean stop leaves nothing unsynced, whatever the interval
+            await asyncio.get_running_loop().run_in_executor(self.executor, os.sync)
         if core is not None:
             await core.leaf.close()
         self.executor.shutdown(wait=True)

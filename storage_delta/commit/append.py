@@ -14,7 +14,11 @@ The rules, in the order a commit meets them (docs/storage.md):
   live handle; a lost race there is a :class:`CommitConflict`, after which the handle catches up and
   the txn marker decides between "it landed" and "try again", ``retries`` times;
 * every ``checkpoint_every`` commits a checkpoint and log clean-up run beside the commits, on a
-  thread of their own, so a restart replays little and no commit waits for one.
+  thread of their own, so a restart replays little and no commit waits for one (but on a root that
+  syncs, where commits wait while the checkpoint is written and synced: see :meth:`hygiene`);
+* on a root that syncs (``sync_interval`` ``always``) a commit's data files, its log entry and the
+  directory entries it made are on stable storage when ``append`` returns
+  (:mod:`storage_delta.commit.durable`).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable, sync_log_entries
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
     blind_appends_allowed,
+    checkpoint_table,
     commit_adds,
     open_or_create,
     retry_listing,
@@ -73,7 +78,7 @@ class TableAppender:
         self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
         local = root.local_path()
         self._local = (
-            LocalLogAppender(f"{local}/{spec.name}", self.dt.version() + 1)
+            LocalLogAppender(f"{local}/{spec.name}", self.dt.version() + 1, root.fsync)
             if local is not None and app_id is not None and blind_appends_allowed(self.dt)
             else None
         )
@@ -130,19 +135,23 @@ class TableAppender:
 
     def _commit_delta_rs(self, adds: list[AddAction], version: int | None) -> None:
         txn = (self.app_id, version) if self.app_id is not None and version is not None else None
+        before = self.dt.version()
         for attempt in range(self._retries + 1):
             try:
                 commit_adds(self.dt, adds, self.spec.schema, list(self.spec.partition_by), txn)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
                 retry_listing(self.dt.update_incremental)
-                return
+                break
             except CommitConflict:
                 retry_listing(self.dt.update_incremental)
                 if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
-                    return  # it landed although the call reported an error (delta-rs #2509)
+                    break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:
                     raise
+        local = self.root.synced_path()
+        if local is not None:
+            sync_log_entries(f"{local}/{self.spec.name}", before + 1, self.dt.version())
 
     def _start_hygiene(self) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():
@@ -153,11 +162,17 @@ class TableAppender:
 
     def hygiene(self) -> None:
         """Checkpoint and drop expired log files through a fresh handle (a long-lived
-        ``DeltaTable`` grows slower with every commit made through it), then serve from it."""
+        ``DeltaTable`` grows slower with every commit made through it), then serve from it. On a
+        root that syncs, commits wait while the checkpoint is written and synced."""
         try:
             dt = open_or_create(self.root, self.spec.name, self.spec.schema, list(self.spec.partition_by))
-            retry_listing(dt.create_checkpoint)
-            retry_listing(dt.cleanup_metadata)
+            if self.root.synced_path() is None:
+                checkpoint_table(self.root, dt, self.spec.name)
+            else:
+                # A commit's sync of the log directory between the checkpoint's writes and their
+                # sync would make an empty checkpoint durable: commits wait for this one.
+                with self._lock:
+                    checkpoint_table(self.root, dt, self.spec.name)
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of %s failed", self.spec.name)
             return

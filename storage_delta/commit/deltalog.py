@@ -30,6 +30,8 @@ from typing import Any
 
 from deltalake.transaction import AddAction, RemoveAction
 
+from storage_delta.commit.durable import fsync_path
+
 #: Writer protocol this appender understands; a table that asks for more is left to delta-rs.
 SUPPORTED_WRITER_VERSION = 2
 
@@ -44,6 +46,17 @@ class ConcurrentRemoval(Exception):
 
 def commit_path(log_dir: str, version: int) -> str:
     return os.path.join(log_dir, f"{version:020d}.json")
+
+
+def sync_log_entries(table_path: str, first: int, last: int) -> None:
+    """Sync the log entries ``first`` to ``last`` of a local table, then its log directory: for the
+    commits delta-rs makes (it syncs nothing) on a root that syncs."""
+    log_dir = os.path.join(table_path, "_delta_log")
+    for version in range(first, last + 1):
+        entry = commit_path(log_dir, version)
+        if os.path.exists(entry):
+            fsync_path(entry)
+    fsync_path(log_dir)
 
 
 def add_line(add: AddAction) -> dict[str, Any]:
@@ -90,7 +103,9 @@ class LocalLogAppender:
     Not thread-safe: one appender per table per process, used from one thread at a time.
     """
 
-    def __init__(self, table_path: str, next_version: int) -> None:
+    def __init__(self, table_path: str, next_version: int, sync: bool = True) -> None:
+        #: Whether a commit is on stable storage when it returns (``sync_interval`` ``always``).
+        self.sync = sync
         self.log_dir = os.path.join(table_path, "_delta_log")
         # Commits are staged beside the log, not in it: every create and unlink in ``_delta_log``
         # is a chance for a concurrent listing to miss an entry (see ``tables.retry_listing``).
@@ -133,11 +148,15 @@ class LocalLogAppender:
 
     def _claim(self, lines: list[dict[str, Any]], landed: Callable[[int], bool]) -> int:
         """Link the commit at the first free version; ``landed(v)`` judges a version taken by
-        another writer (True: our commit is already there)."""
+        another writer (True: our commit is already there). With ``sync`` the entry is synced
+        before it is linked and the log directory after: one pair of syncs per commit."""
         body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
         tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
         with open(tmp, "wb") as fh:
             fh.write(body)
+            if self.sync:
+                fh.flush()
+                os.fsync(fh.fileno())  # the entry's bytes are down before its name can be
         try:
             while True:
                 version = self.next_version
@@ -149,6 +168,8 @@ class LocalLogAppender:
                         return version
                     continue
                 self.next_version = version + 1
+                if self.sync:
+                    fsync_path(self.log_dir)  # the new name: now the commit survives a power cut
                 return version
         finally:
             os.unlink(tmp)

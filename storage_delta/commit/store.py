@@ -23,6 +23,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
+from storage_delta.commit.durable import make_dirs, sync_checkpoint, sync_new_file, sync_tree
+
 
 class CommitConflict(Exception):
     """A commit lost a race with another writer; reload, re-check the txn marker and retry."""
@@ -34,6 +36,9 @@ class StoreRoot:
 
     uri: str
     storage_options: Mapping[str, str] | None = None
+    #: ``sync_interval`` ``always``: every write of a commit is synced before the commit returns
+    #: (:mod:`storage_delta.commit.durable`). False: the gateway's flusher syncs every interval.
+    fsync: bool = True
 
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -43,6 +48,11 @@ class StoreRoot:
         if "://" in self.uri and not self.uri.startswith("file://"):
             return None
         return os.path.abspath(self.uri.removeprefix("file://"))
+
+    def synced_path(self) -> str | None:
+        """The local root when writes must be synced as they are made (None: an object store,
+        whose completed PUT is the durable point, or a relaxed ``sync_interval``)."""
+        return self.local_path() if self.fsync else None
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path within it, for writing parquet ourselves."""
@@ -109,7 +119,20 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         storage_options=opts,
         configuration=TABLE_PROPERTIES,
     )
+    local = root.synced_path()
+    if local is not None:
+        sync_tree(os.path.join(local, name))  # delta-rs syncs neither its first log entry nor the folders
     return DeltaTable(uri, storage_options=opts)
+
+
+def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
+    """A checkpoint of table ``name`` through ``dt`` and the removal of expired log files; on a root
+    that syncs, the checkpoint is made durable before anything else can make its name durable."""
+    retry_listing(dt.create_checkpoint)
+    local = root.synced_path()
+    if local is not None:
+        sync_checkpoint(os.path.join(local, name, "_delta_log"))
+    retry_listing(dt.cleanup_metadata)
 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:
@@ -163,13 +186,13 @@ SEALED_PARQUET: dict[str, Any] = {
 def write_data_file(
     root: StoreRoot, table_name: str, partition: Mapping[str, str], data: pa.Table, sealed: bool = False
 ) -> AddAction:
-    """Write one parquet file into the table's directory and describe it as a Delta ``add`` action."""
+    """Write one parquet file into the table's directory and describe it as a Delta ``add`` action.
+    On a root that syncs, the file and its directory entries are on stable storage when it returns."""
     fs, base = root.filesystem()
     rel_dir = "/".join(f"{k}={v}" for k, v in partition.items())
     rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet" if rel_dir else f"part-{uuid.uuid4().hex}.parquet"
     full = f"{base}/{table_name}/{rel}"
-    if isinstance(fs, pafs.LocalFileSystem):
-        fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+    new_entries = make_dirs(full.rsplit("/", 1)[0]) if isinstance(fs, pafs.LocalFileSystem) else []
     with fs.open_output_stream(full) as out:
         pq.write_table(
             data,
@@ -178,6 +201,8 @@ def write_data_file(
             row_group_size=64 * 1024,
             **(SEALED_PARQUET if sealed else HOT_PARQUET),
         )
+    if root.synced_path() is not None:
+        sync_new_file(full, new_entries)  # before the log entry that names it can be published
     size = fs.get_file_info(full).size
     return AddAction(
         path=rel,

@@ -30,11 +30,17 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.deltalog import ConcurrentRemoval, LocalLogAppender, UnsupportedTable
+from storage_delta.commit.deltalog import (
+    ConcurrentRemoval,
+    LocalLogAppender,
+    UnsupportedTable,
+    sync_log_entries,
+)
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
     blind_appends_allowed,
+    checkpoint_table,
     commit_adds,
     open_existing,
     retry_listing,
@@ -193,7 +199,7 @@ def swap_actions(
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
-            LocalLogAppender(f"{local}/{table}", dt.version() + 1).swap(
+            LocalLogAppender(f"{local}/{table}", dt.version() + 1, root.fsync).swap(
                 removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE"
             )
             return True
@@ -202,7 +208,13 @@ def swap_actions(
             return False
         except UnsupportedTable:
             retry_listing(dt.update_incremental)  # delta-rs's commit judges the new protocol
-    return _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
+    before = dt.version()
+    swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
+    synced = root.synced_path()
+    if swapped and synced is not None:
+        retry_listing(dt.update_incremental)
+        sync_log_entries(f"{synced}/{table}", before + 1, dt.version())
+    return swapped
 
 
 def _live_paths(dt: DeltaTable) -> set[str]:
@@ -257,8 +269,7 @@ def checkpoint(root: StoreRoot) -> None:
     """A Delta checkpoint and removal of expired log files: readers replay less log."""
     dt = open_existing(root, sch.MESSAGES)
     if dt is not None:
-        retry_listing(dt.create_checkpoint)
-        retry_listing(dt.cleanup_metadata)
+        checkpoint_table(root, dt, sch.MESSAGES)
 
 
 def vacuum(root: StoreRoot, margin_hours: int, dry_run: bool = False) -> list[str]:

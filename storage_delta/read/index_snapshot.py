@@ -12,7 +12,8 @@ What makes it exact: a sequence at or below ``through`` that the snapshot leaves
 and the gateway writes a snapshot only after every removal it shows is in the removal log
 (``gateway/snapshots.py``), so a reader of the tables sees the same holes. The file is replaced
 atomically (a rename on a local root; an object store's put is atomic), so a crash leaves the old
-snapshot or the new one.
+snapshot or the new one; on a root that syncs, the new file is synced before the rename and its
+directory after, so a power cut does too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
 from storage_delta.commit.store import StoreRoot
 from storage_delta.read.reader import MessageReader, StoredIndex
 
@@ -87,10 +89,14 @@ def write(root: StoreRoot, stream: str, snapshot: IndexSnapshot) -> None:
         "use_dictionary": ["subject"],
     }
     if isinstance(fs, pafs.LocalFileSystem):
-        fs.create_dir(folder, recursive=True)
+        new_entries = make_dirs(folder)
         staged = f"{folder}/.{uuid.uuid4().hex}.tmp"
         pq.write_table(table, staged, filesystem=fs, **options)
+        if root.synced_path() is not None:
+            fsync_path(staged)  # the bytes first: a durable rename of unsynced bytes is an empty file
         os.replace(staged, path)  # atomic: a reader sees the old file or the new one
+        if root.synced_path() is not None:
+            sync_new_file(path, new_entries)
     else:
         pq.write_table(table, path, filesystem=fs, **options)
 

@@ -25,8 +25,8 @@ import pyarrow as pa
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.store import (
     StoreRoot,
+    checkpoint_table,
     open_existing,
-    retry_listing,
     write_data_file,
 )
 from storage_delta.format import schema as sch
@@ -208,6 +208,5 @@ def compact_removals(root: StoreRoot) -> RemovalCompaction:
         return unchanged
     dt = open_existing(root, sch.REMOVALS)
     if dt is not None:
-        retry_listing(dt.create_checkpoint)
-        retry_listing(dt.cleanup_metadata)
+        checkpoint_table(root, dt, sch.REMOVALS)
     return RemovalCompaction(files.num_rows, len(adds), table.num_rows, folded.num_rows)
