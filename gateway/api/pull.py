@@ -11,12 +11,11 @@ a negative ``expires`` has expired on arrival (408 at once); requests above the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.api.configs import ConsumerConfig
 from gateway.api.durations import go_duration
 from gateway.api.gojson import GoJsonError, Pairs, parse
-from gateway.api.structs import BOOL, DURATION, INT, INT64, STRING, Struct, decode
+from gateway.api.structs import BOOL, DURATION, INT, INT64, STRING, decode, go, request_type
 from storage_delta.format.nats import no_responders
 
 
@@ -62,49 +61,49 @@ def no_consumer(reply: str, stream: str, consumer: str) -> Status:
     return Status(reply, *NO_RESPONDERS, no_responders(f"CONSUMER.MSG.NEXT.{stream}.{consumer}"))
 
 
-#: The server's pull request struct (``JSApiConsumerGetNextRequest`` with its priority group),
-#: decoded with plain ``json.Unmarshal``: unknown fields are ignored, and the struct is anonymous
+@dataclass(frozen=True, slots=True)
+class NextRequest:
+    """The server's pull request body (``JSApiConsumerGetNextRequest`` with its priority group)."""
+
+    expires: int = go(DURATION, 0)
+    batch: int = go(INT, 0)
+    max_bytes: int = go(INT, 0)
+    no_wait: bool = go(BOOL, False)
+    idle_heartbeat: int = go(DURATION, 0)
+    group: str = go(STRING, "")
+    min_pending: int = go(INT64, 0)
+    min_ack_pending: int = go(INT64, 0)
+    id: str = go(STRING, "")
+    priority: int = go(INT, 0)
+
+
+#: Decoded with plain ``json.Unmarshal``: unknown fields are ignored, and the struct is anonymous
 #: in its errors ("Go struct field .batch").
-PULL_REQUEST = Struct(
-    "",
-    {
-        "expires": DURATION,
-        "batch": INT,
-        "max_bytes": INT,
-        "no_wait": BOOL,
-        "idle_heartbeat": DURATION,
-        "group": STRING,
-        "min_pending": INT64,
-        "min_ack_pending": INT64,
-        "id": STRING,
-        "priority": INT,
-    },
-    strict=False,
-)
+NEXT_REQUEST = request_type(NextRequest, "", strict=False)
 
 
-def decode_pull_request(body: bytes) -> dict[str, Any]:
+def decode_pull_request(body: bytes) -> NextRequest:
     """A JSON pull request body as the server decodes it; :class:`GoJsonError` in its words."""
     value = parse(body)
     if not isinstance(value, Pairs):
         raise GoJsonError("json: cannot unmarshal into Go value of type object")
-    return decode(value, PULL_REQUEST)
+    return NEXT_REQUEST.build(decode(value, NEXT_REQUEST.struct))
 
 
 def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | Status:
     """A ``CONSUMER.MSG.NEXT`` body (empty, a bare batch number, or JSON) as a request, or the
     ``400`` that refuses it."""
     text = body.strip()
-    req: dict[str, Any] = {}
+    req = NextRequest()
     if text.startswith(b"{"):
         try:
             req = decode_pull_request(text)
         except GoJsonError as exc:
             return Status(reply, 400, f"Bad Request - {exc}")
     elif text.isdigit():
-        req = {"batch": int(text)}
-    expires = req.get("expires", 0)
-    heartbeat = max(req.get("idle_heartbeat", 0), 0)  # none below zero, as on the server
+        req = NextRequest(batch=int(text))
+    expires = req.expires
+    heartbeat = max(req.idle_heartbeat, 0)  # none below zero, as on the server
     if heartbeat * 2 > expires and heartbeat:
         # the server's decoding refuses a heartbeat more than half the request's time (none:
         # no expires, a bare no_wait, or expired on arrival) before it looks at anything else
@@ -113,10 +112,10 @@ def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | St
         return Status(reply, *REQUEST_TIMEOUT, {"Nats-Pending-Messages": "0", "Nats-Pending-Bytes": "0"})
     return PullRequest(
         reply=reply,
-        batch=max(req.get("batch", 0), 1),
-        max_bytes=max(req.get("max_bytes", 0), 0),
+        batch=max(req.batch, 1),
+        max_bytes=max(req.max_bytes, 0),
         expires_at_ns=now_ns + expires if expires else 0,
-        no_wait=req.get("no_wait", False),
+        no_wait=req.no_wait,
         heartbeat_ns=heartbeat,
         next_heartbeat_ns=now_ns + heartbeat if heartbeat else 0,
     )

@@ -6,11 +6,11 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from gateway.api import errors
 from gateway.api.gojson import GoJsonError, JsonSyntaxError, Pairs, parse, stream_wording, syntax_error
-from gateway.api.structs import Struct, decode, json_type
+from gateway.api.structs import M, RequestType, Struct, decode, json_type
 
 T = "io.nats.jetstream.api.v1."
 NAMES_PAGE = 1024
@@ -48,12 +48,52 @@ def above_api_level(hdrs: bytes | None) -> bool:
     return not -(2**63) <= level < 2**63 or level > API_LEVEL
 
 
-def load_request(body: bytes, struct: Struct) -> dict[str, Any]:
+@overload
+def load_request(body: bytes, spec: Struct) -> dict[str, Any]: ...
+@overload
+def load_request(body: bytes, spec: RequestType[M]) -> M: ...
+def load_request(body: bytes, spec: Struct | RequestType[M]) -> dict[str, Any] | M:
     """A request body as the real server's ``json.Unmarshal`` into the request struct reads it:
-    empty and ``null`` leave it at its zero value (``{}``); anything else but an object is invalid
-    JSON (10025). The fields are checked as Go's strict decoding checks them: the first unknown key
+    empty and ``null`` leave it at its zero value; anything else but an object is invalid JSON
+    (10025). The fields are checked as Go's strict decoding checks them: the first unknown key
     (names match without regard to case, as in Go) or value of the wrong type, in the order sent,
-    is invalid JSON too, worded as the server words it (:mod:`gateway.api.structs`)."""
+    is invalid JSON too, worded as the server words it (:mod:`gateway.api.structs`). A typed
+    request comes back as its model, a config's struct as the fields sent (its validation needs
+    to know which were)."""
+    return _typed(_decoded(body, spec.struct if isinstance(spec, RequestType) else spec), spec)
+
+
+@overload
+def unmarshal_request(body: bytes, spec: Struct) -> dict[str, Any]: ...
+@overload
+def unmarshal_request(body: bytes, spec: RequestType[M]) -> M: ...
+def unmarshal_request(body: bytes, spec: Struct | RequestType[M]) -> dict[str, Any] | M:
+    """A body the server reads with ``json.Unmarshal`` rather than its streaming decoder
+    (CONSUMER.UNPIN): a syntax error, an empty body included, in that function's words."""
+    trouble = syntax_error(body)
+    if trouble is not None:
+        raise _invalid(trouble)
+    return load_request(body, spec)
+
+
+@overload
+def load_optional_request(body: bytes, spec: Struct) -> dict[str, Any]: ...
+@overload
+def load_optional_request(body: bytes, spec: RequestType[M]) -> M: ...
+def load_optional_request(body: bytes, spec: Struct | RequestType[M]) -> dict[str, Any] | M:
+    """A body the request may do without (STREAM.INFO, STREAM.NAMES/LIST): the real server decodes
+    it only when it starts with ``{`` or ``[`` and ignores anything else (a number, a string,
+    junk); what it decodes must still be an object."""
+    if body.lstrip()[:1] not in (b"{", b"["):
+        return _typed({}, spec)
+    return load_request(body, spec)
+
+
+def _typed(decoded: dict[str, Any], spec: Struct | RequestType[M]) -> dict[str, Any] | M:
+    return spec.build(decoded) if isinstance(spec, RequestType) else decoded
+
+
+def _decoded(body: bytes, struct: Struct) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
@@ -70,26 +110,8 @@ def load_request(body: bytes, struct: Struct) -> dict[str, Any]:
         raise _invalid(str(exc)) from exc
 
 
-def unmarshal_request(body: bytes, struct: Struct) -> dict[str, Any]:
-    """A body the server reads with ``json.Unmarshal`` rather than its streaming decoder
-    (CONSUMER.UNPIN): a syntax error, an empty body included, in that function's words."""
-    trouble = syntax_error(body)
-    if trouble is not None:
-        raise _invalid(trouble)
-    return load_request(body, struct)
-
-
 def _invalid(text: str) -> errors.ApiError:
     return errors.INVALID_JSON.format(err=text)
-
-
-def load_optional_request(body: bytes, struct: Struct) -> dict[str, Any]:
-    """A body the request may do without (STREAM.INFO, STREAM.NAMES/LIST): the real server decodes
-    it only when it starts with ``{`` or ``[`` and ignores anything else (a number, a string,
-    junk); what it decodes must still be an object."""
-    if body.lstrip()[:1] not in (b"{", b"["):
-        return {}
-    return load_request(body, struct)
 
 
 def is_empty_request(body: bytes) -> bool:

@@ -1,9 +1,11 @@
 """Decoding a JSON body into a Go struct as nats-server's ``encoding/json`` does: the one decoder of
 every request the gateway reads (API requests, configs nested in them, pull requests).
 
-A request type is declared once as a :class:`Struct` (field names and Go types, enums, nested
-structs); :func:`decode` walks the parsed body (:func:`gateway.api.gojson.parse`: objects as their
-key/value pairs in order, numbers as written) and gives what Go would hold, or raises
+A request type is declared once, as a typed model (a frozen dataclass of :func:`go` fields, made a
+:class:`RequestType` by :func:`request_type`) or, for a config whose fields' presence matters to its
+validation, as a :class:`Struct` (field names and Go types, enums, nested structs). :func:`decode`
+walks the parsed body (:func:`gateway.api.gojson.parse`: objects as their key/value pairs in
+order, numbers as written) and gives what Go would hold, or raises
 :class:`~gateway.api.gojson.GoJsonError` with the server's words for the first fault in the order
 sent: an unknown field (strict structs), a value of the wrong JSON type, a number out of its type's
 range or not whole (named as it was written), a time that is not RFC 3339, an enum value the type's
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Generic, TypeVar
 
 from gateway.api.gojson import GoJsonError, NumberLiteral, Pairs
 
@@ -80,6 +82,34 @@ class Struct:
     def path(self) -> str:
         """How Go's errors name the struct (the package prefix dropped)."""
         return self.gotype.removeprefix("server.")
+
+
+M = TypeVar("M")
+
+
+def go(kind: str | Enum | Struct, zero: Any) -> Any:
+    """A request model's field: the Go type the server decodes it as, and Go's zero value for it
+    (what a field left out or sent as ``null`` holds)."""
+    return field(default=zero, metadata={"go": kind})
+
+
+@dataclass(frozen=True, slots=True)
+class RequestType(Generic[M]):
+    """A request body as a typed model: the frozen dataclass whose fields (declared with
+    :func:`go`) name the JSON fields and their Go types, and the :class:`Struct` derived from it
+    that :func:`decode` reads; ``build`` makes the model of what was decoded."""
+
+    model: type[M]
+    struct: Struct
+
+    def build(self, decoded: Mapping[str, Any]) -> M:
+        return self.model(**decoded)
+
+
+def request_type(model: type[M], gotype: str, strict: bool = True) -> RequestType[M]:
+    """The request type of ``model`` (a dataclass of :func:`go` fields), Go type ``gotype``."""
+    declared = {f.name: f.metadata["go"] for f in fields(model)}  # type: ignore[arg-type]
+    return RequestType(model, Struct(gotype, declared, strict))
 
 
 def decode(pairs: Pairs, struct: Struct, path: str | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import re
 import secrets
 import string
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NoReturn
 
@@ -28,7 +29,7 @@ from gateway.api.requests import (
     require_empty_request,
     unmarshal_request,
 )
-from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, Struct
+from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, go, request_type
 from gateway.api.timefmt import ZERO_TIME, now_ns
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, start_position
@@ -56,15 +57,43 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "CONSUMER.RESET": {"reset_seq": 0},
 }
 
-#: Each request's Go struct and its fields: the real server decodes requests strictly.
-CREATE_REQUEST = Struct(
-    "server.CreateConsumerRequest",
-    {"stream_name": STRING, "config": consumer_config.CONFIG, "action": STRING, "pedantic": BOOL},
-)
-PAGING_REQUEST = Struct("server.JSApiConsumersRequest", {"offset": INT})
-PAUSE_REQUEST = Struct("server.JSApiConsumerPauseRequest", {"pause_until": TIME})
-RESET_REQUEST = Struct("server.JSApiConsumerResetRequest", {"seq": UINT}, strict=False)
-UNPIN_REQUEST = Struct("server.JSApiConsumerUnpinRequest", {"group": STRING}, strict=False)
+# The requests, as the real server's Go structs (strictly decoded, but for RESET and UNPIN).
+
+
+@dataclass(frozen=True, slots=True)
+class CreateConsumerRequest:
+    stream_name: str = go(STRING, "")
+    #: the config's fields as sent (its validation needs to know which were)
+    config: dict[str, Any] | None = go(consumer_config.CONFIG, None)
+    action: str = go(STRING, "")
+    pedantic: bool = go(BOOL, False)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumersRequest:
+    offset: int = go(INT, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerPauseRequest:
+    pause_until: str = go(TIME, "")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerResetRequest:
+    seq: int = go(UINT, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerUnpinRequest:
+    group: str = go(STRING, "")
+
+
+CREATE_REQUEST = request_type(CreateConsumerRequest, "server.CreateConsumerRequest")
+PAGING_REQUEST = request_type(ConsumersRequest, "server.JSApiConsumersRequest")
+PAUSE_REQUEST = request_type(ConsumerPauseRequest, "server.JSApiConsumerPauseRequest")
+RESET_REQUEST = request_type(ConsumerResetRequest, "server.JSApiConsumerResetRequest", strict=False)
+UNPIN_REQUEST = request_type(ConsumerUnpinRequest, "server.JSApiConsumerUnpinRequest", strict=False)
 _GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
@@ -141,25 +170,23 @@ class ConsumerApi:
         body: bytes,
         durable_subject: bool,
     ) -> dict[str, Any]:
-        raw = load_request(body, CREATE_REQUEST)
+        req = load_request(body, CREATE_REQUEST)
         # checked before anything else: a body without it (even an empty one) is a mismatch too
-        if raw.get("stream_name") != stream_name:
+        if req.stream_name != stream_name:
             raise errors.STREAM_MISMATCH
         stream = self._stream(stream_name)
-        cfg_in = dict(raw.get("config") or {})
+        cfg_in = dict(req.config or {})
         _check_subject_names(cfg_in, name, filter_subject, durable_subject)
         if name is not None:
             cfg_in["name"] = name
-        pedantic = bool(raw.get("pedantic"))
-        cfg = consumer_config.normalize(cfg_in, self.reg.server_version, stream.config, pedantic)
+        cfg = consumer_config.normalize(cfg_in, self.reg.server_version, stream.config, req.pedantic)
         cname = cfg.name or ephemeral_name()
         existing = self.reg.consumers.get(stream_name, {}).get(cname)
-        action = raw.get("action", "")
         now = now_ns()
         if existing is not None:
-            consumer = await self._update(existing, cfg, action)
+            consumer = await self._update(existing, cfg, req.action)
         else:
-            consumer = await self._add(stream, cfg, cname, action, now)
+            consumer = await self._add(stream, cfg, cname, req.action, now)
         return {"type": T + "consumer_create_response", **consumer.info(stream_name, now_ns())}
 
     async def _update(self, existing: Consumer, cfg: ConsumerConfig, action: str) -> Consumer:
@@ -206,7 +233,7 @@ class ConsumerApi:
 
     def _page(self, stream_name: str, body: bytes, size: int) -> tuple[int, int, list[Consumer]]:
         """A page of a stream's listed consumers: (offset, how many in all, the page)."""
-        offset = int(load_request(body, PAGING_REQUEST).get("offset") or 0)
+        offset = load_request(body, PAGING_REQUEST).offset
         self._stream(stream_name)
         everyone = self.reg.listed_consumers(stream_name)
         return offset, len(everyone), everyone[offset : offset + size]
@@ -235,7 +262,7 @@ class ConsumerApi:
         }
 
     async def pause(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
-        until = load_request(body, PAUSE_REQUEST).get("pause_until") or ""  # before the look-up
+        until = load_request(body, PAUSE_REQUEST).pause_until  # before the look-up
         consumer = self._consumer(stream_name, name)
         await self.reg.update_consumer(consumer, consumer_config.with_pause(consumer.config, until))
         now = now_ns()
@@ -250,7 +277,7 @@ class ConsumerApi:
     def unpin(self, stream_name: str, name: str, body: bytes) -> NoReturn:
         """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name
         and the consumer; jetlake has no priority groups yet, so no consumer has the group."""
-        group = unmarshal_request(body, UNPIN_REQUEST).get("group") or ""
+        group = unmarshal_request(body, UNPIN_REQUEST).group
         if not group:
             raise errors.INVALID_JSON.format(err="consumer group not specified")
         if not _GROUP_NAME.fullmatch(group):
@@ -264,7 +291,7 @@ class ConsumerApi:
         consumer = self.reg.consumers.get(stream_name, {}).get(name)
         if consumer is None:
             return None
-        seq = int(load_request(body, RESET_REQUEST).get("seq") or 0)
+        seq = load_request(body, RESET_REQUEST).seq
         consumer.reset(seq)
         await self.reg.recorder.reset(consumer)
         now = now_ns()

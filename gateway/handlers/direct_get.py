@@ -5,7 +5,7 @@ statuses, and "no responders" for a stream without ``allow_direct``."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
@@ -13,7 +13,7 @@ from gateway.api import errors
 from gateway.api.consumer_config import parse_time_ns
 from gateway.api.pull import REQUIRED_API_LEVEL
 from gateway.api.requests import RawReply, above_api_level, load_request
-from gateway.api.structs import BOOL, INT, STRING, STRINGS, TIME, UINT, Struct
+from gateway.api.structs import BOOL, INT, STRING, STRINGS, TIME, UINT, go, request_type
 from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
 from storage_delta.commit.writer import StoredMessage
@@ -22,33 +22,38 @@ from storage_delta.format.nats import no_responders, status_block
 NOT_FOUND = RawReply(status_block(404, "Message Not Found"))
 NO_RESULTS = RawReply(status_block(404, "No Results"))
 
-#: The get request: MSG.GET decodes it strictly, DIRECT.GET ignores unknown fields.
-MSG_GET_REQUEST = Struct(
-    "server.JSApiMsgGetRequest",
-    {
-        "seq": UINT,
-        "last_by_subj": STRING,
-        "next_by_subj": STRING,
-        "batch": INT,
-        "max_bytes": INT,
-        "start_time": TIME,
-        "multi_last": STRINGS,
-        "up_to_seq": UINT,
-        "up_to_time": TIME,
-        "no_hdr": BOOL,
-    },
-)
-DIRECT_GET_REQUEST = Struct(MSG_GET_REQUEST.gotype, MSG_GET_REQUEST.fields, strict=False)
-_NAMING = ("seq", "last_by_subj", "next_by_subj", "multi_last", "start_time")
+
+@dataclass(frozen=True, slots=True)
+class MsgGetRequest:
+    """The get request (``JSApiMsgGetRequest``) of MSG.GET and DIRECT.GET."""
+
+    seq: int = go(UINT, 0)
+    last_by_subj: str = go(STRING, "")
+    next_by_subj: str = go(STRING, "")
+    batch: int = go(INT, 0)
+    max_bytes: int = go(INT, 0)
+    start_time: str = go(TIME, "")
+    multi_last: list[str] | None = go(STRINGS, None)
+    up_to_seq: int = go(UINT, 0)
+    up_to_time: str = go(TIME, "")
+    no_hdr: bool = go(BOOL, False)
+
+    def names_a_message(self) -> bool:
+        return bool(self.seq or self.last_by_subj or self.next_by_subj or self.multi_last or self.start_time)
 
 
-def check_get_request(req: dict[str, Any]) -> None:
+#: MSG.GET decodes it strictly, DIRECT.GET ignores unknown fields.
+MSG_GET_REQUEST = request_type(MsgGetRequest, "server.JSApiMsgGetRequest")
+DIRECT_GET_REQUEST = request_type(MsgGetRequest, "server.JSApiMsgGetRequest", strict=False)
+
+
+def check_get_request(req: MsgGetRequest) -> None:
     """MSG.GET's refusals of the request itself (10003), made before the stream is looked up: no
     batches in this API, and ``seq``, ``last_by_subj`` and ``start_time`` exclude each other
     (``next_by_subj`` pairs with ``seq`` or ``start_time``), one of them being required."""
-    seq, start = int(req.get("seq") or 0), req.get("start_time")
-    last_by, next_by = req.get("last_by_subj"), req.get("next_by_subj")
-    if int(req.get("batch") or 0) > 0 or int(req.get("max_bytes") or 0) > 0:
+    seq, start = req.seq, req.start_time
+    last_by, next_by = req.last_by_subj, req.next_by_subj
+    if req.batch > 0 or req.max_bytes > 0:
         raise errors.BAD_REQUEST
     if sum(map(bool, (seq, last_by, start))) > 1 or (last_by and next_by):
         raise errors.BAD_REQUEST
@@ -56,20 +61,18 @@ def check_get_request(req: dict[str, Any]) -> None:
         raise errors.BAD_REQUEST
 
 
-def find_seq(stream: Stream, req: dict[str, Any]) -> int | None:
+def find_seq(stream: Stream, req: MsgGetRequest) -> int | None:
     """The sequence a get request names (``seq``, ``last_by_subj``, ``next_by_subj`` from ``seq``
     or ``start_time``, ``start_time`` alone: the first message at or after it)."""
-    seq = int(req.get("seq") or 0)
-    last_by, next_by = req.get("last_by_subj"), req.get("next_by_subj")
+    seq, last_by, next_by, start = req.seq, req.last_by_subj, req.next_by_subj, req.start_time
     if last_by and (seq or next_by):
         raise errors.BAD_REQUEST
     if last_by:
-        return stream.last_seq_matching(str(last_by)) or None
-    start = req.get("start_time")
+        return stream.last_seq_matching(last_by) or None
     if start:
-        seq = stream.seq_at_time(parse_time_ns(str(start)))
+        seq = stream.seq_at_time(parse_time_ns(start))
     if next_by or start:
-        return stream.first_seq_at_or_after(seq, [str(next_by)] if next_by else [])
+        return stream.first_seq_at_or_after(seq, [next_by] if next_by else [])
     if not seq:
         raise errors.BAD_REQUEST
     return seq if stream.is_live(seq) else None
@@ -102,7 +105,7 @@ class DirectGet:
         if above_api_level(hdrs):
             return [RawReply(status_block(*REQUIRED_API_LEVEL))]
         if subject:
-            req: dict[str, Any] = {"last_by_subj": subject}
+            req = MsgGetRequest(last_by_subj=subject)
         elif not body.strip():
             return [RawReply(status_block(408, "Empty Request"))]
         else:
@@ -110,28 +113,28 @@ class DirectGet:
                 req = load_request(body, DIRECT_GET_REQUEST)
             except errors.ApiError:
                 return [RawReply(status_block(408, "Malformed Request"))]
-            if not any(req.get(key) for key in _NAMING):
+            if not req.names_a_message():
                 return [RawReply(status_block(408, "Empty Request"))]
-        if req.get("multi_last"):
-            return await self._multi_last(stream, req)
+        if req.multi_last:
+            return await self._multi_last(stream, req, req.multi_last)
         try:
             seq = find_seq(stream, req)
         except errors.ApiError:
             return [RawReply(status_block(408, "Bad Request"))]
-        if int(req.get("batch") or 0) > 0:
+        if req.batch > 0:
             return await self._batch(stream, seq, req)
         msg = await self.loader.load(stream, seq) if seq else None
         if msg is None:
             return [NOT_FOUND]
-        if req.get("no_hdr"):
+        if req.no_hdr:
             return [RawReply(b"", msg.data)]
         return [RawReply(direct_headers(stream.name, msg), msg.data)]
 
-    async def _batch(self, stream: Stream, first: int | None, req: dict[str, Any]) -> list[RawReply]:
+    async def _batch(self, stream: Stream, first: int | None, req: MsgGetRequest) -> list[RawReply]:
         """Up to ``batch`` messages from ``first`` on (matching ``next_by_subj``), stopping once
         ``max_bytes`` are sent; each says how many more match and which one it follows."""
-        filters = [str(req["next_by_subj"])] if req.get("next_by_subj") else []
-        batch, max_bytes = int(req["batch"]), int(req.get("max_bytes") or 0)
+        filters = [req.next_by_subj] if req.next_by_subj else []
+        batch, max_bytes = req.batch, req.max_bytes
         seqs: list[int] = []
         seq = first
         while seq is not None and len(seqs) < batch:
@@ -141,19 +144,18 @@ class DirectGet:
             stream, seqs, max_bytes, lambda s: stream.count_matching_after(s, filters), {}
         )
 
-    async def _multi_last(self, stream: Stream, req: dict[str, Any]) -> list[RawReply]:
+    async def _multi_last(self, stream: Stream, req: MsgGetRequest, filters: list[str]) -> list[RawReply]:
         """The newest message of each subject the filters match, at or below ``up_to_seq`` (or
         stored before ``up_to_time``)."""
-        upto = int(req.get("up_to_seq") or 0) or stream.state.last_seq
-        if req.get("up_to_time"):
-            if req.get("up_to_seq"):
+        upto = req.up_to_seq or stream.state.last_seq
+        if req.up_to_time:
+            if req.up_to_seq:
                 return [RawReply(status_block(408, "Bad Request"))]
-            upto = stream.seq_at_time(parse_time_ns(str(req["up_to_time"]))) - 1
-        seqs = stream.last_per_subject([str(f) for f in req["multi_last"]], upto) if upto > 0 else []
+            upto = stream.seq_at_time(parse_time_ns(req.up_to_time)) - 1
+        seqs = stream.last_per_subject(filters, upto) if upto > 0 else []
         if not seqs:
             return [NO_RESULTS]
-        batch = int(req.get("batch") or 0)
-        chosen = seqs[:batch] if batch > 0 else seqs
+        chosen = seqs[: req.batch] if req.batch > 0 else seqs
         return await self._send(
             stream,
             chosen,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,7 @@ from gateway.api.requests import (
     require_empty_request,
 )
 from gateway.api.stream_update import apply_update
-from gateway.api.structs import BOOL, INT, STRING, UINT, Struct
+from gateway.api.structs import BOOL, INT, STRING, UINT, go, request_type
 from gateway.api.timefmt import now_ns, rfc3339
 from gateway.engine.stream import Stream
 from gateway.handlers.direct_get import MSG_GET_REQUEST, DirectGet, check_get_request, find_seq
@@ -62,15 +62,40 @@ LIST_PAGE = 256
 SUBJECT_DETAILS_LIMIT = 100_000
 
 
-# Each request's Go struct and its fields: the real server decodes requests strictly.
-_PAGING = {"offset": INT, "subject": STRING}
-NAMES_REQUEST = Struct("server.JSApiStreamNamesRequest", _PAGING)
-LIST_REQUEST = Struct("server.JSApiStreamListRequest", _PAGING)
-INFO_REQUEST = Struct(
-    "server.JSApiStreamInfoRequest", {"offset": INT, "deleted_details": BOOL, "subjects_filter": STRING}
-)
-PURGE_REQUEST = Struct("server.JSApiStreamPurgeRequest", {"filter": STRING, "seq": UINT, "keep": UINT})
-MSG_DELETE_REQUEST = Struct("server.JSApiMsgDeleteRequest", {"seq": UINT, "no_erase": BOOL})
+# The requests, as the real server's Go structs (it decodes them strictly).
+
+
+@dataclass(frozen=True, slots=True)
+class StreamNamesRequest:
+    offset: int = go(INT, 0)
+    subject: str = go(STRING, "")  # only streams with a subject that overlaps it
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfoRequest:
+    offset: int = go(INT, 0)
+    deleted_details: bool = go(BOOL, False)
+    subjects_filter: str = go(STRING, "")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPurgeRequest:
+    filter: str = go(STRING, "")
+    seq: int = go(UINT, 0)
+    keep: int = go(UINT, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class MsgDeleteRequest:
+    seq: int = go(UINT, 0)
+    no_erase: bool = go(BOOL, False)
+
+
+NAMES_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamNamesRequest")
+LIST_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamListRequest")
+INFO_REQUEST = request_type(StreamInfoRequest, "server.JSApiStreamInfoRequest")
+PURGE_REQUEST = request_type(StreamPurgeRequest, "server.JSApiStreamPurgeRequest")
+MSG_DELETE_REQUEST = request_type(MsgDeleteRequest, "server.JSApiMsgDeleteRequest")
 
 
 class StreamApi:
@@ -173,7 +198,7 @@ class StreamApi:
 
     def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
         req = load_optional_request(body, NAMES_REQUEST if names_only else LIST_REQUEST)
-        subject = req.get("subject") or ""
+        subject = req.subject
         streams = sorted(
             (
                 s
@@ -182,7 +207,7 @@ class StreamApi:
             ),
             key=lambda s: s.name,
         )
-        offset = min(max(0, int(req.get("offset") or 0)), len(streams))
+        offset = min(max(0, req.offset), len(streams))
         if names_only:
             page = [s.name for s in streams[offset : offset + NAMES_PAGE]]
             return {
@@ -210,14 +235,11 @@ class StreamApi:
     async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_optional_request(body, INFO_REQUEST)
         stream = self._stream(name)
-        subjects_filter = req.get("subjects_filter") or None
-        offset = int(req.get("offset") or 0)
-        state = stream.info_state(
-            len(self.reg.listed_consumers(stream.name)), subjects_filter, bool(req.get("deleted_details"))
-        )
+        consumers = len(self.reg.listed_consumers(stream.name))
+        state = stream.info_state(consumers, req.subjects_filter or None, req.deleted_details)
         paging = {"total": 0, "offset": 0, "limit": 0}
         if "subjects" in state:
-            paging = {"total": len(state["subjects"]), "offset": offset, "limit": SUBJECT_DETAILS_LIMIT}
+            paging = {"total": len(state["subjects"]), "offset": req.offset, "limit": SUBJECT_DETAILS_LIMIT}
         return {"type": T + "stream_info_response", **paging, **self._stream_body(stream, state)}
 
     def _stream_body(self, stream: Stream, state: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -276,11 +298,10 @@ class StreamApi:
     async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
         req = load_optional_request(body, PURGE_REQUEST)
         stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
-        seq, keep = int(req.get("seq") or 0), int(req.get("keep") or 0)
-        if seq and keep:
+        if req.seq and req.keep:
             raise errors.BAD_REQUEST
         upto = stream.state.last_seq
-        purged = stream.purge(req.get("filter") or None, seq or None, keep or None)
+        purged = stream.purge(req.filter or None, req.seq or None, req.keep or None)
         await self._record(stream, upto)
         return {"type": T + "stream_purge_response", "success": True, "purged": purged}
 
@@ -290,7 +311,7 @@ class StreamApi:
         req = load_request(body, MSG_DELETE_REQUEST)
         refusal = errors.STREAM_MSG_DELETE_FAILED.format(err="message delete not permitted")
         stream = self._removable(name, "deny_delete", refusal)
-        seq = int(req.get("seq") or 0)
+        seq = req.seq
         if not stream.remove(seq):
             st = stream.state
             if seq > st.last_seq:
