@@ -34,6 +34,9 @@ class Target:
     restart: Callable[[Callable[[], None] | None], None]
     #: The process that stores the messages (jetlake: the gateway), for profiles.
     pid: Callable[[], int]
+    #: Every process of the server by role (jetlake: the gateway and its hub nats-server), whose
+    #: CPU time a workload reports per message.
+    processes: Callable[[], dict[str, int]]
 
     def stream_dir(self, stream: str) -> Path:
         if self.name == "jetstream":
@@ -63,8 +66,22 @@ def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Targ
         ref,
         lake,
         [
-            Target("jetstream", ref.url, ref.workdir, restart_ref, lambda: _pid(ref.proc)),
-            Target("jetlake", lake.url, lake.workdir, restart_lake, lambda: _pid(lake.gateway)),
+            Target(
+                "jetstream",
+                ref.url,
+                ref.workdir,
+                restart_ref,
+                lambda: _pid(ref.proc),
+                lambda: {"server": _pid(ref.proc)},
+            ),
+            Target(
+                "jetlake",
+                lake.url,
+                lake.workdir,
+                restart_lake,
+                lambda: _pid(lake.gateway),
+                lambda: {"gateway": _pid(lake.gateway), "hub": _pid(lake.server)},
+            ),
         ],
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import statistics
 import tempfile
@@ -39,14 +40,30 @@ def sync_publish(targets: list[Target], count: int) -> Result:
 
 
 def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Result:
-    """Run a workload step, with py-spy on jetlake's gateway when ``profile`` names a directory."""
+    """Run a workload step: with the CPU time each of the server's processes spent in it, in µs
+    per message (``cpu_us_per_msg``: a cost that a busy machine disturbs far less than a rate), and
+    with py-spy on jetlake's gateway when ``profile`` names a directory."""
+    pids = t.processes()
+    before = {role: cpu_seconds(pid) for role, pid in pids.items()}
     if profile is None or t.name != "jetlake":
-        return run()
-    raw = profile / f"{time.monotonic_ns()}.raw"
-    with sampled(t.pid(), raw):
         res = run()
-    res["profile"] = summarize(raw)
+    else:
+        raw = profile / f"{time.monotonic_ns()}.raw"
+        with sampled(t.pid(), raw):
+            res = run()
+        res["profile"] = summarize(raw)
+    messages = res.get("messages") or res.get("acked") or res.get("sent")
+    if messages:
+        res["cpu_us_per_msg"] = {
+            role: round((cpu_seconds(pid) - before[role]) * 1e6 / messages, 1) for role, pid in pids.items()
+        }
     return res
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process (all its threads) has used, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pipelined_publish(targets: list[Target], count: int, window: int, profile: Path | None = None) -> Result:
