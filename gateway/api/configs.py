@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 #: The metadata of a field Go renders only when it is not its zero value.
 OMIT = {"omitempty": True}
+#: The metadata of an embedded struct, whose fields Go renders in its parent's place.
+EMBED = {"embed": True}
 #: An opaque JSON object the server keeps as sent (placement, mirror, republish, ...).
 JsonObject = Mapping[str, Any]
 
@@ -121,13 +123,15 @@ class ConsumerConfig:
 
 def to_json(config: Any) -> dict[str, Any]:
     """A model as nats-server renders its Go struct: fields in order, ``omitempty`` ones left out
-    at their zero value (a nested struct is never left out, as in Go)."""
+    at their zero value (a nested struct is never left out, as in Go), an embedded struct's fields
+    in its place."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.metadata.get("omitempty") and not value:
-            continue
-        out[f.name] = _json_value(value)
+        if f.metadata.get("embed"):
+            out.update(to_json(value))
+        elif not (f.metadata.get("omitempty") and not value):
+            out[f.name] = _json_value(value)
     return out
 
 

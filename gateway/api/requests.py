@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -17,11 +17,6 @@ NAMES_PAGE = 1024
 
 #: Sends an event (advisory subject, JSON body) to the server.
 Publish = Callable[[tuple[str, bytes]], None]
-
-#: What an API handler answers: a JSON body, raw replies, or None where the server is silent.
-Answer = dict[str, Any] | list["RawReply"] | None
-#: An API subject's handler with its subject's tokens bound: called with the request body.
-Route = Callable[[bytes], Answer | Awaitable[Answer]]
 
 #: The JetStream API level jetlake implements (``$JS.API.INFO``, the ``_nats.level`` metadata):
 #: nats-server 2.15's, as far as the compatibility table says.

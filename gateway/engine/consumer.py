@@ -19,11 +19,12 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from gateway.api.configs import ConsumerConfig, to_json
+from gateway.api.configs import ConsumerConfig
 from gateway.api.consumer_config import parse_time_ns
 from gateway.api.pull import PullRequest
+from gateway.api.responses import ConsumerInfo, SequenceInfo
 from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
 from storage_delta.commit.writer import StoredMessage
@@ -611,30 +612,28 @@ class Consumer:
 
     # ---- info ---------------------------------------------------------------------------------
 
-    def info(self, stream_name: str, now_ns: int) -> dict[str, Any]:
-        delivered: dict[str, Any] = {"consumer_seq": self.dseq, "stream_seq": self.sseq}
-        if self.last_active_ns:
-            delivered["last_active"] = rfc3339(self.last_active_ns)
-        floor: dict[str, Any] = {"consumer_seq": self.ack_floor_cseq, "stream_seq": self.ack_floor_sseq}
-        if self.ack_floor_active_ns:
-            floor["last_active"] = rfc3339(self.ack_floor_active_ns)
-        out: dict[str, Any] = {
-            "stream_name": stream_name,
-            "name": self.name,
-            "created": rfc3339(self.created_ns),
-            "config": to_json(self.config),
-            "delivered": delivered,
-            "ack_floor": floor,
-            "num_ack_pending": len(self.pending),
-            "num_redelivered": self.num_redelivered(),
-            "num_waiting": self.waiting.live(now_ns),
-            "num_pending": self.num_pending(),
-        }
-        if self.paused(now_ns):
-            out["paused"] = True
-            out["pause_remaining"] = self.paused_until_ns - now_ns
-        out["ts"] = rfc3339(now_ns)
-        return out
+    def info(self, stream_name: str, now_ns: int) -> ConsumerInfo:
+        paused = self.paused(now_ns)
+        return ConsumerInfo(
+            stream_name=stream_name,
+            name=self.name,
+            created=rfc3339(self.created_ns),
+            config=self.config,
+            delivered=SequenceInfo(self.dseq, self.sseq, _time(self.last_active_ns)),
+            ack_floor=SequenceInfo(self.ack_floor_cseq, self.ack_floor_sseq, _time(self.ack_floor_active_ns)),
+            num_ack_pending=len(self.pending),
+            num_redelivered=self.num_redelivered(),
+            num_waiting=self.waiting.live(now_ns),
+            num_pending=self.num_pending(),
+            paused=paused,
+            pause_remaining=self.paused_until_ns - now_ns if paused else 0,
+            ts=rfc3339(now_ns),
+        )
+
+
+def _time(ns: int) -> str:
+    """A moment as the info shows it, or nothing (left out) before there was one."""
+    return rfc3339(ns) if ns else ""
 
 
 def _pause_ns(config: ConsumerConfig) -> int:

@@ -12,7 +12,7 @@ import re
 import secrets
 import string
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NoReturn
 
@@ -21,13 +21,22 @@ from gateway.api import advisories, consumer_config, errors
 from gateway.api.configs import ConsumerConfig
 from gateway.api.requests import (
     NAMES_PAGE,
-    Answer,
     Publish,
-    Route,
     T,
     load_request,
     require_empty_request,
     unmarshal_request,
+)
+from gateway.api.responses import (
+    Answer,
+    ConsumerInfo,
+    ConsumerInfoResponse,
+    ConsumerPauseResponse,
+    ConsumerResetResponse,
+    ConsumersResponse,
+    Paged,
+    Route,
+    SuccessResponse,
 )
 from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, go, request_type
 from gateway.api.timefmt import ZERO_TIME, now_ns
@@ -169,7 +178,7 @@ class ConsumerApi:
         filter_subject: str | None,
         body: bytes,
         durable_subject: bool,
-    ) -> dict[str, Any]:
+    ) -> ConsumerInfoResponse:
         req = load_request(body, CREATE_REQUEST)
         # checked before anything else: a body without it (even an empty one) is a mismatch too
         if req.stream_name != stream_name:
@@ -187,7 +196,9 @@ class ConsumerApi:
             consumer = await self._update(existing, cfg, req.action)
         else:
             consumer = await self._add(stream, cfg, cname, req.action, now)
-        return {"type": T + "consumer_create_response", **consumer.info(stream_name, now_ns())}
+        return ConsumerInfoResponse(
+            type=T + "consumer_create_response", info=consumer.info(stream_name, now_ns())
+        )
 
     async def _update(self, existing: Consumer, cfg: ConsumerConfig, action: str) -> Consumer:
         """A create of a consumer that exists: the same config is no change (even for a plain
@@ -215,12 +226,12 @@ class ConsumerApi:
         self.publish(advisories.consumer_action(stream.name, cname, "create", now))
         return consumer
 
-    def info(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
+    def info(self, stream_name: str, name: str, body: bytes) -> ConsumerInfoResponse:
         require_empty_request(body)
         consumer = self._consumer(stream_name, name)
-        return {"type": T + "consumer_info_response", **consumer.info(stream_name, now_ns())}
+        return ConsumerInfoResponse(info=consumer.info(stream_name, now_ns()))
 
-    async def delete(self, stream_name: str, name: str, _body: bytes) -> dict[str, Any]:
+    async def delete(self, stream_name: str, name: str, _body: bytes) -> SuccessResponse:
         """The body is not read, as on the server."""
         consumer = self._consumer(stream_name, name)
         if await self.reg.remove_consumer(consumer):
@@ -229,7 +240,7 @@ class ConsumerApi:
             others = self.reg.consumers.get(stream_name, {}).values()
             held = range(stream.state.first_seq, consumer.sseq + 1)
             retention.settle(stream, others, held if retention.policy(stream) == "interest" else ())
-        return {"type": T + "consumer_delete_response", "success": True}
+        return SuccessResponse(type=T + "consumer_delete_response")
 
     def _page(self, stream_name: str, body: bytes, size: int) -> tuple[int, int, list[Consumer]]:
         """A page of a stream's listed consumers: (offset, how many in all, the page)."""
@@ -238,30 +249,26 @@ class ConsumerApi:
         everyone = self.reg.listed_consumers(stream_name)
         return offset, len(everyone), everyone[offset : offset + size]
 
-    def names(self, stream_name: str, body: bytes) -> dict[str, Any]:
+    def names(self, stream_name: str, body: bytes) -> ConsumersResponse:
         offset, total, page = self._page(stream_name, body, NAMES_PAGE)
-        return {
-            "type": T + "consumer_names_response",
-            "total": total,
-            "offset": offset,
-            "limit": NAMES_PAGE,
-            "consumers": [c.name for c in page],
-        }
+        paged = Paged(total, offset, NAMES_PAGE)
+        return ConsumersResponse(
+            type=T + "consumer_names_response", paged=paged, consumers=tuple(c.name for c in page)
+        )
 
-    def list(self, stream_name: str, body: bytes) -> dict[str, Any]:
+    def list(self, stream_name: str, body: bytes) -> ConsumersResponse:
         offset, total, page = self._page(stream_name, body, LIST_PAGE)
         now = now_ns()
-        return {
-            "type": T + "consumer_list_response",
-            "total": total,
-            "offset": offset,
-            "limit": LIST_PAGE,
-            "consumers": [
-                {**c.info(stream_name, now), "config": consumer_config.listed(c.config)} for c in page
-            ],
-        }
+        listed = tuple(self._listed(c, stream_name, now) for c in page)
+        paged = Paged(total, offset, LIST_PAGE)
+        return ConsumersResponse(type=T + "consumer_list_response", paged=paged, consumers=listed)
 
-    async def pause(self, stream_name: str, name: str, body: bytes) -> dict[str, Any]:
+    @staticmethod
+    def _listed(consumer: Consumer, stream_name: str, now: int) -> ConsumerInfo:
+        """A consumer as CONSUMER.LIST shows it: its config without the server's metadata."""
+        return replace(consumer.info(stream_name, now), config=consumer_config.listed(consumer.config))
+
+    async def pause(self, stream_name: str, name: str, body: bytes) -> ConsumerPauseResponse:
         until = load_request(body, PAUSE_REQUEST).pause_until  # before the look-up
         consumer = self._consumer(stream_name, name)
         await self.reg.update_consumer(consumer, consumer_config.with_pause(consumer.config, until))
@@ -269,10 +276,8 @@ class ConsumerApi:
         paused = consumer.paused(now)
         shown = until or ZERO_TIME
         self.publish(advisories.pause(stream_name, name, paused, shown, now))
-        out: dict[str, Any] = {"type": T + "consumer_pause_response", "paused": paused, "pause_until": shown}
-        if paused:
-            out["pause_remaining"] = consumer.paused_until_ns - now
-        return out
+        remaining = consumer.paused_until_ns - now if paused else 0
+        return ConsumerPauseResponse(paused=paused, pause_until=shown, pause_remaining=remaining)
 
     def unpin(self, stream_name: str, name: str, body: bytes) -> NoReturn:
         """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name
@@ -285,7 +290,7 @@ class ConsumerApi:
         self._consumer(stream_name, name)
         raise errors.PRIORITY_GROUP_NOT_FOUND
 
-    async def reset(self, stream_name: str, name: str, body: bytes) -> dict[str, Any] | None:
+    async def reset(self, stream_name: str, name: str, body: bytes) -> ConsumerResetResponse | None:
         """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack
         floor). The real server does not answer for a consumer it does not have."""
         consumer = self.reg.consumers.get(stream_name, {}).get(name)
@@ -294,6 +299,4 @@ class ConsumerApi:
         seq = load_request(body, RESET_REQUEST).seq
         consumer.reset(seq)
         await self.reg.recorder.reset(consumer)
-        now = now_ns()
-        info = consumer.info(stream_name, now)
-        return {"type": T + "consumer_reset_response", **info, "reset_seq": consumer.sseq + 1}
+        return ConsumerResetResponse(info=consumer.info(stream_name, now_ns()), reset_seq=consumer.sseq + 1)

@@ -11,7 +11,9 @@ from typing import Any
 
 from gateway.adapters.registry import Registry
 from gateway.api import errors
-from gateway.api.requests import API_LEVEL, Answer, Publish, Route, T, above_api_level
+from gateway.api.configs import to_json
+from gateway.api.requests import API_LEVEL, Publish, RawReply, T, above_api_level
+from gateway.api.responses import AccountInfoResponse, ApiStats, Route
 from gateway.handlers import consumers as consumer_api
 from gateway.handlers import streams as stream_api
 from gateway.handlers.consumers import ConsumerApi, SeqAtTime
@@ -35,7 +37,9 @@ class Api:
         self.streams = streams
         self.consumers = ConsumerApi(registry, seq_at_time, publish)
 
-    async def handle(self, toks: list[str], body: bytes, hdrs: bytes | None = None) -> Answer:
+    async def handle(
+        self, toks: list[str], body: bytes, hdrs: bytes | None = None
+    ) -> dict[str, Any] | list[RawReply] | None:
         """Answer one API request; unknown subjects get no answer, as from the real server. A
         request that requires a higher API level than jetlake's is refused before anything else
         is read (a direct get answers that with a status of its own)."""
@@ -49,7 +53,9 @@ class Api:
             if toks[0] != "DIRECT" and above_api_level(hdrs):
                 raise errors.REQUIRED_API_LEVEL
             answer = route(body)
-            return await answer if isawaitable(answer) else answer
+            if isawaitable(answer):
+                answer = await answer
+            return answer if answer is None or isinstance(answer, list) else to_json(answer)
         except errors.ApiError as err:
             refusal: dict[str, Any] = {"type": T + _response_type(toks), "error": err.render()}
             refusal.update(stream_api.ERROR_EXTRAS.get(op, {}))
@@ -66,29 +72,16 @@ class Api:
             return self.consumers.route(toks)
         return None
 
-    def account_info(self, _body: bytes) -> dict[str, Any]:
+    def account_info(self, _body: bytes) -> AccountInfoResponse:
         """``$JS.API.INFO`` (its body is not read, as on the server)."""
         streams = self.reg.streams.values()
-        return {
-            "type": T + "account_info_response",
-            "memory": 0,
-            "storage": sum(s.state.bytes for s in streams),
-            "reserved_memory": 0,
-            "reserved_storage": 0,
-            "streams": len(self.reg.streams),
-            "consumers": sum(len(c) for c in self.reg.consumers.values()),
-            "limits": {
-                "max_memory": -1,
-                "max_storage": -1,
-                "max_streams": -1,
-                "max_consumers": -1,
-                "max_ack_pending": -1,
-                "memory_max_stream_bytes": -1,
-                "storage_max_stream_bytes": -1,
-                "max_bytes_required": False,
-            },
-            "api": {"level": API_LEVEL, "total": self.reg.api_total, "errors": self.reg.api_errors},
-        }
+        return AccountInfoResponse(
+            memory=0,
+            storage=sum(s.state.bytes for s in streams),
+            streams=len(self.reg.streams),
+            consumers=sum(len(c) for c in self.reg.consumers.values()),
+            api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
+        )
 
 
 #: Operations only a cluster performs, with the number of tokens their subject has: a single

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -19,16 +19,28 @@ from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.api import advisories, errors, stream_config
-from gateway.api.configs import StreamConfig, to_json
+from gateway.api.configs import StreamConfig
 from gateway.api.requests import (
     NAMES_PAGE,
     Publish,
-    Route,
     T,
     is_empty_request,
     load_optional_request,
     load_request,
     require_empty_request,
+)
+from gateway.api.responses import (
+    Answer,
+    MsgGetResponse,
+    Paged,
+    Route,
+    StoredMsg,
+    StreamCreateResponse,
+    StreamInfo,
+    StreamInfoResponse,
+    StreamPurgeResponse,
+    StreamsResponse,
+    SuccessResponse,
 )
 from gateway.api.stream_update import apply_update
 from gateway.api.structs import BOOL, INT, STRING, UINT, go, request_type
@@ -128,17 +140,20 @@ class StreamApi:
         if op in ("STREAM.NAMES", "STREAM.LIST") and len(toks) == 2:
             return partial(self.stream_list, names_only=op == "STREAM.NAMES")
         if len(toks) == 3:
-            handler = {
+            by_stream: dict[str, Callable[[str, bytes], Awaitable[Answer]]] = {
                 "STREAM.CREATE": self.stream_create,
                 "STREAM.UPDATE": self.stream_update,
                 "STREAM.INFO": self.stream_info,
                 "STREAM.DELETE": self.stream_delete,
                 "STREAM.PURGE": self.stream_purge,
-            }.get(op)
+            }
+            handler = by_stream.get(op)
             if handler is not None:
                 return partial(handler, toks[2])
-        if op == "STREAM.MSG" and len(toks) == 4 and toks[2] in ("GET", "DELETE"):
-            return partial(self.msg_get if toks[2] == "GET" else self.msg_delete, toks[3])
+        if op == "STREAM.MSG" and len(toks) == 4 and toks[2] == "GET":
+            return partial(self.msg_get, toks[3])
+        if op == "STREAM.MSG" and len(toks) == 4 and toks[2] == "DELETE":
+            return partial(self.msg_delete, toks[3])
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -153,7 +168,7 @@ class StreamApi:
             ):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
-    async def stream_create(self, name: str, body: bytes) -> dict[str, Any]:
+    async def stream_create(self, name: str, body: bytes) -> StreamCreateResponse:
         req = load_request(body, stream_config.REQUEST)
         if req.get("name") != name:
             raise errors.STREAM_MISMATCH
@@ -169,13 +184,9 @@ class StreamApi:
             self._check_overlap(cfg)
             stream = await self.reg.add_stream(cfg, now_ns())
             self.publish(advisories.stream_action(name, "create", now_ns()))
-        return {
-            "type": T + "stream_create_response",
-            **self._stream_body(stream),
-            "did_create": True,
-        }
+        return StreamCreateResponse(info=self._info(stream), did_create=True)
 
-    async def stream_update(self, name: str, body: bytes) -> dict[str, Any]:
+    async def stream_update(self, name: str, body: bytes) -> StreamCreateResponse:
         # As the server: the whole config is checked (a name is required) before it is compared
         # with the subject's and before the stream is looked up.
         req = stream_config.normalize(load_request(body, stream_config.REQUEST), self.reg.server_version)
@@ -188,15 +199,15 @@ class StreamApi:
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
         self.recorder.changed(stream)  # its delete markers, and MaxAge timed anew
         self.publish(advisories.stream_action(name, "modify", now_ns()))
-        return {"type": T + "stream_update_response", **self._stream_body(stream)}
+        return StreamCreateResponse(type=T + "stream_update_response", info=self._info(stream))
 
-    async def stream_delete(self, name: str, body: bytes) -> dict[str, Any]:
+    async def stream_delete(self, name: str, body: bytes) -> SuccessResponse:
         require_empty_request(body)
         await self.reg.remove_stream(self._stream(name))
         self.publish(advisories.stream_action(name, "delete", now_ns()))
-        return {"type": T + "stream_delete_response", "success": True}
+        return SuccessResponse(type=T + "stream_delete_response")
 
-    def stream_list(self, body: bytes, names_only: bool) -> dict[str, Any]:
+    def stream_list(self, body: bytes, names_only: bool) -> StreamsResponse:
         req = load_optional_request(body, NAMES_REQUEST if names_only else LIST_REQUEST)
         subject = req.subject
         streams = sorted(
@@ -209,46 +220,37 @@ class StreamApi:
         )
         offset = min(max(0, req.offset), len(streams))
         if names_only:
-            page = [s.name for s in streams[offset : offset + NAMES_PAGE]]
-            return {
-                "type": T + "stream_names_response",
-                "total": len(streams),
-                "offset": offset,
-                "limit": NAMES_PAGE,
-                "streams": page or None,
-            }
-        return {
-            "type": T + "stream_list_response",
-            "total": len(streams),
-            "offset": offset,
-            "limit": LIST_PAGE,
-            "streams": [self._listed(s) for s in streams[offset : offset + LIST_PAGE]],
-        }
+            page = tuple(s.name for s in streams[offset : offset + NAMES_PAGE])
+            paged = Paged(len(streams), offset, NAMES_PAGE)
+            return StreamsResponse(type=T + "stream_names_response", paged=paged, streams=page or None)
+        listed = tuple(self._listed(s) for s in streams[offset : offset + LIST_PAGE])
+        paged = Paged(len(streams), offset, LIST_PAGE)
+        return StreamsResponse(type=T + "stream_list_response", paged=paged, streams=listed)
 
-    def _listed(self, stream: Stream) -> dict[str, Any]:
+    def _listed(self, stream: Stream) -> StreamInfo:
         """A stream as STREAM.LIST shows it: the server's own metadata keys left out but the level
         the request asked for."""
-        body = self._stream_body(stream)
+        info = self._info(stream)
         meta = {k: v for k, v in stream.config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
-        return {**body, "config": to_json(replace(stream.config, metadata=meta))}
+        return replace(info, config=replace(stream.config, metadata=meta))
 
-    async def stream_info(self, name: str, body: bytes) -> dict[str, Any]:
+    async def stream_info(self, name: str, body: bytes) -> StreamInfoResponse:
         req = load_optional_request(body, INFO_REQUEST)
         stream = self._stream(name)
         consumers = len(self.reg.listed_consumers(stream.name))
         state = stream.info_state(consumers, req.subjects_filter or None, req.deleted_details)
-        paging = {"total": 0, "offset": 0, "limit": 0}
+        paged = Paged()
         if "subjects" in state:
-            paging = {"total": len(state["subjects"]), "offset": req.offset, "limit": SUBJECT_DETAILS_LIMIT}
-        return {"type": T + "stream_info_response", **paging, **self._stream_body(stream, state)}
+            paged = Paged(len(state["subjects"]), req.offset, SUBJECT_DETAILS_LIMIT)
+        return StreamInfoResponse(paged=paged, info=self._info(stream, state))
 
-    def _stream_body(self, stream: Stream, state: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "config": to_json(stream.config),
-            "created": rfc3339(stream.created_ns),
-            "state": state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
-            "ts": rfc3339(now_ns()),
-        }
+    def _info(self, stream: Stream, state: dict[str, Any] | None = None) -> StreamInfo:
+        return StreamInfo(
+            config=stream.config,
+            created=rfc3339(stream.created_ns),
+            state=state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
+            ts=rfc3339(now_ns()),
+        )
 
     # ---- removals -------------------------------------------------------------------------------
 
@@ -295,7 +297,7 @@ class StreamApi:
             del self._waiting[stream]
             self._listening.pop(stream)()
 
-    async def stream_purge(self, name: str, body: bytes) -> dict[str, Any]:
+    async def stream_purge(self, name: str, body: bytes) -> StreamPurgeResponse:
         req = load_optional_request(body, PURGE_REQUEST)
         stream = self._removable(name, "deny_purge", errors.STREAM_PURGE_NOT_PERMITTED)
         if req.seq and req.keep:
@@ -303,9 +305,9 @@ class StreamApi:
         upto = stream.state.last_seq
         purged = stream.purge(req.filter or None, req.seq or None, req.keep or None)
         await self._record(stream, upto)
-        return {"type": T + "stream_purge_response", "success": True, "purged": purged}
+        return StreamPurgeResponse(purged=purged)
 
-    async def msg_delete(self, name: str, body: bytes) -> dict[str, Any]:
+    async def msg_delete(self, name: str, body: bytes) -> SuccessResponse:
         if is_empty_request(body):  # refused before the stream is looked up
             raise errors.BAD_REQUEST
         req = load_request(body, MSG_DELETE_REQUEST)
@@ -322,11 +324,11 @@ class StreamApi:
         # ``no_erase: false`` asks the file store to overwrite the bytes; here the removal log
         # hides the message at once and Spark's retention job removes it from storage.
         await self._record(stream, seq)
-        return {"type": T + "stream_msg_delete_response", "success": True}
+        return SuccessResponse(type=T + "stream_msg_delete_response")
 
     # ---- reading messages -----------------------------------------------------------------------
 
-    async def msg_get(self, name: str, body: bytes) -> dict[str, Any]:
+    async def msg_get(self, name: str, body: bytes) -> MsgGetResponse:
         req = load_request(body, MSG_GET_REQUEST)
         check_get_request(req)  # before the stream is looked up
         stream = self._stream(name)
@@ -334,10 +336,12 @@ class StreamApi:
         msg = await self.loader.load(stream, seq) if seq else None
         if msg is None:
             raise errors.NO_MESSAGE_FOUND
-        out: dict[str, Any] = {"subject": msg.subject, "seq": msg.seq}
-        if msg.hdrs:
-            out["hdrs"] = base64.b64encode(msg.hdrs).decode()
-        if msg.data:
-            out["data"] = base64.b64encode(msg.data).decode()
-        out["time"] = rfc3339(msg.ts)
-        return {"type": T + "stream_msg_get_response", "message": out}
+        return MsgGetResponse(
+            message=StoredMsg(
+                subject=msg.subject,
+                seq=msg.seq,
+                hdrs=base64.b64encode(msg.hdrs).decode() if msg.hdrs else "",
+                data=base64.b64encode(msg.data).decode(),
+                time=rfc3339(msg.ts),
+            )
+        )
