@@ -27,6 +27,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from tests.harness import Jetlake, ReferenceJetStream, scrub
 
 SILENCE_S = 0.4  # how long an unanswered request waits before it counts as silence
+ANSWER_S = 10.0  # how long a request that both servers answer may take (a durable commit of 1 MB)
 EXAMPLES = 60  # per property: bounded, this runs in CI against two live servers
 
 STREAM, CONSUMER = "FZ", "C"
@@ -96,12 +97,15 @@ async def _quiet(exc: Exception) -> None:
     """Protocol errors from deliberately bad input are the test's business, not the log's."""
 
 
-async def ask(url: str, subject: str, body: bytes, headers: dict[str, str] | None) -> tuple[Any, ...]:
-    """One request on a fresh connection (so a waiting pull request dies with it): what came back."""
+async def ask(
+    url: str, subject: str, body: bytes, headers: dict[str, str] | None, wait: float = SILENCE_S
+) -> tuple[Any, ...]:
+    """One request on a fresh connection (so a waiting pull request dies with it): what came back
+    within ``wait`` seconds."""
     nc = await nats.connect(url, error_cb=_quiet)
     try:
         try:
-            msg = await nc.request(subject, body, timeout=SILENCE_S, headers=headers)
+            msg = await nc.request(subject, body, timeout=wait, headers=headers)
         except NoRespondersError:
             return ("no responders",)
         except NatsTimeout:
@@ -149,10 +153,14 @@ async def _api(nc: Client, subject: str, body: bytes) -> dict[str, Any]:
 
 
 async def both(
-    pair: dict[str, str], subject: str, body: bytes, headers: dict[str, str] | None = None
+    pair: dict[str, str],
+    subject: str,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    wait: float = SILENCE_S,
 ) -> dict[str, Any]:
     """The answer of each server to the same request."""
-    return {target: await ask(url, subject, body, headers) for target, url in pair.items()}
+    return {target: await ask(url, subject, body, headers, wait) for target, url in pair.items()}
 
 
 # ---- the cases ----------------------------------------------------------------------------------
@@ -305,7 +313,8 @@ async def test_publishes_to_stream_subjects(
     """Publishes of any size (up to the server's max payload) with arbitrary non-JetStream headers
     are PubAck'd by both, and stored alike."""
     payload = bytes(i % 251 for i in range(size))
-    answers = await both(pair, subject, payload, headers)
+    # answered by both (no silence to wait out): the gateway's PubAck follows a synced commit
+    answers = await both(pair, subject, payload, headers, ANSWER_S)
     assert answers["jetlake"] == answers["jetstream"] == ("puback", STREAM)
     keys = ("messages", "bytes", "first_seq", "last_seq", "num_subjects")
     states = {target: (await state(url))["state"] for target, url in pair.items()}
@@ -364,6 +373,14 @@ CORPUS = [
     ),
     # a pull body that is neither a JSON object nor a number is ignored (no 400)
     pytest.param(f"CONSUMER.MSG.NEXT.{STREAM}.{CONSUMER}", b'"x"', id="next-string-body"),
+    # a consumer create's action is an enum of its own: null, other case or type is invalid JSON
+    pytest.param(f"CONSUMER.CREATE.{STREAM}.A1", b'{"action": null}', id="create-action-null"),
+    pytest.param(
+        f"CONSUMER.CREATE.{STREAM}.A1",
+        b'{"stream_name":"%s","action":"CREATE","config":{"name":"A1"}}' % STREAM.encode(),
+        id="create-action-case",
+    ),
+    pytest.param(f"CONSUMER.CREATE.{STREAM}.A1", b'{"action": 1}', id="create-action-number"),
     # a stream config is decoded strictly: an unknown field is invalid JSON
     pytest.param("STREAM.CREATE.STRICT", b'{"name":"STRICT","bogus":1}', id="create-unknown-field"),
     # a number that does not fit its field is named as it was written

@@ -38,7 +38,7 @@ from gateway.api.responses import (
     Route,
     SuccessResponse,
 )
-from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, go, request_type
+from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, Enum, go, request_type
 from gateway.api.timefmt import ZERO_TIME, now_ns
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, start_position
@@ -74,7 +74,8 @@ class CreateConsumerRequest:
     stream_name: str = go(STRING, "")
     #: the config's fields as sent (its validation needs to know which were)
     config: dict[str, Any] | None = go(consumer_config.CONFIG, None)
-    action: str = go(STRING, "")
+    #: ConsumerAction, which refuses anything but these (null and other case included)
+    action: str = go(Enum(("", "create", "update"), "unknown consumer action: {text}"), "")
     pedantic: bool = go(BOOL, False)
 
 
