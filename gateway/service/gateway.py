@@ -4,7 +4,7 @@
 from the tables, the publish and delivery paths, the API router, the dispatcher) and only then
 starts the leaf link, handing what it reads to the one ordered dispatcher
 (:mod:`gateway.service.dispatcher`). Owns the background tasks (API worker, consumer timer,
-per-consumer delivery, removals, index snapshots) and cancels and awaits them on ``close``.
+per-consumer delivery, removals, index snapshots, compaction) and cancels and awaits them on ``close``.
 Blocking work (delta-rs, parquet) runs on ``executor``.
 """
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.coldread import ColdReader
+from gateway.adapters.compactor import Compactor
 from gateway.adapters.delivery import Delivery
 from gateway.adapters.loader import MessageLoader
 from gateway.adapters.publish import PublishPath
@@ -143,6 +144,16 @@ class Gateway:
         self.tasks.own(delivery.ticker(), "consumer-timer")
         self.tasks.own(recorder.run(publish), "removals")
         self.tasks.own(snapshots.run(), "index-snapshots")
+        if settings.compact_min_files:
+            compactor = Compactor(
+                registry,
+                self.root,
+                self.executor,
+                settings.compact_min_files,
+                settings.compact_max_file_bytes,
+                settings.compact_interval_ms / 1000,
+            )
+            self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         await leaf.start(dispatcher)
 

@@ -58,6 +58,7 @@ class LiveFile:
     size: int
     min_seq: int | None
     max_seq: int | None
+    min_ts: int | None
     max_ts: int | None
     rows: int | None
 
@@ -87,6 +88,7 @@ def _live(dt: DeltaTable, stream: str | None = None) -> list[LiveFile]:
             size=int(row["size_bytes"]),
             min_seq=row.get("min.seq"),
             max_seq=row.get("max.seq"),
+            min_ts=row.get("min.ts"),
             max_ts=row.get("max.ts"),
             rows=row.get("num_records"),
         )

@@ -1,0 +1,114 @@
+"""Continuous compaction of recent commits: the small files of a stream's unsealed blocks merged into
+few sequence-sorted ones while the gateway runs, so that restarts, cold reads and any other Delta
+reader cost about the same however the messages were written.
+
+Under sync publishing (each PubAck awaited) a commit holds one message, so the active block of a
+stream gains one parquet file per message, and the Spark ``seal`` job merges only full blocks. Here
+the files of a block are merged log-structured, as an LSM tree's size-tiered compaction or Lucene's
+log merge policy do: a file's *tier* is how many times ``fanout`` divides its row count, and a run
+of at least ``fanout`` files of one tier that lie side by side (in sequence order) becomes one file
+of a higher tier. So each message is rewritten about log(block size) / log(fanout) times and a
+block holds fewer than ``fanout`` files per tier. A full block (one below the stream's highest:
+nothing more arrives there) is merged whole as soon as it has two small files, as sealing would.
+
+Only files of the stream's current incarnation (stored at or after its ``created`` time) and smaller
+than ``max_file_bytes`` are merged (an earlier incarnation's files, which every read skips by their
+``ts`` statistics, are the retention job's); a run never skips a file, so a merged file overlaps no other
+file of its stream (what lets a reader's search stop at the first file that answers). The merge and
+the commit are the jobs' own (:func:`storage_delta.maintenance.seal.merge_runs`: ``rewrite_files``,
+then ``swap_files`` with ``dataChange`` false), so the compaction races neither the gateway's
+appends nor a Spark job: the swap conflicts only with a commit that removed one of its files first,
+and then its new files are deleted. Removed files stay on disk for the vacuum's margin, as the
+jobs' do, so a reader that planned on an older version still finds them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+
+from storage_delta.commit.store import StoreRoot
+from storage_delta.maintenance.files import LiveFile, live_files
+from storage_delta.maintenance.seal import merge_runs
+
+
+def tier(rows: int, fanout: int) -> int:
+    """How many times ``fanout`` divides ``rows``: files of one tier have about the same size."""
+    level = 0
+    while rows >= fanout:
+        rows //= fanout
+        level += 1
+    return level
+
+
+def plan_recent(
+    files: Sequence[LiveFile], created: Mapping[str, int], fanout: int, max_file_bytes: int
+) -> list[list[LiveFile]]:
+    """The runs to merge among ``files``, for the streams in ``created`` (name → incarnation)."""
+    by_block: dict[tuple[str, int], list[LiveFile]] = defaultdict(list)
+    top: dict[str, int] = {}
+    for f in files:
+        if f.stream in created:
+            by_block[(f.stream, f.block)].append(f)
+            top[f.stream] = max(top.get(f.stream, f.block), f.block)
+    runs: list[list[LiveFile]] = []
+    for (stream, block), block_files in sorted(by_block.items()):
+        block_files.sort(key=lambda f: (f.min_seq or 0, f.log_path))
+        full = block < top[stream]
+        for run in _runs(block_files, created[stream], fanout, max_file_bytes, full):
+            runs.extend(_within(run, max_file_bytes, 2 if full else fanout))
+    return runs
+
+
+def _runs(
+    files: list[LiveFile], created: int, fanout: int, max_file_bytes: int, full: bool
+) -> Iterator[list[LiveFile]]:
+    """Maximal runs of neighbouring files that may merge: small, of this incarnation, with
+    statistics, and (in the active block) of one tier. A file with rows of an earlier incarnation
+    too (a commit made while the name was deleted and reused) ends a run."""
+    run: list[LiveFile] = []
+    key: int | None = None
+    for f in files:
+        if f.max_ts is not None and f.max_ts < created:
+            continue  # an earlier stream of the same name: invisible to every read, left to retention
+        ok = (
+            f.rows is not None
+            and f.min_seq is not None
+            and f.min_ts is not None
+            and f.min_ts >= created
+            and f.size < max_file_bytes
+        )
+        level = (0 if full else tier(f.rows or 0, fanout)) if ok else None
+        if level is None or level != key:
+            if run:
+                yield run
+            run, key = [], level
+        if level is not None:
+            run.append(f)
+    if run:
+        yield run
+
+
+def _within(run: list[LiveFile], max_file_bytes: int, least: int) -> Iterator[list[LiveFile]]:
+    """``run`` cut into pieces whose merged file stays below ``max_file_bytes``; the pieces of at
+    least ``least`` files."""
+    piece: list[LiveFile] = []
+    size = 0
+    for f in run:
+        if piece and size + f.size > max_file_bytes:
+            if len(piece) >= least:
+                yield piece
+            piece, size = [], 0
+        piece.append(f)
+        size += f.size
+    if len(piece) >= least:
+        yield piece
+
+
+def compact_recent(root: StoreRoot, created: Mapping[str, int], fanout: int, max_file_bytes: int) -> int:
+    """One round for the streams in ``created``: plan from the table's current version, merge, swap.
+    Returns how many files the round removed (0 when there was nothing to do or another job got
+    there first). Blocks: belongs on a worker thread."""
+    runs = plan_recent(live_files(root), created, fanout, max_file_bytes)
+    merged = merge_runs(root, runs)
+    return sum(len(r) for r in runs) if merged else 0
