@@ -74,8 +74,8 @@ class Settings:
     )
     index_snapshot_min_new: int = setting(
         10_000,
-        "messages committed since a stream's last index snapshot (and at least a quarter of the stream) "
-        "that make it due another",
+        "messages committed since a stream's last index snapshot that make it due another "
+        "(a restart after `kill -9` reads about this many beyond it)",
     )
     compact_min_files: int = setting(
         16,
