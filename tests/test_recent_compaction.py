@@ -14,7 +14,7 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import LiveFile, live_files
-from storage_delta.maintenance.recent import compact_recent, plan_recent, tier
+from storage_delta.maintenance.recent import RoundFailed, compact_recent, plan_recent, tier
 from storage_delta.maintenance.seal import merge_runs, seal_stream
 from storage_delta.read.reader import MessageReader
 from tests.test_storage_hazards import seqs_in_table
@@ -166,3 +166,17 @@ def test_appends_compaction_and_sealing_race_without_losing_or_doubling_a_row(ro
     assert seqs_in_table(root) == {"S": list(range(1, 301))}
     assert_no_overlap(ordered(root))
     assert len(live_files(root, "S")) < 300
+
+
+def test_a_round_the_store_fails_raises_round_failed_and_changes_nothing(root: StoreRoot) -> None:
+    """A file the round must read is gone from the store: the round fails as the gateway's task
+    expects (it logs and tries again later) and the table stays as it was."""
+    table = MessageTable(root)
+    for seq in range(1, 5):
+        table.commit([message(seq)], seq)
+    table.close()
+    before = ordered(root)
+    os.remove(f"{root.uri}/{sch.MESSAGES}/{before[1].path}")
+    with pytest.raises(RoundFailed):
+        compact_recent(root, {"S": TS0}, 2, 1 << 30)
+    assert ordered(root) == before

@@ -7,8 +7,9 @@ The task sleeps until the publish path has told it of ``min_files`` committed ru
 the streams that are due, on the executor, and waits at least ``interval_s`` before the next, so
 that under a steady sync publisher a round merges many files rather than a few. At start it runs
 one round for every stream: a crash, or a process with compaction off, may have left small files.
-A round that fails on the store (full, unreachable) is logged and the next one tries again; the
-files stay as they were, which is correct, only slower to read.
+A round that fails on the store (full, unreachable, a log listing that kept racing commits) is
+logged and tried again after the interval; the files stay as they were, which is correct, only
+slower to read. Anything else the task raises ends it, and ``/healthz`` reports it (``TaskOwner``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import asyncio
 import logging
 from concurrent.futures import Executor
 
-import pyarrow as pa
-
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.engine.stream import Stream
-from storage_delta.commit.store import CommitConflict, StoreRoot
-from storage_delta.maintenance.recent import compact_recent
+from storage_delta.commit.store import StoreRoot
+from storage_delta.maintenance.recent import RoundFailed, compact_recent
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +86,11 @@ class Compactor:
             removed = await loop.run_in_executor(
                 self.executor, compact_recent, self.root, created, self.min_files, self.max_file_bytes
             )
-        except (OSError, pa.ArrowException, CommitConflict):
-            log.exception("compacting %s failed; the next round tries again", sorted(created))
+        except RoundFailed:
+            log.exception("compacting %s failed; trying again after the interval", sorted(created))
+            for name in created:  # due again at once
+                self._added[name] = max(self._added.get(name, 0), self.min_files)
+            self._due.set()
             return 0
         if removed:
             log.info("compaction merged %d files of %s", removed, sorted(created))

@@ -27,7 +27,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 
-from storage_delta.commit.store import StoreRoot
+import pyarrow as pa
+from deltalake.exceptions import DeltaError
+
+from storage_delta.commit.store import CommitConflict, StoreRoot
 from storage_delta.maintenance.files import LiveFile, live_files
 from storage_delta.maintenance.seal import merge_runs
 
@@ -105,10 +108,18 @@ def _within(run: list[LiveFile], max_file_bytes: int, least: int) -> Iterator[li
         yield piece
 
 
+class RoundFailed(Exception):
+    """The store failed a round (full, unreachable, a log listing that kept racing commits): the
+    files stay as they were, which is correct, and a later round tries again."""
+
+
 def compact_recent(root: StoreRoot, created: Mapping[str, int], fanout: int, max_file_bytes: int) -> int:
     """One round for the streams in ``created``: plan from the table's current version, merge, swap.
     Returns how many files the round removed (0 when there was nothing to do or another job got
-    there first). Blocks: belongs on a worker thread."""
-    runs = plan_recent(live_files(root), created, fanout, max_file_bytes)
-    merged = merge_runs(root, runs)
+    there first); :class:`RoundFailed` when the store failed it. Blocks: belongs on a worker thread."""
+    try:
+        runs = plan_recent(live_files(root), created, fanout, max_file_bytes)
+        merged = merge_runs(root, runs)
+    except (OSError, pa.ArrowException, DeltaError, CommitConflict) as exc:
+        raise RoundFailed(str(exc)) from exc
     return sum(len(r) for r in runs) if merged else 0
