@@ -79,8 +79,8 @@ def _median(runs: list[float], digits: int = 3) -> float:
     return round(statistics.median(runs), digits)
 
 
-def _cold_reads(url: str, count: int, trials: int) -> Result:
-    firsts, rates = zip(*(asyncio.run(_drain(url, count)) for _ in range(trials)), strict=True)
+def _cold_reads(runs: list[tuple[float, float]]) -> Result:
+    firsts, rates = zip(*runs, strict=True)
     return {"first_batch_s": _median(list(firsts)), "drain_per_s": round(statistics.median(rates))}
 
 
@@ -112,18 +112,26 @@ def _readers(lake: Jetlake, count: int, trials: int) -> Result:
     }
 
 
-def _restart_after_kill(kill: Callable[[], None], start: Callable[[], None], url: str, count: int) -> float:
-    """Seconds from starting again after ``kill -9`` to a stream that answers with every message."""
-    kill()
-    t0 = time.monotonic()
-    start()
-    asyncio.run(wait_stream_messages(url, STREAM, count))
-    return time.monotonic() - t0
+def _restarts_and_drains(
+    kill: Callable[[], None], start: Callable[[], None], url: str, count: int, trials: int
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """``trials`` times: ``kill -9``, then seconds from starting again to a stream that answers
+    with every message, and a new consumer's first batch and drain rate right after, while nothing
+    of the stream is in the server's memory (a second consumer would find the first one's reads)."""
+    restarts, drains = [], []
+    for _ in range(trials):
+        kill()
+        t0 = time.monotonic()
+        start()
+        asyncio.run(wait_stream_messages(url, STREAM, count))
+        restarts.append(time.monotonic() - t0)
+        drains.append(asyncio.run(_drain(url, count)))
+    return restarts, drains
 
 
 def _settled(root: StoreRoot) -> int:
-    """The stream's file count once it stopped changing (the restarted gateway's first compaction
-    round has run): what the cold reads below read."""
+    """The stream's file count once it stopped changing (the restarted gateway's compaction rounds
+    have run): what the independent readers read."""
     files = len(live_files(root, STREAM))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -141,16 +149,17 @@ def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials
     lake.start()
     try:
         publish_s = asyncio.run(_publish(lake.url, count, window))
-        restarts = [
-            _restart_after_kill(lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count)
-            for _ in range(trials)
-        ]
+        files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
+        restarts, drains = _restarts_and_drains(
+            lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count, trials
+        )
         out: Result = {
             "publish_per_s": round(count / publish_s),
+            "files_at_kill": files,
             "restart_after_kill9_s": _median(restarts, 2),
-            "files": _settled(StoreRoot(str(lake.data_root))),
+            **_cold_reads(drains),
+            "files_at_read": _settled(StoreRoot(str(lake.data_root))),
         }
-        out.update(_cold_reads(lake.url, count, trials))
         out.update(_readers(lake, count, trials))
         return out
     finally:
@@ -159,13 +168,14 @@ def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials
 
 def _jetstream(ref: ReferenceJetStream, count: int, trials: int) -> Result:
     publish_s = asyncio.run(_publish(ref.url, count, 1))
-    restarts = [
-        _restart_after_kill(lambda: stop(ref.proc, signal.SIGKILL), ref.start, ref.url, count)
-        for _ in range(trials)
-    ]
-    out: Result = {"publish_per_s": round(count / publish_s), "restart_after_kill9_s": _median(restarts, 2)}
-    out.update(_cold_reads(ref.url, count, trials))
-    return out
+    restarts, drains = _restarts_and_drains(
+        lambda: stop(ref.proc, signal.SIGKILL), ref.start, ref.url, count, trials
+    )
+    return {
+        "publish_per_s": round(count / publish_s),
+        "restart_after_kill9_s": _median(restarts, 2),
+        **_cold_reads(drains),
+    }
 
 
 def _ratio(a: float, b: float) -> float:
