@@ -8,7 +8,8 @@ written in large commits (pipelined publishes, compaction on), which is what the
 compared with. The real JetStream gets the same sync publishes, ``kill -9`` and new consumer. Each
 figure is the median of ``trials`` runs.
 
-    python -m bench.small_files [--messages 20000] [--trials 3]   (or bench/run.py --only small_files)
+    python -m bench.small_files [--messages 20000] [--trials 3] [--keep DIR]
+    (or python -m bench.run --only small_files)
 """
 
 from __future__ import annotations
@@ -212,12 +213,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--keep", default="", help="work in this directory and keep it (the servers' logs)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-smallfiles-") as tmp:
-        ref = ReferenceJetStream(Path(tmp) / "jetstream")
+        work = Path(args.keep or tmp)
+        ref = ReferenceJetStream(work / "jetstream")
         ref.start()
         try:
-            print(json.dumps(measure(ref, Path(tmp), args.messages, args.trials)), flush=True)
+            print(json.dumps(measure(ref, work, args.messages, args.trials)), flush=True)
         finally:
             ref.stop()
 
