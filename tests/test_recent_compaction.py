@@ -13,6 +13,7 @@ import pytest
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
+from storage_delta.maintenance import recent
 from storage_delta.maintenance.files import LiveFile, live_files
 from storage_delta.maintenance.recent import RoundFailed, compact_recent, plan_recent, tier
 from storage_delta.maintenance.seal import merge_runs, seal_stream
@@ -55,7 +56,7 @@ def test_one_message_commits_merge_log_structured_and_no_answer_changes(root: St
     for seq in range(1, 201):
         table.commit([message(seq)], seq)
         if seq % 4 == 0:
-            removed += compact_recent(root, {"S": TS0}, 4, 1 << 30)
+            removed += compact_recent(root, {"S": TS0}, 4, 1 << 30)[0]
     table.close()
     files = ordered(root)
     assert removed > 150
@@ -89,16 +90,16 @@ def test_full_blocks_merge_whole_and_other_incarnations_stay(root: StoreRoot) ->
         version += 1
         table.commit([message(seq, 10)], version)
     table.close()
-    assert compact_recent(root, {"S": TS0}, 16, 1 << 30) == 19  # blocks 0 (1-9) and 1 (10-19)
+    assert compact_recent(root, {"S": TS0}, 16, 1 << 30) == (19, False)  # blocks 0 (1-9) and 1 (10-19)
     by_block: dict[int, list[LiveFile]] = {}
     for f in live_files(root, "S"):
         by_block.setdefault(f.block, []).append(f)
     assert [len(by_block[b]) for b in (0, 1, 2)] == [1, 1, 11]
-    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == 6  # the new incarnation's 20-25 only
+    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (6, False)  # the new incarnation's 20-25 only
     assert sorted(f.min_ts or 0 for f in live_files(root, "S") if f.block == 2)[:5] == [
         TS0 - 10_000 + s for s in range(21, 26)
     ]
-    assert compact_recent(root, {}, 2, 1 << 30) == 0  # streams not named are left alone
+    assert compact_recent(root, {}, 2, 1 << 30) == (0, False)  # streams not named are left alone
 
 
 def test_files_at_the_size_cap_are_left_to_the_seal_job(root: StoreRoot) -> None:
@@ -107,8 +108,8 @@ def test_files_at_the_size_cap_are_left_to_the_seal_job(root: StoreRoot) -> None
         table.commit([message(seq)], seq)
     table.close()
     size = max(f.size for f in live_files(root, "S"))
-    assert compact_recent(root, {"S": TS0}, 2, size) == 0  # every file is at the cap
-    assert compact_recent(root, {"S": TS0}, 2, 3 * size) == 8  # merged in pieces below the cap
+    assert compact_recent(root, {"S": TS0}, 2, size) == (0, False)  # every file is at the cap
+    assert compact_recent(root, {"S": TS0}, 2, 3 * size) == (8, False)  # merged in pieces below the cap
     assert len(live_files(root, "S")) == 3  # three, three and two files
 
 
@@ -180,3 +181,21 @@ def test_a_round_the_store_fails_raises_round_failed_and_changes_nothing(root: S
     with pytest.raises(RoundFailed):
         compact_recent(root, {"S": TS0}, 2, 1 << 30)
     assert ordered(root) == before
+
+
+def test_a_round_merges_at_most_round_files_and_says_when_more_is_left(
+    root: StoreRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream left with many small files is worked down in rounds that each commit, so a kill or
+    a failure in the middle loses one round's work, not all of it."""
+    monkeypatch.setattr(recent, "ROUND_FILES", 4)
+    table = MessageTable(root)
+    for seq in range(1, 11):
+        table.commit([message(seq)], seq)
+    table.close()
+    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (4, True)  # 1-4; 5-8 and 9-10 wait
+    assert [f.rows for f in ordered(root)] == [4, 1, 1, 1, 1, 1, 1]
+    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (4, True)  # 5-8
+    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (4, False)  # the two 4s, and 9-10
+    assert [f.rows for f in ordered(root)] == [8, 2]
+    assert seqs_in_table(root) == {"S": list(range(1, 11))}

@@ -5,9 +5,10 @@ leave a parquet file per message for restarts and readers to open.
 The task sleeps until the publish path has told it of ``min_files`` committed runs of some stream
 (``PublishPath.files_added``: each adds a file to the stream's partition), then runs one round for
 the streams that are due, on the executor, and waits at least ``interval_s`` before the next, so
-that under a steady sync publisher a round merges many files rather than a few. At start it runs
-one round for every stream: a crash, or a process with compaction off, may have left small files.
-A round that fails on the store (full, unreachable, a log listing that kept racing commits) is
+that under a steady sync publisher a round merges many files rather than a few. A round reads at
+most ``ROUND_FILES`` files; when there is more to do the next round follows after the interval. At
+start it runs one round for every stream: a crash, or a process with compaction off, may have left
+small files. A round that fails on the store (full, unreachable, a log listing that kept racing commits) is
 logged and tried again after the interval; the files stay as they were, which is correct, only
 slower to read. Anything else the task raises ends it, and ``/healthz`` reports it (``TaskOwner``).
 """
@@ -83,15 +84,16 @@ class Compactor:
             return 0
         loop = asyncio.get_running_loop()
         try:
-            removed = await loop.run_in_executor(
+            removed, more = await loop.run_in_executor(
                 self.executor, compact_recent, self.root, created, self.min_files, self.max_file_bytes
             )
         except RoundFailed:
             log.exception("compacting %s failed; trying again after the interval", sorted(created))
-            for name in created:  # due again at once
+            removed, more = 0, True
+        if more:  # due again at once: the next round, after the interval, goes on
+            for name in created:
                 self._added[name] = max(self._added.get(name, 0), self.min_files)
             self._due.set()
-            return 0
         if removed:
             log.info("compaction merged %d files of %s", removed, sorted(created))
         return removed

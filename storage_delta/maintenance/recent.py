@@ -34,6 +34,11 @@ from storage_delta.commit.store import CommitConflict, StoreRoot
 from storage_delta.maintenance.files import LiveFile, live_files
 from storage_delta.maintenance.seal import merge_runs
 
+#: Files one round reads at most (a merge at most as many): a round then commits within about a
+#: second even on a loaded machine, so a ``kill -9`` or a failed round loses little work, and a
+#: stream left with many thousand small files is worked down round by round.
+ROUND_FILES = 1024
+
 
 def tier(rows: int, fanout: int) -> int:
     """How many times ``fanout`` divides ``rows``: files of one tier have about the same size."""
@@ -93,12 +98,12 @@ def _runs(
 
 
 def _within(run: list[LiveFile], max_file_bytes: int, least: int) -> Iterator[list[LiveFile]]:
-    """``run`` cut into pieces whose merged file stays below ``max_file_bytes``; the pieces of at
-    least ``least`` files."""
+    """``run`` cut into pieces of at most ``ROUND_FILES`` files whose merged file stays below
+    ``max_file_bytes``; the pieces of at least ``least`` files."""
     piece: list[LiveFile] = []
     size = 0
     for f in run:
-        if piece and size + f.size > max_file_bytes:
+        if piece and (size + f.size > max_file_bytes or len(piece) == ROUND_FILES):
             if len(piece) >= least:
                 yield piece
             piece, size = [], 0
@@ -113,13 +118,21 @@ class RoundFailed(Exception):
     files stay as they were, which is correct, and a later round tries again."""
 
 
-def compact_recent(root: StoreRoot, created: Mapping[str, int], fanout: int, max_file_bytes: int) -> int:
-    """One round for the streams in ``created``: plan from the table's current version, merge, swap.
-    Returns how many files the round removed (0 when there was nothing to do or another job got
-    there first); :class:`RoundFailed` when the store failed it. Blocks: belongs on a worker thread."""
+def compact_recent(
+    root: StoreRoot, created: Mapping[str, int], fanout: int, max_file_bytes: int
+) -> tuple[int, bool]:
+    """One round for the streams in ``created``: plan from the table's current version, merge at
+    most ``ROUND_FILES`` files, swap. Returns how many files the round removed (0 when there was
+    nothing to do or another job got there first) and whether the plan had more than one round
+    takes; :class:`RoundFailed` when the store failed it. Blocks: belongs on a worker thread."""
     try:
-        runs = plan_recent(live_files(root), created, fanout, max_file_bytes)
+        planned = plan_recent(live_files(root), created, fanout, max_file_bytes)
+        runs: list[list[LiveFile]] = []
+        for run in planned:
+            if sum(map(len, runs)) + len(run) > ROUND_FILES:
+                break
+            runs.append(run)
         merged = merge_runs(root, runs)
     except (OSError, pa.ArrowException, DeltaError, CommitConflict) as exc:
         raise RoundFailed(str(exc)) from exc
-    return sum(len(r) for r in runs) if merged else 0
+    return (sum(map(len, runs)) if merged else 0), len(runs) < len(planned)
