@@ -15,7 +15,7 @@ from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.maintenance import recent
 from storage_delta.maintenance.files import LiveFile, live_files
-from storage_delta.maintenance.recent import RoundFailed, compact_recent, plan_recent, tier
+from storage_delta.maintenance.recent import Compaction, RoundFailed, plan_recent, tier
 from storage_delta.maintenance.seal import merge_runs, seal_stream
 from storage_delta.read.reader import MessageReader
 from tests.test_storage_hazards import seqs_in_table
@@ -52,11 +52,12 @@ def test_one_message_commits_merge_log_structured_and_no_answer_changes(root: St
     with fewer than ``fanout`` files per tier, and every read answers as before."""
     table = MessageTable(root)
     reader = MessageReader(root)
+    compaction = Compaction(root)  # one handle, caught up round by round, as in the gateway
     removed = 0
     for seq in range(1, 201):
         table.commit([message(seq)], seq)
         if seq % 4 == 0:
-            removed += compact_recent(root, {"S": TS0}, 4, 1 << 30)[0]
+            removed += compaction.round({"S": TS0}, 4, 1 << 30)[0]
     table.close()
     files = ordered(root)
     assert removed > 150
@@ -90,16 +91,16 @@ def test_full_blocks_merge_whole_and_other_incarnations_stay(root: StoreRoot) ->
         version += 1
         table.commit([message(seq, 10)], version)
     table.close()
-    assert compact_recent(root, {"S": TS0}, 16, 1 << 30) == (19, False)  # blocks 0 (1-9) and 1 (10-19)
+    assert Compaction(root).round({"S": TS0}, 16, 1 << 30) == (19, False)  # blocks 0 (1-9) and 1 (10-19)
     by_block: dict[int, list[LiveFile]] = {}
     for f in live_files(root, "S"):
         by_block.setdefault(f.block, []).append(f)
     assert [len(by_block[b]) for b in (0, 1, 2)] == [1, 1, 11]
-    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (6, False)  # the new incarnation's 20-25 only
+    assert Compaction(root).round({"S": TS0}, 2, 1 << 30) == (6, False)  # the new incarnation's 20-25 only
     assert sorted(f.min_ts or 0 for f in live_files(root, "S") if f.block == 2)[:5] == [
         TS0 - 10_000 + s for s in range(21, 26)
     ]
-    assert compact_recent(root, {}, 2, 1 << 30) == (0, False)  # streams not named are left alone
+    assert Compaction(root).round({}, 2, 1 << 30) == (0, False)  # streams not named are left alone
 
 
 def test_files_at_the_size_cap_are_left_to_the_seal_job(root: StoreRoot) -> None:
@@ -108,8 +109,8 @@ def test_files_at_the_size_cap_are_left_to_the_seal_job(root: StoreRoot) -> None
         table.commit([message(seq)], seq)
     table.close()
     size = max(f.size for f in live_files(root, "S"))
-    assert compact_recent(root, {"S": TS0}, 2, size) == (0, False)  # every file is at the cap
-    assert compact_recent(root, {"S": TS0}, 2, 3 * size) == (8, False)  # merged in pieces below the cap
+    assert Compaction(root).round({"S": TS0}, 2, size) == (0, False)  # every file is at the cap
+    assert Compaction(root).round({"S": TS0}, 2, 3 * size) == (8, False)  # merged in pieces below the cap
     assert len(live_files(root, "S")) == 3  # three, three and two files
 
 
@@ -143,10 +144,11 @@ def test_appends_compaction_and_sealing_race_without_losing_or_doubling_a_row(ro
     errors: list[BaseException] = []
 
     def keep(step: str) -> None:
+        compaction = Compaction(root)
         try:
             while not done.is_set():
                 if step == "compact":
-                    compact_recent(root, {"S": TS0}, 3, 1 << 30)
+                    compaction.round({"S": TS0}, 3, 1 << 30)
                 else:
                     seal_stream(root, "S")
         except BaseException as exc:
@@ -179,7 +181,7 @@ def test_a_round_the_store_fails_raises_round_failed_and_changes_nothing(root: S
     before = ordered(root)
     os.remove(f"{root.uri}/{sch.MESSAGES}/{before[1].path}")
     with pytest.raises(RoundFailed):
-        compact_recent(root, {"S": TS0}, 2, 1 << 30)
+        Compaction(root).round({"S": TS0}, 2, 1 << 30)
     assert ordered(root) == before
 
 
@@ -193,9 +195,9 @@ def test_a_round_merges_at_most_round_files_and_says_when_more_is_left(
     for seq in range(1, 11):
         table.commit([message(seq)], seq)
     table.close()
-    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (4, True)  # 1-4; 5-8 and 9-10 wait
+    assert Compaction(root).round({"S": TS0}, 2, 1 << 30) == (4, True)  # 1-4; 5-8 and 9-10 wait
     assert [f.rows for f in ordered(root)] == [4, 1, 1, 1, 1, 1, 1]
-    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (4, True)  # 5-8
-    assert compact_recent(root, {"S": TS0}, 2, 1 << 30) == (4, False)  # the two 4s, and 9-10
+    assert Compaction(root).round({"S": TS0}, 2, 1 << 30) == (4, True)  # 5-8
+    assert Compaction(root).round({"S": TS0}, 2, 1 << 30) == (4, False)  # the two 4s, and 9-10
     assert [f.rows for f in ordered(root)] == [8, 2]
     assert seqs_in_table(root) == {"S": list(range(1, 11))}

@@ -23,7 +23,7 @@ from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.engine.stream import Stream
 from storage_delta.commit.store import StoreRoot
-from storage_delta.maintenance.recent import RoundFailed, compact_recent
+from storage_delta.maintenance.recent import Compaction, RoundFailed
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class Compactor:
         self.min_files = min_files
         self.max_file_bytes = max_file_bytes
         self.interval_s = interval_s
+        self._compaction = Compaction(root)
         #: stream name -> files its commits added since its last round
         self._added: dict[str, int] = {}
         self._due = asyncio.Event()
@@ -85,7 +86,7 @@ class Compactor:
         loop = asyncio.get_running_loop()
         try:
             removed, more = await loop.run_in_executor(
-                self.executor, compact_recent, self.root, created, self.min_files, self.max_file_bytes
+                self.executor, self._compaction.round, created, self.min_files, self.max_file_bytes
             )
         except RoundFailed:
             log.exception("compacting %s failed; trying again after the interval", sorted(created))

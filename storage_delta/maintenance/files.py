@@ -71,10 +71,11 @@ class LiveFile:
 def live_files(root: StoreRoot, stream: str | None = None) -> list[LiveFile]:
     """The live files of one stream, or of every stream."""
     dt = open_existing(root, sch.MESSAGES)
-    return [] if dt is None else _live(dt, stream)
+    return [] if dt is None else live_files_of(dt, stream)
 
 
-def _live(dt: DeltaTable, stream: str | None = None) -> list[LiveFile]:
+def live_files_of(dt: DeltaTable, stream: str | None = None) -> list[LiveFile]:
+    """The live files of a handle of the ``messages`` table, as its version holds them."""
     actions = pa.table(dt.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
@@ -151,8 +152,10 @@ def swap_files(
     adds: Sequence[AddAction],
     data_change: bool,
     retries: int = 200,
+    dt: DeltaTable | None = None,
 ) -> bool:
-    """Remove ``removes`` and add ``adds`` in one commit of the ``messages`` table.
+    """Remove ``removes`` and add ``adds`` in one commit of the ``messages`` table (through ``dt``,
+    a handle the caller keeps, when given: see :func:`swap_actions`).
 
     Returns ``False``, committing nothing, when a file to remove is no longer live (another job got
     there first): the caller then deletes its new files, which no version references.
@@ -169,7 +172,14 @@ def swap_files(
         for f in removes
     ]
     return swap_actions(
-        root, sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, remove_actions, adds, retries
+        root,
+        sch.MESSAGES,
+        sch.MESSAGE_TABLE_SCHEMA,
+        sch.MESSAGE_PARTITIONS,
+        remove_actions,
+        adds,
+        retries,
+        dt,
     )
 
 
@@ -181,12 +191,17 @@ def swap_actions(
     removes: Sequence[RemoveAction],
     adds: Sequence[AddAction],
     retries: int = 200,
+    dt: DeltaTable | None = None,
 ) -> bool:
     """Commit ``removes`` and ``adds`` as one version of ``table`` (any of jetlake's tables: the
     ``removals`` compaction swaps its files this way too); ``False``, committing nothing, when a
-    file to remove is no longer live."""
+    file to remove is no longer live. A job loads the table afresh; a caller that swaps again and
+    again (the gateway's compaction) passes its own handle ``dt``, which is caught up incrementally."""
     wanted = {r.path for r in removes}
-    dt = open_existing(root, table)
+    if dt is None:
+        dt = open_existing(root, table)
+    else:
+        retry_listing(dt.update_incremental)
     if dt is None or not wanted <= _live_paths(dt):
         return False
     local = root.local_path()

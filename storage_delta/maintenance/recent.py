@@ -28,10 +28,12 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from storage_delta.commit.store import CommitConflict, StoreRoot
-from storage_delta.maintenance.files import LiveFile, live_files
+from storage_delta.commit.store import CommitConflict, StoreRoot, open_existing, retry_listing
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import LiveFile, live_files_of
 from storage_delta.maintenance.seal import merge_runs
 
 #: Files one round reads at most (a merge at most as many): a round then commits within about a
@@ -118,21 +120,37 @@ class RoundFailed(Exception):
     files stay as they were, which is correct, and a later round tries again."""
 
 
-def compact_recent(
-    root: StoreRoot, created: Mapping[str, int], fanout: int, max_file_bytes: int
-) -> tuple[int, bool]:
-    """One round for the streams in ``created``: plan from the table's current version, merge at
-    most ``ROUND_FILES`` files, swap. Returns how many files the round removed (0 when there was
-    nothing to do or another job got there first) and whether the plan had more than one round
-    takes; :class:`RoundFailed` when the store failed it. Blocks: belongs on a worker thread."""
-    try:
-        planned = plan_recent(live_files(root), created, fanout, max_file_bytes)
-        runs: list[list[LiveFile]] = []
-        for run in planned:
-            if sum(map(len, runs)) + len(run) > ROUND_FILES:
-                break
-            runs.append(run)
-        merged = merge_runs(root, runs)
-    except (OSError, pa.ArrowException, DeltaError, CommitConflict) as exc:
-        raise RoundFailed(str(exc)) from exc
-    return (sum(map(len, runs)) if merged else 0), len(runs) < len(planned)
+class Compaction:
+    """Rounds over one long-lived handle of the ``messages`` table, caught up incrementally: a fresh
+    load replays the log from its last checkpoint, and under a sync publisher (a commit per message,
+    checkpoints that lose listing races) that replay grew to seconds per round. One round at a time:
+    a handle is not shared between threads."""
+
+    def __init__(self, root: StoreRoot) -> None:
+        self.root = root
+        self._dt: DeltaTable | None = None
+
+    def round(self, created: Mapping[str, int], fanout: int, max_file_bytes: int) -> tuple[int, bool]:
+        """One round for the streams in ``created``: plan from the table's current version, merge
+        at most ``ROUND_FILES`` files, swap. Returns how many files the round removed (0 when there
+        was nothing to do or another job got there first) and whether the plan had more than one
+        round takes; :class:`RoundFailed` when the store failed it (the next round starts from a
+        fresh handle). Blocks: belongs on a worker thread."""
+        try:
+            if self._dt is None:
+                self._dt = open_existing(self.root, sch.MESSAGES)
+            else:
+                retry_listing(self._dt.update_incremental)
+            if self._dt is None:
+                return 0, False
+            planned = plan_recent(live_files_of(self._dt), created, fanout, max_file_bytes)
+            runs: list[list[LiveFile]] = []
+            for run in planned:
+                if sum(map(len, runs)) + len(run) > ROUND_FILES:
+                    break
+                runs.append(run)
+            merged = merge_runs(self.root, runs, self._dt)
+        except (OSError, pa.ArrowException, DeltaError, CommitConflict) as exc:
+            self._dt = None
+            raise RoundFailed(str(exc)) from exc
+        return (sum(map(len, runs)) if merged else 0), len(runs) < len(planned)

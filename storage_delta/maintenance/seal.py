@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import groupby
 
+from deltalake import DeltaTable
+
 from storage_delta.commit.store import StoreRoot
 from storage_delta.maintenance.files import (
     LiveFile,
@@ -38,10 +40,11 @@ def seal_stream(root: StoreRoot, stream: str, min_files: int = 2) -> int:
     return merge_runs(root, [fs for fs in blocks if len(fs) >= min_files])
 
 
-def merge_runs(root: StoreRoot, runs: Sequence[Sequence[LiveFile]]) -> int:
+def merge_runs(root: StoreRoot, runs: Sequence[Sequence[LiveFile]], dt: DeltaTable | None = None) -> int:
     """Merge each run (files of one stream and block, side by side in sequence order, so the merged
     file overlaps no other) into one sequence-sorted file, and swap all of them in one commit that
-    changes no reader's answer (``dataChange`` false). Returns how many runs were merged: 0 when
+    changes no reader's answer (``dataChange`` false), through ``dt`` when given (see
+    :func:`~storage_delta.maintenance.files.swap_actions`). Returns how many runs were merged: 0 when
     another job removed one of the files first, and then the new files are deleted."""
     if not runs:
         return 0
@@ -50,7 +53,7 @@ def merge_runs(root: StoreRoot, runs: Sequence[Sequence[LiveFile]]) -> int:
         _, add = rewrite_files(root, run[0].stream, run[0].block, [f.path for f in run])
         if add is not None:
             adds.append(add)
-    if not swap_files(root, [f for run in runs for f in run], adds, data_change=False):
+    if not swap_files(root, [f for run in runs for f in run], adds, data_change=False, dt=dt):
         delete_unreferenced(root, adds)
         return 0
     return len(runs)
