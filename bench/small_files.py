@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from deltalake import DeltaTable
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from bench.targets import wait_stream_messages
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.store import StoreRoot, open_existing
+from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import live_files
 from tests.harness import Jetlake, ReferenceJetStream, duckdb_connection, stop
 
@@ -98,8 +98,10 @@ def _readers(lake: Jetlake, count: int, trials: int) -> Result:
     """An independent reader's time for every row of the stream: deltalake and DuckDB."""
     table = str(lake.data_root / "messages")
 
-    def delta_rs() -> int:
-        rows: int = DeltaTable(table).to_pyarrow_table(filters=[("stream", "=", STREAM)]).num_rows
+    def delta_rs() -> int:  # a fresh handle each time, as an independent reader opens the table
+        dt = open_existing(StoreRoot(str(lake.data_root)), sch.MESSAGES)
+        assert dt is not None
+        rows: int = dt.to_pyarrow_table(filters=[("stream", "=", STREAM)]).num_rows
         return rows
 
     def duckdb() -> int:
