@@ -196,14 +196,13 @@ def swap_actions(
     """Commit ``removes`` and ``adds`` as one version of ``table`` (any of jetlake's tables: the
     ``removals`` compaction swaps its files this way too); ``False``, committing nothing, when a
     file to remove is no longer live. A job loads the table afresh; a caller that swaps again and
-    again (the gateway's compaction) passes its own handle ``dt``, which is caught up incrementally."""
+    again (the gateway's compaction) passes the handle ``dt`` it planned on (so the files are live
+    in its version): the swap then checks only the commits since, as it does for a fresh load."""
     wanted = {r.path for r in removes}
     if dt is None:
         dt = open_existing(root, table)
-    else:
-        retry_listing(dt.update_incremental)
-    if dt is None or not wanted <= _live_paths(dt):
-        return False
+        if dt is None or not wanted <= _live_paths(dt):
+            return False
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
