@@ -138,8 +138,10 @@ class Compaction:
         """One round for the streams in ``created``: plan from the table's current version, merge
         at most ``ROUND_FILES`` files, swap. Returns how many files the round removed (0 when there
         was nothing to do or another job got there first) and whether the plan had more than one
-        round takes; :class:`RoundFailed` when the store failed it (the next round starts from a
-        fresh handle). Blocks: belongs on a worker thread."""
+        round takes; :class:`RoundFailed` when the store failed it. The next round goes on with the
+        same handle: a fresh load would list more of ``_delta_log`` and lose the listing race more
+        often, and a handle behind is safe (the swap checks every commit since its version).
+        Blocks: belongs on a worker thread."""
         try:
             if self._dt is None:
                 self._dt = open_existing(self.root, sch.MESSAGES)
@@ -156,7 +158,6 @@ class Compaction:
             merged = merge_runs(self.root, runs, self._dt)
             self._checkpoint()
         except (OSError, pa.ArrowException, DeltaError, CommitConflict) as exc:
-            self._dt = None
             raise RoundFailed(str(exc)) from exc
         return (sum(map(len, runs)) if merged else 0), len(runs) < len(planned)
 
