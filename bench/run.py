@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import acklog_restart, compaction, consumers, spark_read, sync_cost
+from bench import acklog_restart, compaction, consumers, small_files, spark_read, sync_cost
 from bench import workloads as wl
 from bench.targets import BENCH_DIR, start_targets
 from storage_delta.commit.store import StoreRoot
@@ -41,6 +41,7 @@ class Sizes:
     consume_window: int
     catch_up: int
     acks: int
+    small_files: int
 
 
 FULL = Sizes(
@@ -55,6 +56,7 @@ FULL = Sizes(
     consume_window=256,
     catch_up=1_000_000,
     acks=1_000_000,
+    small_files=20_000,
 )
 QUICK = Sizes(
     sync=200,
@@ -68,6 +70,7 @@ QUICK = Sizes(
     consume_window=128,
     catch_up=20_000,
     acks=20_000,
+    small_files=1_000,
 )
 
 
@@ -75,7 +78,7 @@ def scaled(sizes: Sizes, factor: float) -> Sizes:
     """The sizes with every message count multiplied by ``factor`` (windows and versions kept)."""
     if factor == 1.0:
         return sizes
-    counts = ("sync", "pipelined", "core", "bytes_msgs", "consume", "catch_up", "acks")
+    counts = ("sync", "pipelined", "core", "bytes_msgs", "consume", "catch_up", "acks", "small_files")
     return replace(sizes, **{k: max(1, round(getattr(sizes, k) * factor)) for k in counts})
 
 
@@ -154,6 +157,7 @@ def main() -> None:
             "sync_cost": lambda: sync_cost.sync_cost(
                 targets, Path(tmp), sizes.sync, sizes.pipelined, sizes.window
             ),
+            "small_files": lambda: small_files.measure(ref, Path(tmp) / "small_files", sizes.small_files),
         }
         results = []
         try:

@@ -227,3 +227,30 @@ async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path)
         assert all(removed.is_removed(s) for s in holes)
     finally:
         executor.shutdown()
+
+
+async def test_a_long_stream_is_due_after_min_new_messages_not_a_share_of_it(tmp_path: Path) -> None:
+    """A snapshot is due once ``min_new`` messages were committed since the last, however long the
+    stream: what a restart after ``kill -9`` reads beyond its snapshot stays bounded by ``min_new``
+    (a quarter of a 1M-message stream was 250,000 messages to read again)."""
+    root = StoreRoot(str(tmp_path))
+    executor = ThreadPoolExecutor(2)
+    try:
+        acks = AckRecorder(AckLogWriter(AckLogTable(root), executor, 0, 0.1, 1000, 0))
+        registry = Registry(CatalogTable(root), executor, 1 << 20, acks, Subjects())
+        stream = await registry.add_stream(StreamConfig("S", subjects=("s.>",)), CREATED)
+        recorder = RemovalRecorder(registry, RemovalLog(root), executor)
+        snapshots = Snapshots(registry, recorder, root, executor, 1, 100)
+        for i in range(10_000):
+            stream.committed(stream.accept("s.x", None, b"x", CREATED + i).seq)
+        assert await snapshots.take() == 1
+        for i in range(99):
+            stream.committed(stream.accept("s.x", None, b"x", CREATED + i).seq)
+        assert await snapshots.take() == 0
+        stream.committed(stream.accept("s.x", None, b"x", CREATED).seq)
+        assert await snapshots.take() == 1  # 100 new of 10,100: due
+        snap = index_snapshot.read(root, "S", CREATED)
+        assert snap is not None
+        assert snap.through == 10_100
+    finally:
+        executor.shutdown()

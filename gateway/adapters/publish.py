@@ -72,6 +72,9 @@ class PublishPath:
         #: Told of each committed run of a stream that has something to expire (MaxAge, or TTLs)
         #: with its first message's stored time: the expiry timer is brought forward to it.
         self.expiring: Signal[[Stream, int]] = Signal()
+        #: Told of each committed run: its commit added a data file to the stream's partition (the
+        #: compactor counts them).
+        self.files_added: Signal[[Stream]] = Signal()
         # Accepted but not yet submitted: one run per stream, until ``flush``.
         self._runs: dict[Stream, _Run] = {}
         # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
@@ -273,6 +276,8 @@ class PublishPath:
         if exc is None:
             self._on_stored(run.stream)
             stream = run.stream
+            if self.files_added:
+                self.files_added.emit(stream)
             if self.expiring and (stream.limits.max_age or stream.ttl.next_ns() is not None):
                 self.expiring.emit(stream, run.msgs[0].ts)
 

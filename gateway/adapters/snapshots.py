@@ -4,9 +4,10 @@ one small file per stream and the message files of the last moments instead of e
 A snapshot may show a message as removed only once its removal is in the removal log, or a crash
 after the snapshot would lose a removal the tables never learn of. So the streams are copied first
 (at once, on the event loop) and the removal recorder is flushed second: everything removed up to
-the copy is then durable, and only then is the copy written. A stream is written again once enough
-new messages were committed since its last snapshot (at least ``min_new``, and a quarter of the
-stream: the restart cost after a crash stays a fraction of a full scan), and at every clean stop.
+the copy is then durable, and only then is the copy written. A stream is written again once ``min_new`` new
+messages were committed since its last snapshot, however long the stream (a restart after a crash
+then reads at most about ``min_new`` messages beyond the snapshot, not a share of the stream: with
+a quarter, a 1M-message stream read up to 250,000 after ``kill -9``), and at every clean stop.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Snapshots:
         return stream.durable_last_seq - (through if created == stream.created_ns else 0)
 
     def _due(self, stream: Stream) -> bool:
-        return self._new(stream) >= max(self.min_new, stream.state.messages // 4)
+        return self._new(stream) >= self.min_new
 
     async def take(self, every_changed: bool = False) -> int:
         """Snapshot the streams that are due (every stream with something new, at a clean stop);

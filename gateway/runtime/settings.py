@@ -81,8 +81,20 @@ class Settings:
     )
     index_snapshot_min_new: int = setting(
         10_000,
-        "messages committed since a stream's last index snapshot (and at least a quarter of the stream) "
-        "that make it due another",
+        "messages committed since a stream's last index snapshot that make it due another "
+        "(a restart after `kill -9` reads about this many beyond it)",
+    )
+    compact_min_files: int = setting(
+        16,
+        "the gateway merges a stream's recent commit files in the background once this many of about "
+        "the same size lie side by side in a block (a full block's once it holds two); 0: off",
+    )
+    compact_max_file_bytes: int = setting(
+        64 * MiB, "files this large are not merged by the gateway (the `seal` job merges whole blocks)"
+    )
+    compact_interval_ms: int = setting(
+        1000,
+        "shortest time between two compaction rounds, so that a round under steady load merges many files",
     )
     leaf_name: str = setting("jetlake", "name the gateway's leaf connection reports to the server")
     creds_file: str = setting(

@@ -4,8 +4,8 @@
 from the tables, the publish and delivery paths, the API router, the dispatcher) and only then
 starts the leaf link, handing what it reads to the one ordered dispatcher
 (:mod:`gateway.service.dispatcher`). Owns the background tasks (API worker, consumer timer,
-per-consumer delivery, removals, index snapshots, the sync flusher) and cancels and awaits them on ``close``.
-Blocking work (delta-rs, parquet) runs on ``executor``.
+per-consumer delivery, removals, index snapshots, the sync flusher, compaction) and cancels and
+awaits them on ``close``. Blocking work (delta-rs, parquet) runs on ``executor``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.coldread import ColdReader
+from gateway.adapters.compactor import Compactor
 from gateway.adapters.delivery import Delivery
 from gateway.adapters.loader import MessageLoader
 from gateway.adapters.publish import PublishPath
@@ -151,6 +152,16 @@ class Gateway:
         self.tasks.own(snapshots.run(), "index-snapshots")
         if self.flush_s is not None:
             self.tasks.own(flush_every(self.flush_s, self.executor), "sync-flusher")
+        if settings.compact_min_files:
+            compactor = Compactor(
+                registry,
+                self.root,
+                self.executor,
+                settings.compact_min_files,
+                settings.compact_max_file_bytes,
+                settings.compact_interval_ms / 1000,
+            )
+            self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         await leaf.start(dispatcher)
 

@@ -1,0 +1,100 @@
+"""Continuous compaction in the gateway: a stream's recent commit files merged in the background
+(``storage_delta/maintenance/recent.py``), so a stream written one message per commit does not
+leave a parquet file per message for restarts and readers to open.
+
+The task sleeps until the publish path has told it of ``min_files`` committed runs of some stream
+(``PublishPath.files_added``: each adds a file to the stream's partition), then runs one round for
+the streams that are due, on the executor, and waits at least ``interval_s`` before the next, so
+that under a steady sync publisher a round merges many files rather than a few. A round reads at
+most ``ROUND_FILES`` files; when there is more to do the next round follows after the interval. At
+start it runs one round for every stream: a crash, or a process with compaction off, may have left
+small files. A round that fails on the store (full, unreachable, a log listing that kept racing commits) is
+logged and tried again after the interval; the files stay as they were, which is correct, only
+slower to read. Anything else the task raises ends it, and ``/healthz`` reports it (``TaskOwner``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+
+from gateway.adapters.publish import PublishPath
+from gateway.adapters.registry import Registry
+from gateway.engine.stream import Stream
+from storage_delta.commit.store import StoreRoot
+from storage_delta.maintenance.recent import Compaction, RoundFailed
+
+log = logging.getLogger(__name__)
+
+
+class Compactor:
+    def __init__(
+        self,
+        registry: Registry,
+        root: StoreRoot,
+        executor: Executor,
+        min_files: int,
+        max_file_bytes: int,
+        interval_s: float,
+    ) -> None:
+        if min_files < 2:
+            raise ValueError(f"compact_min_files is {min_files}: 0 (off) or at least 2")
+        self.registry = registry
+        self.root = root
+        self.executor = executor
+        self.min_files = min_files
+        self.max_file_bytes = max_file_bytes
+        self.interval_s = interval_s
+        self._compaction = Compaction(root)
+        #: stream name -> files its commits added since its last round
+        self._added: dict[str, int] = {}
+        self._due = asyncio.Event()
+        registry.stream_removed.connect(self._stream_removed)
+
+    def added(self, stream: Stream) -> None:
+        """A commit added a file to ``stream``'s partition. O(1): called for every committed run."""
+        count = self._added.get(stream.name, 0) + 1
+        self._added[stream.name] = count
+        if count == self.min_files:
+            self._due.set()
+
+    def _stream_removed(self, stream: Stream) -> None:
+        self._added.pop(stream.name, None)
+
+    async def run(self, publish: PublishPath) -> None:
+        """The owned task: one round for every stream, then a round whenever streams are due."""
+        stop_listening = publish.files_added.connect(self.added)
+        try:
+            names = set(self.registry.streams)
+            while True:
+                await self.compact(names)
+                await asyncio.sleep(self.interval_s)  # what arrives meanwhile goes in the next round
+                await self._due.wait()
+                self._due.clear()
+                names = {name for name, count in self._added.items() if count >= self.min_files}
+                for name in names:
+                    del self._added[name]
+        finally:
+            stop_listening()
+
+    async def compact(self, names: set[str]) -> int:
+        """One round for the streams ``names`` (those still live); how many files it merged away."""
+        created = {n: s.created_ns for n in names if (s := self.registry.streams.get(n)) is not None}
+        if not created:
+            return 0
+        loop = asyncio.get_running_loop()
+        try:
+            removed, more = await loop.run_in_executor(
+                self.executor, self._compaction.round, created, self.min_files, self.max_file_bytes
+            )
+        except RoundFailed:
+            log.exception("compacting %s failed; trying again after the interval", sorted(created))
+            removed, more = 0, True
+        if more:  # due again at once: the next round, after the interval, goes on
+            for name in created:
+                self._added[name] = max(self._added.get(name, 0), self.min_files)
+            self._due.set()
+        if removed:
+            log.info("compaction merged %d files of %s", removed, sorted(created))
+        return removed

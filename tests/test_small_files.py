@@ -1,0 +1,192 @@
+"""The gateway's continuous compaction (``gateway/adapters/compactor.py``) against the real
+JetStream: a stream written one message per commit while a consumer reads it answers as JetStream
+does while its files are merged underneath, before and after a ``kill -9``; and a ``kill -9`` in
+the middle of a compaction round loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.maintenance.files import live_files
+from storage_delta.tables.catalog import CatalogTable
+from tests.differential import assert_same_across_restart
+from tests.harness import Jetlake, ReferenceJetStream, duckdb_connection, serving
+from tests.test_recent_compaction import assert_no_overlap
+
+MESSAGES = 240
+#: Compaction as eager as it gets, so that rounds run all through the case.
+EAGER = {"JETLAKE_COMPACT_MIN_FILES": "2", "JETLAKE_COMPACT_INTERVAL_MS": "10"}
+
+
+@pytest.fixture
+def eager(tmp_path: Path) -> Iterator[Jetlake]:
+    target = Jetlake(tmp_path / "jetlake")
+    target.gateway_env = dict(EAGER)
+    yield from serving(target)
+
+
+@pytest.fixture
+def reference_of_its_own(tmp_path: Path) -> Iterator[ReferenceJetStream]:
+    yield from serving(ReferenceJetStream(tmp_path / "reference"))
+
+
+async def _api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=10)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
+
+
+async def _publish_and_consume(nc: Client, name: str) -> dict[str, Any]:
+    """Sync publishes (each PubAck awaited, so a commit per message) while a pull consumer takes
+    and acks them; then what the consumer got, stream info and every message by sequence."""
+    js = nc.jetstream()
+    await js.add_stream(name=name, subjects=[f"{name.lower()}.>"])
+    await js.add_consumer(name, ConsumerConfig(durable_name="C", ack_policy=AckPolicy.EXPLICIT))
+    sub = await js.pull_subscribe_bind("C", stream=name)
+
+    async def publish() -> list[int]:
+        hdrs = {"Nats-Msg-Id": "x"}
+        return [
+            (
+                await js.publish(f"{name.lower()}.s{i % 5}", b"m%d" % i, headers=hdrs if i % 9 == 0 else None)
+            ).seq
+            for i in range(MESSAGES)
+        ]
+
+    async def consume() -> list[tuple[int, str, bytes]]:
+        got: list[tuple[int, str, bytes]] = []
+        while len(got) < MESSAGES - (MESSAGES - 1) // 9:  # the msg id repeats: duplicates store nothing
+            for msg in await sub.fetch(20, timeout=10):
+                got.append((msg.metadata.sequence.stream, msg.subject, msg.data))
+                await msg.ack_sync()
+        return got
+
+    acks, deliveries = await asyncio.gather(publish(), consume())
+    return {"acks": acks, "deliveries": deliveries, **await _view(nc, name)}
+
+
+async def _view(nc: Client, name: str) -> dict[str, Any]:
+    info = await _api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+    state = info["state"]
+    gets = [
+        {
+            k: v
+            for k, v in (await _api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq}))["message"].items()
+            if k != "time"
+        }
+        for seq in range(state["first_seq"], state["last_seq"] + 1)
+    ]
+    consumer = await _api(nc, f"CONSUMER.INFO.{name}.C")
+    return {"state": state, "gets": gets, "consumer": {k: consumer[k] for k in ("delivered", "ack_floor")}}
+
+
+async def _after(nc: Client, name: str) -> dict[str, Any]:
+    """After the restart: the same views, and a new consumer from the start reads every message."""
+    js = nc.jetstream()
+    await js.add_consumer(name, ConsumerConfig(durable_name="NEW", ack_policy=AckPolicy.NONE))
+    sub = await js.pull_subscribe_bind("NEW", stream=name)
+    got = [(m.metadata.sequence.stream, m.subject, m.data) for m in await sub.fetch(MESSAGES, timeout=10)]
+    while len(got) < MESSAGES - (MESSAGES - 1) // 9:
+        got += [
+            (m.metadata.sequence.stream, m.subject, m.data) for m in await sub.fetch(MESSAGES, timeout=10)
+        ]
+    return {"new_consumer": got, **await _view(nc, name)}
+
+
+def _files(root: StoreRoot, name: str) -> int:
+    return len(live_files(root, name))
+
+
+@pytest.mark.waits
+async def test_compaction_under_sync_publishing_and_a_consumer_changes_no_answer(
+    reference_of_its_own: ReferenceJetStream, eager: Jetlake
+) -> None:
+    root = StoreRoot(str(eager.data_root))
+    await assert_same_across_restart(
+        reference_of_its_own, eager, _publish_and_consume, _after, "SMALL", kill=True
+    )
+    files = sorted(live_files(root, "SMALL"), key=lambda f: f.min_seq or 0)
+    assert len(files) < 20, [f.rows for f in files]  # a commit per message made ~215 files
+    assert_no_overlap(files)
+    rows = duckdb_connection().execute(
+        "SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM delta_scan(?) WHERE stream = 'SMALL'",
+        [str(eager.data_root / "messages")],
+    )
+    assert rows.fetchone() == (MESSAGES - (MESSAGES - 1) // 9, MESSAGES - (MESSAGES - 1) // 9, 1, 214)
+
+
+def _write_small_files(root: StoreRoot, name: str, count: int, ts0: int) -> None:
+    """``count`` one-message commits, as a sync publisher with compaction off leaves them."""
+    table = MessageTable(root)
+    try:
+        version = table.last_txn_version()
+        for seq in range(1, count + 1):
+            version += 1
+            table.commit([StoredMessage(name, 100_000, seq, ts0 + seq, "k.x", None, b"p%d" % seq)], version)
+    finally:
+        table.close()
+
+
+async def _stream_info(url: str, name: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    try:
+        return await _api(nc, f"STREAM.INFO.{name}")
+    finally:
+        await nc.close()
+
+
+@pytest.mark.waits
+def test_kill_9_in_the_middle_of_compaction_loses_nothing(tmp_path: Path) -> None:
+    """A stream left with 1,500 one-message files (compaction off); each start with compaction on
+    begins a round that merges them (seconds: 1,500 files to read), and is killed a little later
+    each time; at the end every message is there once, in two files."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
+    gw.start()
+    root = StoreRoot(str(gw.data_root))
+    try:
+        asyncio.run(_create(gw.url))
+        gw.stop_gateway()
+        created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
+        _write_small_files(root, "K", 1500, created)
+        gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "4", "JETLAKE_COMPACT_INTERVAL_MS": "10"}
+        for delay in (0.0, 0.1, 0.3):
+            gw.start_gateway()  # the round starts before the API answers
+            time.sleep(delay)
+            gw.kill_gateway()
+        gw.start_gateway()
+        assert asyncio.run(_stream_info(gw.url, "K"))["state"]["messages"] == 1500
+        deadline = time.monotonic() + 60
+        while _files(root, "K") > 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _files(root, "K") == 2  # rounds of at most 1,024 files: 1,024 rows and 476
+        gw.kill_gateway()
+        gw.start_gateway()
+        assert asyncio.run(_stream_info(gw.url, "K"))["state"]["messages"] == 1500
+        rows = duckdb_connection().execute(
+            "SELECT count(*), count(DISTINCT seq), sum(seq) FROM delta_scan(?)",
+            [str(gw.data_root / "messages")],
+        )
+        assert rows.fetchone() == (1500, 1500, 1500 * 1501 // 2)
+    finally:
+        gw.stop()
+
+
+async def _create(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name="K", subjects=["k.>"])
+    finally:
+        await nc.close()
