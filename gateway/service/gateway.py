@@ -30,6 +30,7 @@ from gateway.api.configs import ConsumerConfig, StreamConfig, from_json
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
+from gateway.engine.stream import Stream
 from gateway.handlers.router import Api
 from gateway.handlers.streams import StreamApi
 from gateway.runtime.settings import Settings
@@ -46,6 +47,7 @@ from storage_delta.read.reader import MessageReader
 from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import RemovalLog, load_stream_states
+from storage_delta.tables.repair import check_logs_at_start
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ class Gateway:
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
+        #: Damaged log entries found at start (damaged checkpoints are set aside, not kept here).
+        self.log_damage: list[str] = []
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
 
@@ -88,6 +92,7 @@ class Gateway:
         the dispatcher), then start the link: nothing is read before everything can answer."""
         loop = asyncio.get_running_loop()
         settings = self.settings
+        self.log_damage = await loop.run_in_executor(self.executor, check_logs_at_start, self.root)
         table, catalog, removal_log, acks = await loop.run_in_executor(
             self.executor,
             lambda: (
@@ -186,6 +191,7 @@ class Gateway:
                     for first, last in state.removed:
                         stream.restore_removed(first, last)
                     stream.restore_last_seq(state.last_seq)
+                await self._restore_lost(stream)
                 replay_headers(stream, stored.headers, now)
                 stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in registry.streams:
@@ -202,6 +208,18 @@ class Gateway:
                 consumer.restore(cstate)
                 if not consumer.config.durable_name:
                     await registry.remove_consumer(consumer)  # ephemeral: ends with the process
+
+    async def _restore_lost(self, stream: Stream) -> None:
+        """A damaged data file's messages are lost, as JetStream's file store loses the records of a
+        corrupt block: they count as removed (interior deletes, or the first sequence moves) and
+        the stream goes on after the highest of them, so no sequence is ever given out again. The
+        files below the index snapshot are checked here (the scan checked the others)."""
+        loop = asyncio.get_running_loop()
+        damage = await loop.run_in_executor(self.executor, self.reader.verify, stream.name)
+        for d in damage:
+            if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
+                stream.restore_removed(d.file.min_seq, d.file.max_seq)
+                stream.restore_last_seq(d.file.max_seq)
 
     async def close(self) -> None:
         """Stop taking work, finish the commit in flight and answer what is owed, then stop."""
@@ -232,6 +250,12 @@ class Gateway:
         """What is broken inside a running gateway (empty: nothing): a background task that died,
         a commit loop that stopped. ``/healthz`` reports it; the log has said it already."""
         problems = [f"task {name} died: {exc!r}" for name, exc in self.tasks.failures.items()]
+        problems += [
+            f"damaged data file messages/{d.file.path} (stream {d.file.stream}, sequences "
+            f"{d.file.min_seq}-{d.file.max_seq}), not served: {d.reason}; see jetlake repair"
+            for d in self.reader.damage()
+        ]
+        problems += self.log_damage
         if self.core is not None:
             for loop in (self.core.writer.loop, self.core.acklog.loop):
                 if not loop.running:
