@@ -93,15 +93,20 @@ class Gateway:
         loop = asyncio.get_running_loop()
         settings = self.settings
         self.log_damage = await loop.run_in_executor(self.executor, check_logs_at_start, self.root)
-        table, catalog, removal_log, acks = await loop.run_in_executor(
-            self.executor,
-            lambda: (
-                MessageTable(self.root),
-                CatalogTable(self.root),
-                RemovalLog(self.root),
-                AckLogTable(self.root),
-            ),
-        )
+        try:
+            table, catalog, removal_log, acks = await loop.run_in_executor(
+                self.executor,
+                lambda: (
+                    MessageTable(self.root),
+                    CatalogTable(self.root),
+                    RemovalLog(self.root),
+                    AckLogTable(self.root),
+                ),
+            )
+        except Exception:
+            if self.log_damage:  # a log entry that does not parse: delta-rs refuses the table
+                log.error("cannot open the tables: %s", "; ".join(self.log_damage))
+            raise
         history = await loop.run_in_executor(self.executor, acks.load)
         acklog = AckLogWriter(
             acks,

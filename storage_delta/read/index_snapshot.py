@@ -32,11 +32,12 @@ import pyarrow.parquet as pq
 
 from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
 from storage_delta.read.reader import MessageReader, StoredIndex
 
 log = logging.getLogger(__name__)
 
-DIR = "_jetlake_index"
+DIR = sch.INDEX_SNAPSHOTS
 #: 2: the metadata holds ``jetlake.digest`` (a snapshot of format 1 is ignored once, and rewritten).
 FORMAT = b"2"
 

@@ -68,8 +68,9 @@ class Finding:
     holds: str
     reason: str
     action: str
-    #: For a ``messages`` data file: the stream, its first and last sequence, its newest ``ts``.
-    stream: tuple[str, int, int, int] | None = None
+    #: Messages it held, as far as known (stream, first and last sequence, newest ``ts``): a
+    #: ``messages`` data file's, or what the damaged ``add`` lines of a log entry still say.
+    lost: tuple[tuple[str, int, int, int], ...] = ()
     #: For a log entry: the positions of its damaged lines.
     bad_lines: tuple[int, ...] = ()
     #: For a data file: its partition values (its ``remove`` action names them).
@@ -108,22 +109,49 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
         return Finding(table, d.kind, rel, f"table state at version {d.version}", d.reason, "set aside")
     with open(d.path, "rb") as fh:
         lines = fh.read().split(b"\n")
-    held = [_describe_line(lines[i]) if i < len(lines) else "a missing line" for i in d.bad_lines]
+    damaged = [lines[i] if i < len(lines) else b"" for i in d.bad_lines]
+    lost = (
+        tuple(r for r in (_add_range(line) for line in damaged) if r is not None)
+        if table == sch.MESSAGES
+        else ()
+    )
     return Finding(
         table,
         d.kind,
         rel,
-        f"version {d.version}: " + "; ".join(held),
+        f"version {d.version}: " + "; ".join(_describe_line(line) for line in damaged),
         d.reason,
         "rewrite without the damaged lines",
+        lost=lost,
         bad_lines=d.bad_lines,
     )
 
 
 def _describe_line(raw: bytes) -> str:
     """What a damaged line seems to have been (its start is often whole), for the operator."""
+    found = _add_range(raw)
+    if found is not None:
+        return f"an add of stream {found[0]}, sequences {found[1]}-{found[2]} (as the damaged line says)"
+    if not raw:
+        return "a missing line"
     text = raw[:120].decode("utf-8", "replace")
     return f"{text!r}" + ("…" if len(raw) > 120 else "")
+
+
+def _add_range(raw: bytes) -> tuple[str, int, int, int] | None:
+    """(stream, first, last, newest ts) of a damaged line that still parses as a ``messages`` add:
+    repair records the range as removed, so a stream's last sequences are never given out again."""
+    try:
+        add = json.loads(raw)["add"]
+        stats = json.loads(add["stats"])
+        return (
+            str(add["partitionValues"]["stream"]),
+            int(stats["minValues"]["seq"]),
+            int(stats["maxValues"]["seq"]),
+            int(stats["maxValues"]["ts"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _data_damage(root: StoreRoot, spec: TableSpec) -> Iterator[Finding]:
@@ -162,7 +190,7 @@ def _data_finding(table: str, path: str, add: dict[str, object], reason: str) ->
         f"stream {stream}, sequences {first}-{last} ({rows} messages)",
         reason,
         "remove; the sequences become deleted",
-        stream=(stream, first, last, newest),
+        lost=((stream, first, last, newest),),
         partition=partition,
     )
 
@@ -172,6 +200,7 @@ def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
     files. Returns what a look afterwards still finds (data files behind a log entry it repaired
     included, which it drops too)."""
     local = _local(root)
+    record_lost(root, [f for f in findings if f.kind == "log entry"])
     for f in findings:
         table_path = os.path.join(local, f.table)
         if f.kind == "log entry":
@@ -181,7 +210,23 @@ def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
     data = [f for f in find_damage(root) if f.kind == "data file"]
     for spec in TABLES:
         drop_files(root, spec, [f for f in data if f.table == spec.name])
+    # The snapshots are caches of what the tables held: they may show messages repair took away.
+    shutil.rmtree(os.path.join(local, sch.INDEX_SNAPSHOTS), ignore_errors=True)
     return find_damage(root)
+
+
+def record_lost(root: StoreRoot, findings: list[Finding]) -> None:
+    """Append the live streams' lost ranges the findings know of to ``removals``, before anything is
+    dropped (a crash between leaves them removed twice, which is harmless; the other order could
+    let a stream number its last sequences again)."""
+    created = live_streams(root)
+    removals = [
+        Removal(stream, created[stream], first, last)
+        for f in findings
+        for stream, first, last, newest in f.lost
+        if stream in created and newest >= created[stream]
+    ]
+    RemovalLog(root).append(removals)
 
 
 def rewrite_entry(table_path: str, rel: str, bad_lines: tuple[int, ...]) -> None:
@@ -241,18 +286,10 @@ def set_aside_checkpoint(table_path: str, rel: str) -> bool:
 
 def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None:
     """Remove damaged data files of one table in one commit; for ``messages``, their live streams'
-    sequence ranges are recorded as removed first (a crash between leaves them removed twice,
-    which is harmless; the other order could number them again)."""
+    sequence ranges are recorded as removed first (:func:`record_lost`)."""
     if not damaged:
         return
-    if spec.name == sch.MESSAGES:
-        created = live_streams(root)
-        removals = [
-            Removal(stream, created[stream], first, last)
-            for stream, first, last, newest in (f.stream for f in damaged if f.stream is not None)
-            if stream in created and newest >= created[stream]
-        ]
-        RemovalLog(root).append(removals)
+    record_lost(root, damaged)
     now = int(time.time() * 1000)
     removes = [
         RemoveAction(
