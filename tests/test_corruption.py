@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format.integrity import DamagedFile
+from storage_delta.maintenance.files import rewrite_files
 from storage_delta.read.reader import MessageReader
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
@@ -319,3 +321,12 @@ def test_a_damaged_index_snapshot_is_ignored(store: Jetlake, damage: str) -> Non
         _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
     finally:
         store.stop()
+
+
+def test_a_job_refuses_to_rewrite_a_damaged_file(store: Jetlake) -> None:
+    """Sealing or retention would give the damaged rows a fresh digest: the rewrite stops instead."""
+    path, _ = _messages_file(store.data_root, 3)
+    flip(path, 0.5)
+    rel = str(path.relative_to(store.data_root / "messages"))
+    with pytest.raises(DamagedFile, match=path.name):
+        rewrite_files(StoreRoot(str(store.data_root)), BAD, 0, [rel])

@@ -26,7 +26,6 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -47,6 +46,7 @@ from storage_delta.commit.store import (
     write_data_file,
 )
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import read_verified
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +116,15 @@ def rewrite_files(
     rewrite removes rows, ``(False, None)``: statistics only showed the files *might* hold removed
     sequences) and the new file (``None`` when no row is left)."""
     fs, base = root.filesystem()
+    # Checked first (DamagedFile stops the job): a rewrite would give damaged rows a fresh digest.
     table = pa.concat_tables(
         [
-            pq.read_table(
-                f"{base}/{sch.MESSAGES}/{p}",
-                filesystem=fs,
-                columns=sch.MESSAGE_FILE_SCHEMA.names,
-                partitioning=None,
+            read_verified(
+                fs, f"{base}/{sch.MESSAGES}/{p}", sch.MESSAGE_FILE_SCHEMA.names, sch.MESSAGE_FILE_SCHEMA
             )
             for p in paths
         ]
-    ).cast(sch.MESSAGE_FILE_SCHEMA)
+    )
     kept = table.filter(visible(table, created, drop))
     changed = kept.num_rows < table.num_rows
     if kept.num_rows == 0 or (data_change and not changed):
