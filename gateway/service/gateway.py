@@ -216,15 +216,13 @@ class Gateway:
 
     async def _restore_lost(self, stream: Stream) -> None:
         """A damaged data file's messages are lost, as JetStream's file store loses the records of a
-        corrupt block: they count as removed (interior deletes, or the first sequence moves) and
-        the stream goes on after the highest of them, so no sequence is ever given out again. The
-        files below the index snapshot are checked here (the scan checked the others)."""
+        corrupt block (``Stream.restore_lost``). The files below the index snapshot are checked
+        here (the scan checked the others)."""
         loop = asyncio.get_running_loop()
         damage = await loop.run_in_executor(self.executor, self.reader.verify, stream.name)
         for d in damage:
             if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
-                stream.restore_removed(d.file.min_seq, d.file.max_seq)
-                stream.restore_last_seq(d.file.max_seq)
+                stream.restore_lost(d.file.min_seq, d.file.max_seq)
 
     async def close(self) -> None:
         """Stop taking work, finish the commit in flight and answer what is owed, then stop."""
