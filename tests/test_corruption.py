@@ -58,6 +58,9 @@ async def _fill(url: str) -> None:
             await js.publish("bad.x", f"bad-{i}".encode())
         for i in range(1, GOOD_MSGS + 1):
             await js.publish("good.x", f"good-{i}".encode())
+        sub = await js.pull_subscribe("good.>", durable="KEEP", stream=GOOD)
+        for m in await sub.fetch(GOOD_MSGS, timeout=5):
+            await m.ack_sync()
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +337,52 @@ def test_a_job_refuses_to_rewrite_a_damaged_file(store: Jetlake) -> None:
     rel = str(path.relative_to(store.data_root / "messages"))
     with pytest.raises(DamagedFile, match=path.name):
         rewrite_files(StoreRoot(str(store.data_root)), BAD, 0, [rel])
+
+
+@pytest.mark.slow  # two gateway starts and three repair processes
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_ack_log_file_is_reported_and_repaired(store: Jetlake, damage: str) -> None:
+    """The gateway leaves the damaged file out of the ack log (its consumers restart from the
+    other rows) and lists it on /healthz; repair drops it; the streams are served throughout."""
+    acks = sorted((store.data_root / "acks").glob("*.parquet"))
+    DAMAGES[damage](acks[len(acks) // 2])
+    store.start()
+    try:
+        status, health = healthz(store)
+        assert status == 503
+        assert any(f"damaged data file acks/{acks[len(acks) // 2].name}" in p for p in health["problems"])
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert store.stop_gateway() == 0
+        code, out = repair(store.data_root)
+        assert code == 1
+        assert f"acks/{acks[len(acks) // 2].name}: data file" in out
+        assert repair(store.data_root, "--apply")[0] == 0
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        asyncio.run(_consumer_info(store.url))
+    finally:
+        store.stop()
+
+
+async def _consumer_info(url: str) -> None:
+    async with await nats.connect(url) as nc:
+        info = await api(nc, f"CONSUMER.INFO.{GOOD}.KEEP")
+        assert info["config"]["durable_name"] == "KEEP"
+
+
+def test_a_damaged_catalog_file_stops_the_gateway_until_repaired(store: Jetlake) -> None:
+    """Without a catalog file a deleted stream could come back: the gateway names it and stops."""
+    catalog = sorted((store.data_root / "catalog").glob("*.parquet"))
+    flip(catalog[0], 0.5)
+    store.start_server()
+    try:
+        with pytest.raises(RuntimeError, match="gateway exited"):
+            store.start_gateway()
+        said = (store.workdir / "gateway.log").read_text()
+        assert f"catalog/{catalog[0].name}" in said
+        assert "the gateway needs it whole" in said
+        code, out = repair(store.data_root)
+        assert code == 1
+        assert f"catalog/{catalog[0].name}: data file" in out
+    finally:
+        store.stop()

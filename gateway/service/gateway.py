@@ -47,7 +47,7 @@ from storage_delta.read.reader import MessageReader
 from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import RemovalLog, load_stream_states
-from storage_delta.tables.repair import check_logs_at_start
+from storage_delta.tables.repair import check_at_start
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,9 @@ class Gateway:
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
-        #: Damaged log entries found at start (damaged checkpoints are set aside, not kept here).
-        self.log_damage: list[str] = []
+        #: Damage found at start (damaged checkpoints are set aside, not kept here; ``messages`` files
+        #: are the reader's).
+        self.store_damage: list[str] = []
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
 
@@ -92,7 +93,7 @@ class Gateway:
         the dispatcher), then start the link: nothing is read before everything can answer."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        self.log_damage = await loop.run_in_executor(self.executor, check_logs_at_start, self.root)
+        self.store_damage = await loop.run_in_executor(self.executor, check_at_start, self.root)
         try:
             table, catalog, removal_log, acks = await loop.run_in_executor(
                 self.executor,
@@ -104,10 +105,15 @@ class Gateway:
                 ),
             )
         except Exception:
-            if self.log_damage:  # a log entry that does not parse: delta-rs refuses the table
-                log.error("cannot open the tables: %s", "; ".join(self.log_damage))
+            if self.store_damage:  # a log entry that does not parse: delta-rs refuses the table
+                log.error("cannot open the tables: %s", "; ".join(self.store_damage))
             raise
-        history = await loop.run_in_executor(self.executor, acks.load)
+        try:
+            history = await loop.run_in_executor(self.executor, acks.load)
+        except Exception:
+            if self.store_damage:  # a damaged file of the ack log that delta-rs cannot decode
+                log.error("cannot load the ack log: %s", "; ".join(self.store_damage))
+            raise
         acklog = AckLogWriter(
             acks,
             self.executor,
@@ -258,7 +264,7 @@ class Gateway:
             f"{d.file.min_seq}-{d.file.max_seq}), not served: {d.reason}; see jetlake repair"
             for d in self.reader.damage()
         ]
-        problems += self.log_damage
+        problems += self.store_damage
         if self.core is not None:
             for loop in (self.core.writer.loop, self.core.acklog.loop):
                 if not loop.running:

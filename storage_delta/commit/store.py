@@ -24,7 +24,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.durable import make_dirs, sync_checkpoint, sync_new_file, sync_tree
-from storage_delta.format.integrity import crc_hex, record_checkpoint_digest
+from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified, record_checkpoint_digest
 
 
 class CommitConflict(Exception):
@@ -254,3 +254,18 @@ def commit_adds(
         )
     except (CommitFailedError, DeltaError) as exc:
         raise CommitConflict(str(exc)) from exc
+
+
+def read_checked(root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema) -> tuple[pa.Table, list[str]]:
+    """Every row of an unpartitioned table's snapshot ``dt``, each file checked first (its CRC-32,
+    its pages): the rows of the files that pass, and the paths of those that do not. Where
+    ``dt.to_pyarrow_table`` would fail on a damaged file, or hand its garbage on."""
+    fs, base = root.filesystem()
+    paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+    tables, damaged = [schema.empty_table()], []
+    for path in paths:
+        try:
+            tables.append(read_verified(fs, f"{base}/{name}/{path}", schema.names, schema))
+        except DamagedFile:
+            damaged.append(path)
+    return pa.concat_tables(tables), damaged

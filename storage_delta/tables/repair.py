@@ -302,20 +302,33 @@ def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None
     log.warning("removed %d damaged files from %s", len(removes), spec.name)
 
 
-def check_logs_at_start(root: StoreRoot) -> list[str]:
-    """The gateway's look at every table's log before it opens them: a damaged checkpoint is set
-    aside (readers replay the log entries; nothing is lost), a damaged log entry is reported (it
-    waits for ``jetlake repair``, which drops data). Returns the problems left, one line each."""
+def check_at_start(root: StoreRoot) -> list[str]:
+    """The gateway's look at the store before it opens the tables. Every table's log: a damaged
+    checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
+    is reported (it waits for ``jetlake repair``, which drops data). The data files of the tables
+    other than ``messages`` (small: the catalog, the compacted ack and removal logs), which the
+    gateway reads through delta-rs without checks of its own: reported (``messages`` files are
+    checked by the reader, :meth:`MessageReader.verify`). Returns the problems, one line each."""
     local = root.local_path()
     if local is None:
         return []
     problems = []
     for spec in TABLES:
         table_path = os.path.join(local, spec.name)
+        entries_whole = True
         for d in scan_log(table_path):
             log.error("damaged %s %s: %s", d.kind, d.path, d.reason)
             rel = os.path.relpath(d.path, table_path)
             if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):
                 continue
+            entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
+        if spec.name != sch.MESSAGES and entries_whole:
+            for f in _data_damage(root, spec):
+                log.error("damaged data file %s/%s: %s", spec.name, f.path, f.reason)
+                problems.append(
+                    f"damaged data file {spec.name}/{f.path} ({f.holds}): {f.reason}; see jetlake repair"
+                )
+                if spec.name in (sch.CATALOG, sch.REMOVALS):
+                    raise DamagedFile(f"{spec.name}/{f.path}", f"{f.reason}; the gateway needs it whole")
     return problems
