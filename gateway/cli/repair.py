@@ -26,12 +26,16 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit status 0: nothing (left) damaged; 1: damage found in a dry run, or left after applying."""
+    """Exit status 0: nothing (left) damaged; 1: damage found in a dry run, or left after applying;
+    2: not a local store root."""
     # Imported here so the other commands start without loading the storage engine.
     from storage_delta.commit.store import StoreRoot
     from storage_delta.tables.repair import apply, find_damage
 
     root = StoreRoot(args.data_root)
+    if root.local_path() is None:
+        print("jetlake repair: a local store root only (on an object store a PUT is whole or absent)")
+        return 2
     findings = find_damage(root)
     if not findings:
         print(f"no damaged files under {args.data_root}")
