@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test test-fast check lint types java chromium fuse bench soak
+.PHONY: run test test-fast check lint types java chromium fuse bench soak crash-matrix
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -71,3 +71,9 @@ bench: $(STAMP) $(BENCH_NODE_MODULES)
 SOAK_S ?= 900
 soak: $(STAMP)
 	JETLAKE_SOAK_S=$(SOAK_S) $(PY) -m pytest tests/test_soak.py -s -q
+
+# The kill -9 crash matrix of tests/test_crash_matrix.py with CRASH_TRIALS trials (CI runs 6); prints
+# each trial's figures and the totals (see bench/RESULTS.md for a 100-trial run).
+CRASH_TRIALS ?= 100
+crash-matrix: $(STAMP)
+	JETLAKE_CRASH_TRIALS=$(CRASH_TRIALS) $(PY) -m pytest tests/test_crash_matrix.py -s -q

@@ -31,7 +31,6 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -52,6 +51,7 @@ from pyspark.sql.types import (
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import read_verified
 from storage_delta.format.nats import parse_headers, subject_matches
 from storage_delta.maintenance.files import LiveFile, live_files, visible
 from storage_delta.tables.removals import StreamLogicalState, load_stream_states
@@ -230,9 +230,7 @@ def first_seq_at(root: StoreRoot, files: Sequence[LiveFile], ts_ns: int) -> int:
             continue
         if best is not None and f.min_seq is not None and f.min_seq >= best:
             continue
-        table = pq.read_table(
-            f"{base}/{sch.MESSAGES}/{f.path}", filesystem=fs, columns=["seq", "ts"], partitioning=None
-        )
+        table = read_verified(fs, f"{base}/{sch.MESSAGES}/{f.path}", ["seq", "ts"], sch.MESSAGE_FILE_SCHEMA)
         seqs = table.filter(pc.greater_equal(table["ts"], ts_ns))["seq"]
         if len(seqs):
             low = pc.min(seqs).as_py()
@@ -270,12 +268,9 @@ def read_block(
         upper = pc.field("seq") <= partition.last_seq
         expr = upper if expr is None else expr & upper
     for rel in partition.files:
-        table = pq.read_table(
-            f"{base}/{sch.MESSAGES}/{rel}",
-            filesystem=fs,
-            columns=sch.MESSAGE_FILE_SCHEMA.names,
-            filters=expr,
-            partitioning=None,
+        # A damaged file fails the task (DamagedFile names it) rather than handing Spark its bytes.
+        table = read_verified(
+            fs, f"{base}/{sch.MESSAGES}/{rel}", sch.MESSAGE_FILE_SCHEMA.names, sch.MESSAGE_FILE_SCHEMA, expr
         )
         if partition.created or partition.removed:
             table = table.filter(visible(table, partition.created, partition.removed))

@@ -15,15 +15,19 @@ everything left is drained and the stored table is read back with DuckDB. Per tr
 - every message delivered but not acked before the kill is delivered again after it, and in the
   end every message is acknowledged (ack floor = last sequence, nothing pending).
 
-``TRIALS`` (6) trials, one pytest case each (``trial-N``), about 12-20 s each on a busy 2-core machine.
+``TRIALS`` trials, one pytest case each (``trial-N``), about 12-20 s each on a busy 2-core machine:
+6 in CI, ``JETLAKE_CRASH_TRIALS`` outside it (``make crash-matrix`` runs 100). Each trial prints its
+figures; the module prints the totals (trials, acknowledged, lost, duplicates stored, time) at its end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +41,34 @@ from tests.harness import Jetlake, duckdb_connection
 from tests.test_consumer_restart import api
 
 STREAM = "MATRIX"
-TRIALS = 6
+TRIALS = int(os.environ.get("JETLAKE_CRASH_TRIALS", "6"))
 PUBLISHERS = 4
 GATEWAY_ENV = {"JETLAKE_ACK_FLUSH_INTERVAL_MS": "50"}
+
+
+@dataclass
+class Totals:
+    """The module's figures over its trials, printed at its end (the report ``make crash-matrix`` gives)."""
+
+    trials: int = 0
+    acked: int = 0
+    lost: int = 0  # PubAck'd messages not stored under their PubAck's sequence
+    stored_twice: int = 0  # messages stored more than once
+    began: float = field(default_factory=time.monotonic)
+
+
+TOTALS = Totals()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Iterator[None]:
+    """Prints the totals once every trial has run (``-s`` shows them)."""
+    yield
+    print(
+        f"crash matrix: {TOTALS.trials} trials, {TOTALS.acked} acknowledged messages, "
+        f"{TOTALS.lost} lost, {TOTALS.stored_twice} stored twice, "
+        f"{time.monotonic() - TOTALS.began:.0f} s"
+    )
 
 
 @dataclass
@@ -197,6 +226,10 @@ def test_kill_9_under_mixed_load(tmp_path: Path, trial: int) -> None:
             f"{len(seqs)} stored, {seen.retries} publish retries, {seen.duplicates} duplicate "
             f"PubAcks, {len(seen.ack_failed)} failed ack_syncs, {redeliveries} redeliveries"
         )
+        TOTALS.trials += 1
+        TOTALS.acked += len(seen.acked)
+        TOTALS.lost += sum(stored.get(seq) != msg_id for msg_id, seq in seen.acked.items())
+        TOTALS.stored_twice += len(seqs) - len(set(stored.values()))
         assert seen.acked, "nothing published"
         # contiguous; every PubAck'd message stored under its PubAck's sequence; none stored twice
         assert seqs == list(range(1, len(seqs) + 1))

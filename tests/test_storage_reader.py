@@ -70,9 +70,12 @@ def test_read_range_touches_only_files_that_can_hold_the_range(store: StoreRoot)
         if f not in keep:
             os.remove(f"{store.uri}/{sch.MESSAGES}/{f.path}")
     assert reader.read_range("ORDERS", 30, 31, BLOCK).column("seq").to_pylist() == [30, 31]
-    # a range over the deleted files has to open them
-    with pytest.raises(FileNotFoundError, match="part-"):
-        reader.read_range("ORDERS", 1, 45, BLOCK)
+    # a range over the deleted files has to open them: missing, they count as damaged, not served
+    kept = [seq for f in keep for seq in range(f.min_seq, f.max_seq + 1)]
+    assert reader.read_range("ORDERS", 1, 45, BLOCK).column("seq").to_pylist() == kept
+    gone = {f.path for f in files if f not in keep}
+    assert {d.file.path for d in reader.damage("ORDERS")} == gone
+    assert all("unreadable" in d.reason for d in reader.damage("ORDERS"))
 
 
 def test_first_seq_at_or_after_a_time(store: StoreRoot) -> None:

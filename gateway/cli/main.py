@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.cli import inspect as inspect_cli
+from gateway.cli import repair as repair_cli
 from gateway.runtime.settings import LOADER, Settings
 from spark_jobs import cli as jobs_cli
 from storage_delta.format.settings import SettingsError
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gateway")
     LOADER.add_flags(serve)
     inspect_cli.add_parsers(sub)
+    repair_cli.add_parser(sub)
     jobs_cli.add_parser(sub)
     return p
 
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(settings))
     if args.command == "jobs":
         return jobs_cli.main(args)
+    if args.command == "repair":
+        return repair_cli.run(args)
     return inspect_cli.run(args)
 
 

@@ -93,6 +93,10 @@ class Stream:
         self.block_size = DEFAULT_BLOCK_SIZE
         self.state = StreamState()
         self.durable_last_seq = 0
+        #: Sequences of damaged data files (what JetStream's stream info calls ``lost``) and the
+        #: bytes they had in the restored index, where it knew them.
+        self.lost: list[int] = []
+        self.lost_bytes = 0
         self.tail = TailCache(tail_cache_bytes)
         self.dedup = DedupWindow()
         self.ttl = TTLSchedule()
@@ -341,6 +345,16 @@ class Stream:
             self.durable_last_seq = last_seq
             if st.messages == 0:
                 st.first_seq = last_seq + 1
+
+    def restore_lost(self, first: int, last: int) -> None:
+        """A damaged data file held ``first..last``: they are removed (never served), reported as
+        ``lost`` in the stream's info, as JetStream reports the records of a corrupt block, and the
+        stream goes on after them (nothing is numbered again)."""
+        before = self.state.bytes
+        self.restore_removed(first, last)
+        self.restore_last_seq(last)
+        self.lost.extend(range(first, last + 1))
+        self.lost_bytes += before - self.state.bytes
 
     def committed(self, seq: int) -> None:
         self.durable_last_seq = max(self.durable_last_seq, seq)
@@ -781,6 +795,8 @@ class Stream:
                 out["deleted"] = holes
         elif st.messages and st.last_seq - st.first_seq + 1 > st.messages:
             out["num_deleted"] = st.last_seq - st.first_seq + 1 - st.messages
+        if self.lost:
+            out["lost"] = {"msgs": self.lost, "bytes": self.lost_bytes}
         out["consumer_count"] = consumer_count
         return out
 

@@ -31,6 +31,7 @@ from gateway.api.configs import ConsumerConfig, StreamConfig, from_json
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
+from gateway.engine.stream import Stream
 from gateway.handlers.router import Api
 from gateway.handlers.streams import StreamApi
 from gateway.runtime.settings import Settings
@@ -47,6 +48,7 @@ from storage_delta.read.reader import MessageReader
 from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import RemovalLog, load_stream_states
+from storage_delta.tables.repair import check_at_start
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class Gateway:
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
+        #: Damage found at start (damaged checkpoints are set aside, not kept here; ``messages`` files
+        #: are the reader's).
+        self.store_damage: list[str] = []
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
 
@@ -89,16 +94,27 @@ class Gateway:
         the dispatcher), then start the link: nothing is read before everything can answer."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        table, catalog, removal_log, acks = await loop.run_in_executor(
-            self.executor,
-            lambda: (
-                MessageTable(self.root),
-                CatalogTable(self.root),
-                RemovalLog(self.root),
-                AckLogTable(self.root),
-            ),
-        )
-        history = await loop.run_in_executor(self.executor, acks.load)
+        self.store_damage = await loop.run_in_executor(self.executor, check_at_start, self.root)
+        try:
+            table, catalog, removal_log, acks = await loop.run_in_executor(
+                self.executor,
+                lambda: (
+                    MessageTable(self.root),
+                    CatalogTable(self.root),
+                    RemovalLog(self.root),
+                    AckLogTable(self.root),
+                ),
+            )
+        except Exception:
+            if self.store_damage:  # a log entry that does not parse: delta-rs refuses the table
+                log.error("cannot open the tables: %s", "; ".join(self.store_damage))
+            raise
+        try:
+            history = await loop.run_in_executor(self.executor, acks.load)
+        except Exception:
+            if self.store_damage:  # a damaged file of the ack log that delta-rs cannot decode
+                log.error("cannot load the ack log: %s", "; ".join(self.store_damage))
+            raise
         acklog = AckLogWriter(
             acks,
             self.executor,
@@ -197,6 +213,7 @@ class Gateway:
                     for first, last in state.removed:
                         stream.restore_removed(first, last)
                     stream.restore_last_seq(state.last_seq)
+                await self._restore_lost(stream)
                 replay_headers(stream, stored.headers, now)
                 stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in registry.streams:
@@ -213,6 +230,16 @@ class Gateway:
                 consumer.restore(cstate)
                 if not consumer.config.durable_name:
                     await registry.remove_consumer(consumer)  # ephemeral: ends with the process
+
+    async def _restore_lost(self, stream: Stream) -> None:
+        """A damaged data file's messages are lost, as JetStream's file store loses the records of a
+        corrupt block (``Stream.restore_lost``). The files below the index snapshot are checked
+        here (the scan checked the others)."""
+        loop = asyncio.get_running_loop()
+        damage = await loop.run_in_executor(self.executor, self.reader.verify, stream.name)
+        for d in damage:
+            if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
+                stream.restore_lost(d.file.min_seq, d.file.max_seq)
 
     async def close(self) -> None:
         """Stop taking work, finish the commit in flight and answer what is owed, then stop."""
@@ -243,6 +270,12 @@ class Gateway:
         """What is broken inside a running gateway (empty: nothing): a background task that died,
         a commit loop that stopped. ``/healthz`` reports it; the log has said it already."""
         problems = [f"task {name} died: {exc!r}" for name, exc in self.tasks.failures.items()]
+        problems += [
+            f"damaged data file messages/{d.file.path} (stream {d.file.stream}, sequences "
+            f"{d.file.min_seq}-{d.file.max_seq}), not served: {d.reason}; see jetlake repair"
+            for d in self.reader.damage()
+        ]
+        problems += self.store_damage
         if self.core is not None:
             for loop in (self.core.writer.loop, self.core.acklog.loop):
                 if not loop.running:

@@ -31,6 +31,7 @@ from typing import Any
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.durable import fsync_path
+from storage_delta.format.integrity import LINES_KEY, lines_digest
 
 #: Writer protocol this appender understands; a table that asks for more is left to delta-rs.
 SUPPORTED_WRITER_VERSION = 2
@@ -150,7 +151,11 @@ class LocalLogAppender:
         """Link the commit at the first free version; ``landed(v)`` judges a version taken by
         another writer (True: our commit is already there). With ``sync`` the entry is synced
         before it is linked and the log directory after: one pair of syncs per commit."""
-        body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
+        rest = [json.dumps(line, separators=(",", ":")).encode() for line in lines[1:]]
+        # The commitInfo (first) records a CRC-32 per following line: a flipped bit that still
+        # parses, or a tail cut at a line's end, is found, and by its line (format/integrity.py).
+        head = {"commitInfo": {**lines[0]["commitInfo"], LINES_KEY: lines_digest(rest)}}
+        body = b"\n".join([json.dumps(head, separators=(",", ":")).encode(), *rest]) + b"\n"
         tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
         with open(tmp, "wb") as fh:
             fh.write(body)

@@ -24,6 +24,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.durable import make_dirs, sync_checkpoint, sync_new_file, sync_tree
+from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified, record_checkpoint_digest
 
 
 class CommitConflict(Exception):
@@ -129,9 +130,13 @@ def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
     """A checkpoint of table ``name`` through ``dt`` and the removal of expired log files; on a root
     that syncs, the checkpoint is made durable before anything else can make its name durable."""
     retry_listing(dt.create_checkpoint)
-    local = root.synced_path()
+    local = root.local_path()
     if local is not None:
-        sync_checkpoint(os.path.join(local, name, "_delta_log"))
+        digest = record_checkpoint_digest(os.path.join(local, name), dt.version())
+        if root.fsync:
+            if digest is not None:
+                sync_new_file(digest, [os.path.join(local, name)])
+            sync_checkpoint(os.path.join(local, name, "_delta_log"))
     retry_listing(dt.cleanup_metadata)
 
 
@@ -189,24 +194,29 @@ def write_data_file(
     """Write one parquet file into the table's directory and describe it as a Delta ``add`` action.
     On a root that syncs, the file and its directory entries are on stable storage when it returns."""
     fs, base = root.filesystem()
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        data,
+        sink,
+        write_statistics=True,
+        write_page_checksum=True,
+        row_group_size=64 * 1024,
+        **(SEALED_PARQUET if sealed else HOT_PARQUET),
+    )
+    body = sink.getvalue()
+    # The CRC-32 of the whole file is part of its name: the commit records it wherever the path goes.
+    name = f"part-{uuid.uuid4().hex}-c{crc_hex(body)}.parquet"
     rel_dir = "/".join(f"{k}={v}" for k, v in partition.items())
-    rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet" if rel_dir else f"part-{uuid.uuid4().hex}.parquet"
+    rel = f"{rel_dir}/{name}" if rel_dir else name
     full = f"{base}/{table_name}/{rel}"
     new_entries = make_dirs(full.rsplit("/", 1)[0]) if isinstance(fs, pafs.LocalFileSystem) else []
     with fs.open_output_stream(full) as out:
-        pq.write_table(
-            data,
-            out,
-            write_statistics=True,
-            row_group_size=64 * 1024,
-            **(SEALED_PARQUET if sealed else HOT_PARQUET),
-        )
+        out.write(body)
     if root.synced_path() is not None:
         sync_new_file(full, new_entries)  # before the log entry that names it can be published
-    size = fs.get_file_info(full).size
     return AddAction(
         path=rel,
-        size=size,
+        size=body.size,
         partition_values=dict(partition),
         modification_time=int(time.time() * 1000),
         data_change=True,
@@ -244,3 +254,18 @@ def commit_adds(
         )
     except (CommitFailedError, DeltaError) as exc:
         raise CommitConflict(str(exc)) from exc
+
+
+def read_checked(root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema) -> tuple[pa.Table, list[str]]:
+    """Every row of an unpartitioned table's snapshot ``dt``, each file checked first (its CRC-32,
+    its pages): the rows of the files that pass, and the paths of those that do not. Where
+    ``dt.to_pyarrow_table`` would fail on a damaged file, or hand its garbage on."""
+    fs, base = root.filesystem()
+    paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+    tables, damaged = [schema.empty_table()], []
+    for path in paths:
+        try:
+            tables.append(read_verified(fs, f"{base}/{name}/{path}", schema.names, schema))
+        except DamagedFile:
+            damaged.append(path)
+    return pa.concat_tables(tables), damaged

@@ -11,6 +11,8 @@ import pyarrow as pa
 MESSAGES = "messages"
 CATALOG = "catalog"
 REMOVALS = "removals"
+#: The gateway's index snapshots under the store root: a cache, not a table (read/index_snapshot.py).
+INDEX_SNAPSHOTS = "_jetlake_index"
 
 #: Partition columns of ``messages``: a stream's rows never share a file with another stream's, and a
 #: block bounds the work of every read and every retention step.

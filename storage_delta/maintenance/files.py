@@ -47,6 +47,7 @@ from storage_delta.commit.store import (
     write_data_file,
 )
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import verified_bytes
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +120,13 @@ def rewrite_files(
     rewrite removes rows, ``(False, None)``: statistics only showed the files *might* hold removed
     sequences) and the new file (``None`` when no row is left)."""
     fs, base = root.filesystem()
-    # One dataset scan rather than a read per file: the gateway's compaction merges hundreds of
-    # one-message files at a time, where opening them one by one cost twice as much.
-    table = ds.dataset(
-        [f"{base}/{sch.MESSAGES}/{p}" for p in paths],
-        schema=sch.MESSAGE_FILE_SCHEMA,
-        format="parquet",
-        filesystem=fs,
-    ).to_table()
+    full = [f"{base}/{sch.MESSAGES}/{p}" for p in paths]
+    # Checked first (DamagedFile stops the job): a rewrite would give damaged rows a fresh digest.
+    for path in full:
+        verified_bytes(fs, path)
+    # Then one dataset scan rather than a read per file: the gateway's compaction merges hundreds
+    # of one-message files at a time, where opening them one by one cost twice as much.
+    table = ds.dataset(full, schema=sch.MESSAGE_FILE_SCHEMA, format="parquet", filesystem=fs).to_table()
     kept = table.filter(visible(table, created, drop))
     changed = kept.num_rows < table.num_rows
     if kept.num_rows == 0 or (data_change and not changed):

@@ -39,6 +39,7 @@ from storage_delta.commit.store import (
     retry_listing,
 )
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import DamagedFile
 from storage_delta.maintenance.files import LiveFile, live_files_of
 from storage_delta.maintenance.seal import merge_runs
 
@@ -163,7 +164,8 @@ class Compaction:
                 runs.append(run)
             merged = merge_runs(self.root, runs, self._dt)
             self._checkpoint()
-        except (OSError, pa.ArrowException, DeltaError, CommitConflict) as exc:
+        # a damaged file (reported by the reader, dropped by `jetlake repair`) holds its run back
+        except (OSError, pa.ArrowException, DeltaError, CommitConflict, DamagedFile) as exc:
             raise RoundFailed(str(exc)) from exc
         return (sum(map(len, runs)) if merged else 0), len(runs) < len(planned)
 

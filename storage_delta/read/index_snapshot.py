@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+import zlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -31,12 +32,14 @@ import pyarrow.parquet as pq
 
 from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
 from storage_delta.read.reader import MessageReader, StoredIndex
 
 log = logging.getLogger(__name__)
 
-DIR = "_jetlake_index"
-FORMAT = b"1"
+DIR = sch.INDEX_SNAPSHOTS
+#: 2: the metadata holds ``jetlake.digest`` (a snapshot of format 1 is ignored once, and rewritten).
+FORMAT = b"2"
 
 SCHEMA = pa.schema(
     [
@@ -80,6 +83,7 @@ def write(root: StoreRoot, stream: str, snapshot: IndexSnapshot) -> None:
             b"jetlake.format": FORMAT,
             b"jetlake.created": str(snapshot.created).encode(),
             b"jetlake.through": str(snapshot.through).encode(),
+            b"jetlake.digest": _digest(snapshot.created, snapshot.through, idx).encode(),
         }
     )
     fs, folder, path = _location(root, stream)
@@ -87,6 +91,7 @@ def write(root: StoreRoot, stream: str, snapshot: IndexSnapshot) -> None:
         "compression": "zstd",
         "column_encoding": {"seq": "DELTA_BINARY_PACKED", "ts": "DELTA_BINARY_PACKED"},
         "use_dictionary": ["subject"],
+        "write_page_checksum": True,
     }
     if isinstance(fs, pafs.LocalFileSystem):
         new_entries = make_dirs(folder)
@@ -107,14 +112,16 @@ def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
     try:
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return None
-        table = pq.read_table(path, filesystem=fs, read_dictionary=["subject"])
+        table = pq.read_table(
+            path, filesystem=fs, read_dictionary=["subject"], page_checksum_verification=True
+        )
     except (OSError, pa.ArrowException):
         log.warning(
             "index snapshot of %s unreadable; recovering from the message files", stream, exc_info=True
         )
         return None
     meta = table.schema.metadata or {}
-    if meta.get(b"jetlake.format") != FORMAT or int(meta.get(b"jetlake.created", b"0")) != created:
+    if meta.get(b"jetlake.format") != FORMAT or meta.get(b"jetlake.created") != str(created).encode():
         return None
     subject = table.column("subject").unify_dictionaries()
     names = subject.chunk(0).dictionary.to_pylist() if subject.num_chunks else []
@@ -127,7 +134,22 @@ def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
         names,
         [],
     )
-    return IndexSnapshot(created, int(meta[b"jetlake.through"]), index)
+    through = meta.get(b"jetlake.through", b"")
+    if not through.isdigit() or meta.get(b"jetlake.digest") != _digest(created, int(through), index).encode():
+        # A flipped bit that parquet's checks passed (a value, the footer's metadata): not trusted.
+        log.warning("index snapshot of %s damaged (digest); recovering from the message files", stream)
+        return None
+    return IndexSnapshot(created, int(through), index)
+
+
+def _digest(created: int, through: int, index: StoredIndex) -> str:
+    """CRC-32 of everything a snapshot says (its arrays, its subjects, what it covers), over the
+    values as recovery uses them: a damaged snapshot is ignored, never half believed."""
+    crc = zlib.crc32(f"{created}:{through}:".encode())
+    for array in (index.seq, index.ts, index.size, index.subject_codes):
+        crc = zlib.crc32(np.ascontiguousarray(array, np.int64).tobytes(), crc)
+    crc = zlib.crc32("\0".join(index.subjects).encode(), crc)
+    return f"{crc & 0xFFFFFFFF:08x}"
 
 
 def load_index(

@@ -10,7 +10,9 @@ stream never overlap in sequences: that is what lets a search stop at the first 
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -22,12 +24,16 @@ from deltalake import DeltaTable
 from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.store import StoreRoot, open_existing, retry_listing
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import DamagedFile, read_verified, verified_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class DataFile:
     """One live parquet file of a stream, with the statistics its add action carries."""
 
+    stream: str
     path: str
     min_seq: int
     max_seq: int
@@ -35,6 +41,14 @@ class DataFile:
     max_ts: int
     #: Whether the file may hold a header block (its statistics count fewer nulls than rows).
     has_headers: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FileDamage:
+    """A live data file that failed its checks: what it held (from its add action) and why."""
+
+    file: DataFile
+    reason: str
 
 
 class MessageReader:
@@ -49,6 +63,9 @@ class MessageReader:
         self._log_dir = os.path.join(local, sch.MESSAGES, "_delta_log") if local else None
         self._files: dict[str, list[DataFile]] = {}
         self._files_version = -1
+        #: Damaged files found by a read or :meth:`verify` (path -> what and why); never read again.
+        self.damaged: dict[str, FileDamage] = {}
+        self._verified: set[str] = set()
 
     # ---- table state ----------------------------------------------------------------------------
 
@@ -69,18 +86,69 @@ class MessageReader:
         if dt.version() != self._files_version:
             self._files = _files_by_stream(dt)
             self._files_version = dt.version()
+            self._verified &= {f.path for files in self._files.values() for f in files}
         return self._files.get(stream, [])
 
     def _read(self, files: list[DataFile], columns: list[str], expr: ds.Expression | None) -> pa.Table:
-        if not files:
+        """The files' rows, each file checked first (its CRC-32, its pages, its footer): a damaged
+        file is left out, logged and remembered (:attr:`damaged`), never served."""
+        tables = list(self._verified_tables(files, columns, expr))
+        if not tables:
             return sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns)
-        dset = ds.dataset(
-            [f"{self._base}/{f.path}" for f in files],
-            schema=sch.MESSAGE_FILE_SCHEMA,
-            format="parquet",
-            filesystem=self._fs,
+        return pa.concat_tables(tables)
+
+    def _verified_tables(
+        self, files: list[DataFile], columns: list[str], expr: ds.Expression | None = None
+    ) -> Iterator[pa.Table]:
+        for f in files:
+            if f.path in self.damaged:
+                continue
+            try:
+                table = read_verified(
+                    self._fs, f"{self._base}/{f.path}", columns, sch.MESSAGE_FILE_SCHEMA, expr
+                )
+            except DamagedFile as exc:
+                self._found_damage(f, exc.reason)
+                continue
+            self._verified.add(f.path)
+            yield table
+
+    def _found_damage(self, f: DataFile, reason: str) -> None:
+        self.damaged[f.path] = FileDamage(f, reason)
+        log.error(
+            "damaged data file %s/%s (stream %s, sequences %d-%d), not served: %s",
+            sch.MESSAGES,
+            f.path,
+            f.stream,
+            f.min_seq,
+            f.max_seq,
+            reason,
         )
-        return dset.to_table(filter=expr, columns=columns)
+
+    def verify(self, stream: str) -> list[FileDamage]:
+        """Check every live file of ``stream`` not checked yet (its CRC-32 only: the pages are
+        checked when a read decodes them); returns the stream's damaged files. Recovery calls it for
+        the files below an index snapshot, which it does not read."""
+        for f in self.stream_files(stream):
+            if f.path in self._verified or f.path in self.damaged:
+                continue
+            try:
+                verified_bytes(self._fs, f"{self._base}/{f.path}")
+            except DamagedFile as exc:
+                self._found_damage(f, exc.reason)
+                continue
+            self._verified.add(f.path)
+        return self.damage(stream)
+
+    def damage(self, stream: str | None = None) -> list[FileDamage]:
+        """The damaged files found so far that were live at the last read (of ``stream``, or of
+        every stream), in sequence order. Reads no table (``/healthz`` asks on the event loop) and
+        copies what worker threads may be changing."""
+        files = self._files
+        wanted = files.get(stream, []) if stream is not None else [f for fs in files.values() for f in fs]
+        live = {f.path for f in wanted}
+        found = [d for path, d in list(self.damaged.items()) if path in live]
+        return sorted(found, key=lambda d: (d.file.stream, d.file.min_seq))
 
     # ---- reads ----------------------------------------------------------------------------------
 
@@ -166,23 +234,16 @@ class MessageReader:
             return sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns), []
         older = any(f.min_ts < min_ts for f in files)  # rows of an earlier stream of the same name
         straddles = any(f.min_seq <= after for f in files)
-        dset = ds.dataset(
-            [f"{self._base}/{f.path}" for f in files],
-            schema=sch.MESSAGE_FILE_SCHEMA,
-            format="parquet",
-            filesystem=self._fs,
-        )
         batches, data_len = [], []
-        for batch in dset.to_batches(columns=[*columns, "data"]):
+        for batch in self._verified_tables(files, [*columns, "data"]):
             if older:
                 batch = batch.filter(pc.greater_equal(batch.column("ts"), min_ts))
             if straddles:
                 batch = batch.filter(pc.greater(batch.column("seq"), after))
-            data_len.append(pc.binary_length(batch.column("data")))
+            data_len.extend(pc.binary_length(batch.column("data")).chunks)
             batches.append(batch.select(columns))
-        return pa.Table.from_batches(
-            batches, sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns).schema
-        ), data_len
+        empty = sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns)
+        return pa.concat_tables([empty, *batches]), data_len
 
     def scan_index(self, stream: str, min_ts: int = 0) -> list[tuple[int, int, str, int]]:
         """(seq, ts, subject, stored size) of every stored message of a stream stored at or after
@@ -289,6 +350,7 @@ def _files_by_stream(dt: DeltaTable) -> dict[str, list[DataFile]]:
         has_headers = n is None or nulls is None or nulls < n
         out.setdefault(stream, []).append(
             DataFile(
+                stream,
                 path,
                 stats["min.seq"][i],
                 stats["max.seq"][i],

@@ -34,8 +34,9 @@ from deltalake import DeltaTable
 
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.loop import CommitLoop
-from storage_delta.commit.store import StoreRoot, write_data_file
+from storage_delta.commit.store import StoreRoot, read_checked, write_data_file
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import DamagedFile
 from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
 from storage_delta.tables.catalog import CatalogTable
 
@@ -355,7 +356,9 @@ class AckLogTable:
     def load(self) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
         same state, and keeps a restart fast however long the log grew since its last compaction)."""
-        table = self.dt.to_pyarrow_table()
+        table, damaged = read_checked(self.root, self.dt, sch.ACKS, sch.ACK_SCHEMA)
+        for path in damaged:  # its rows are lost: consumers restart from what the others say
+            log.error("damaged data file %s/%s left out of the ack log; see jetlake repair", sch.ACKS, path)
         max_lsn = int(pc.max(table["lsn"]).as_py() or 0) if table.num_rows else 0
         return AckLog(group(fold_table(table)), max_lsn, table.num_rows)
 
@@ -372,7 +375,11 @@ class AckLogTable:
         deleting its file, only when another compaction removed the same files first."""
         dt = self.dt
         files = pa.table(dt.get_add_actions(flatten=True))
-        table = dt.to_pyarrow_table()
+        table, damaged = read_checked(self.root, dt, sch.ACKS, sch.ACK_SCHEMA)
+        if damaged:  # folding around them would drop them for good: that is jetlake repair's call
+            raise DamagedFile(
+                f"{sch.ACKS}/{damaged[0]}", "damaged; the ack log is not compacted until repaired"
+            )
         out = fold_table(table)
         if live is not None:
             keep = live()

@@ -113,7 +113,7 @@ class RemovalLog:
         self._appender.append([({}, rows)], self._version)
 
 
-def _live_streams(root: StoreRoot) -> dict[str, int]:
+def live_streams(root: StoreRoot) -> dict[str, int]:
     """Live stream name → created time, from the catalog (newest row per stream, not deleted)."""
     dt = open_existing(root, sch.CATALOG)
     if dt is None:
@@ -132,7 +132,7 @@ def _live_streams(root: StoreRoot) -> dict[str, int]:
 
 def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
     """The logical state of every live stream (streams with no removals included, with none)."""
-    live = _live_streams(root)
+    live = live_streams(root)
     states = {name: StreamLogicalState(name, created) for name, created in live.items()}
     dt = open_existing(root, sch.REMOVALS)
     if dt is None:
@@ -197,7 +197,7 @@ def compact_removals(root: StoreRoot) -> RemovalCompaction:
     files = pa.table(dt.get_add_actions(flatten=True))
     table = dt.to_pyarrow_table()
     # The catalog is read after the snapshot, so it knows every incarnation with rows in it.
-    folded = fold_removals(table, _live_streams(root))
+    folded = fold_removals(table, live_streams(root))
     unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
     if files.num_rows <= 1 and folded.num_rows == table.num_rows:
         return unchanged

@@ -1,0 +1,211 @@
+"""Damage detection: a flipped bit or a cut tail in a data file, a Delta log entry or a checkpoint is
+found before anything of it is served as data.
+
+Why digests of our own: parquet's page checksums cover the pages only (not the footer, whose
+statistics and offsets a reader trusts), a JSON log entry whose flipped bit still parses (a digit of
+a statistic, of a size) is taken at its word by every Delta reader, and a cut exactly at a line's end
+leaves valid JSON. So every commit records a digest where the protocol lets a writer put one and every
+Delta reader ignores it:
+
+* a data file's CRC-32 is part of its name (``part-<uuid>-c<crc>.parquet``): it travels with the path
+  through every log entry, checkpoint and swap, whichever writer made the commit. The file is also
+  written with parquet page checksums, which every read verifies;
+* a log entry this writer makes starts with a ``commitInfo`` holding the CRC-32 of each following line
+  (``jetlakeLines``), so a damaged line is known by its position (what repair keeps and drops);
+* a checkpoint (delta-rs writes it) is decoded in full: parquet's footer and page structure are the
+  check, with page checksums where delta-rs wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+#: Name of a data file with its CRC-32 in it (``uuid`` is 32 hex digits, the CRC 8).
+_DIGEST_NAME = re.compile(r"-c([0-9a-f]{8})\.parquet$")
+
+#: The ``commitInfo`` key holding the CRC-32 of every following line of a log entry, in order.
+LINES_KEY = "jetlakeLines"
+
+
+class DamagedFile(Exception):
+    """A data file whose bytes are not what its commit wrote (its CRC-32, or parquet's own checks)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def crc_hex(data: bytes | memoryview | pa.Buffer) -> str:
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def digest_of(path: str) -> str | None:
+    """The CRC-32 a data file's name records, None for a file written before names carried one."""
+    match = _DIGEST_NAME.search(path)
+    return match.group(1) if match else None
+
+
+def verified_bytes(fs: pafs.FileSystem, full: str) -> pa.Buffer:
+    """A data file's bytes, checked against the CRC-32 in its name; raises :class:`DamagedFile`."""
+    try:
+        with fs.open_input_file(full) as fh:
+            buf: pa.Buffer = fh.read_buffer()
+    except OSError as exc:
+        raise DamagedFile(full, f"unreadable: {exc}") from exc
+    want = digest_of(full)
+    if want is not None and crc_hex(buf) != want:
+        raise DamagedFile(full, f"CRC-32 {crc_hex(buf)} but its commit recorded {want}")
+    return buf
+
+
+def read_verified(
+    fs: pafs.FileSystem,
+    full: str,
+    columns: list[str] | None,
+    schema: pa.Schema,
+    expr: pc.Expression | None = None,
+) -> pa.Table:
+    """The file's rows that match ``expr`` (``columns`` of them), after its CRC-32 and every page
+    checksum and the footer were checked; raises :class:`DamagedFile`."""
+    buf = verified_bytes(fs, full)
+    try:
+        table = pq.read_table(
+            pa.BufferReader(buf),
+            columns=columns,
+            schema=schema,
+            filters=expr,
+            page_checksum_verification=True,
+        )
+    except (OSError, pa.ArrowException) as exc:
+        raise DamagedFile(full, f"parquet: {exc}") from exc
+    return table
+
+
+def lines_digest(lines: list[bytes]) -> list[str]:
+    """The per-line digests a log entry's ``commitInfo`` records."""
+    return [crc_hex(line) for line in lines]
+
+
+def check_log_entry(body: bytes) -> list[int]:
+    """The positions (0 = the first line) of the damaged lines of a log entry; empty when it is
+    whole. A line that is not JSON is damaged; with digests (our commits) a line whose CRC-32
+    differs, and a missing line (a cut tail), too: without them (commits delta-rs made) a cut at a
+    line's end goes unnoticed. A damaged ``commitInfo`` takes the digests with
+    it, so then every line that parses counts as whole."""
+    raw = body.split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    parsed = [_json(line) for line in raw]
+    bad = [i for i, obj in enumerate(parsed) if obj is None]
+    first = parsed[0] if parsed else None
+    digests = first.get("commitInfo", {}).get(LINES_KEY) if first is not None else None
+    if not isinstance(digests, list):
+        return bad  # delta-rs's own commits (no digests, no final newline): whether they parse
+    for i, want in enumerate(digests, start=1):
+        if i >= len(raw) or crc_hex(raw[i]) != want:
+            bad.append(i)
+    bad.extend(range(len(digests) + 1, len(raw)))  # lines nobody wrote
+    return sorted(set(bad))
+
+
+def _json(line: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LogDamage:
+    """A damaged file of a table's ``_delta_log``: a JSON entry (``version``, its bad lines) or a
+    checkpoint."""
+
+    path: str
+    version: int
+    kind: str  # "log entry" or "checkpoint"
+    reason: str
+    bad_lines: tuple[int, ...] = ()
+
+
+_ENTRY = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+
+
+def scan_log(table_path: str) -> Iterator[LogDamage]:
+    """Every damaged log entry and checkpoint of a local table. Blocking: belongs on a worker thread."""
+    log_dir = os.path.join(table_path, "_delta_log")
+    try:
+        names = sorted(os.listdir(log_dir))
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(log_dir, name)
+        if entry := _ENTRY.match(name):
+            with open(path, "rb") as fh:
+                bad = check_log_entry(fh.read())
+            if bad:
+                where = ", ".join(str(i + 1) for i in bad)
+                version = int(entry.group(1))
+                yield LogDamage(path, version, "log entry", f"damaged line(s) {where}", tuple(bad))
+        elif checkpoint := _CHECKPOINT.match(name):
+            version = int(checkpoint.group(1))
+            reason = _checkpoint_problem(path, checkpoint_digest_path(table_path, version))
+            if reason is not None:
+                yield LogDamage(path, version, "checkpoint", reason)
+
+
+def _checkpoint_problem(path: str, digest_path: str) -> str | None:
+    """Why a checkpoint cannot be trusted (its recorded CRC-32, else a full decode), None if it can."""
+    try:
+        with open(digest_path) as fh:
+            want = fh.read().strip()
+    except FileNotFoundError:
+        want = None
+    if want is not None:
+        with open(path, "rb") as fh:
+            got = crc_hex(fh.read())
+        if got != want:
+            return f"CRC-32 {got} but {want} was recorded when it was written"
+    try:
+        pq.read_table(path, page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as exc:
+        return f"parquet: {exc}"
+    return None
+
+
+def checkpoint_digest_path(table_path: str, version: int) -> str:
+    """Where the CRC-32 of a table's checkpoint at ``version`` is kept: outside ``_delta_log`` (no
+    Delta reader looks there) and beside the table's other jetlake-only folders."""
+    return os.path.join(table_path, "_jetlake_checkpoints", f"{version:020d}.crc32")
+
+
+def record_checkpoint_digest(table_path: str, version: int) -> str | None:
+    """Write the CRC-32 of the checkpoint delta-rs just wrote at ``version``; returns the digest file
+    (None when there is no single-file checkpoint to digest). Scanning then finds a flipped bit that
+    parquet's decoding would pass (delta-rs writes no page checksums)."""
+    checkpoint = os.path.join(table_path, "_delta_log", f"{version:020d}.checkpoint.parquet")
+    try:
+        with open(checkpoint, "rb") as fh:
+            digest = crc_hex(fh.read())
+    except FileNotFoundError:
+        return None
+    target = checkpoint_digest_path(table_path, version)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.tmp"
+    with open(tmp, "w") as out:
+        out.write(digest)
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,334 @@
+"""Finding and dropping damaged files of jetlake's tables (``jetlake repair``, and the gateway's start).
+
+What is damaged is found by :mod:`storage_delta.format.integrity`. What repair does, per kind:
+
+* a checkpoint: set aside (moved to ``<table>/_jetlake_quarantine/``, ``_last_checkpoint`` dropped
+  when it names it), so readers replay the JSON log entries instead; nothing is lost while those
+  entries are still there (they expire after ``delta.logRetentionDuration``, 30 days). The gateway
+  does this by itself at start: a checkpoint is derived data, like an index snapshot;
+* a log entry: rewritten in place with its whole lines only (a version cannot be removed: readers
+  need every version after the last checkpoint). A dropped ``add`` line's file is no longer part of
+  the table: its rows are lost, and which they were is unknown unless the line's start survived;
+* a data file: removed with a Delta commit (``remove`` actions, the jobs' swap), so every reader
+  reads the table again; for ``messages`` the file's sequence range is recorded in ``removals``, so
+  the stream shows it as deleted (interior deletes, or a first sequence that moved) and keeps its
+  last sequence: nothing is numbered again.
+
+Run it with the gateway stopped (it appends to ``removals`` under the gateway's app id). Local store
+roots only: on an object store a PUT is whole or absent, and a bit flip is the store's to detect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake.transaction import RemoveAction
+
+from storage_delta.commit.append import TableSpec
+from storage_delta.commit.deltalog import commit_info
+from storage_delta.commit.durable import fsync_path, sync_new_file
+from storage_delta.commit.store import StoreRoot, open_existing
+from storage_delta.commit.writer import MESSAGES_TABLE
+from storage_delta.format import schema as sch
+from storage_delta.format.integrity import (
+    LINES_KEY,
+    DamagedFile,
+    LogDamage,
+    lines_digest,
+    scan_log,
+    verified_bytes,
+)
+from storage_delta.maintenance.files import swap_actions
+from storage_delta.tables.ackfloors import ACKFLOORS_TABLE
+from storage_delta.tables.acklog import ACKS_TABLE
+from storage_delta.tables.catalog import CATALOG_TABLE
+from storage_delta.tables.jobruns import JOBRUNS_TABLE
+from storage_delta.tables.removals import REMOVALS_TABLE, Removal, RemovalLog, live_streams
+
+log = logging.getLogger(__name__)
+
+TABLES = (MESSAGES_TABLE, ACKS_TABLE, CATALOG_TABLE, REMOVALS_TABLE, ACKFLOORS_TABLE, JOBRUNS_TABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One damaged file: where, what it holds, why it is damaged and what repair does about it."""
+
+    table: str
+    kind: str  # "data file", "log entry" or "checkpoint"
+    path: str  # relative to the table's folder
+    holds: str
+    reason: str
+    action: str
+    #: Messages it held, as far as known (stream, first and last sequence, newest ``ts``): a
+    #: ``messages`` data file's, or what the damaged ``add`` lines of a log entry still say.
+    lost: tuple[tuple[str, int, int, int], ...] = ()
+    #: For a log entry: the positions of its damaged lines.
+    bad_lines: tuple[int, ...] = ()
+    #: For a data file: its partition values (its ``remove`` action names them).
+    partition: tuple[tuple[str, str], ...] = ()
+
+    def line(self) -> str:
+        return f"{self.table}/{self.path}: {self.kind}, {self.holds}; {self.reason} -> {self.action}"
+
+
+def find_damage(root: StoreRoot) -> list[Finding]:
+    """Every damaged log entry, checkpoint and data file of every table. A table whose log is
+    damaged has its data files checked once its log is repaired (its file list is not known)."""
+    local = _local(root)
+    out: list[Finding] = []
+    for spec in TABLES:
+        table_path = os.path.join(local, spec.name)
+        if not os.path.isdir(table_path):
+            continue
+        log_damage = [_log_finding(spec.name, table_path, d) for d in scan_log(table_path)]
+        out += log_damage
+        if not any(f.kind == "log entry" for f in log_damage):
+            out += _data_damage(root, spec)
+    return out
+
+
+def _local(root: StoreRoot) -> str:
+    local = root.local_path()
+    if local is None:
+        raise ValueError("repair works on a local store root only")
+    return local
+
+
+def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
+    rel = os.path.relpath(d.path, table_path)
+    if d.kind == "checkpoint":
+        return Finding(table, d.kind, rel, f"table state at version {d.version}", d.reason, "set aside")
+    with open(d.path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    damaged = [lines[i] if i < len(lines) else b"" for i in d.bad_lines]
+    lost = (
+        tuple(r for r in (_add_range(line) for line in damaged) if r is not None)
+        if table == sch.MESSAGES
+        else ()
+    )
+    return Finding(
+        table,
+        d.kind,
+        rel,
+        f"version {d.version}: " + "; ".join(_describe_line(line) for line in damaged),
+        d.reason,
+        "rewrite without the damaged lines",
+        lost=lost,
+        bad_lines=d.bad_lines,
+    )
+
+
+def _describe_line(raw: bytes) -> str:
+    """What a damaged line seems to have been (its start is often whole), for the operator."""
+    found = _add_range(raw)
+    if found is not None:
+        return f"an add of stream {found[0]}, sequences {found[1]}-{found[2]} (as the damaged line says)"
+    if not raw:
+        return "a missing line"
+    text = raw[:120].decode("utf-8", "replace")
+    return f"{text!r}" + ("…" if len(raw) > 120 else "")
+
+
+def _add_range(raw: bytes) -> tuple[str, int, int, int] | None:
+    """(stream, first, last, newest ts) of a damaged line that still parses as a ``messages`` add:
+    repair records the range as removed, so a stream's last sequences are never given out again."""
+    try:
+        add = json.loads(raw)["add"]
+        stats = json.loads(add["stats"])
+        return (
+            str(add["partitionValues"]["stream"]),
+            int(stats["minValues"]["seq"]),
+            int(stats["maxValues"]["seq"]),
+            int(stats["maxValues"]["ts"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _data_damage(root: StoreRoot, spec: TableSpec) -> Iterator[Finding]:
+    dt = open_existing(root, spec.name)
+    if dt is None:
+        return
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    fs, base = root.filesystem()
+    for add in adds:
+        path = str(add["path"])
+        try:
+            buf = verified_bytes(fs, f"{base}/{spec.name}/{path}")
+            pq.read_table(pa.BufferReader(buf), page_checksum_verification=True)
+        except DamagedFile as exc:
+            reason = exc.reason
+        except (OSError, pa.ArrowException) as exc:
+            reason = f"parquet: {exc}"
+        else:
+            continue
+        yield _data_finding(spec.name, path, add, reason)
+
+
+def _data_finding(table: str, path: str, add: dict[str, object], reason: str) -> Finding:
+    rows = add.get("num_records")
+    partition = tuple(
+        (k.removeprefix("partition."), str(v)) for k, v in add.items() if k.startswith("partition.")
+    )
+    if table != sch.MESSAGES:
+        return Finding(table, "data file", path, f"{rows} rows", reason, "remove", partition=partition)
+    stream = str(add.get("partition.stream"))
+    first, last, newest = (int(str(add.get(k))) for k in ("min.seq", "max.seq", "max.ts"))
+    return Finding(
+        table,
+        "data file",
+        path,
+        f"stream {stream}, sequences {first}-{last} ({rows} messages)",
+        reason,
+        "remove; the sequences become deleted",
+        lost=((stream, first, last, newest),),
+        partition=partition,
+    )
+
+
+def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
+    """Do what each finding says: log entries first (then the tables load), checkpoints, then data
+    files. Returns what a look afterwards still finds (data files behind a log entry it repaired
+    included, which it drops too)."""
+    local = _local(root)
+    record_lost(root, [f for f in findings if f.kind == "log entry"])
+    for f in findings:
+        table_path = os.path.join(local, f.table)
+        if f.kind == "log entry":
+            rewrite_entry(table_path, f.path, f.bad_lines)
+        elif f.kind == "checkpoint":
+            set_aside_checkpoint(table_path, f.path)
+    data = [f for f in find_damage(root) if f.kind == "data file"]
+    for spec in TABLES:
+        drop_files(root, spec, [f for f in data if f.table == spec.name])
+    # The snapshots are caches of what the tables held: they may show messages repair took away.
+    shutil.rmtree(os.path.join(local, sch.INDEX_SNAPSHOTS), ignore_errors=True)
+    return find_damage(root)
+
+
+def record_lost(root: StoreRoot, findings: list[Finding]) -> None:
+    """Append the live streams' lost ranges the findings know of to ``removals``, before anything is
+    dropped (a crash between leaves them removed twice, which is harmless; the other order could
+    let a stream number its last sequences again)."""
+    created = live_streams(root)
+    removals = [
+        Removal(stream, created[stream], first, last)
+        for f in findings
+        for stream, first, last, newest in f.lost
+        if stream in created and newest >= created[stream]
+    ]
+    RemovalLog(root).append(removals)
+
+
+def rewrite_entry(table_path: str, rel: str, bad_lines: tuple[int, ...]) -> None:
+    """Replace a log entry by its whole lines (a fresh ``commitInfo`` when its own was damaged):
+    written beside it, synced, renamed over it, the log directory synced."""
+    path = os.path.join(table_path, rel)
+    with open(path, "rb") as fh:
+        raw = fh.read().split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    keep = [line for i, line in enumerate(raw) if i not in bad_lines]
+    if 0 in bad_lines or not keep:
+        keep.insert(0, b"")  # the commitInfo's place, filled below
+    rest = keep[1:]
+    info = commit_info("REPAIR", False, int(time.time() * 1000))
+    info["commitInfo"][LINES_KEY] = lines_digest(rest)
+    body = b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *rest]) + b"\n"
+    tmp = f"{path}.jetlake-repair"
+    with open(tmp, "wb") as out:
+        out.write(body)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(path))
+    log.warning("rewrote %s without its damaged lines %s", path, [i + 1 for i in bad_lines])
+
+
+def set_aside_checkpoint(table_path: str, rel: str) -> bool:
+    """Move a damaged checkpoint out of ``_delta_log`` (and drop a ``_last_checkpoint`` naming
+    it) so readers replay the JSON entries; only when those entries are all still there. Returns
+    whether it was set aside."""
+    path = os.path.join(table_path, rel)
+    log_dir = os.path.dirname(path)
+    version = int(os.path.basename(path)[:20])
+    present = {n for n in os.listdir(log_dir) if n.endswith(".json")}
+    earlier = [int(n[:20]) for n in os.listdir(log_dir) if ".checkpoint" in n and n != os.path.basename(path)]
+    start = max([v for v in earlier if v < version], default=-1) + 1
+    if any(f"{v:020d}.json" not in present for v in range(start, version + 1)):
+        log.error("checkpoint %s is damaged and the log entries it stands for are gone", path)
+        return False
+    quarantine = os.path.join(table_path, "_jetlake_quarantine")
+    os.makedirs(quarantine, exist_ok=True)
+    last = os.path.join(log_dir, "_last_checkpoint")
+    try:
+        with open(last, "rb") as fh:
+            names_it = int(json.load(fh)["version"]) == version
+    except (OSError, ValueError, KeyError, TypeError):
+        names_it = True  # unreadable: readers list the log instead
+    if names_it and os.path.exists(last):
+        os.unlink(last)
+    shutil.move(path, os.path.join(quarantine, os.path.basename(path)))
+    sync_new_file(os.path.join(quarantine, os.path.basename(path)), [table_path])
+    fsync_path(log_dir)
+    log.warning("damaged checkpoint %s set aside; readers replay the log entries instead", path)
+    return True
+
+
+def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None:
+    """Remove damaged data files of one table in one commit; for ``messages``, their live streams'
+    sequence ranges are recorded as removed first (:func:`record_lost`)."""
+    if not damaged:
+        return
+    record_lost(root, damaged)
+    now = int(time.time() * 1000)
+    removes = [
+        RemoveAction(
+            path=f.path, data_change=True, deletion_timestamp=now, partition_values=dict(f.partition)
+        )
+        for f in damaged
+    ]
+    if not swap_actions(root, spec.name, spec.schema, list(spec.partition_by), removes, []):
+        raise RuntimeError(f"{spec.name}: the damaged files changed while repairing; run it again")
+    log.warning("removed %d damaged files from %s", len(removes), spec.name)
+
+
+def check_at_start(root: StoreRoot) -> list[str]:
+    """The gateway's look at the store before it opens the tables. Every table's log: a damaged
+    checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
+    is reported (it waits for ``jetlake repair``, which drops data). The data files of the tables
+    other than ``messages`` (small: the catalog, the compacted ack and removal logs), which the
+    gateway reads through delta-rs without checks of its own: reported (``messages`` files are
+    checked by the reader, :meth:`MessageReader.verify`). Returns the problems, one line each."""
+    local = root.local_path()
+    if local is None:
+        return []
+    problems = []
+    for spec in TABLES:
+        table_path = os.path.join(local, spec.name)
+        entries_whole = True
+        for d in scan_log(table_path):
+            log.error("damaged %s %s: %s", d.kind, d.path, d.reason)
+            rel = os.path.relpath(d.path, table_path)
+            if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):
+                continue
+            entries_whole = False
+            problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
+        if spec.name != sch.MESSAGES and entries_whole:
+            for f in _data_damage(root, spec):
+                log.error("damaged data file %s/%s: %s", spec.name, f.path, f.reason)
+                problems.append(
+                    f"damaged data file {spec.name}/{f.path} ({f.holds}): {f.reason}; see jetlake repair"
+                )
+                if spec.name in (sch.CATALOG, sch.REMOVALS):
+                    raise DamagedFile(f"{spec.name}/{f.path}", f"{f.reason}; the gateway needs it whole")
+    return problems
