@@ -80,7 +80,9 @@ class Load:
         while not self.stop.is_set():
             try:
                 msgs = await sub.fetch(200, timeout=1)
-            except nats.errors.TimeoutError:
+            # nats-py raises asyncio's TimeoutError, not its own, when the time ran out between its
+            # no-wait pull and the waiting one (the built-in TimeoutError is both)
+            except TimeoutError:
                 continue
             for m in msgs[:-1]:
                 await m.ack()

@@ -113,7 +113,9 @@ async def consumer(nc: Client, done: asyncio.Event, acked: list[int]) -> None:
     while not done.is_set():
         try:
             msgs = await sub.fetch(100, timeout=0.5)
-        except nats.errors.TimeoutError:
+        # nats-py raises asyncio's TimeoutError, not its own, when the time ran out between its
+        # no-wait pull and the waiting one (the built-in TimeoutError is both)
+        except TimeoutError:
             continue
         for m in msgs:
             await m.ack()
@@ -142,7 +144,12 @@ class Jobs:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, *cmd, "--data-root", str(self.gw.data_root), stdout=log, stderr=log
                 )
-                self.exit_codes.append(await proc.wait())
+                try:
+                    self.exit_codes.append(await proc.wait())
+                finally:  # cancelled (the soak failed elsewhere): no job outlives the test
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
 
 
 async def soak(

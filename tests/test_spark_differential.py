@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from nats.aio.client import Client
 from pyspark.sql import SparkSession
@@ -74,7 +73,9 @@ async def _observe(nc: Client, name: str, peek: str = "PEEK1") -> dict[str, Any]
     while True:
         try:
             batch = await sub.fetch(200, timeout=1)
-        except nats.errors.TimeoutError:
+        # nats-py raises asyncio's TimeoutError, not its own, when the time ran out between its
+        # no-wait pull and the waiting one (the built-in TimeoutError is both)
+        except TimeoutError:
             break
         received.extend((m.metadata.sequence.stream, m.subject, m.data) for m in batch)
     state = await full_state(nc, name)
