@@ -195,17 +195,21 @@ def test_a_damaged_data_file_is_reported_never_served_and_repaired(store: Jetlak
         assert code == 1
         assert f"{path.name}: data file, stream {BAD}, sequences {lost.start}-{lost.stop - 1}" in out
         assert path.exists()  # a dry run changes nothing
-        code, out = repair(store.data_root, "--apply")
-        assert code == 0, out
-        assert repair(store.data_root)[0] == 0
-        # DuckDB reads the table again: everything but the lost range (and the publish after it)
-        assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 2) if s not in lost]
-
-        store.start_gateway()
-        assert healthz(store) == (200, {"status": "ok"})
-        asyncio.run(_after_repair(store.url, lost))
+        _apply_repair_and_serve(store, lost)
     finally:
         store.stop()
+
+
+def _apply_repair_and_serve(store: Jetlake, lost: range) -> None:
+    """``jetlake repair --apply`` leaves nothing to repair; DuckDB reads the table again (everything
+    but the lost range and the publish after it); the gateway starts healthy and serves."""
+    code, out = repair(store.data_root, "--apply")
+    assert code == 0, out
+    assert repair(store.data_root)[0] == 0
+    assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 2) if s not in lost]
+    store.start_gateway()
+    assert healthz(store) == (200, {"status": "ok"})
+    asyncio.run(_after_repair(store.url, lost))
 
 
 async def _after_repair(url: str, lost: range) -> None:
@@ -250,12 +254,7 @@ def test_a_log_entry_with_a_flipped_bit_is_reported_and_repaired(store: Jetlake)
         code, out = repair(store.data_root)
         assert code == 1
         assert f"{entry.name}: log entry, version {int(entry.stem)}: an add of stream {BAD}, " in out
-        assert repair(store.data_root, "--apply")[0] == 0
-        assert repair(store.data_root)[0] == 0
-        assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 2) if s not in lost]
-        store.start_gateway()
-        assert healthz(store) == (200, {"status": "ok"})
-        asyncio.run(_after_repair(store.url, lost))
+        _apply_repair_and_serve(store, lost)
     finally:
         store.stop()
 

@@ -177,12 +177,17 @@ async def drain(nc: Client, seen: Seen) -> dict[str, Any]:
     raise AssertionError(f"consumer not drained: {info}")
 
 
+async def create_work(nc: Client) -> None:
+    """The stream the load publishes to and the pull consumer that works it off (ack wait 1 s)."""
+    await api(nc, f"STREAM.CREATE.{STREAM}", {"name": STREAM, "subjects": ["matrix.>"]})
+    cfg = {"durable_name": "WORK", "ack_policy": "explicit", "ack_wait": 1_000_000_000}
+    await api(nc, f"CONSUMER.CREATE.{STREAM}.WORK", {"stream_name": STREAM, "config": cfg})
+
+
 async def run_trial(gw: Jetlake, rng: random.Random) -> tuple[Seen, dict[str, Any]]:
     nc = await nats.connect(gw.url, max_reconnect_attempts=-1)
     try:
-        await api(nc, f"STREAM.CREATE.{STREAM}", {"name": STREAM, "subjects": ["matrix.>"]})
-        cfg = {"durable_name": "WORK", "ack_policy": "explicit", "ack_wait": 1_000_000_000}
-        await api(nc, f"CONSUMER.CREATE.{STREAM}.WORK", {"stream_name": STREAM, "config": cfg})
+        await create_work(nc)
         seen = Seen()
         stop = asyncio.Event()
         killer = Killer(gw, rng.uniform(0.2, 3.0), seen)

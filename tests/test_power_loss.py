@@ -30,8 +30,7 @@ from nats.aio.client import Client
 
 from tests.harness import Jetlake, duckdb_connection
 from tests.powercut import PowerCutMount
-from tests.test_consumer_restart import api
-from tests.test_crash_matrix import STREAM, Seen, consumer, drain
+from tests.test_crash_matrix import STREAM, Seen, consumer, create_work, drain
 
 TRIALS = int(os.environ.get("POWER_CUT_TRIALS", "10"))
 WINDOW = 8  # publishes one pipelined publisher keeps in flight
@@ -101,9 +100,7 @@ async def load_then_cut(gw: Jetlake, fs: PowerCutMount, rng: random.Random) -> S
     """Stream, consumer and load; at a random moment ``kill -9`` and the power cut."""
     nc = await nats.connect(gw.url, max_reconnect_attempts=-1)
     try:
-        await api(nc, f"STREAM.CREATE.{STREAM}", {"name": STREAM, "subjects": ["matrix.>"]})
-        cfg = {"durable_name": "WORK", "ack_policy": "explicit", "ack_wait": 1_000_000_000}
-        await api(nc, f"CONSUMER.CREATE.{STREAM}.WORK", {"stream_name": STREAM, "config": cfg})
+        await create_work(nc)
         seen = Seen()
         stop = asyncio.Event()
         tasks = [asyncio.create_task(sync_publisher(nc, w, stop, seen)) for w in range(2)]

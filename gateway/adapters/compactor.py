@@ -50,7 +50,6 @@ class Compactor:
         #: stream name -> files its commits added since its last round
         self._added: dict[str, int] = {}
         self._due = asyncio.Event()
-        registry.stream_removed.connect(self._stream_removed)
 
     def added(self, stream: Stream) -> None:
         """A commit added a file to ``stream``'s partition. O(1): called for every committed run."""
@@ -64,7 +63,10 @@ class Compactor:
 
     async def run(self, publish: PublishPath) -> None:
         """The owned task: one round for every stream, then a round whenever streams are due."""
-        stop_listening = publish.files_added.connect(self.added)
+        listening = (
+            publish.files_added.connect(self.added),
+            self.registry.stream_removed.connect(self._stream_removed),
+        )
         try:
             names = set(self.registry.streams)
             while True:
@@ -76,7 +78,8 @@ class Compactor:
                 for name in names:
                     del self._added[name]
         finally:
-            stop_listening()
+            for disconnect in listening:
+                disconnect()
 
     async def compact(self, names: set[str]) -> int:
         """One round for the streams ``names`` (those still live); how many files it merged away."""
