@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
-from storage_delta.commit.durable import flush_every
+from storage_delta.commit.durable import Unsynced, flush_every
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
@@ -73,10 +72,16 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         sync_s = settings.sync_seconds
-        self.root = StoreRoot(settings.data_root, settings.storage_options or None, fsync=sync_s is None)
-        #: Seconds between two syncs of a local root whose commits do not sync (None: they do, or
-        #: the root is an object store, where a completed PUT is durable).
-        self.flush_s = sync_s if self.root.local_path() is not None else None
+        local = StoreRoot(settings.data_root).local_path() is not None
+        #: Seconds between two flushes of what the commits of a local root wrote without syncing
+        #: (None: they sync, or the root is an object store, where a completed PUT is durable).
+        self.flush_s = sync_s if local else None
+        self.root = StoreRoot(
+            settings.data_root,
+            settings.storage_options or None,
+            fsync=sync_s is None,
+            unsynced=Unsynced() if self.flush_s is not None else None,
+        )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
@@ -166,8 +171,8 @@ class Gateway:
         self.tasks.own(delivery.ticker(), "consumer-timer")
         self.tasks.own(recorder.run(publish), "removals")
         self.tasks.own(snapshots.run(), "index-snapshots")
-        if self.flush_s is not None:
-            self.tasks.own(flush_every(self.flush_s, self.executor), "sync-flusher")
+        if self.flush_s is not None and self.root.unsynced is not None:
+            self.tasks.own(flush_every(self.flush_s, self.executor, self.root.unsynced), "sync-flusher")
         if settings.compact_min_files:
             compactor = Compactor(
                 registry,
@@ -260,8 +265,8 @@ class Gateway:
             await core.acklog.close()
             await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
-        if self.flush_s is not None:  # a clean stop leaves nothing unsynced, whatever the interval
-            await asyncio.get_running_loop().run_in_executor(self.executor, os.sync)
+        if self.root.unsynced is not None:  # a clean stop leaves nothing unsynced, whatever the interval
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.root.unsynced.flush)
         if core is not None:
             await core.leaf.close()
         self.executor.shutdown(wait=True)

@@ -33,7 +33,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable, sync_log_entries
+from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -78,7 +78,7 @@ class TableAppender:
         self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
         local = root.local_path()
         self._local = (
-            LocalLogAppender(f"{local}/{spec.name}", self.dt.version() + 1, root.fsync)
+            LocalLogAppender(f"{local}/{spec.name}", self.dt.version() + 1, root.fsync, root.unsynced)
             if local is not None and app_id is not None and blind_appends_allowed(self.dt)
             else None
         )
@@ -149,9 +149,7 @@ class TableAppender:
                     break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:
                     raise
-        local = self.root.synced_path()
-        if local is not None:
-            sync_log_entries(f"{local}/{self.spec.name}", before + 1, self.dt.version())
+        self.root.settle_log_entries(self.spec.name, before + 1, self.dt.version())
 
     def _start_hygiene(self) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():

@@ -30,7 +30,7 @@ from typing import Any
 
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.durable import fsync_path
+from storage_delta.commit.durable import Unsynced, fsync_path
 from storage_delta.format.integrity import LINES_KEY, lines_digest
 
 #: Writer protocol this appender understands; a table that asks for more is left to delta-rs.
@@ -47,17 +47,6 @@ class ConcurrentRemoval(Exception):
 
 def commit_path(log_dir: str, version: int) -> str:
     return os.path.join(log_dir, f"{version:020d}.json")
-
-
-def sync_log_entries(table_path: str, first: int, last: int) -> None:
-    """Sync the log entries ``first`` to ``last`` of a local table, then its log directory: for the
-    commits delta-rs makes (it syncs nothing) on a root that syncs."""
-    log_dir = os.path.join(table_path, "_delta_log")
-    for version in range(first, last + 1):
-        entry = commit_path(log_dir, version)
-        if os.path.exists(entry):
-            fsync_path(entry)
-    fsync_path(log_dir)
 
 
 def add_line(add: AddAction) -> dict[str, Any]:
@@ -104,9 +93,13 @@ class LocalLogAppender:
     Not thread-safe: one appender per table per process, used from one thread at a time.
     """
 
-    def __init__(self, table_path: str, next_version: int, sync: bool = True) -> None:
+    def __init__(
+        self, table_path: str, next_version: int, sync: bool = True, unsynced: Unsynced | None = None
+    ) -> None:
         #: Whether a commit is on stable storage when it returns (``sync_interval`` ``always``).
         self.sync = sync
+        #: Without ``sync``: where a linked entry is noted for the flusher (a duration interval).
+        self.unsynced = unsynced
         self.log_dir = os.path.join(table_path, "_delta_log")
         # Commits are staged beside the log, not in it: every create and unlink in ``_delta_log``
         # is a chance for a concurrent listing to miss an entry (see ``tables.retry_listing``).
@@ -175,6 +168,8 @@ class LocalLogAppender:
                 self.next_version = version + 1
                 if self.sync:
                     fsync_path(self.log_dir)  # the new name: now the commit survives a power cut
+                elif self.unsynced is not None:
+                    self.unsynced.log([commit_path(self.log_dir, version)], self.log_dir)
                 return version
         finally:
             os.unlink(tmp)

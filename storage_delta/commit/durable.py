@@ -10,17 +10,21 @@ entry is published; the log entry itself is synced before it is linked into ``_d
 log directory after (``deltalog.LocalLogAppender``). The data goes first so that a surviving log
 entry never names a file that did not survive.
 
-With a duration (JetStream's relaxation: ``2m``) commits do not sync; :func:`flush_every` syncs the
-file system every interval, so a power cut loses at most about that much. On an object store a
-completed PUT is the durable point and nothing here applies.
+With a duration (JetStream's relaxation: ``2m``) commits do not sync; they note what they wrote in
+:class:`Unsynced`, and :func:`flush_every` syncs just that every interval, as JetStream syncs the
+blocks it wrote, so a power cut loses at most about that much. Not ``sync(2)``: it syncs every file
+system of the machine, and a FUSE or network file system may not pass it on at all. On an object
+store a completed PUT is the durable point and nothing here applies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable
 from concurrent.futures import Executor
 
@@ -78,6 +82,16 @@ def sync_new_file(path: str, new_entries: Iterable[str] = ()) -> None:
         fsync_path(folder)
 
 
+def sync_log_entries(log_dir: str, first: int, last: int) -> None:
+    """Sync the log entries ``first`` to ``last`` of a local table, then its log directory: for the
+    commits delta-rs makes (it syncs nothing) on a root that syncs."""
+    for version in range(first, last + 1):
+        entry = os.path.join(log_dir, f"{version:020d}.json")
+        if os.path.exists(entry):
+            fsync_path(entry)
+    fsync_path(log_dir)
+
+
 def sync_tree(path: str) -> None:
     """Sync every file and directory under ``path`` and ``path``'s own entry in its parent: for a
     table delta-rs just created (it does not sync its first log entry)."""
@@ -103,11 +117,61 @@ def sync_checkpoint(log_dir: str) -> None:
     fsync_path(log_dir)
 
 
-async def flush_every(interval: float, executor: Executor) -> None:
-    """``sync_interval`` as a duration: sync the file system every ``interval`` seconds, on a worker
-    thread (``sync(2)`` blocks until the writes are out). Runs until cancelled; its owner cancels it
-    on shutdown and syncs once more after the last commit."""
+class Unsynced:
+    """What commits wrote without syncing under a duration ``sync_interval``, until the next flush.
+
+    Three tiers, synced in this order so that a surviving log entry never names a file that did not
+    survive: file contents (data files, log entries, checkpoints, snapshots), then the directories
+    that got a new data file, then the log directories. A flush holds the lock throughout: a commit
+    notes its data file before it links its log entry and notes that entry after, so no entry can
+    be linked, and made durable by this flush's sync of its log directory, while its data file is
+    outside the flush. Bounded: a commit that finds ``limit`` paths waiting flushes them itself.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._files: dict[str, None] = {}
+        self._data_dirs: dict[str, None] = {}
+        self._log_dirs: dict[str, None] = {}
+
+    def data(self, files: Iterable[str], dirs: Iterable[str]) -> None:
+        """New data files, and the directories that got their entries (or new subdirectories)."""
+        with self._lock:
+            self._files.update(dict.fromkeys(files))
+            self._data_dirs.update(dict.fromkeys(dirs))
+            self._flush_if_full()
+
+    def log(self, files: Iterable[str], log_dir: str) -> None:
+        """Files linked into a table's ``_delta_log`` (entries, checkpoints)."""
+        with self._lock:
+            self._files.update(dict.fromkeys(files))
+            self._log_dirs[log_dir] = None
+            self._flush_if_full()
+
+    def flush(self) -> None:
+        """Sync everything noted so far. Blocking: belongs on a worker thread."""
+        with self._lock:
+            self._flush()
+
+    def _flush_if_full(self) -> None:
+        if len(self._files) + len(self._data_dirs) >= self.limit:
+            self._flush()
+
+    def _flush(self) -> None:
+        for tier in (self._files, self._data_dirs, self._log_dirs):
+            for path in tier:
+                # gone since (a compacted file vacuumed): nothing of it is left to keep
+                with contextlib.suppress(FileNotFoundError):
+                    fsync_path(path)
+            tier.clear()
+
+
+async def flush_every(interval: float, executor: Executor, unsynced: Unsynced) -> None:
+    """``sync_interval`` as a duration: sync what was written every ``interval`` seconds, on a
+    worker thread. Runs until cancelled; its owner cancels it on shutdown and flushes once more
+    after the last commit."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval)
-        await loop.run_in_executor(executor, os.sync)
+        await loop.run_in_executor(executor, unsynced.flush)

@@ -12,7 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
@@ -23,7 +23,14 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.durable import make_dirs, sync_checkpoint, sync_new_file, sync_tree
+from storage_delta.commit.durable import (
+    Unsynced,
+    make_dirs,
+    sync_checkpoint,
+    sync_log_entries,
+    sync_new_file,
+    sync_tree,
+)
 from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified, record_checkpoint_digest
 
 
@@ -38,8 +45,10 @@ class StoreRoot:
     uri: str
     storage_options: Mapping[str, str] | None = None
     #: ``sync_interval`` ``always``: every write of a commit is synced before the commit returns
-    #: (:mod:`storage_delta.commit.durable`). False: the gateway's flusher syncs every interval.
+    #: (:mod:`storage_delta.commit.durable`). False: the gateway's flusher syncs every interval
+    #: what ``unsynced`` noted.
     fsync: bool = True
+    unsynced: Unsynced | None = field(default=None, compare=False)
 
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -54,6 +63,25 @@ class StoreRoot:
         """The local root when writes must be synced as they are made (None: an object store,
         whose completed PUT is the durable point, or a relaxed ``sync_interval``)."""
         return self.local_path() if self.fsync else None
+
+    def settle_file(self, path: str, new_entries: Sequence[str] = ()) -> None:
+        """A new local file (and the directories ``make_dirs`` created above it): synced now on a
+        root that syncs, noted for the flusher on one that does not."""
+        if self.synced_path() is not None:
+            sync_new_file(path, new_entries)
+        elif self.unsynced is not None:
+            self.unsynced.data([path], [os.path.dirname(path), *new_entries])
+
+    def settle_log_entries(self, table: str, first: int, last: int) -> None:
+        """Log entries ``first`` to ``last`` of ``table`` that delta-rs wrote (it syncs nothing)."""
+        local = self.local_path()
+        if local is None:
+            return
+        log_dir = os.path.join(local, table, "_delta_log")
+        if self.fsync:
+            sync_log_entries(log_dir, first, last)
+        elif self.unsynced is not None:
+            self.unsynced.log([f"{log_dir}/{v:020d}.json" for v in range(first, last + 1)], log_dir)
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path within it, for writing parquet ourselves."""
@@ -120,9 +148,11 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         storage_options=opts,
         configuration=TABLE_PROPERTIES,
     )
-    local = root.synced_path()
+    local = root.local_path()
     if local is not None:
-        sync_tree(os.path.join(local, name))  # delta-rs syncs neither its first log entry nor the folders
+        # delta-rs syncs neither its first log entry nor the folders; synced whatever the
+        # sync_interval: a table whose first entry a power cut took cannot be opened at all
+        sync_tree(os.path.join(local, name))
     return DeltaTable(uri, storage_options=opts)
 
 
@@ -133,10 +163,14 @@ def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
     local = root.local_path()
     if local is not None:
         digest = record_checkpoint_digest(os.path.join(local, name), dt.version())
+        if digest is not None:
+            root.settle_file(digest, [os.path.join(local, name)])
+        log_dir = os.path.join(local, name, "_delta_log")
         if root.fsync:
-            if digest is not None:
-                sync_new_file(digest, [os.path.join(local, name)])
-            sync_checkpoint(os.path.join(local, name, "_delta_log"))
+            sync_checkpoint(log_dir)
+        elif root.unsynced is not None:
+            checkpoint = f"{log_dir}/{dt.version():020d}.checkpoint.parquet"
+            root.unsynced.log([checkpoint, f"{log_dir}/_last_checkpoint"], log_dir)
     retry_listing(dt.cleanup_metadata)
 
 
@@ -212,8 +246,8 @@ def write_data_file(
     new_entries = make_dirs(full.rsplit("/", 1)[0]) if isinstance(fs, pafs.LocalFileSystem) else []
     with fs.open_output_stream(full) as out:
         out.write(body)
-    if root.synced_path() is not None:
-        sync_new_file(full, new_entries)  # before the log entry that names it can be published
+    if isinstance(fs, pafs.LocalFileSystem):
+        root.settle_file(full, new_entries)  # before the log entry that names it can be published
     return AddAction(
         path=rel,
         size=body.size,

@@ -144,27 +144,36 @@ _ENTRY = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 
-def scan_log(table_path: str) -> Iterator[LogDamage]:
-    """Every damaged log entry and checkpoint of a local table. Blocking: belongs on a worker thread."""
+def scan_log(table_path: str, read_only: bool = False) -> Iterator[LogDamage]:
+    """Every damaged log entry and checkpoint of a local table. With ``read_only``, just what a
+    reader of the current version reads: the checkpoints from the newest down to the first whole
+    one, and the entries after that one; so a start costs the log's tail, not its history (entries
+    are kept 30 days). Blocking: belongs on a worker thread."""
     log_dir = os.path.join(table_path, "_delta_log")
     try:
         names = sorted(os.listdir(log_dir))
     except FileNotFoundError:
         return
-    for name in names:
+    floor = -1
+    checkpoints = [(int(m.group(1)), name) for name in names if (m := _CHECKPOINT.match(name))]
+    for version, name in sorted(checkpoints, reverse=True):
         path = os.path.join(log_dir, name)
-        if entry := _ENTRY.match(name):
-            with open(path, "rb") as fh:
-                bad = check_log_entry(fh.read())
-            if bad:
-                where = ", ".join(str(i + 1) for i in bad)
-                version = int(entry.group(1))
-                yield LogDamage(path, version, "log entry", f"damaged line(s) {where}", tuple(bad))
-        elif checkpoint := _CHECKPOINT.match(name):
-            version = int(checkpoint.group(1))
-            reason = _checkpoint_problem(path, checkpoint_digest_path(table_path, version))
-            if reason is not None:
-                yield LogDamage(path, version, "checkpoint", reason)
+        reason = _checkpoint_problem(path, checkpoint_digest_path(table_path, version))
+        if reason is not None:
+            yield LogDamage(path, version, "checkpoint", reason)
+        elif read_only:
+            floor = version
+            break
+    for name in names:
+        if (entry := _ENTRY.match(name)) is None or int(entry.group(1)) <= floor:
+            continue
+        path = os.path.join(log_dir, name)
+        with open(path, "rb") as fh:
+            bad = check_log_entry(fh.read())
+        if bad:
+            where = ", ".join(str(i + 1) for i in bad)
+            version = int(entry.group(1))
+            yield LogDamage(path, version, "log entry", f"damaged line(s) {where}", tuple(bad))
 
 
 def _checkpoint_problem(path: str, digest_path: str) -> str | None:

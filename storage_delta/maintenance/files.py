@@ -34,7 +34,6 @@ from storage_delta.commit.deltalog import (
     ConcurrentRemoval,
     LocalLogAppender,
     UnsupportedTable,
-    sync_log_entries,
 )
 from storage_delta.commit.store import (
     CommitConflict,
@@ -212,7 +211,7 @@ def swap_actions(
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
-            LocalLogAppender(f"{local}/{table}", dt.version() + 1, root.fsync).swap(
+            LocalLogAppender(f"{local}/{table}", dt.version() + 1, root.fsync, root.unsynced).swap(
                 removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE"
             )
             return True
@@ -223,10 +222,9 @@ def swap_actions(
             retry_listing(dt.update_incremental)  # delta-rs's commit judges the new protocol
     before = dt.version()
     swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
-    synced = root.synced_path()
-    if swapped and synced is not None:
+    if swapped and root.local_path() is not None:
         retry_listing(dt.update_incremental)
-        sync_log_entries(f"{synced}/{table}", before + 1, dt.version())
+        root.settle_log_entries(table, before + 1, dt.version())
     return swapped
 
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
+from storage_delta.commit.durable import fsync_path, make_dirs
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 from storage_delta.read.reader import MessageReader, StoredIndex
@@ -100,8 +100,7 @@ def write(root: StoreRoot, stream: str, snapshot: IndexSnapshot) -> None:
         if root.synced_path() is not None:
             fsync_path(staged)  # the bytes first: a durable rename of unsynced bytes is an empty file
         os.replace(staged, path)  # atomic: a reader sees the old file or the new one
-        if root.synced_path() is not None:
-            sync_new_file(path, new_entries)
+        root.settle_file(path, new_entries)
     else:
         pq.write_table(table, path, filesystem=fs, **options)
 
