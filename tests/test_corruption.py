@@ -260,12 +260,47 @@ def test_a_log_entry_with_a_flipped_bit_is_reported_and_repaired(store: Jetlake)
 
 
 @pytest.mark.slow  # as above
-def test_a_log_entry_with_a_cut_tail_stops_the_gateway_until_repaired(store: Jetlake) -> None:
-    """The cut entry no longer parses: delta-rs refuses the table, so the gateway says which file
-    and does not start; repair drops the cut line (its file's sequences become a gap)."""
+def _add_of(entry_body: bytes) -> dict[str, Any]:
+    """The ``add`` action of a one-file entry, without its modification time (a rebuilt line takes
+    the file's)."""
+    (add,) = (json.loads(line)["add"] for line in entry_body.splitlines() if line.startswith(b'{"add"'))
+    return {k: v for k, v in add.items() if k != "modificationTime"}
+
+
+def test_a_log_entry_with_a_cut_tail_is_rebuilt_from_its_data_file(store: Jetlake) -> None:
+    """The cut entry no longer parses, but its ``add`` line's start names a whole file: the gateway
+    makes the line again from the file (size, partition, statistics), keeps the original aside and
+    serves everything; the entry is whole again for every reader."""
+    path, _ = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    original = entry.read_bytes()
+    entry.write_bytes(original[: original.index(path.name.encode()) + len(path.name) + 40])
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        log_text = (store.workdir / "gateway.log").read_text()
+        assert f"damaged log entry {entry}" in log_text
+        assert f"rewrote {entry}: damaged lines [3], of them dropped []" in log_text
+        assert (store.data_root / "messages" / "_jetlake_quarantine" / entry.name).read_bytes() == (
+            original[: original.index(path.name.encode()) + len(path.name) + 40]
+        )
+        assert _add_of(entry.read_bytes()) == _add_of(original)
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert store.stop_gateway() == 0
+        assert repair(store.data_root)[0] == 0
+        assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 2))
+    finally:
+        store.stop()
+
+
+def test_a_log_entry_cut_before_its_file_is_named_stops_the_gateway_until_repaired(store: Jetlake) -> None:
+    """Cut where nothing says which file the ``add`` named: the entry no longer parses, so delta-rs
+    refuses the table and the gateway says which file and does not start; repair drops the cut
+    line (its file's sequences become a gap: they cannot be told from the file, which no line names)."""
     path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
     entry = _entry_of(store.data_root, path)
-    cut(entry)
+    body = entry.read_bytes()
+    entry.write_bytes(body[: body.index(b'{"add":{"path"') + len(b'{"add":{"pa')])
     store.start_server()
     try:
         with pytest.raises(RuntimeError, match="gateway exited"):
@@ -277,6 +312,7 @@ def test_a_log_entry_with_a_cut_tail_stops_the_gateway_until_repaired(store: Jet
         code, out = repair(store.data_root)
         assert code == 1
         assert f"{entry.name}: log entry, version {int(entry.stem)}" in out
+        assert "1 damaged line(s) dropped" in out
         assert repair(store.data_root, "--apply")[0] == 0
         assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
         store.start_gateway()

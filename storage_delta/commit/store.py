@@ -189,7 +189,7 @@ def open_existing(root: StoreRoot, name: str) -> DeltaTable | None:
     return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
 
 
-def _stats(table: pa.Table) -> str:
+def file_stats(table: pa.Table) -> str:
     """Delta file statistics (min/max/nulls of the numeric columns) so readers prune by sequence."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
@@ -254,7 +254,7 @@ def write_data_file(
         partition_values=dict(partition),
         modification_time=int(time.time() * 1000),
         data_change=True,
-        stats=_stats(data),
+        stats=file_stats(data),
     )
 
 

@@ -23,19 +23,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake.transaction import RemoveAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.append import TableSpec
-from storage_delta.commit.deltalog import commit_info
-from storage_delta.commit.durable import fsync_path, sync_new_file
-from storage_delta.commit.store import StoreRoot, open_existing
+from storage_delta.commit.deltalog import add_line, commit_info, remove_line
+from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
+from storage_delta.commit.store import StoreRoot, file_stats, open_existing
 from storage_delta.commit.writer import MESSAGES_TABLE
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import (
@@ -107,21 +110,31 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
     rel = os.path.relpath(d.path, table_path)
     if d.kind == "checkpoint":
         return Finding(table, d.kind, rel, f"table state at version {d.version}", d.reason, "set aside")
-    with open(d.path, "rb") as fh:
-        lines = fh.read().split(b"\n")
-    damaged = [lines[i] if i < len(lines) else b"" for i in d.bad_lines]
+    plan = EntryRewrite.plan(table_path, rel, d.bad_lines)
+    line_at = [*plan.raw, *([b""] * (max(d.bad_lines, default=0) + 1 - len(plan.raw)))]
+    dropped = [line_at[i] for i in plan.dropped]
     lost = (
-        tuple(r for r in (_add_range(line) for line in damaged) if r is not None)
+        tuple(r for r in (_add_range(line) for line in dropped) if r is not None)
         if table == sch.MESSAGES
         else ()
+    )
+    rebuilt = len(d.bad_lines) - len(plan.dropped)
+    action = "rewrite: " + ", ".join(
+        part
+        for part in (
+            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt else "",
+            f"{len(plan.dropped)} damaged line(s) dropped" if plan.dropped else "",
+        )
+        if part
     )
     return Finding(
         table,
         d.kind,
         rel,
-        f"version {d.version}: " + "; ".join(_describe_line(line) for line in damaged),
+        f"version {d.version}: "
+        + "; ".join(_describe_line(plan.raw[i] if i < len(plan.raw) else b"") for i in d.bad_lines),
         d.reason,
-        "rewrite without the damaged lines",
+        action,
         lost=lost,
         bad_lines=d.bad_lines,
     )
@@ -204,7 +217,7 @@ def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         table_path = os.path.join(local, f.table)
         if f.kind == "log entry":
-            rewrite_entry(table_path, f.path, f.bad_lines)
+            EntryRewrite.plan(table_path, f.path, f.bad_lines).write()
         elif f.kind == "checkpoint":
             set_aside_checkpoint(table_path, f.path)
     data = [f for f in find_damage(root) if f.kind == "data file"]
@@ -229,29 +242,135 @@ def record_lost(root: StoreRoot, findings: list[Finding]) -> None:
     RemovalLog(root).append(removals)
 
 
-def rewrite_entry(table_path: str, rel: str, bad_lines: tuple[int, ...]) -> None:
-    """Replace a log entry by its whole lines (a fresh ``commitInfo`` when its own was damaged):
-    written beside it, synced, renamed over it, the log directory synced."""
-    path = os.path.join(table_path, rel)
-    with open(path, "rb") as fh:
-        raw = fh.read().split(b"\n")
-    if raw and raw[-1] == b"":
-        raw.pop()
-    keep = [line for i, line in enumerate(raw) if i not in bad_lines]
-    if 0 in bad_lines or not keep:
-        keep.insert(0, b"")  # the commitInfo's place, filled below
-    rest = keep[1:]
-    info = commit_info("REPAIR", False, int(time.time() * 1000))
-    info["commitInfo"][LINES_KEY] = lines_digest(rest)
-    body = b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *rest]) + b"\n"
-    tmp = f"{path}.jetlake-repair"
-    with open(tmp, "wb") as out:
-        out.write(body)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fsync_path(os.path.dirname(path))
-    log.warning("rewrote %s without its damaged lines %s", path, [i + 1 for i in bad_lines])
+_ACTION = re.compile(rb'^\{"(add|remove)":\{"path":"([^"\\]+)"')
+_TXN = re.compile(rb'^\{"txn":\{"appId":"([^"\\]+)","version":(\d+)[,}]')
+_DATA_CHANGE = re.compile(rb'"dataChange":(true|false)')
+#: Operations whose ``add``/``remove`` change no reader's answer (compaction); ``dataChange`` false.
+_REARRANGING = {"OPTIMIZE"}
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRewrite:
+    """A damaged log entry's whole lines, its damaged lines made again where what survives of them
+    says exactly what they were, and the rest dropped.
+
+    Made again: an ``add`` whose path survived and whose file is whole (its size, partition values and
+    statistics are read from the file itself, as the commit computed them), a ``remove`` whose path
+    survived and whose ``dataChange`` survived or follows from the operation, a ``txn`` whose app id
+    and version survived, the ``commitInfo``. A cut tail usually leaves the last line's start, so an
+    entry cut by a crash of the disk loses nothing."""
+
+    table_path: str
+    rel: str
+    raw: list[bytes]
+    bad: tuple[int, ...]
+    lines: list[bytes]  # the entry's lines after the rewrite, commitInfo excluded
+    dropped: tuple[int, ...]
+
+    @classmethod
+    def plan(cls, table_path: str, rel: str, bad_lines: tuple[int, ...]) -> EntryRewrite:
+        with open(os.path.join(table_path, rel), "rb") as fh:
+            raw = fh.read().split(b"\n")
+        if raw and raw[-1] == b"":
+            raw.pop()
+        info = None if 0 in bad_lines else _json_line(raw[0]).get("commitInfo", {})
+        expected = len(info.get(LINES_KEY, raw[1:])) if info is not None else len(raw) - 1
+        operation = str(info.get("operation", "")) if info is not None else None
+        lines: list[bytes] = []
+        dropped: list[int] = []
+        for i in range(1, max(len(raw), expected + 1)):
+            line = raw[i] if i < len(raw) else b""
+            if i not in bad_lines:
+                lines.append(line)
+            elif i <= expected and (again := _rebuild(table_path, line, operation)) is not None:
+                lines.append(again)
+            elif i <= expected:  # a line nobody wrote (past the digests) is no loss
+                dropped.append(i)
+        return cls(table_path, rel, raw, bad_lines, lines, tuple(dropped))
+
+    def write(self) -> None:
+        """Keep the damaged original in ``_jetlake_quarantine/`` and replace the entry by the rewrite
+        (a fresh ``commitInfo``): written beside it, synced, renamed over it, the log directory
+        synced."""
+        path = os.path.join(self.table_path, self.rel)
+        quarantine = os.path.join(self.table_path, "_jetlake_quarantine")
+        new_entries = make_dirs(quarantine)
+        kept = os.path.join(quarantine, os.path.basename(path))
+        shutil.copyfile(path, kept)
+        sync_new_file(kept, new_entries)
+        info = commit_info("REPAIR", False, int(time.time() * 1000))
+        info["commitInfo"][LINES_KEY] = lines_digest(self.lines)
+        body = b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *self.lines]) + b"\n"
+        tmp = f"{path}.jetlake-repair"
+        with open(tmp, "wb") as out:
+            out.write(body)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        fsync_path(os.path.dirname(path))
+        log.warning(
+            "rewrote %s: damaged lines %s, of them dropped %s (the original is in %s)",
+            path,
+            [i + 1 for i in self.bad],
+            [i + 1 for i in self.dropped],
+            kept,
+        )
+
+
+def _json_line(raw: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _rebuild(table_path: str, line: bytes, operation: str | None) -> bytes | None:
+    """A damaged line made again, or None when what survives does not say exactly what it was."""
+    if (txn := _TXN.match(line)) is not None:
+        now = int(time.time() * 1000)
+        again: dict[str, Any] = {
+            "txn": {"appId": txn.group(1).decode(), "version": int(txn.group(2)), "lastUpdated": now}
+        }
+        return json.dumps(again, separators=(",", ":")).encode()
+    action = _ACTION.match(line)
+    if action is None:
+        return None
+    kind, rel = action.group(1).decode(), action.group(2).decode()
+    change = _DATA_CHANGE.search(line)
+    if change is not None:
+        data_change = change.group(1) == b"true"
+    elif operation:
+        data_change = operation not in _REARRANGING
+    else:
+        return None
+    partition: dict[str, str | None] = {}
+    for part in rel.split("/")[:-1]:
+        key, value = part.split("=", 1)
+        partition[key] = value
+    full = os.path.join(table_path, rel)
+    if kind == "remove":
+        removed = RemoveAction(
+            path=rel,
+            data_change=data_change,
+            deletion_timestamp=int(time.time() * 1000),
+            partition_values=partition,
+        )
+        return json.dumps(remove_line(removed), separators=(",", ":")).encode()
+    try:
+        body = verified_bytes(pafs.LocalFileSystem(), full)
+        rows = pq.read_table(pa.BufferReader(body), page_checksum_verification=True)
+    except (DamagedFile, OSError, pa.ArrowException):
+        return None  # the file is gone or damaged too: its rows are lost
+    added = AddAction(
+        path=rel,
+        size=body.size,
+        partition_values=partition,
+        modification_time=int(os.stat(full).st_mtime * 1000),
+        data_change=data_change,
+        stats=file_stats(rows.drop_columns([c for c in partition if c in rows.column_names])),
+    )
+    return json.dumps(add_line(added), separators=(",", ":")).encode()
 
 
 def set_aside_checkpoint(table_path: str, rel: str) -> bool:
@@ -306,10 +425,12 @@ def check_at_start(root: StoreRoot) -> list[str]:
     """The gateway's look at the store before it opens the tables. Every table's log, as far as a
     reader of its current version reads it (``scan_log``'s ``read_only``): a damaged
     checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
-    is reported (it waits for ``jetlake repair``, which drops data). The data files of the tables
-    other than ``messages`` (small: the catalog, the compacted ack and removal logs), which the
-    gateway reads through delta-rs without checks of its own: reported (``messages`` files are
-    checked by the reader, :meth:`MessageReader.verify`). Returns the problems, one line each."""
+    whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
+    either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
+    files of the tables other than ``messages`` (small: the catalog, the compacted ack and removal
+    logs), which the gateway reads through delta-rs without checks of its own: reported
+    (``messages`` files are checked by the reader, :meth:`MessageReader.verify`). Returns the
+    problems, one line each."""
     local = root.local_path()
     if local is None:
         return []
@@ -321,6 +442,12 @@ def check_at_start(root: StoreRoot) -> list[str]:
             log.error("damaged %s %s: %s", d.kind, d.path, d.reason)
             rel = os.path.relpath(d.path, table_path)
             if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):
+                continue
+            if (
+                d.kind == "log entry"
+                and not (plan := EntryRewrite.plan(table_path, rel, d.bad_lines)).dropped
+            ):
+                plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
                 continue
             entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
