@@ -327,7 +327,11 @@ def test_a_log_entry_cut_before_its_file_is_named_stops_the_gateway_until_repair
 
 #: A checkpoint also comes out empty after a power cut that caught a Spark job between its checkpoint
 #: and the job's sync of it, when a gateway commit's sync of ``_delta_log`` made the name durable.
-CHECKPOINT_DAMAGES: dict[str, Damage] = {**DAMAGES, "empty": lambda p: p.write_bytes(b"")}
+def empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+CHECKPOINT_DAMAGES: dict[str, Damage] = {**DAMAGES, "empty": empty}
 
 
 @pytest.mark.parametrize("damage", sorted(CHECKPOINT_DAMAGES))

@@ -158,8 +158,6 @@ async def test_stream_create_config(targets: dict[str, str], unique: str, label:
 UNSUPPORTED = [
     ("mirror", {"mirror": {"name": "X"}}),
     ("sources", {"sources": [{"name": "X"}]}),
-    ("republish", {"republish": {"src": "{p}", "dest": "{p}.out"}}),
-    ("subject_transform", {"subject_transform": {"src": "{p}", "dest": "{p}.x"}}),
     ("allow_msg_counter", {"allow_msg_counter": True}),
     ("allow_atomic", {"allow_atomic": True}),
     ("allow_msg_schedules", {"allow_msg_schedules": True}),

@@ -22,6 +22,7 @@ from gateway.api import errors
 from gateway.api.durations import go_duration
 from gateway.api.timefmt import now_ns
 from gateway.engine.publish_checks import Accepted, Duplicate, check_publish, size_limit
+from gateway.engine.republish import Republished, republished
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
 from gateway.wire.leaf import LeafConnection
@@ -53,6 +54,8 @@ class _Run:
     msg_ids: list[tuple[str, int]] = field(default_factory=list)  # keys in ``_inflight_ids``
     #: Duplicates of a msg id this run carries, answered once it is durable (or failed).
     after: list[Callable[[BaseException | None], None]] = field(default_factory=list)
+    #: Copies its stream's ``republish`` asks for, published once the run is durable.
+    republish: list[Republished] = field(default_factory=list)
     settled: bool = False  # its commit landed or failed
 
 
@@ -90,17 +93,20 @@ class PublishPath:
         if stream is None:
             return
         self.received += 1
+        subject = msg.subject
+        if stream.input_transform is not None:  # a subject the source does not match stays as it is
+            subject = stream.input_transform.match(subject) or subject
         reply = "" if stream.no_ack else msg.reply
         run = self._run_of(stream)
         if msg.hdrs is None and stream.takes_runs:
-            run.queued.append((msg.subject, msg.data, reply))
+            run.queued.append((subject, msg.data, reply))
             return
         if run.queued:  # what came before is accepted first: the checks below see it
             self._accept_queued(run)
         now = now_ns()
-        verdict = check_publish(stream, msg.subject, msg.hdrs, msg.data, now)
+        verdict = check_publish(stream, subject, msg.hdrs, msg.data, now)
         if type(verdict) is Accepted:
-            self._store(run, msg.subject, msg.data, verdict, reply, now)
+            self._store(run, subject, msg.data, verdict, reply, now)
         elif type(verdict) is Duplicate:
             self._duplicate(stream, verdict.seq, reply)
         elif isinstance(verdict, errors.ApiError):
@@ -185,6 +191,7 @@ class PublishPath:
 
     def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> None:
         stream, hdrs = run.stream, verdict.hdrs
+        previous = stream.last_seq_for(subject) if stream.republish else 0
         try:
             stored = self._accept(stream, subject, hdrs, data, now)
         except errors.ApiError as err:
@@ -193,6 +200,8 @@ class PublishPath:
         seq = stored.seq
         stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config.duplicate_window)
         self._enqueue(run, stored, reply)
+        if stream.republish and (copy := republished(stream, stored, previous)) is not None:
+            run.republish.append(copy)
         if hdrs is None:
             return
         if verdict.ttl:
@@ -265,6 +274,8 @@ class PublishPath:
             if self._inflight_ids.get(key) is run:
                 del self._inflight_ids[key]
         if exc is None:
+            for subject, hdrs, data in run.republish:  # before the PubAcks, as the server sends them
+                self.leaf.publish(subject, data, hdrs=hdrs)
             if run.acks:
                 self.leaf.publish_many(run.acks)
         else:

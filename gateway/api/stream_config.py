@@ -31,6 +31,12 @@ from gateway.api.structs import (
     Struct,
 )
 from storage_delta.format.nats import is_valid_subject, subject_matches, subjects_overlap
+from storage_delta.format.subject_transform import (
+    BAD_SUBJECT,
+    MappingError,
+    SubjectTransform,
+    validate_mapping,
+)
 
 DEFAULT_DUPLICATE_WINDOW_NS = 120_000_000_000
 MIN_WINDOW_NS = 100_000_000
@@ -95,8 +101,6 @@ REQUEST = Struct(
 UNSUPPORTED = (
     ("mirror", "stream mirrors"),
     ("sources", "stream sources"),
-    ("subject_transform", "subject transforms"),
-    ("republish", "republish"),
     ("allow_msg_counter", "message counters"),
     ("allow_atomic", "atomic batch publish"),
     ("allow_msg_schedules", "message schedules"),
@@ -170,9 +174,12 @@ def normalize(req: dict[str, Any], server_version: str) -> StreamConfig:
     _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
     if req.get("persist_mode") == "async" and req.get("allow_atomic"):
         raise _invalid("async persist mode is not supported with atomic batch publish")
+    transform = _checked_subject_transform(req.get("subject_transform"))
+    republish = _checked_republish(req, cfg["subjects"], pedantic)
     if (req.get("placement") or {}).get("preferred"):
         raise _invalid("preferred server not permitted in placement")
     _check_supported(req)
+    req = {**req, "subject_transform": transform, "republish": republish}
     return _render(cfg, req, window, flags, marker_ttl, metadata, server_version)
 
 
@@ -299,6 +306,50 @@ def _check_mirror(req: dict[str, Any], cfg: dict[str, Any], sources: list[Any], 
         raise errors.MIRROR_WITH_SOURCES
     if marker_ttl > 0:
         raise _invalid("subject delete markers forbidden on mirrors")
+
+
+def _checked_subject_transform(transform: dict[str, Any] | None) -> dict[str, str] | None:
+    """The transform applied to every stored message's subject: a valid source and destination
+    (both kept, as the server's struct has no ``omitempty``)."""
+    if not transform:
+        return None
+    source, dest = transform.get("src") or "", transform.get("dest") or ""
+    if source and not is_valid_subject(source):
+        raise errors.STREAM_TRANSFORM_INVALID_SOURCE.format(err=f"{BAD_SUBJECT} {source}")
+    try:
+        validate_mapping(source, dest)
+    except MappingError as exc:
+        raise errors.STREAM_TRANSFORM_INVALID_DESTINATION.format(err=exc) from None
+    return {"src": source, "dest": dest}
+
+
+def _checked_republish(req: dict[str, Any], subjects: list[str], pedantic: bool) -> dict[str, Any] | None:
+    """The republish directive as the stream keeps it: an empty source means every subject; a
+    ``>`` to ``>`` beside a transform of the one stream subject republishes the transformed
+    subjects; a destination among the stream's own subjects would store its own copies again."""
+    republish = req.get("republish")
+    if not republish:
+        return None
+    out = {"src": republish.get("src") or "", "dest": republish.get("dest") or ""}
+    if republish.get("headers_only"):
+        out["headers_only"] = True
+    if not out["src"]:
+        if pedantic:
+            raise errors.PEDANTIC.format(err="republish source can not be empty")
+        out["src"] = ">"
+    transform = req.get("subject_transform")
+    if (out["src"], out["dest"]) == (">", ">") and transform and subjects == [transform.get("src")]:
+        if pedantic:
+            raise errors.PEDANTIC.format(err="implicit republish based on subject transform")
+        out["src"] = out["dest"] = transform.get("dest") or ""
+    if any(subjects_overlap(out["dest"], subject) for subject in subjects):
+        raise _invalid("stream configuration for republish destination forms a cycle")
+    try:
+        SubjectTransform.parse(out["src"], out["dest"])
+    except MappingError:
+        what = f"republish with transform from '{out['src']}' to '{out['dest']}'"
+        raise _invalid(f"stream configuration for {what} not valid") from None
+    return out
 
 
 def _check_supported(req: dict[str, Any]) -> None:

@@ -40,6 +40,9 @@ def apply_update(old: StreamConfig, new: StreamConfig) -> StreamConfig:
             raise errors.STREAM_INVALID_CONFIG.format(err=words)
     if old.persist_mode != new.persist_mode:
         raise _invalid("change persist mode")
+    if new.republish and not new.republish.get("dest"):
+        # The server's update fills in an empty destination, as its create does not.
+        new = replace(new, republish={**new.republish, "dest": ">"})
     if new.sealed:
         # A sealed stream takes no more messages and loses none.
         return replace(

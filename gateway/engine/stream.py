@@ -27,6 +27,7 @@ from gateway.runtime.signals import Signal
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import subject_matches
 from storage_delta.format.schema import DEFAULT_BLOCK_SIZE, stored_size
+from storage_delta.format.subject_transform import SubjectTransform
 from storage_delta.read.reader import StoredIndex
 
 __all__ = ["Stream", "StreamState", "TailCache"]
@@ -149,6 +150,14 @@ class Stream:
         # Read for every publish, so derived once per config.
         self.name_bytes = self.name.encode()
         self.no_ack = config.no_ack
+        # Configs are validated before they get here, so these parse.
+        transform = config.subject_transform or {}
+        #: Applied to a publish's subject before anything else looks at it (``subject_transform``).
+        self.input_transform = SubjectTransform.parse(transform.get("src", ""), transform.get("dest", ""))
+        republish = config.republish or {}
+        #: Where a stored message is published again once committed (``republish``), if anywhere.
+        self.republish = SubjectTransform.parse(republish.get("src", ""), republish.get("dest", ""))
+        self.republish_headers_only = bool(republish.get("headers_only"))
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -217,9 +226,9 @@ class Stream:
 
     @property
     def takes_runs(self) -> bool:
-        """No limit can refuse a publish (not sealed, no ``discard: new``): ``accept_run`` may
-        take several at once."""
-        return not (self.limits.sealed or self.limits.discard_new)
+        """No limit can refuse a publish (not sealed, no ``discard: new``) and none is republished
+        (each needs its subject's previous sequence): ``accept_run`` may take several at once."""
+        return not (self.limits.sealed or self.limits.discard_new or self.republish)
 
     def accept_run(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
         """``accept`` for several publishes (subject, headers, payload) in one call, with the same
