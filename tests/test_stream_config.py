@@ -159,7 +159,6 @@ UNSUPPORTED = [
     ("mirror", {"mirror": {"name": "X"}}),
     ("sources", {"sources": [{"name": "X"}]}),
     ("allow_msg_counter", {"allow_msg_counter": True}),
-    ("allow_atomic", {"allow_atomic": True}),
     ("allow_msg_schedules", {"allow_msg_schedules": True}),
     ("allow_batched", {"allow_batched": True}),
 ]

@@ -21,7 +21,8 @@ from gateway.adapters.registry import Registry
 from gateway.api import errors
 from gateway.api.durations import go_duration
 from gateway.api.timefmt import now_ns
-from gateway.engine.publish_checks import Accepted, Duplicate, check_publish, size_limit
+from gateway.engine.atomic_batch import AtomicBatches, Commit, Held, check_batch
+from gateway.engine.publish_checks import Accepted, Batched, Duplicate, check_publish, size_limit
 from gateway.engine.republish import Republished, republished
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
@@ -82,6 +83,8 @@ class PublishPath:
         self._runs: dict[Stream, _Run] = {}
         # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
         self._inflight_ids: dict[tuple[str, int], _Run] = {}
+        #: Atomic batches waiting for their commit.
+        self.batches = AtomicBatches()
         self.received = 0  # publishes to a stream subject (the monitor reads these)
         self.failed = 0  # publishes answered with an error
 
@@ -109,8 +112,43 @@ class PublishPath:
             self._store(run, subject, msg.data, verdict, reply, now)
         elif type(verdict) is Duplicate:
             self._duplicate(stream, verdict.seq, reply)
+        elif type(verdict) is Batched:
+            assert msg.hdrs is not None  # the batch id is a header
+            self._batch(run, subject, msg.hdrs, msg.data, reply, now)
         elif isinstance(verdict, errors.ApiError):
             self._reply_error(reply, stream, verdict)
+
+    def _batch(self, run: _Run, subject: str, hdrs: bytes, data: bytes, reply: str, now: int) -> None:
+        """A message of an atomic batch: held (an empty reply), refused, or the commit of its batch,
+        whose messages are then checked and accepted together into ``run``, so one commit stores
+        them all; the commit's PubAck carries the batch id and its size."""
+        stream = run.stream
+        decided = self.batches.hold(stream.name, subject, hdrs, data, now)
+        if type(decided) is Held:
+            if reply:
+                self.leaf.publish(reply, b"")
+            return
+        if isinstance(decided, errors.ApiError):
+            self._reply_error(reply, stream, decided)
+            return
+        assert type(decided) is Commit
+        checked = check_batch(stream, decided.msgs, now)
+        refused = checked if isinstance(checked, errors.ApiError) else stream.room_for(decided.msgs)
+        if refused is not None:
+            self._reply_error(reply, stream, refused)
+            return
+        assert not isinstance(checked, errors.ApiError)
+        last = 0
+        for (msg_subject, _, msg_data), verdict in zip(decided.msgs, checked, strict=True):
+            last = self._store(run, msg_subject, msg_data, verdict, "", now) or last
+        if reply:
+            ack = b'{"stream":"%s","seq":%d,"batch":%s,"count":%d}' % (
+                stream.name_bytes,
+                last,
+                json.dumps(decided.batch_id).encode(),
+                len(decided.msgs),
+            )
+            run.acks.append((reply, ack))
 
     def accept_queued(self) -> None:
         """Accept every queued publish now: before a message that is not a publish (an ack may
@@ -189,21 +227,22 @@ class PublishPath:
         if reply:
             run.acks.append((reply, PUBACK % (run.stream.name_bytes, stored.seq)))
 
-    def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> None:
+    def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> int:
+        """Accept one checked publish into ``run``; its sequence, 0 when a limit refused it."""
         stream, hdrs = run.stream, verdict.hdrs
         previous = stream.last_seq_for(subject) if stream.republish else 0
         try:
             stored = self._accept(stream, subject, hdrs, data, now)
         except errors.ApiError as err:
             self._reply_error(reply, stream, err)
-            return
+            return 0
         seq = stored.seq
         stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config.duplicate_window)
         self._enqueue(run, stored, reply)
         if stream.republish and (copy := republished(stream, stored, previous)) is not None:
             run.republish.append(copy)
         if hdrs is None:
-            return
+            return seq
         if verdict.ttl:
             stream.ttl.add(seq, stored.ts, verdict.ttl)
         if verdict.is_marker:
@@ -214,6 +253,7 @@ class PublishPath:
             key = (stream.name, seq)
             self._inflight_ids[key] = run
             run.msg_ids.append(key)
+        return seq
 
     def flush(self) -> None:
         """Submit what was accepted since the last flush: one submit and one future per stream."""

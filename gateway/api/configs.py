@@ -71,6 +71,7 @@ class StreamConfig:
     consumer_limits: ConsumerLimits = field(default_factory=ConsumerLimits)
     allow_msg_ttl: bool = False
     subject_delete_marker_ttl: int = field(default=0, metadata=OMIT)
+    allow_atomic: bool = field(default=False, metadata=OMIT)
     persist_mode: str = field(default="", metadata=OMIT)
     metadata: Mapping[str, str] = field(default_factory=dict)
 

@@ -102,7 +102,6 @@ UNSUPPORTED = (
     ("mirror", "stream mirrors"),
     ("sources", "stream sources"),
     ("allow_msg_counter", "message counters"),
-    ("allow_atomic", "atomic batch publish"),
     ("allow_msg_schedules", "message schedules"),
     ("allow_batched", "batch publish"),
 )
@@ -304,6 +303,8 @@ def _check_mirror(req: dict[str, Any], cfg: dict[str, Any], sources: list[Any], 
         raise errors.MIRROR_WITH_SUBJECTS
     if sources:
         raise errors.MIRROR_WITH_SOURCES
+    if req.get("allow_atomic"):
+        raise errors.MIRROR_WITH_ATOMIC_PUBLISH
     if marker_ttl > 0:
         raise _invalid("subject delete markers forbidden on mirrors")
 
@@ -414,6 +415,7 @@ def _render(
         deny_purge=flags["deny_purge"],
         allow_rollup_hdrs=flags["allow_rollup_hdrs"],
         allow_msg_ttl=flags["allow_msg_ttl"],
+        allow_atomic=bool(req.get("allow_atomic")),
     )
 
 

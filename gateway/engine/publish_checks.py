@@ -26,7 +26,8 @@ MAX_HEADER_BYTES = 65535
 class StreamView(Protocol):
     """What the checks read of a stream (``gateway.engine.stream.Stream`` provides it)."""
 
-    dedup: DedupWindow
+    @property
+    def dedup(self) -> DedupWindow: ...
 
     @property
     def config(self) -> StreamConfig: ...
@@ -60,9 +61,16 @@ class Duplicate:
     seq: int
 
 
-PLAIN = Accepted(None)
+@dataclass(frozen=True, slots=True)
+class Batched:
+    """A message of an atomic batch, on a stream that allows them: held with its batch
+    (``gateway.engine.atomic_batch``), checked when the batch commits."""
 
-Verdict = Accepted | Duplicate | errors.ApiError
+
+PLAIN = Accepted(None)
+BATCHED = Batched()
+
+Verdict = Accepted | Duplicate | Batched | errors.ApiError
 
 
 def check_publish(stream: StreamView, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> Verdict:
@@ -130,8 +138,10 @@ def _check_headers(
     if b"Nats-" not in hdrs and b"KV-Operation" not in hdrs:  # application headers only
         return _check_size(cfg, len(hdrs), data) or _check_header_size(hdrs) or Accepted(hdrs)
     h = parse_headers(hdrs)
-    if h.get("Nats-Batch-Id"):  # atomic batches are refused before any other header check
-        return _check_size(cfg, len(hdrs), data) or errors.ATOMIC_PUBLISH_DISABLED
+    if h.get("Nats-Batch-Id"):  # atomic batches go their own way before any other header check
+        return _check_size(cfg, len(hdrs), data) or (
+            BATCHED if cfg.allow_atomic else errors.ATOMIC_PUBLISH_DISABLED
+        )
     special = CHECKED.intersection(h)
     if special <= _ID_ONLY:  # the common case of an idempotent producer: a msg id and nothing else
         msg_id = h.get("Nats-Msg-Id", "")

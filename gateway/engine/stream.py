@@ -224,6 +224,26 @@ class Stream:
             self._check_discard_new(subject, stored_size(subject, hdrs, data))
         return self._append(((subject, hdrs, data),), now_ns)[0]
 
+    def room_for(self, items: Sequence[Publish]) -> errors.ApiError | None:
+        """Whether ``discard: new`` leaves room for all of ``items`` (an atomic batch), judged as if
+        none replaced an older message, so no ``accept`` of them can then be refused halfway."""
+        lim = self.limits
+        if not lim.discard_new:
+            return None
+        st = self.state
+        if lim.max_msgs and st.messages + len(items) > lim.max_msgs:
+            return MAX_MSGS
+        if lim.max_bytes and st.bytes + sum(stored_size(*item) for item in items) > lim.max_bytes:
+            return MAX_BYTES
+        if lim.per_subject and lim.discard_new_per_subject:
+            added: dict[str, int] = {}
+            for subject, _, _ in items:
+                added[subject] = added.get(subject, 0) + 1
+            for subject, n in added.items():
+                if self._subject_counts.get(self._subject_ids.get(subject, 0), 0) + n > lim.per_subject:
+                    return MAX_MSGS_PER_SUBJECT
+        return None
+
     @property
     def takes_runs(self) -> bool:
         """No limit can refuse a publish (not sealed, no ``discard: new``) and none is republished

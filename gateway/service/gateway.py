@@ -150,6 +150,7 @@ class Gateway:
         delivery = Delivery(registry, leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder)
         registry.consumer_removed.connect(delivery.consumer_gone)
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
+        registry.stream_removed.connect(lambda stream: publish.batches.forget_stream(stream.name))
         api = Api(
             registry,
             StreamApi(

@@ -1,0 +1,225 @@
+"""Atomic batch publish (ADR-50, ``allow_atomic``): messages that carry ``Nats-Batch-Id`` and
+``Nats-Batch-Sequence`` are held aside until the one with ``Nats-Batch-Commit``, then checked as one
+and accepted together, so they reach the store in one commit or not at all. Pure: what to hold,
+refuse or commit is decided here; the publish path carries it out.
+
+The rules, limits and errors are nats-server's (``processJetStreamAtomicBatchMsg``,
+``checkMsgHeadersPreClusteredProposal``): a batch starts at sequence 1, a gap or an unknown batch
+is incomplete (the batch is dropped), at most 1,000 messages, 50 batches in flight per stream and
+1,000 in all, dropped after 10 s without a message; ``Nats-Batch-Commit: eob`` commits without
+storing the message that carries it. Held batches live in the gateway's memory (the server keeps
+them in a store of their own): a restart drops them, and their publisher sees an incomplete batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.api import errors
+from gateway.api.configs import StreamConfig
+from gateway.engine.dedup import DedupWindow
+from gateway.engine.publish_checks import (
+    Accepted,
+    Duplicate,
+    StreamView,
+    Verdict,
+    check_publish,
+    set_header,
+)
+from gateway.engine.stream import Publish
+from storage_delta.format.nats import parse_headers
+
+MAX_BATCH_SIZE = 1000
+MAX_INFLIGHT_PER_STREAM = 50
+MAX_INFLIGHT_TOTAL = 1000
+IDLE_TIMEOUT_NS = 10_000_000_000
+MAX_ID_LEN = 64
+
+TOO_LARGE = errors.ATOMIC_PUBLISH_TOO_LARGE.format(size=MAX_BATCH_SIZE)
+
+
+@dataclass(slots=True)
+class HeldBatch:
+    msgs: list[Publish] = field(default_factory=list)
+    touched_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Held until its commit: the publisher gets an empty reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The batch is complete: check and store ``msgs`` together; the last one's PubAck carries
+    ``batch`` and ``count``."""
+
+    batch_id: str
+    msgs: list[Publish]
+
+
+BatchVerdict = Held | Commit | errors.ApiError
+
+
+def _batch_seq(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
+
+
+class AtomicBatches:
+    """The batches held for every stream of the gateway (the in-flight limits count them all)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, dict[str, HeldBatch]] = {}
+        self._total = 0
+
+    def hold(self, stream: str, subject: str, hdrs: bytes, data: bytes, now_ns: int) -> BatchVerdict:
+        """One message of a batch, on a stream that allows atomic publish."""
+        h = parse_headers(hdrs)
+        batch_id = h.get("Nats-Batch-Id", "")
+        if len(batch_id) > MAX_ID_LEN:
+            return errors.ATOMIC_PUBLISH_INVALID_ID
+        seq = _batch_seq(h.get("Nats-Batch-Sequence"))
+        if seq is None:
+            return errors.ATOMIC_PUBLISH_MISSING_SEQ
+        commit_word = h.get("Nats-Batch-Commit")
+        eob = commit_word == "eob"
+        size = seq - 1 if eob else seq  # the end-of-batch marker is not part of the batch
+        batches = self._held.setdefault(stream, {})
+        self._expire(stream, now_ns)
+        batch = batches.get(batch_id)
+        if batch is None:
+            if seq != 1:
+                return TOO_LARGE if size > MAX_BATCH_SIZE else errors.ATOMIC_PUBLISH_INCOMPLETE
+            if len(batches) + 1 > MAX_INFLIGHT_PER_STREAM or self._total + 1 > MAX_INFLIGHT_TOTAL:
+                return errors.ATOMIC_PUBLISH_TOO_MANY_INFLIGHT
+            batch = batches[batch_id] = HeldBatch()
+            self._total += 1
+        if commit_word is not None and not eob and commit_word != "1":
+            self._drop(stream, batch_id)
+            return errors.ATOMIC_PUBLISH_INVALID_COMMIT
+        if seq != len(batch.msgs) + 1 or (seq == 1 and eob):
+            self._drop(stream, batch_id)
+            return errors.ATOMIC_PUBLISH_INCOMPLETE
+        if size > MAX_BATCH_SIZE:
+            self._drop(stream, batch_id)
+            return TOO_LARGE
+        batch.touched_ns = now_ns
+        if commit_word is None:
+            batch.msgs.append((subject, hdrs, data))
+            return Held()
+        self._drop(stream, batch_id)
+        if eob:
+            last_subject, last_hdrs, last_data = batch.msgs[-1]
+            batch.msgs[-1] = (last_subject, _with_commit(last_hdrs), last_data)
+        else:
+            batch.msgs.append((subject, hdrs, data))
+        return Commit(batch_id, batch.msgs)
+
+    def forget_stream(self, stream: str) -> None:
+        """The stream is gone, with what it held."""
+        self._total -= len(self._held.pop(stream, {}))
+
+    def _expire(self, stream: str, now_ns: int) -> None:
+        """Batches idle for longer than the timeout are dropped (the server's cleanup timer): looked
+        at whenever the stream's batches are, which is before anything could tell."""
+        batches = self._held[stream]
+        for batch_id in [b for b, held in batches.items() if now_ns - held.touched_ns > IDLE_TIMEOUT_NS]:
+            self._drop(stream, batch_id)
+
+    def _drop(self, stream: str, batch_id: str) -> None:
+        if self._held[stream].pop(batch_id, None) is not None:
+            self._total -= 1
+
+
+def _with_commit(hdrs: bytes | None) -> bytes:
+    """The last stored message of a batch committed by ``eob`` carries the ordinary commit header."""
+    head = hdrs[:-2] if hdrs else b"NATS/1.0\r\n"
+    return head + b"Nats-Batch-Commit: 1\r\n\r\n"
+
+
+@dataclass(slots=True)
+class _StagedView:
+    """The stream as the batch's next message sees it: its messages before it counted as stored."""
+
+    stream: StreamView
+    staged: int = 0
+    subjects: set[str] = field(default_factory=set)
+
+    @property
+    def config(self) -> StreamConfig:
+        return self.stream.config
+
+    @property
+    def dedup(self) -> DedupWindow:
+        return self.stream.dedup
+
+    @property
+    def last_seq(self) -> int:
+        return self.stream.last_seq + self.staged
+
+    def last_seq_for(self, subject: str) -> int:
+        return self.stream.last_seq_for(subject)
+
+    def last_seq_matching(self, subject: str) -> int:
+        return self.stream.last_seq_matching(subject)
+
+
+def check_batch(stream: StreamView, msgs: list[Publish], now_ns: int) -> list[Accepted] | errors.ApiError:
+    """Every message of a complete batch, checked in order as the server checks a batch: a
+    ``Nats-Expected-Last-Msg-Id`` is refused, a message id seen before (in the window or earlier in
+    the batch) refuses the batch, an expected last sequence only holds on the first message, and an
+    expected subject sequence not for a subject the batch already wrote. The first refusal is the
+    answer for the whole batch."""
+    view = _StagedView(stream)
+    ids: set[str] = set()
+    out: list[Accepted] = []
+    for subject, hdrs, data in msgs:
+        verdict = _check_one(view, ids, subject, hdrs, data, now_ns)
+        if isinstance(verdict, errors.ApiError):
+            return verdict
+        out.append(verdict)
+        view.staged += 1
+        view.subjects.add(subject)
+    return out
+
+
+def _check_one(
+    view: _StagedView, ids: set[str], subject: str, hdrs: bytes | None, data: bytes, now_ns: int
+) -> Accepted | errors.ApiError:
+    h = parse_headers(hdrs)
+    if h.get("Nats-Expected-Last-Msg-Id"):
+        return errors.ATOMIC_PUBLISH_UNSUPPORTED_HEADER.format(header="Nats-Expected-Last-Msg-Id")
+    msg_id = h.get("Nats-Msg-Id", "")
+    if msg_id and msg_id in ids:
+        return errors.ATOMIC_PUBLISH_DUPLICATE_ID
+    if view.staged and "Nats-Expected-Last-Sequence" in h:
+        last = view.last_seq
+        expected = h["Nats-Expected-Last-Sequence"]
+        return (
+            errors.STREAM_WRONG_LAST_SEQUENCE.format(seq=last)
+            if expected != str(last)
+            else errors.STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+        )
+    if "Nats-Expected-Last-Subject-Sequence" in h:
+        target = h.get("Nats-Expected-Last-Subject-Sequence-Subject") or subject
+        if target in view.subjects:
+            return errors.STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+    ids.add(msg_id)
+    plain = _without_batch_id(hdrs)
+    verdict: Verdict = check_publish(view, subject, plain, data, now_ns)
+    if type(verdict) is Duplicate:
+        return errors.ATOMIC_PUBLISH_DUPLICATE_ID
+    if isinstance(verdict, errors.ApiError):
+        return verdict
+    assert type(verdict) is Accepted
+    # Stored with the batch's headers, as the server stores them; a raised TTL rewritten there too.
+    kept = hdrs if verdict.hdrs is plain else set_header(hdrs, "Nats-TTL", str(verdict.ttl))
+    return Accepted(kept, verdict.msg_id, verdict.ttl, verdict.rollup, verdict.is_marker)
+
+
+def _without_batch_id(hdrs: bytes | None) -> bytes | None:
+    """The headers as the ordinary checks should see them: without the batch id, which would send
+    the message back here."""
+    if not hdrs:
+        return hdrs
+    return b"\r\n".join(line for line in hdrs.split(b"\r\n") if not line.startswith(b"Nats-Batch-Id:"))

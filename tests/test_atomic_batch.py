@@ -1,0 +1,178 @@
+"""Atomic batch publish (``allow_atomic``) on the real JetStream and on jetlake: the same publishes,
+the same replies (the empty reply of a held message, the commit's PubAck with ``batch`` and
+``count``, every refusal), the same stream state while a batch is held and after, and the same
+stored messages (subjects, headers, payloads)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from tests.differential import assert_same
+
+# A publish: subject suffix, payload, headers. ``B(id, seq)`` makes a batch message's headers.
+Pub = tuple[str, bytes, dict[str, str]]
+
+
+def B(batch: str, seq: int, commit: str | None = None, **extra: str) -> dict[str, str]:
+    h = {"Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(seq)}
+    if commit is not None:
+        h["Nats-Batch-Commit"] = commit
+    h.update({k.replace("_", "-"): v for k, v in extra.items()})
+    return h
+
+
+CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
+    ("commit", {}, [("x", b"1", B("a", 1)), ("y", b"2", B("a", 2)), ("x", b"3", B("a", 3, "1"))]),
+    ("commit_alone", {}, [("x", b"1", B("a", 1, "1"))]),
+    ("eob", {}, [("x", b"1", B("e", 1)), ("y", b"2", B("e", 2)), ("z", b"", B("e", 3, "eob"))]),
+    ("eob_alone", {}, [("x", b"1", B("e", 1, "eob"))]),
+    ("gap", {}, [("x", b"1", B("g", 1)), ("x", b"3", B("g", 3)), ("x", b"4", B("g", 4, "1"))]),
+    ("unknown_batch", {}, [("x", b"1", B("u", 2)), ("x", b"1", B("u", 3, "1"))]),
+    ("too_large_start", {}, [("x", b"1", B("t", 2000))]),
+    ("missing_seq", {}, [("x", b"1", {"Nats-Batch-Id": "m"})]),
+    ("bad_seq", {}, [("x", b"1", {"Nats-Batch-Id": "m", "Nats-Batch-Sequence": "x"})]),
+    ("bad_commit", {}, [("x", b"1", B("c", 1)), ("x", b"2", B("c", 2, "yes")), ("x", b"3", B("c", 3, "1"))]),
+    ("long_id", {}, [("x", b"1", B("i" * 65, 1, "1"))]),
+    ("id_64", {}, [("x", b"1", B("i" * 64, 1, "1"))]),
+    (
+        "dup_in_batch",
+        {},
+        [("x", b"1", B("d", 1, Nats_Msg_Id="z")), ("x", b"2", B("d", 2, "1", Nats_Msg_Id="z"))],
+    ),
+    (
+        "dup_of_stored",
+        {},
+        [("x", b"0", {"Nats-Msg-Id": "old"}), ("x", b"1", B("d", 1, "1", Nats_Msg_Id="old"))],
+    ),
+    ("expected_last_msg_id", {}, [("x", b"1", B("d", 1, "1", Nats_Expected_Last_Msg_Id="z"))]),
+    (
+        "expected_last_seq_first",
+        {},
+        [("x", b"1", B("s", 1, Nats_Expected_Last_Sequence="0")), ("x", b"2", B("s", 2, "1"))],
+    ),
+    ("expected_last_seq_wrong", {}, [("x", b"1", B("s", 1, "1", Nats_Expected_Last_Sequence="9"))]),
+    (
+        "expected_last_seq_second",
+        {},
+        [("x", b"1", B("s", 1)), ("x", b"2", B("s", 2, "1", Nats_Expected_Last_Sequence="1"))],
+    ),
+    (
+        "expected_last_seq_second_wrong",
+        {},
+        [("x", b"1", B("s", 1)), ("x", b"2", B("s", 2, "1", Nats_Expected_Last_Sequence="7"))],
+    ),
+    (
+        "expected_subject_seq_staged",
+        {},
+        [("x", b"1", B("s", 1)), ("x", b"2", B("s", 2, "1", Nats_Expected_Last_Subject_Sequence="0"))],
+    ),
+    (
+        "expected_subject_seq_other",
+        {},
+        [("y", b"1", B("s", 1)), ("x", b"2", B("s", 2, "1", Nats_Expected_Last_Subject_Sequence="0"))],
+    ),
+    ("ttl_not_allowed", {}, [("x", b"1", B("t", 1)), ("x", b"2", B("t", 2, "1", Nats_TTL="5s"))]),
+    ("too_big_message", {"max_msg_size": 4}, [("x", b"12345", B("b", 1, "1"))]),
+    (
+        "discard_new_full",
+        {"max_msgs": 2, "discard": "new"},
+        [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2)), ("x", b"3", B("f", 3, "1"))],
+    ),
+    (
+        "discard_new_fits",
+        {"max_msgs": 3, "discard": "new"},
+        [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2)), ("x", b"3", B("f", 3, "1"))],
+    ),
+    (
+        "limits_old",
+        {"max_msgs": 2},
+        [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2)), ("x", b"3", B("f", 3, "1"))],
+    ),
+    (
+        "interleaved",
+        {},
+        [
+            ("x", b"a1", B("a", 1)),
+            ("y", b"b1", B("b", 1)),
+            ("x", b"a2", B("a", 2, "1")),
+            ("y", b"b2", B("b", 2, "1")),
+        ],
+    ),
+    ("plain_between", {}, [("x", b"a1", B("a", 1)), ("p", b"plain", {}), ("x", b"a2", B("a", 2, "1"))]),
+]
+
+
+async def _api(nc: Client, subject: str, body: Any = None) -> Any:
+    msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)
+    return json.loads(msg.data)
+
+
+@pytest.mark.parametrize(("label", "config", "pubs"), CASES, ids=[c[0] for c in CASES])
+async def test_atomic_batches(
+    targets: dict[str, str], unique: str, label: str, config: dict[str, Any], pubs: list[Pub]
+) -> None:
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        created = await _api(
+            nc,
+            f"STREAM.CREATE.{name}",
+            {"name": name, "subjects": [f"{p}.>"], "allow_atomic": True, **config},
+        )
+        assert "error" not in created, created
+        seen: list[Any] = []
+        for suffix, data, headers in pubs:
+            reply = await nc.request(f"{p}.{suffix}", data, headers=headers or None, timeout=5)
+            body = json.loads(reply.data) if reply.data else ""
+            state = (await _api(nc, f"STREAM.INFO.{name}"))["state"]
+            seen.append([body, state["messages"], state["last_seq"]])
+        stored = []
+        for seq in range(1, seen[-1][2] + 1):
+            got = await _api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq})
+            if "message" in got:
+                m = got["message"]
+                hdrs = base64.b64decode(m["hdrs"]).decode() if m.get("hdrs") else ""
+                stored.append([m["subject"], hdrs, m.get("data", "")])
+        return [seen, stored]
+
+    await assert_same(targets, case, unique)
+
+
+async def test_a_stream_without_allow_atomic_refuses_batches(targets: dict[str, str], unique: str) -> None:
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        await _api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{p}.>"]})
+        out = []
+        for headers in (B("a", 1), {"Nats-Batch-Id": "a"}, B("a", 1, "1")):
+            out.append(json.loads((await nc.request(f"{p}.x", b"1", headers=headers, timeout=5)).data))
+        return out
+
+    await assert_same(targets, case, unique)
+
+
+CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("allow_atomic", {"allow_atomic": True}),
+    ("atomic_async", {"allow_atomic": True, "persist_mode": "async"}),
+    ("mirror_atomic", {"allow_atomic": True, "mirror": {"name": "X"}, "subjects": None}),
+]
+
+
+@pytest.mark.parametrize(("label", "extra"), CONFIGS, ids=[c[0] for c in CONFIGS])
+async def test_allow_atomic_configs(
+    targets: dict[str, str], unique: str, label: str, extra: dict[str, Any]
+) -> None:
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        req = {"name": name, "subjects": [f"{p}.>"], **extra}
+        created = await _api(nc, f"STREAM.CREATE.{name}", req)
+        turned_off = await _api(nc, f"STREAM.UPDATE.{name}", {**req, "allow_atomic": False})
+        return [created, turned_off if "error" not in created else None]
+
+    await assert_same(targets, case, unique)
