@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,14 @@ from nats.aio.client import Client
 from tests.harness import Jetlake, ReferenceJetStream, scrub
 
 Case = Callable[[Client, str], Awaitable[Any]]
+
+
+async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
+    """A JetStream API request (``$JS.API.`` + ``subject``) and its decoded answer."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    msg = await nc.request(f"$JS.API.{subject}", data, timeout=5)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
 
 
 async def run_case(targets: dict[str, str], case: Case, name: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from tests.differential import assert_same
+from tests.differential import api, assert_same
 
 # A publish: subject suffix, payload, headers. ``B(id, seq)`` makes a batch message's headers.
 Pub = tuple[str, bytes, dict[str, str]]
@@ -107,11 +107,6 @@ CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
 ]
 
 
-async def _api(nc: Client, subject: str, body: Any = None) -> Any:
-    msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)
-    return json.loads(msg.data)
-
-
 @pytest.mark.parametrize(("label", "config", "pubs"), CASES, ids=[c[0] for c in CASES])
 async def test_atomic_batches(
     targets: dict[str, str], unique: str, label: str, config: dict[str, Any], pubs: list[Pub]
@@ -119,7 +114,7 @@ async def test_atomic_batches(
     p = unique.lower()
 
     async def case(nc: Client, name: str) -> Any:
-        created = await _api(
+        created = await api(
             nc,
             f"STREAM.CREATE.{name}",
             {"name": name, "subjects": [f"{p}.>"], "allow_atomic": True, **config},
@@ -129,11 +124,11 @@ async def test_atomic_batches(
         for suffix, data, headers in pubs:
             reply = await nc.request(f"{p}.{suffix}", data, headers=headers or None, timeout=5)
             body = json.loads(reply.data) if reply.data else ""
-            state = (await _api(nc, f"STREAM.INFO.{name}"))["state"]
+            state = (await api(nc, f"STREAM.INFO.{name}"))["state"]
             seen.append([body, state["messages"], state["last_seq"]])
         stored = []
         for seq in range(1, seen[-1][2] + 1):
-            got = await _api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq})
+            got = await api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq})
             if "message" in got:
                 m = got["message"]
                 hdrs = base64.b64decode(m["hdrs"]).decode() if m.get("hdrs") else ""
@@ -147,7 +142,7 @@ async def test_a_stream_without_allow_atomic_refuses_batches(targets: dict[str, 
     p = unique.lower()
 
     async def case(nc: Client, name: str) -> Any:
-        await _api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{p}.>"]})
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{p}.>"]})
         out = []
         for headers in (B("a", 1), {"Nats-Batch-Id": "a"}, B("a", 1, "1")):
             out.append(json.loads((await nc.request(f"{p}.x", b"1", headers=headers, timeout=5)).data))
@@ -171,8 +166,8 @@ async def test_allow_atomic_configs(
 
     async def case(nc: Client, name: str) -> Any:
         req = {"name": name, "subjects": [f"{p}.>"], **extra}
-        created = await _api(nc, f"STREAM.CREATE.{name}", req)
-        turned_off = await _api(nc, f"STREAM.UPDATE.{name}", {**req, "allow_atomic": False})
+        created = await api(nc, f"STREAM.CREATE.{name}", req)
+        turned_off = await api(nc, f"STREAM.UPDATE.{name}", {**req, "allow_atomic": False})
         return [created, turned_off if "error" not in created else None]
 
     await assert_same(targets, case, unique)

@@ -10,7 +10,6 @@ their configs survive and ephemeral ones do not.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import threading
 import time
@@ -22,16 +21,10 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.differential import api
 from tests.harness import Jetlake, ReferenceJetStream, scrub
 
 STREAM = "RESTART"
-
-
-async def api(nc: Client, subject: str, body: Any = b"") -> dict[str, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    msg = await nc.request(f"$JS.API.{subject}", data, timeout=5)
-    answer: dict[str, Any] = json.loads(msg.data)
-    return answer
 
 
 # Durable consumers whose state the restart must keep, one per behaviour it pins.

@@ -28,9 +28,9 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.format.integrity import DamagedFile
 from storage_delta.maintenance.files import rewrite_files
 from storage_delta.read.reader import MessageReader
+from tests.differential import api
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
-from tests.test_consumer_restart import api
 
 BAD, GOOD = "BAD", "GOOD"
 BAD_MSGS, GOOD_MSGS = 120, 10

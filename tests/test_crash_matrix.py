@@ -37,8 +37,8 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.differential import api
 from tests.harness import Jetlake, duckdb_connection
-from tests.test_consumer_restart import api
 
 STREAM = "MATRIX"
 TRIALS = int(os.environ.get("JETLAKE_CRASH_TRIALS", "6"))

@@ -56,8 +56,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from tests.differential import api
 from tests.harness import Jetlake
-from tests.test_consumer_restart import api
 
 STREAM = "SOAK"
 DURATION_S = float(os.environ.get("JETLAKE_SOAK_S", "150"))

@@ -156,8 +156,8 @@ async def test_stream_create_config(targets: dict[str, str], unique: str, label:
 # Accepted by nats-server, refused by jetlake (500/10052 naming the feature): jetlake cannot do
 # what they ask, and accepting a config it would not honour is worse than saying so.
 UNSUPPORTED = [
-    ("mirror", {"mirror": {"name": "X"}}),
-    ("sources", {"sources": [{"name": "X"}]}),
+    ("mirror_external", {"mirror": {"name": "X", "external": {"api": "$JS.other.API"}}}),
+    ("sources_external", {"sources": [{"name": "X", "external": {"api": "$JS.other.API"}}]}),
     ("allow_msg_counter", {"allow_msg_counter": True}),
     ("allow_msg_schedules", {"allow_msg_schedules": True}),
     ("allow_batched", {"allow_batched": True}),

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from tests.differential import assert_same
+from tests.differential import api, assert_same
 from tests.test_stream_config import fill
 
 
@@ -81,12 +81,6 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-async def _api(nc: Client, subject: str, body: Any = None) -> Any:
-    payload = b"" if body is None else json.dumps(body).encode()
-    msg = await nc.request(f"$JS.API.{subject}", payload, timeout=5)
-    return json.loads(msg.data)
-
-
 @pytest.mark.parametrize(("label", "extra"), CONFIGS, ids=[c[0] for c in CONFIGS])
 async def test_transform_and_republish_configs(
     targets: dict[str, str], unique: str, label: str, extra: dict[str, Any]
@@ -97,8 +91,8 @@ async def test_transform_and_republish_configs(
 
     async def case(nc: Client, name: str) -> Any:
         req = fill({"name": name, "subjects": [f"{p}.>"], **extra}, name, p)
-        created = await _api(nc, f"STREAM.CREATE.{name}", req)
-        updated = await _api(nc, f"STREAM.UPDATE.{name}", req) if "error" not in created else None
+        created = await api(nc, f"STREAM.CREATE.{name}", req)
+        updated = await api(nc, f"STREAM.UPDATE.{name}", req) if "error" not in created else None
         return [created, updated]
 
     await assert_same(targets, case, unique)
@@ -135,7 +129,7 @@ async def test_messages_are_stored_under_the_transformed_subject(
 
     async def case(nc: Client, name: str) -> Any:
         transform = fill({"src": src, "dest": dest}, name, p)
-        created = await _api(
+        created = await api(
             nc,
             f"STREAM.CREATE.{name}",
             {"name": name, "subjects": [f"{p}.>"], "subject_transform": transform},
@@ -146,7 +140,7 @@ async def test_messages_are_stored_under_the_transformed_subject(
             await js.publish(f"{p}.{suffix}", str(i).encode())
         stored = []
         for seq in range(1, len(subjects) + 1):
-            got = await _api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq})
+            got = await api(nc, f"STREAM.MSG.GET.{name}", {"seq": seq})
             stored.append(got["message"]["subject"])
         return stored
 
@@ -161,7 +155,7 @@ async def test_the_transformed_subject_is_what_checks_and_limits_see(
     p = unique.lower()
 
     async def case(nc: Client, name: str) -> Any:
-        await _api(
+        await api(
             nc,
             f"STREAM.CREATE.{name}",
             {
@@ -180,8 +174,8 @@ async def test_the_transformed_subject_is_what_checks_and_limits_see(
         accepted = await nc.request(
             f"{p}.a.5", b"y", headers={"Nats-Expected-Last-Subject-Sequence": "3"}, timeout=5
         )
-        last = await _api(nc, f"STREAM.MSG.GET.{name}", {"last_by_subj": f"{p}x.a"})
-        info = await _api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
+        last = await api(nc, f"STREAM.MSG.GET.{name}", {"last_by_subj": f"{p}x.a"})
+        info = await api(nc, f"STREAM.INFO.{name}", {"subjects_filter": ">"})
         return [
             json.loads(refused.data),
             json.loads(accepted.data),
@@ -211,7 +205,7 @@ async def test_republished_copies(
     p = unique.lower()
 
     async def case(nc: Client, name: str) -> Any:
-        created = await _api(
+        created = await api(
             nc,
             f"STREAM.CREATE.{name}",
             {"name": name, "subjects": [f"{p}.>"], "republish": fill(republish, name, p)},
@@ -234,7 +228,7 @@ async def test_republished_copies(
                 break
             headers = dict(msg.headers or {})
             stamp = headers.pop("Nats-Time-Stamp")
-            stored = await _api(nc, f"STREAM.MSG.GET.{name}", {"seq": int(headers["Nats-Sequence"])})
+            stored = await api(nc, f"STREAM.MSG.GET.{name}", {"seq": int(headers["Nats-Sequence"])})
             assert stamp == stored["message"]["time"], (stamp, stored["message"]["time"])
             got.append([msg.subject, headers, msg.data])
         await sub.unsubscribe()

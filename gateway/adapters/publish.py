@@ -267,6 +267,15 @@ class PublishPath:
                 continue
             self.writer.submit(run.msgs, admitted=True).add_done_callback(partial(self._committed, run))
 
+    def store_copies(self, stream: Stream, msgs: list[StoredMessage]) -> asyncio.Future[None]:
+        """Submit what a mirror or a source accepted into ``stream`` (``gateway.adapters.sourcing``,
+        which made room in the writer for each first): one commit, then everything a committed
+        publish run triggers."""
+        run = _Run(stream, msgs=msgs)
+        fut = self.writer.submit(msgs, admitted=True)
+        fut.add_done_callback(partial(self._committed, run))
+        return fut
+
     def place_markers(self, stream: Stream, now: int) -> None:
         """Store the delete markers (ADR-43) for subjects whose last message MaxAge or a TTL removed:
         an empty message with ``Nats-Marker-Reason: MaxAge``, the marker TTL and ``Nats-Rollup: sub``,

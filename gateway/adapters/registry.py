@@ -63,6 +63,10 @@ class Registry:
         self.consumer_changed: Signal[[Consumer]] = Signal()
         #: Told of every stream deleted (its timers go), after the stream has ended.
         self.stream_removed: Signal[[Stream]] = Signal()
+        #: Told of every stream created through the API, and of every stream whose config an
+        #: update changed (mirrors and sources start, stop or change with them).
+        self.stream_added: Signal[[Stream]] = Signal()
+        self.stream_updated: Signal[[Stream]] = Signal()
         #: Told when a stream's removals start waiting for the removal log
         #: (``Stream.removal_queued``): the recorder wakes for them.
         self.removal_queued: Signal[[]] = Signal()
@@ -138,7 +142,9 @@ class Registry:
         await self._persist(
             "stream", config.name, config.name, {"config": to_json(config), "created": created_ns}
         )
-        return self.install_stream(config, created_ns)
+        stream = self.install_stream(config, created_ns)
+        self.stream_added.emit(stream)
+        return stream
 
     async def add_consumer(
         self,
@@ -188,6 +194,7 @@ class Registry:
         stream.config = config
         if old != stream.subjects:
             self._subjects_changed(old, stream.subjects)
+        self.stream_updated.emit(stream)
 
     async def remove_stream(self, stream: Stream) -> None:
         """End a stream (and its consumers) durably; its messages stay in storage until Spark

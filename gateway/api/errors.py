@@ -138,6 +138,27 @@ ATOMIC_PUBLISH_TOO_MANY_INFLIGHT = ApiError(429, 10210, "atomic publish too many
 MIRROR_WITH_ATOMIC_PUBLISH = ApiError(400, 10198, "stream mirrors can not also use atomic publishing")
 MIRROR_WITH_FIRST_SEQ = ApiError(400, 10143, "stream mirrors can not have first sequence configured")
 MIRROR_WITH_SOURCES = ApiError(400, 10031, "stream mirrors can not also contain other sources")
+MIRROR_WITH_COUNTERS = ApiError(400, 10173, "stream mirrors can not also calculate counters")
+MIRROR_WITH_MSG_SCHEDULES = ApiError(400, 10186, "stream mirrors can not also schedule messages")
+MIRROR_WITH_BATCH_PUBLISH = ApiError(400, 10209, "stream mirrors can not also use batch publishing")
+MIRROR_INVALID_STREAM_NAME = ApiError(400, 10142, "mirrored stream name is invalid")
+MIRROR_MULTIPLE_FILTERS = ApiError(
+    400, 10150, "mirror with multiple subject transforms cannot also have a single subject filter"
+)
+MIRROR_INVALID_FILTER = ApiError(400, 10151, "mirror transform source: {err}")
+MIRROR_OVERLAPPING_FILTERS = ApiError(400, 10152, "mirror subject filters can not overlap")
+MIRROR_INVALID_TRANSFORM = ApiError(400, 10154, "mirror transform: {err}")
+MIRROR_MAX_MESSAGE_SIZE_TOO_BIG = ApiError(400, 10030, "stream mirror must have max message size >= source")
+SOURCE_MAX_MESSAGE_SIZE_TOO_BIG = ApiError(400, 10046, "stream source must have max message size >= target")
+SOURCE_DUPLICATE = ApiError(400, 10140, "duplicate source configuration detected")
+SOURCE_INVALID_STREAM_NAME = ApiError(400, 10141, "sourced stream name is invalid")
+SOURCE_MULTIPLE_FILTERS = ApiError(
+    400, 10144, "source with multiple subject transforms cannot also have a single subject filter"
+)
+SOURCE_INVALID_FILTER = ApiError(400, 10145, "source transform source: {err}")
+SOURCE_INVALID_TRANSFORM = ApiError(400, 10146, "source transform: {err}")
+SOURCE_OVERLAPPING_FILTERS = ApiError(400, 10147, "source filters can not overlap")
+SOURCE_WITH_MSG_SCHEDULES = ApiError(400, 10187, "stream source can not also schedule messages")
 BAD_REQUEST = ApiError(400, 10003, "bad request")
 NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")
 SEQUENCE_NOT_FOUND = ApiError(400, 10043, "sequence {seq} not found")

@@ -12,7 +12,7 @@ response type adds.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,9 @@ class StreamInfo:
     config: StreamConfig
     created: str
     state: Mapping[str, Any]
-    ts: str
+    mirror: Mapping[str, Any] | None = field(default=None, metadata=OMIT)
+    sources: Sequence[Mapping[str, Any]] | None = field(default=None, metadata=OMIT)
+    ts: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,8 +99,6 @@ REQUEST = Struct(
 
 #: Fields jetlake refuses although nats-server accepts them: it cannot do what they ask.
 UNSUPPORTED = (
-    ("mirror", "stream mirrors"),
-    ("sources", "stream sources"),
     ("allow_msg_counter", "message counters"),
     ("allow_msg_schedules", "message schedules"),
     ("allow_batched", "batch publish"),
@@ -168,6 +166,9 @@ def normalize(req: dict[str, Any], server_version: str) -> StreamConfig:
     flags = _with_marker_ttl(marker_ttl, flags, pedantic)
     if mirror is not None:
         _check_mirror(req, cfg, sources, marker_ttl)
+    if sources and req.get("allow_msg_schedules"):
+        raise errors.SOURCE_WITH_MSG_SCHEDULES
+    _check_sources(sources)
     if not cfg["subjects"] and mirror is None and not sources:
         cfg["subjects"] = [name]
     _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
@@ -178,7 +179,14 @@ def normalize(req: dict[str, Any], server_version: str) -> StreamConfig:
     if (req.get("placement") or {}).get("preferred"):
         raise _invalid("preferred server not permitted in placement")
     _check_supported(req)
-    req = {**req, "subject_transform": transform, "republish": republish}
+    _check_origins_supported(mirror, sources)
+    req = {
+        **req,
+        "subject_transform": transform,
+        "republish": republish,
+        "mirror": _origin_config(mirror) if mirror else None,
+        "sources": [_origin_config(s) for s in sources],
+    }
     return _render(cfg, req, window, flags, marker_ttl, metadata, server_version)
 
 
@@ -295,18 +303,104 @@ def _with_marker_ttl(marker_ttl: int, flags: dict[str, bool], pedantic: bool) ->
     return out
 
 
+#: Stream features a mirror cannot have (it stores its origin's messages as they are), in the
+#: server's order.
+_NOT_ON_MIRRORS = (
+    ("allow_msg_counter", errors.MIRROR_WITH_COUNTERS),
+    ("allow_atomic", errors.MIRROR_WITH_ATOMIC_PUBLISH),
+    ("allow_batched", errors.MIRROR_WITH_BATCH_PUBLISH),
+    ("allow_msg_schedules", errors.MIRROR_WITH_MSG_SCHEDULES),
+)
+
+
 def _check_mirror(req: dict[str, Any], cfg: dict[str, Any], sources: list[Any], marker_ttl: int) -> None:
     """A mirror's messages, sequences and subjects are its origin's."""
+    mirror = req["mirror"]
     if req.get("first_seq"):
         raise errors.MIRROR_WITH_FIRST_SEQ
     if cfg["subjects"]:
         raise errors.MIRROR_WITH_SUBJECTS
     if sources:
         raise errors.MIRROR_WITH_SOURCES
-    if req.get("allow_atomic"):
-        raise errors.MIRROR_WITH_ATOMIC_PUBLISH
+    for flag, refusal in _NOT_ON_MIRRORS:
+        if req.get(flag):
+            raise refusal
+    if mirror.get("filter_subject") and mirror.get("subject_transforms"):
+        raise errors.MIRROR_MULTIPLE_FILTERS
     if marker_ttl > 0:
         raise _invalid("subject delete markers forbidden on mirrors")
+    _check_mirror_transforms(mirror.get("subject_transforms") or [])
+    if not mirror.get("external") and not valid_stream_name(mirror.get("name") or ""):
+        raise errors.MIRROR_INVALID_STREAM_NAME
+
+
+def _check_mirror_transforms(transforms: list[dict[str, Any]]) -> None:
+    for i, t in enumerate(transforms):
+        _check_origin_transform(t, errors.MIRROR_INVALID_FILTER, errors.MIRROR_INVALID_TRANSFORM)
+        others = [u.get("src") or ">" for j, u in enumerate(transforms) if j != i]
+        if any(subjects_overlap(t.get("src") or ">", other) for other in others):
+            raise errors.MIRROR_OVERLAPPING_FILTERS
+
+
+def _check_sources(sources: list[Any]) -> None:
+    """Each source names a stream once (by origin, filters and destinations), with filters that are
+    subjects and transforms that map."""
+    seen: set[str] = set()
+    for src in sources:
+        if not isinstance(src, dict) or not valid_stream_name(src.get("name") or ""):
+            raise errors.SOURCE_INVALID_STREAM_NAME
+        key = origin_key(src)
+        if key in seen:
+            raise errors.SOURCE_DUPLICATE
+        seen.add(key)
+        transforms = src.get("subject_transforms") or []
+        if src.get("filter_subject") and transforms:
+            raise errors.SOURCE_MULTIPLE_FILTERS
+        for t in transforms:
+            _check_origin_transform(t, errors.SOURCE_INVALID_FILTER, errors.SOURCE_INVALID_TRANSFORM)
+        for i, t in enumerate(transforms):
+            for j, u in enumerate(transforms):
+                if i != j and subject_matches(u.get("src") or ">", t.get("src") or ">"):
+                    raise errors.SOURCE_OVERLAPPING_FILTERS
+
+
+def origin_key(src: dict[str, Any]) -> str:
+    """The server's index name of a source: origin, filters and destinations (``composeIName``)."""
+    transforms = src.get("subject_transforms") or []
+    if transforms:
+        filters = "\f".join(t.get("src") or ">" for t in transforms)
+        dests = "\f".join(t.get("dest") or ">" for t in transforms)
+    else:
+        filters, dests = src.get("filter_subject") or ">", ">"
+    return f"{src.get('name')} {filters} {dests}"
+
+
+def _check_origin_transform(
+    t: dict[str, Any], bad_source: errors.ApiError, bad_dest: errors.ApiError
+) -> None:
+    source, dest = t.get("src") or "", t.get("dest") or ""
+    if source and not is_valid_subject(source):
+        raise bad_source.format(err=f"{BAD_SUBJECT} {source}")
+    try:
+        validate_mapping(source, dest)
+    except MappingError as exc:
+        raise bad_dest.format(err=exc) from None
+
+
+def _origin_config(src: dict[str, Any]) -> dict[str, Any]:
+    """A mirror or source as the server keeps it (``StreamSource``, empty fields left out)."""
+    out: dict[str, Any] = {"name": src.get("name") or ""}
+    for key in ("opt_start_seq", "opt_start_time", "filter_subject"):
+        if src.get(key):
+            out[key] = src[key]
+    if src.get("subject_transforms"):
+        out["subject_transforms"] = [
+            {"src": t.get("src") or "", "dest": t.get("dest") or ""} for t in src["subject_transforms"]
+        ]
+    for key in ("external", "consumer"):
+        if src.get(key):
+            out[key] = src[key]
+    return out
 
 
 def _checked_subject_transform(transform: dict[str, Any] | None) -> dict[str, str] | None:
@@ -351,6 +445,15 @@ def _checked_republish(req: dict[str, Any], subjects: list[str], pedantic: bool)
         what = f"republish with transform from '{out['src']}' to '{out['dest']}'"
         raise _invalid(f"stream configuration for {what} not valid") from None
     return out
+
+
+def _check_origins_supported(mirror: dict[str, Any] | None, sources: list[Any]) -> None:
+    """jetlake copies from its own streams only, so far."""
+    for src in [mirror, *sources] if mirror else sources:
+        if src.get("external"):
+            raise _invalid("mirrors and sources with an external origin are not supported by jetlake")
+        if src.get("consumer"):
+            raise _invalid("mirrors and sources through a durable consumer are not supported by jetlake")
 
 
 def _check_supported(req: dict[str, Any]) -> None:

@@ -224,6 +224,23 @@ class Stream:
             self._check_discard_new(subject, stored_size(subject, hdrs, data))
         return self._append(((subject, hdrs, data),), now_ns)[0]
 
+    def accept_mirrored(
+        self, seq: int, ts: int, subject: str, hdrs: bytes | None, data: bytes
+    ) -> StoredMessage:
+        """A mirror's copy of its origin's message: the origin's sequence and time, the sequences
+        the origin no longer has skipped (holes, as deleted messages); limits apply as to a publish."""
+        st = self.state
+        assert seq > st.last_seq, (seq, st.last_seq)
+        st.last_seq = seq - 1
+        msg = StoredMessage(self.name, self.block_size, seq, ts, subject, hdrs, data)
+        sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
+        self.tail.put(msg)
+        if self.limits.per_subject:
+            self._enforce_subject_limit(sid)
+        if self.limits.max_msgs or self.limits.max_bytes:
+            self._enforce_size_limits()
+        return msg
+
     def room_for(self, items: Sequence[Publish]) -> errors.ApiError | None:
         """Whether ``discard: new`` leaves room for all of ``items`` (an atomic batch), judged as if
         none replaced an older message, so no ``accept`` of them can then be refused halfway."""

@@ -118,10 +118,16 @@ class StreamApi:
         recorder: RemovalRecorder,
         publish: Publish,
         storing: Callable[[], bool] = lambda: True,
+        origins: Callable[[Stream], tuple[dict[str, Any] | None, list[dict[str, Any]] | None]] = lambda _: (
+            None,
+            None,
+        ),
     ) -> None:
         #: Whether the commit loop runs: a rollback while it does not (it died) leaves unknown
         #: whether the commit in flight landed, so a removal waiting for it fails.
         self._storing = storing
+        #: A stream's mirror and sources as its info shows them (``Sourcing.info``).
+        self._origins = origins
         self.reg = registry
         self.loader = loader
         self.recorder = recorder
@@ -168,13 +174,31 @@ class StreamApi:
             ):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
+    def _with_origins(self, cfg: StreamConfig) -> StreamConfig:
+        """What the server checks of the origins of a mirror or sources that exist here: a copy
+        must take messages as large as its origin's; a mirror serves direct gets as its origin does."""
+        origins = [cfg.mirror] if cfg.mirror else list(cfg.sources)
+        for src in origins:
+            origin = self.reg.streams.get(src["name"])
+            limit = origin.config.max_msg_size if origin is not None else 0
+            if 0 < cfg.max_msg_size < limit:
+                raise (
+                    errors.MIRROR_MAX_MESSAGE_SIZE_TOO_BIG
+                    if cfg.mirror
+                    else errors.SOURCE_MAX_MESSAGE_SIZE_TOO_BIG
+                )
+        mirrored = self.reg.streams.get(cfg.mirror["name"]) if cfg.mirror else None
+        if mirrored is not None:
+            cfg = replace(cfg, mirror_direct=mirrored.config.allow_direct)
+        return cfg
+
     async def stream_create(self, name: str, body: bytes) -> StreamCreateResponse:
         req = load_request(body, stream_config.REQUEST)
         if req.get("name") != name:
             raise errors.STREAM_MISMATCH
         req["name"] = name
         stream_config.check_create(req)
-        cfg = stream_config.normalize(req, self.reg.server_version)
+        cfg = self._with_origins(stream_config.normalize(req, self.reg.server_version))
         existing = self.reg.streams.get(name)
         if existing is not None:
             if not stream_config.same_config(existing.config, cfg):
@@ -189,7 +213,9 @@ class StreamApi:
     async def stream_update(self, name: str, body: bytes) -> StreamCreateResponse:
         # As the server: the whole config is checked (a name is required) before it is compared
         # with the subject's and before the stream is looked up.
-        req = stream_config.normalize(load_request(body, stream_config.REQUEST), self.reg.server_version)
+        req = self._with_origins(
+            stream_config.normalize(load_request(body, stream_config.REQUEST), self.reg.server_version)
+        )
         if req.name != name:
             raise errors.STREAM_MISMATCH
         stream = self._stream(name)
@@ -245,10 +271,13 @@ class StreamApi:
         return StreamInfoResponse(paged=paged, info=self._info(stream, state))
 
     def _info(self, stream: Stream, state: dict[str, Any] | None = None) -> StreamInfo:
+        mirror, sources = self._origins(stream)
         return StreamInfo(
             config=stream.config,
             created=rfc3339(stream.created_ns),
             state=state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
+            mirror=mirror,
+            sources=sources,
             ts=rfc3339(now_ns()),
         )
 

@@ -25,6 +25,7 @@ from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.adapters.snapshots import Snapshots
+from gateway.adapters.sourcing import Sourcing
 from gateway.api import advisories
 from gateway.api.configs import ConsumerConfig, StreamConfig, from_json
 from gateway.api.timefmt import now_ns
@@ -91,6 +92,7 @@ class Gateway:
         self.store_damage: list[str] = []
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
+        self.sourcing: Sourcing | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -151,6 +153,7 @@ class Gateway:
         registry.consumer_removed.connect(delivery.consumer_gone)
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
         registry.stream_removed.connect(lambda stream: publish.batches.forget_stream(stream.name))
+        sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks)
         api = Api(
             registry,
             StreamApi(
@@ -159,6 +162,7 @@ class Gateway:
                 recorder,
                 self._publish_event,
                 lambda: writer.running,
+                sourcing.info,
             ),
             self.cold.first_seq_at,
             self._publish_event,
@@ -185,6 +189,8 @@ class Gateway:
             )
             self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
+        self.sourcing = sourcing
+        sourcing.start()
         await leaf.start(dispatcher)
 
     async def _recover(
@@ -250,6 +256,8 @@ class Gateway:
     async def close(self) -> None:
         """Stop taking work, finish the commit in flight and answer what is owed, then stop."""
         core = self.core
+        if self.sourcing is not None:
+            self.sourcing.close()  # no copy starts after this; the ones in flight finish or fail
         if core is not None:
             for stream in core.registry.streams.values():
                 for subject in stream.subjects:

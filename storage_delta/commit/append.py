@@ -97,11 +97,19 @@ class TableAppender:
         retry_listing(self.dt.update_incremental)
         return self.dt.transaction_version(self.app_id) or 0
 
+    def transaction_version(self, app_id: str) -> int:
+        """The newest version the table holds of another app id (a stream source's position)."""
+        with self._lock:
+            retry_listing(self.dt.update_incremental)
+            return self.dt.transaction_version(app_id) or 0
+
     def next_version(self) -> int:
         """The version the next commit should carry: one past what is committed or in hand."""
         return max(self._landed, self.committed_version()) + 1
 
-    def append(self, parts: Sequence[Part], version: int | None) -> None:
+    def append(
+        self, parts: Sequence[Part], version: int | None, more_txns: Sequence[tuple[str, int]] = ()
+    ) -> None:
         """Write ``parts`` as data files and commit them as one version tagged ``(app_id, version)``.
 
         A version that already landed is not stored again. Without an app id (``version`` None) the
@@ -110,17 +118,19 @@ class TableAppender:
             if version is not None and version <= self._landed:
                 return
             adds = [write_data_file(self.root, self.spec.name, partition, rows) for partition, rows in parts]
-            self._commit(adds, version)
+            self._commit(adds, version, more_txns)
             if version is not None:
                 self._landed = version
             self._commits += 1
             if self._commits % self._checkpoint_every == 0:
                 self._start_hygiene()
 
-    def _commit(self, adds: list[AddAction], version: int | None) -> None:
+    def _commit(
+        self, adds: list[AddAction], version: int | None, more_txns: Sequence[tuple[str, int]]
+    ) -> None:
         if self._local is not None and version is not None and self.app_id is not None:
             try:
-                self._local.append(adds, (self.app_id, version))
+                self._local.append(adds, (self.app_id, version), more_txns)
                 return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
@@ -128,17 +138,20 @@ class TableAppender:
                 retry_listing(self.dt.update_incremental)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
-                    self._local.append(adds, (self.app_id, version))
+                    self._local.append(adds, (self.app_id, version), more_txns)
                     return
                 self._local = None
-        self._commit_delta_rs(adds, version)
+        self._commit_delta_rs(adds, version, more_txns)
 
-    def _commit_delta_rs(self, adds: list[AddAction], version: int | None) -> None:
+    def _commit_delta_rs(
+        self, adds: list[AddAction], version: int | None, more_txns: Sequence[tuple[str, int]]
+    ) -> None:
         txn = (self.app_id, version) if self.app_id is not None and version is not None else None
         before = self.dt.version()
         for attempt in range(self._retries + 1):
             try:
-                commit_adds(self.dt, adds, self.spec.schema, list(self.spec.partition_by), txn)
+                partitions = list(self.spec.partition_by)
+                commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
                 retry_listing(self.dt.update_incremental)

@@ -107,8 +107,11 @@ class LocalLogAppender:
         os.makedirs(self.staging_dir, exist_ok=True)
         self.next_version = next_version
 
-    def append(self, adds: Iterable[AddAction], txn: tuple[str, int]) -> int:
-        """Commit ``adds`` with the app transaction ``txn`` as one version; returns that version.
+    def append(
+        self, adds: Iterable[AddAction], txn: tuple[str, int], more_txns: Iterable[tuple[str, int]] = ()
+    ) -> int:
+        """Commit ``adds`` with the app transaction ``txn`` (and ``more_txns``) as one version;
+        returns that version.
 
         Versions other writers claimed meanwhile are skipped after a look at their actions: a
         ``txn`` of ours at or past ``txn`` means this very commit landed before (a retry after an
@@ -118,7 +121,7 @@ class LocalLogAppender:
         now = int(time.time() * 1000)
         lines = [
             commit_info("WRITE", True, now),
-            {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": now}},
+            *({"txn": {"appId": app, "version": v, "lastUpdated": now}} for app, v in [txn, *more_txns]),
             *(add_line(a) for a in adds),
         ]
         return self._claim(lines, lambda version: self._landed_or_check(version, txn))

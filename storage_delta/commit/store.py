@@ -265,9 +265,10 @@ def commit_adds(
     partition_by: list[str],
     txn: tuple[str, int] | None = None,
     mode: Literal["append", "overwrite"] = "append",
+    more_txns: Sequence[tuple[str, int]] = (),
 ) -> None:
     """Commit ``add`` (and ``remove``) actions as one Delta version, tagged with an app transaction
-    when given.
+    when given (and ``more_txns``: the positions of sourced origins, which land with the rows).
 
     ``overwrite`` also removes every file of the handle's snapshot (and only those: files another
     writer appended since stay), which is how a rewrite of what was read commits.
@@ -275,8 +276,9 @@ def commit_adds(
     A lost race surfaces as :class:`CommitConflict`; the caller decides whether the commit landed by
     reading the txn marker (a commit can report an error and still land, delta-rs #2509).
     """
+    txns = [*([txn] if txn else []), *more_txns]
     props = CommitProperties(
-        app_transactions=[Transaction(app_id=txn[0], version=txn[1])] if txn else None,
+        app_transactions=[Transaction(app_id=app, version=v) for app, v in txns] or None,
     )
     try:
         dt.create_write_transaction(

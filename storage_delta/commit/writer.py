@@ -49,6 +49,10 @@ class StoredMessage:
     subject: str
     hdrs: bytes | None
     data: bytes
+    #: For a message copied from another stream by a stream source: the source's app id and the
+    #: origin sequence, recorded as an app transaction in the commit that stores it, so the Delta
+    #: log says how far each source got (exactly once across restarts).
+    origin: tuple[str, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -105,7 +109,16 @@ class MessageTable:
     def last_txn_version(self) -> int:
         return self._appender.committed_version()
 
+    def position(self, app_id: str) -> int:
+        """How far the commits recorded for ``app_id`` (a stream source) got; 0 before any.
+        Blocking: belongs on a worker thread."""
+        return self._appender.transaction_version(app_id)
+
     def commit(self, batch: list[StoredMessage], version: int) -> None:
+        positions: dict[str, int] = {}
+        for m in batch:
+            if m.origin is not None:
+                positions[m.origin[0]] = max(positions.get(m.origin[0], 0), m.origin[1])
         self._appender.append(
             [
                 (
@@ -118,6 +131,7 @@ class MessageTable:
                 for (stream, block), rows in _groups(batch).items()
             ],
             version,
+            sorted(positions.items()),
         )
 
     def close(self) -> None:
