@@ -84,10 +84,19 @@ class ReferenceJetStream:
     domain ``domain`` when one is given, as jetlake serves its API)."""
 
     def __init__(
-        self, workdir: Path, domain: str | None = None, monitor_port: int = 0, sync_interval: str = ""
+        self,
+        workdir: Path,
+        domain: str | None = None,
+        monitor_port: int = 0,
+        sync_interval: str = "",
+        leaf_port: int = 0,
+        leaf_remotes: tuple[int, ...] = (),
     ) -> None:
         self.workdir = workdir
         self.domain = domain
+        #: A leafnode listener, and the leafnode ports it connects to as a leaf (other systems).
+        self.leaf_port = leaf_port
+        self.leaf_remotes = leaf_remotes
         self.sync_interval = sync_interval  # the server's ``jetstream { sync_interval }``; "": its default
         self.port = free_port()
         self.monitor_port = monitor_port  # its HTTP monitor (/jsz), when not 0
@@ -100,12 +109,17 @@ class ReferenceJetStream:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.workdir / "js")]
-        if self.domain or self.sync_interval:
+        if self.domain or self.sync_interval or self.leaf_port or self.leaf_remotes:
             conf = self.workdir / "nats-server.conf"
             options = [f'store_dir: "{self.workdir / "js"}"']
             options += [f"domain: {self.domain}"] if self.domain else []
             options += [f"sync_interval: {self.sync_interval}"] if self.sync_interval else []
-            conf.write_text(f"jetstream {{ {', '.join(options)} }}\n")
+            text = f"jetstream {{ {', '.join(options)} }}\n"
+            leafnodes = [f"listen: 127.0.0.1:{self.leaf_port}"] if self.leaf_port else []
+            remotes = ", ".join(f'{{ url: "nats-leaf://127.0.0.1:{p}" }}' for p in self.leaf_remotes)
+            leafnodes += [f"remotes: [ {remotes} ]"] if remotes else []
+            text += f"leafnodes {{ {chr(10).join(leafnodes)} }}\n" if leafnodes else ""
+            conf.write_text(text)
             args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.monitor_port:
             args += ["-m", str(self.monitor_port)]

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Iterator
 from typing import Any
 
 import nats
 import pytest
 from nats.aio.client import Client
 
+from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import rfc3339
-from gateway.engine.sourcing import server_hash
 from tests.differential import api, assert_same
-from tests.harness import Jetlake
+from tests.harness import Jetlake, ReferenceJetStream, free_port
 from tests.test_stream_config import fill
 
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -338,3 +339,94 @@ def test_copies_resume_after_kill_without_gap_or_duplicate(own_jetlake: Jetlake)
     assert (mirrored, last) == (total, total)
     assert sorted(origin_seqs) == list(range(1, total + 1))  # each once: no gap, no duplicate
     assert origin_seqs == sorted(origin_seqs)  # in the origin's order
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str]]:
+    """Two systems, each with a JetStream in domain ``core`` joined to it by a leaf link: the real
+    JetStream (a leafnode listener) and jetlake's hub. The targets, and the core's client URL."""
+    base = tmp_path_factory.mktemp("external")
+    reference = ReferenceJetStream(base / "reference", leaf_port=free_port())
+    lake = Jetlake(base / "jetlake")
+    core = ReferenceJetStream(
+        base / "core", domain="core", leaf_remotes=(reference.leaf_port, lake.leaf_port)
+    )
+    reference.start()
+    try:
+        lake.start()
+        try:
+            core.start()
+            try:
+                asyncio.run(_linked(core.url))
+                yield {"jetstream": reference.url, "jetlake": lake.url}, core.url
+            finally:
+                core.stop()
+        finally:
+            lake.stop()
+    finally:
+        reference.stop()
+
+
+async def _linked(core_url: str) -> None:
+    """Until the core's API answers through both systems (the leaf links are up)."""
+    async with await nats.connect(core_url) as nc:
+        for _ in range(100):
+            info = await nc.request("$JS.API.INFO", b"", timeout=5)
+            if b"domain" in info.data:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_a_mirror_and_a_source_of_a_real_jetstream_in_another_domain(
+    external: tuple[dict[str, str], str], unique: str
+) -> None:
+    """The origin lives on a real JetStream (domain ``core``); the mirror and the source reach it
+    through ``external.api`` over the leaf links: history with a gap, then live messages; the
+    copies are the origin's (a source's header carries the origin's identity as the core sends it)."""
+    targets, core_url = external
+    p = unique.lower()
+    ext = {"api": "$JS.core.API"}
+    async with await nats.connect(core_url) as core:
+        assert "error" not in await api(
+            core, f"STREAM.CREATE.{unique}", {"name": unique, "subjects": [f"{p}.>"]}
+        )
+        js = core.jetstream()
+        for i in range(1, 6):
+            await js.publish(f"{p}.{i % 2}", f"m{i}".encode(), headers={"I": str(i)})
+        await api(core, f"STREAM.MSG.DELETE.{unique}", {"seq": 2})
+
+        async def case(nc: Client, name: str) -> Any:
+            made = [
+                await api(
+                    nc,
+                    f"STREAM.CREATE.{name}M",
+                    {"name": f"{name}M", "mirror": {"name": name, "external": ext}},
+                ),
+                await api(
+                    nc,
+                    f"STREAM.CREATE.{name}S",
+                    {
+                        "name": f"{name}S",
+                        "subjects": [f"{p}own"],
+                        "sources": [{"name": name, "external": ext}],
+                    },
+                ),
+            ]
+            await _caught_up(nc, f"{name}M", 5, 4)
+            await _caught_up(nc, f"{name}S", 4, 4)
+            return [
+                [_comparable(m) for m in made],
+                [row[:4] for row in await _stored(nc, f"{name}M", 5)],
+                [row[1:4] for row in await _stored(nc, f"{name}S", 4)],
+            ]
+
+        first = await assert_same(targets, case, unique)
+        await js.publish(f"{p}.live", b"live")
+
+        async def live(nc: Client, name: str) -> Any:
+            mirror = await _caught_up(nc, f"{name}M", 6, 5)
+            source = await _caught_up(nc, f"{name}S", 5, 5)
+            return [mirror["state"], source["state"], [row[1:4] for row in await _stored(nc, f"{name}S", 5)]]
+
+        await assert_same(targets, live, unique)
+    assert first[1][0][1] == f"{p}.1"

@@ -156,8 +156,14 @@ async def test_stream_create_config(targets: dict[str, str], unique: str, label:
 # Accepted by nats-server, refused by jetlake (500/10052 naming the feature): jetlake cannot do
 # what they ask, and accepting a config it would not honour is worse than saying so.
 UNSUPPORTED = [
-    ("mirror_external", {"mirror": {"name": "X", "external": {"api": "$JS.other.API"}}}),
-    ("sources_external", {"sources": [{"name": "X", "external": {"api": "$JS.other.API"}}]}),
+    (
+        "mirror_durable_consumer",
+        {"mirror": {"name": "X", "consumer": {"name": "C", "deliver_subject": "d.x"}}},
+    ),
+    (
+        "sources_durable_consumer",
+        {"sources": [{"name": "X", "consumer": {"name": "C", "deliver_subject": "d.x"}}]},
+    ),
     ("allow_msg_counter", {"allow_msg_counter": True}),
     ("allow_msg_schedules", {"allow_msg_schedules": True}),
     ("allow_batched", {"allow_batched": True}),

@@ -13,8 +13,10 @@ Origins on another JetStream (``external``) are refused at create (``gateway.api
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -25,10 +27,13 @@ from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.api import errors
 from gateway.api.consumer_config import parse_time_ns
+from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import now_ns
-from gateway.engine.sourcing import OriginSpec, server_hash, sourced_headers, stream_identity
+from gateway.engine.sourcing import OriginSpec, sourced_headers, stream_identity
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
+from gateway.wire.leaf import LeafConnection
+from gateway.wire.protocol import Msg
 from storage_delta.commit.writer import (
     MessageTable,
     StoredMessage,
@@ -36,6 +41,7 @@ from storage_delta.commit.writer import (
     WriterOverloaded,
     message_bytes,
 )
+from storage_delta.format.nats import parse_headers
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,18 @@ log = logging.getLogger(__name__)
 BATCH = 256
 #: Pause after a failed batch (the writer refused or failed it) before it is tried again.
 RETRY_S = 0.5
+#: Subjects of the gateway's own consumers on other JetStreams (deliveries ``S.``, replies ``R.``).
+LINK_PREFIX = "$JSL."
+#: The heartbeat asked of a remote consumer; a follower that hears nothing for ``STALL_S`` makes
+#: its consumer again (the server's ``sourceHealthHB`` and ``sourceHealthCheckInterval``).
+HEARTBEAT_NS = 1_000_000_000
+STALL_S = 10.0
+#: Pause before a remote consumer is asked for again (refused, or no answer).
+REMOTE_RETRY_S = 2.0
+#: Messages a remote follower holds before it falls behind (flow control keeps it far below).
+INBOUND_LIMIT = 65536
+#: What ``Sourcing._copy`` answers when the writer has no room.
+FULL = StoredMessage("", 0, 0, 0, "", None, b"")
 
 
 @dataclass(slots=True)
@@ -58,7 +76,10 @@ class OriginState:
 
     def info(self, mirror: bool) -> dict[str, Any]:
         """The server's ``StreamSourceInfo``."""
-        out: dict[str, Any] = {"name": self.spec.name, "lag": self.lag}
+        out: dict[str, Any] = {"name": self.spec.name}
+        if self.config.get("external"):
+            out["external"] = self.config["external"]
+        out["lag"] = self.lag
         if not mirror and self.position:
             out["seq"] = self.position
         out["active"] = now_ns() - self.active_ns if self.active_ns else -1
@@ -71,6 +92,44 @@ class OriginState:
         if self.error is not None:
             out["error"] = self.error.render()
         return out
+
+
+@dataclass(slots=True)
+class Inbound:
+    """A remote follower's subjects and what the link brought for them, bounded."""
+
+    deliver: str
+    reply: str
+    queue: asyncio.Queue[Msg] = field(default_factory=lambda: asyncio.Queue(INBOUND_LIMIT))
+    overrun: bool = False
+
+    def drain(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+
+
+@dataclass(frozen=True, slots=True)
+class AckMetadata:
+    """What a JetStream delivery's ack subject says (``$JS.ACK.[<domain>.<account>.]<stream>.
+    <consumer>.<delivered>.<stream seq>.<delivery seq>.<time>.<pending>[.<token>]``)."""
+
+    consumer: str
+    stream_seq: int
+    delivery_seq: int
+    ts: int
+    pending: int
+
+
+def ack_metadata(subject: str) -> AckMetadata | None:
+    toks = subject.split(".")
+    if toks[:2] != ["$JS", "ACK"] or (len(toks) != 9 and len(toks) < 11):
+        return None
+    off = 2 if len(toks) == 9 else 4
+    try:
+        numbers = [int(t) for t in toks[off + 3 : off + 7]]
+    except ValueError:
+        return None
+    return AckMetadata(toks[off + 1], *numbers)
 
 
 def source_app_id(stream: Stream, spec: OriginSpec) -> str:
@@ -89,7 +148,11 @@ class Sourcing:
         table: MessageTable,
         executor: Executor,
         tasks: TaskOwner,
+        leaf: LeafConnection,
     ) -> None:
+        self.leaf = leaf
+        #: What the link brought for each remote follower (its delivery and reply subjects).
+        self._inbound: dict[str, Inbound] = {}
         self.registry = registry
         self.publish = publish
         self.cold = cold
@@ -154,22 +217,45 @@ class Sourcing:
         states = [OriginState(OriginSpec.of(c), config=c) for c in configs]
         self.states[stream.name] = states
         self._followers[stream.name] = [
-            self.tasks.own(self._run(stream, state, mirror=bool(cfg.mirror)), f"sourcing-{stream.name}-{i}")
+            self.tasks.own(
+                (self._run_remote if state.config.get("external") else self._run)(
+                    stream, state, bool(cfg.mirror)
+                ),
+                f"sourcing-{stream.name}-{i}",
+            )
             for i, state in enumerate(states)
         ]
 
-    async def _run(self, stream: Stream, state: OriginState, mirror: bool) -> None:
-        spec = state.spec
-        app_id = source_app_id(stream, spec)
-        loop = asyncio.get_running_loop()
-        in_flight = stream.last_seq  # copies a follower before this one left in flight land first
+    def on_link_msg(self, msg: Msg) -> None:
+        """A message for a remote follower (``$JSL.``), in link order; one for a follower that is
+        gone is dropped. A follower that cannot keep up (its queue full) starts its consumer over."""
+        inbound = self._inbound.get(msg.subject)
+        if inbound is None:
+            return
+        try:
+            inbound.queue.put_nowait(msg)
+        except asyncio.QueueFull:
+            inbound.overrun = True
+
+    async def _resume(self, stream: Stream, state: OriginState, app_id: str, mirror: bool) -> bool:
+        """Set the position a follower starts after: a mirror's last sequence, a source's recorded
+        position (once the copies a follower before this one left in flight have landed). Whether
+        nothing was copied yet (the config's start applies)."""
+        in_flight = stream.last_seq
         while stream.durable_last_seq < min(in_flight, stream.last_seq) and not stream.ended:
             await _next_commit(stream)
         if mirror:
             state.position = stream.last_seq
         else:
+            loop = asyncio.get_running_loop()
             state.position = await loop.run_in_executor(self.executor, self.table.position, app_id)
-        fresh = state.position == 0
+        return state.position == 0
+
+    async def _run(self, stream: Stream, state: OriginState, mirror: bool) -> None:
+        """Follow an origin on this gateway: read its committed messages, wake on its commits."""
+        spec = state.spec
+        app_id = source_app_id(stream, spec)
+        fresh = await self._resume(stream, state, app_id, mirror)
         while not stream.ended:
             origin = self.registry.streams.get(spec.name)
             if origin is None:
@@ -187,20 +273,199 @@ class Sourcing:
                 await _next_commit(origin)
                 continue
             durable = state.position
-            copies, state.position = await self._copies(stream, origin, state, seqs, app_id, mirror)
-            try:
-                if copies:
-                    await self.publish.store_copies(stream, copies)
-            except Exception as exc:  # a failed commit: the stream rolled back to what is durable
-                log.warning("%s: copying from %s failed (%r); trying again", stream.name, spec.name, exc)
-                state.position = durable
-                await asyncio.sleep(RETRY_S)
+            copies: list[StoredMessage] = []
+            identity = stream_identity(origin.created_ns)
+            for seq in seqs:
+                msg = origin.tail.get(seq) or await self.cold.read(origin, seq)
+                if stream.ended:
+                    break
+                if msg is not None:
+                    copy = self._copy(stream, state, app_id, mirror, msg, identity)
+                    if copy is FULL:
+                        break
+                    if copy is not None:
+                        copies.append(copy)
+                state.position = seq
+            if not await self._store(stream, state, copies, durable):
                 continue
             if state.position < seqs[-1]:  # the writer had no room for the rest: let it commit first
                 await asyncio.sleep(RETRY_S)
             state.lag = len(
                 origin.seqs_at_or_after(state.position + 1, spec.filters, origin.durable_last_seq, BATCH)
             )
+
+    async def _store(
+        self, stream: Stream, state: OriginState, copies: list[StoredMessage], durable: int
+    ) -> bool:
+        """Commit accepted copies; False (the position back where it was durable) when it failed."""
+        try:
+            if copies:
+                await self.publish.store_copies(stream, copies)
+            return True
+        except Exception as exc:  # a failed commit: the stream rolled back to what is durable
+            log.warning("%s: copying from %s failed (%r); trying again", stream.name, state.spec.name, exc)
+            state.position = durable
+            await asyncio.sleep(RETRY_S)
+            return False
+
+    async def _run_remote(self, stream: Stream, state: OriginState, mirror: bool) -> None:
+        """Follow an origin on another JetStream (``external``) as the server does: a push consumer
+        of the origin, created through the external API prefix, delivering with flow control and
+        heartbeats over the leaf link; made again after a gap, a stall or an overrun."""
+        spec = state.spec
+        app_id = source_app_id(stream, spec)
+        fresh = await self._resume(stream, state, app_id, mirror)
+        token = uuid.uuid4().hex[:16]
+        inbound = Inbound(f"{LINK_PREFIX}S.{token}", f"{LINK_PREFIX}R.{token}")
+        for subject in (inbound.deliver, inbound.reply):
+            self._inbound[subject] = inbound
+            self.leaf.subscribe(subject)
+        try:
+            while not stream.ended:
+                made = await self._remote_consumer(state, fresh, inbound)
+                if made is None:
+                    await asyncio.sleep(REMOTE_RETRY_S)
+                    continue
+                fresh = False
+                await self._receive(stream, state, app_id, mirror, made, inbound)
+        finally:
+            for subject in (inbound.deliver, inbound.reply):
+                self._inbound.pop(subject, None)
+                self.leaf.unsubscribe(subject)
+
+    async def _remote_consumer(
+        self, state: OriginState, fresh: bool, inbound: Inbound
+    ) -> tuple[str, str] | None:
+        """Create the consumer that delivers the origin from where the copy stands; its name and
+        the origin's identity (when the server says it), or None (the error in the state) when the
+        origin's server refused or did not answer."""
+        spec, external = state.spec, state.config["external"]
+        config: dict[str, Any] = {
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": state.position + 1,
+            "ack_policy": "none",
+            "ack_wait": 22 * 3600 * 10**9,
+            "max_deliver": 1,
+            "flow_control": True,
+            "deliver_subject": inbound.deliver,
+            "idle_heartbeat": HEARTBEAT_NS,
+            "inactive_threshold": 10 * HEARTBEAT_NS,
+            "direct": True,
+        }
+        if fresh and spec.opt_start_seq <= 0:
+            config.pop("opt_start_seq")
+            if spec.opt_start_time:
+                config.update(deliver_policy="by_start_time", opt_start_time=spec.opt_start_time)
+            else:
+                config["deliver_policy"] = "all"
+        elif fresh:
+            config["opt_start_seq"] = spec.opt_start_seq
+        if len(spec.filters) == 1:
+            config["filter_subject"] = spec.filters[0]
+        elif spec.filters:
+            config["filter_subjects"] = list(spec.filters)
+        inbound.drain()
+        request = {"stream_name": spec.name, "config": config, "action": ""}
+        prefix = (external.get("api") or "$JS.API").rstrip(".")
+        self.leaf.publish(
+            f"{prefix}.CONSUMER.CREATE.{spec.name}", json.dumps(request).encode(), inbound.reply
+        )
+        deadline = asyncio.get_running_loop().time() + REMOTE_RETRY_S
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                msg = await asyncio.wait_for(inbound.queue.get(), left)
+            except TimeoutError:
+                break
+            if msg.subject != inbound.reply:
+                continue  # a delivery of a consumer before this one
+            answer = json.loads(msg.data or b"{}")
+            if "error" in answer:
+                e = answer["error"]
+                code, err_code = int(e.get("code", 500)), int(e.get("err_code", 0))
+                state.error = errors.ApiError(code, err_code, str(e.get("description", "")))
+                return None
+            state.error = None
+            identity = parse_headers(msg.hdrs).get("Nats-Stream-Identity", "")
+            return str(answer.get("name") or ""), identity
+        state.error = errors.ApiError(503, 10029, "consumer create request timed out")
+        return None
+
+    async def _receive(
+        self,
+        stream: Stream,
+        state: OriginState,
+        app_id: str,
+        mirror: bool,
+        made: tuple[str, str],
+        inbound: Inbound,
+    ) -> None:
+        """Copy what the consumer delivers, in order; return when it must be made again."""
+        dseq = 0
+        copy: StoredMessage | None = None
+        while not stream.ended and not inbound.overrun:
+            copies: list[StoredMessage] = []
+            durable = state.position
+            try:
+                msg = await asyncio.wait_for(inbound.queue.get(), STALL_S)
+            except TimeoutError:
+                return  # stalled: neither messages nor heartbeats
+            while True:
+                state.active_ns = now_ns()
+                verdict = self._delivered(stream, state, app_id, mirror, made, inbound, msg, dseq)
+                if verdict is None:
+                    return
+                dseq, copy = verdict
+                if copy is FULL:
+                    break
+                if copy is not None:
+                    copies.append(copy)
+                if inbound.queue.empty() or len(copies) >= BATCH:
+                    break
+                msg = inbound.queue.get_nowait()
+            if copy is FULL or not await self._store(stream, state, copies, durable):
+                return
+        inbound.overrun = False
+
+    def _delivered(
+        self,
+        stream: Stream,
+        state: OriginState,
+        app_id: str,
+        mirror: bool,
+        made: tuple[str, str],
+        inbound: Inbound,
+        msg: Msg,
+        dseq: int,
+    ) -> tuple[int, StoredMessage | None] | None:
+        """One message for the follower: a control message answered or checked, a delivery
+        copied. The new delivery sequence and the copy (None for none, ``FULL``: the writer had
+        no room); None when the consumer must be made again (a gap in its deliveries)."""
+        consumer, identity = made
+        if msg.subject != inbound.deliver:
+            return dseq, None  # a late answer to an earlier create
+        if msg.hdrs is not None and msg.hdrs.startswith(b"NATS/1.0 100"):
+            if msg.reply:  # flow control: everything before it has been taken
+                self.leaf.publish(msg.reply, b"")
+                return dseq, None
+            last = parse_headers(msg.hdrs).get("Nats-Last-Consumer", "")
+            return None if last.isdigit() and int(last) != dseq else (dseq, None)
+        ack, _, subject = msg.reply.partition("@")
+        meta = ack_metadata(ack)
+        if meta is None or meta.consumer != consumer:
+            return dseq, None
+        if meta.stream_seq <= state.position:  # already copied (a consumer made again overlaps)
+            return (meta.delivery_seq if meta.delivery_seq == dseq + 1 else dseq), None
+        if meta.delivery_seq != dseq + 1:
+            return None
+        hdrs = msg.hdrs or None
+        origin = StoredMessage(
+            state.spec.name, 0, meta.stream_seq, meta.ts, subject or msg.subject, hdrs, msg.data
+        )
+        copy = self._copy(stream, state, app_id, mirror, origin, identity)
+        if copy is not FULL:
+            state.position = meta.stream_seq
+            state.lag = meta.pending
+        return meta.delivery_seq, copy
 
     def _start_after(self, origin: Stream, spec: OriginSpec) -> int:
         """Where a mirror or source that has copied nothing yet starts: its ``opt_start_seq`` or
@@ -211,46 +476,39 @@ class Sourcing:
             return origin.seq_at_time(parse_time_ns(spec.opt_start_time)) - 1
         return 0
 
-    async def _copies(
-        self, stream: Stream, origin: Stream, state: OriginState, seqs: list[int], app_id: str, mirror: bool
-    ) -> tuple[list[StoredMessage], int]:
-        """Read the origin's messages and accept their copies into ``stream``, each after the
-        writer made room for it (so nothing accepted is left unsubmitted); the copies, and the
-        last origin sequence dealt with."""
-        out: list[StoredMessage] = []
-        identity = stream_identity(origin.created_ns)
-        done = state.position
+    def _copy(
+        self,
+        stream: Stream,
+        state: OriginState,
+        app_id: str,
+        mirror: bool,
+        msg: StoredMessage,
+        identity: str,
+    ) -> StoredMessage | None:
+        """Accept the copy of origin message ``msg`` into ``stream``, after the writer made room for
+        it (so nothing accepted is left unsubmitted). None when the stream refused it (a discard-new
+        stream with no room: the copy is dropped, as the server drops it); ``FULL`` when the writer
+        has no room (nothing was accepted)."""
+        seq, subject, hdrs, data = msg.seq, msg.subject, msg.hdrs, msg.data
+        stored_subject = state.spec.subject_for(subject)
+        if not mirror:
+            hdrs = sourced_headers(state.spec, hdrs, seq, subject, identity)
+        size = message_bytes(stored_subject, hdrs, data)
         writer = self.publish.writer
-        for seq in seqs:
-            msg = origin.tail.get(seq) or await self.cold.read(origin, seq)
-            if stream.ended:
-                break
-            if msg is None:  # removed from the origin meanwhile
-                done = seq
-                continue
-            subject = state.spec.subject_for(msg.subject)
-            hdrs = msg.hdrs if mirror else sourced_headers(state.spec, msg.hdrs, seq, msg.subject, identity)
-            size = message_bytes(subject, hdrs, msg.data)
-            try:
-                writer.admit(size)
-            except (WriterOverloaded, WriterClosed):
-                break
-            if mirror:
-                out.append(stream.accept_mirrored(seq, msg.ts, subject, hdrs, msg.data))
-            else:
-                try:
-                    copy = stream.accept(subject, hdrs, msg.data, time.time_ns())
-                except errors.ApiError as exc:  # a discard-new stream with no room: dropped
-                    writer.unadmit(size)
-                    log.warning(
-                        "%s: copy of %s %d refused: %s", stream.name, origin.name, seq, exc.description
-                    )
-                    done = seq
-                    continue
-                copy.origin = (app_id, seq)
-                out.append(copy)
-            done = seq
-        return out, done
+        try:
+            writer.admit(size)
+        except (WriterOverloaded, WriterClosed):
+            return FULL
+        if mirror:
+            return stream.accept_mirrored(seq, msg.ts, stored_subject, hdrs, data)
+        try:
+            copy = stream.accept(stored_subject, hdrs, data, time.time_ns())
+        except errors.ApiError as exc:
+            writer.unadmit(size)
+            log.warning("%s: copy of %s %d refused: %s", stream.name, state.spec.name, seq, exc.description)
+            return None
+        copy.origin = (app_id, seq)
+        return copy
 
 
 async def _next_commit(stream: Stream) -> None:

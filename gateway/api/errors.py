@@ -158,6 +158,15 @@ SOURCE_MULTIPLE_FILTERS = ApiError(
 SOURCE_INVALID_FILTER = ApiError(400, 10145, "source transform source: {err}")
 SOURCE_INVALID_TRANSFORM = ApiError(400, 10146, "source transform: {err}")
 SOURCE_OVERLAPPING_FILTERS = ApiError(400, 10147, "source filters can not overlap")
+STREAM_EXTERNAL_API_OVERLAP = ApiError(
+    400, 10021, "stream external api prefix {prefix} must not overlap with {subject}"
+)
+STREAM_EXTERNAL_DELIVERY_PREFIX_OVERLAPS = ApiError(
+    400, 10022, "stream external delivery prefix {prefix} overlaps with stream subject {subject}"
+)
+STREAM_INVALID_EXTERNAL_DELIVERY_SUBJECT = ApiError(
+    400, 10024, "stream external delivery prefix {prefix} must not contain wildcards"
+)
 SOURCE_WITH_MSG_SCHEDULES = ApiError(400, 10187, "stream source can not also schedule messages")
 BAD_REQUEST = ApiError(400, 10003, "bad request")
 NO_MESSAGE_FOUND = ApiError(404, 10037, "no message found")

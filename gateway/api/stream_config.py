@@ -10,6 +10,8 @@ last, once the request is otherwise valid (see docs/compatibility.md).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -169,6 +171,7 @@ def normalize(req: dict[str, Any], server_version: str) -> StreamConfig:
     if sources and req.get("allow_msg_schedules"):
         raise errors.SOURCE_WITH_MSG_SCHEDULES
     _check_sources(sources)
+    _check_external([mirror, *sources] if mirror else sources, cfg["subjects"])
     if not cfg["subjects"] and mirror is None and not sources:
         cfg["subjects"] = [name]
     _check_subjects(cfg["subjects"], bool(req.get("no_ack")))
@@ -345,11 +348,11 @@ def _check_mirror_transforms(transforms: list[dict[str, Any]]) -> None:
 def _check_sources(sources: list[Any]) -> None:
     """Each source names a stream once (by origin, filters and destinations), with filters that are
     subjects and transforms that map."""
-    seen: set[str] = set()
+    seen: set[tuple[str, str, str]] = set()
     for src in sources:
         if not isinstance(src, dict) or not valid_stream_name(src.get("name") or ""):
             raise errors.SOURCE_INVALID_STREAM_NAME
-        key = origin_key(src)
+        key = origin_index(src)
         if key in seen:
             raise errors.SOURCE_DUPLICATE
         seen.add(key)
@@ -364,15 +367,29 @@ def _check_sources(sources: list[Any]) -> None:
                     raise errors.SOURCE_OVERLAPPING_FILTERS
 
 
-def origin_key(src: dict[str, Any]) -> str:
-    """The server's index name of a source: origin, filters and destinations (``composeIName``)."""
+_HASH_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def server_hash(name: str, size: int = 8) -> str:
+    """The server's ``getHash``: the first ``size`` bytes of a SHA-256, each as one of 62 digits."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return "".join(_HASH_DIGITS[b % 62] for b in digest[:size])
+
+
+def origin_index(src: Mapping[str, Any]) -> tuple[str, str, str]:
+    """How the server names a mirror or source (``composeIName``): the origin (an external one's
+    name with a hash of its API prefix: the same name can stand in several domains), its filters
+    and its destinations (``>`` for none; several joined by form feeds)."""
+    external = src.get("external") or {}
+    name = str(src.get("name"))
+    iname = f"{name}:{server_hash(external.get('api') or '')}" if external else name
     transforms = src.get("subject_transforms") or []
     if transforms:
         filters = "\f".join(t.get("src") or ">" for t in transforms)
         dests = "\f".join(t.get("dest") or ">" for t in transforms)
     else:
         filters, dests = src.get("filter_subject") or ">", ">"
-    return f"{src.get('name')} {filters} {dests}"
+    return iname, filters, dests
 
 
 def _check_origin_transform(
@@ -397,10 +414,35 @@ def _origin_config(src: dict[str, Any]) -> dict[str, Any]:
         out["subject_transforms"] = [
             {"src": t.get("src") or "", "dest": t.get("dest") or ""} for t in src["subject_transforms"]
         ]
-    for key in ("external", "consumer"):
-        if src.get(key):
-            out[key] = src[key]
+    external = src.get("external")
+    if external:
+        out["external"] = {"api": external.get("api") or "", "deliver": external.get("deliver") or ""}
+    if src.get("consumer"):
+        out["consumer"] = src["consumer"]
     return out
+
+
+def _check_external(origins: list[dict[str, Any]], subjects: list[str]) -> None:
+    """An external origin's prefixes: subjects a client may publish to, the delivery prefix apart
+    from the stream's subjects, the API prefix apart from this account's own API."""
+    for src in origins:
+        external = src.get("external") or {}
+        deliver, prefix = external.get("deliver") or "", external.get("api") or ""
+        if deliver:
+            if not is_valid_subject(deliver, allow_wildcards=False):
+                raise errors.STREAM_INVALID_EXTERNAL_DELIVERY_SUBJECT.format(prefix=deliver)
+            for subject in subjects:
+                if subjects_overlap(subject, f"{deliver}.{subject}"):
+                    raise errors.STREAM_EXTERNAL_DELIVERY_PREFIX_OVERLAPS.format(
+                        prefix=deliver, subject=subject
+                    )
+        if prefix:
+            if not is_valid_subject(prefix, allow_wildcards=False):
+                raise _invalid(
+                    f'stream external api prefix "{prefix}" must be a valid subject without wildcards'
+                )
+            if subjects_overlap(prefix, "$JS.API"):
+                raise errors.STREAM_EXTERNAL_API_OVERLAP.format(prefix=prefix, subject="$JS.API")
 
 
 def _checked_subject_transform(transform: dict[str, Any] | None) -> dict[str, str] | None:
@@ -448,10 +490,8 @@ def _checked_republish(req: dict[str, Any], subjects: list[str], pedantic: bool)
 
 
 def _check_origins_supported(mirror: dict[str, Any] | None, sources: list[Any]) -> None:
-    """jetlake copies from its own streams only, so far."""
+    """jetlake follows its origins through consumers of its own making, not durable ones."""
     for src in [mirror, *sources] if mirror else sources:
-        if src.get("external"):
-            raise _invalid("mirrors and sources with an external origin are not supported by jetlake")
         if src.get("consumer"):
             raise _invalid("mirrors and sources through a durable consumer are not supported by jetlake")
 

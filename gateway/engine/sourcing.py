@@ -11,22 +11,14 @@ nats-server's (``server/stream.go``: ``composeIName``, ``genSourceHeader``, ``pr
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import rfc3339
 from storage_delta.format.nats import subject_matches
 from storage_delta.format.subject_transform import SubjectTransform
-
-_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-
-
-def server_hash(name: str, size: int = 8) -> str:
-    """The server's ``getHash``: the first ``size`` bytes of a SHA-256, each as one of 62 digits."""
-    digest = hashlib.sha256(name.encode()).digest()
-    return "".join(_DIGITS[b % 62] for b in digest[:size])
 
 
 def stream_identity(created_ns: int) -> str:
@@ -40,6 +32,9 @@ class OriginSpec:
     """One mirror or source of a stream's config, compiled."""
 
     name: str
+    #: How the server names the origin in its copies' headers: an external one's name carries a
+    #: hash of its API prefix (the same name can stand in several domains).
+    iname: str
     opt_start_seq: int
     opt_start_time: str
     #: The origin subjects it takes (empty: all).
@@ -65,8 +60,11 @@ class OriginSpec:
             only = cfg.get("filter_subject") or ""
             compiled, filters = (), ((only,) if only else ())
             filter_text, dest_text = only or ">", ">"
+        external = cfg.get("external") or {}
+        iname = f"{cfg['name']}:{server_hash(external.get('api') or '')}" if external else cfg["name"]
         return cls(
             name=cfg["name"],
+            iname=iname,
             opt_start_seq=int(cfg.get("opt_start_seq") or 0),
             opt_start_time=str(cfg.get("opt_start_time") or ""),
             filters=tuple(f for f in filters if f != ">"),
@@ -78,7 +76,7 @@ class OriginSpec:
     @property
     def key(self) -> str:
         """What tells this source apart from the stream's others (the server's index name)."""
-        return f"{self.name} {self.filter_text} {self.dest_text}"
+        return f"{self.iname} {self.filter_text} {self.dest_text}"
 
     def takes(self, subject: str) -> bool:
         return not self.filters or any(subject_matches(f, subject) for f in self.filters)
@@ -105,5 +103,6 @@ def sourced_headers(
         line for line in (hdrs or b"NATS/1.0\r\n\r\n").split(b"\r\n")[:-2] if not line.startswith(_DROPPED)
     ]
     lines = lines or [b"NATS/1.0"]
-    source = f"{spec.name} {origin_seq} {spec.filter_text} {spec.dest_text} {subject} {identity}"
+    source = f"{spec.iname} {origin_seq} {spec.filter_text} {spec.dest_text} {subject}"
+    source += f" {identity}" if identity else ""
     return b"\r\n".join([*lines, b"Nats-Stream-Source: " + source.encode(), b"", b""])

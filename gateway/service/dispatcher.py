@@ -19,6 +19,7 @@ import logging
 from gateway.adapters.delivery import Delivery
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
+from gateway.adapters.sourcing import LINK_PREFIX, Sourcing
 from gateway.handlers.router import Api, split_api_subject
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
@@ -42,7 +43,9 @@ class LinkDispatcher:
         publish: PublishPath,
         delivery: Delivery,
         api: Api,
+        sourcing: Sourcing,
     ) -> None:
+        self._sourcing = sourcing
         self.api_prefix = f"$JS.{domain}.API."
         self._kv_prefix = self.api_prefix + "$KV."
         self._leaf = leaf
@@ -79,6 +82,8 @@ class LinkDispatcher:
             delivery.on_ack(subject, msg.reply, msg.data)
         elif subject.startswith("$JS.FC."):
             delivery.on_flow_control(subject)
+        elif subject.startswith(LINK_PREFIX):
+            self._sourcing.on_link_msg(msg)
         else:
             self._publish.on_publish(msg)
 

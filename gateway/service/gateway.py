@@ -153,7 +153,7 @@ class Gateway:
         registry.consumer_removed.connect(delivery.consumer_gone)
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
         registry.stream_removed.connect(lambda stream: publish.batches.forget_stream(stream.name))
-        sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks)
+        sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks, leaf)
         api = Api(
             registry,
             StreamApi(
@@ -167,7 +167,7 @@ class Gateway:
             self.cold.first_seq_at,
             self._publish_event,
         )
-        dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api)
+        dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api, sourcing)
         leaf.subscribe(dispatcher.api_prefix + ">")
         leaf.subscribe("$JS.ACK.>")
         leaf.subscribe("$JS.FC.>")
