@@ -132,6 +132,16 @@ def ack_metadata(subject: str) -> AckMetadata | None:
     return AckMetadata(toks[off + 1], *numbers)
 
 
+@dataclass(frozen=True, slots=True)
+class Copying:
+    """One follower's target: the stream, what it copies, the app id its position goes under."""
+
+    stream: Stream
+    state: OriginState
+    app_id: str
+    mirror: bool
+
+
 def source_app_id(stream: Stream, spec: OriginSpec) -> str:
     """The app id a source's position is recorded under: this stream incarnation's, this source's."""
     return f"jetlake-source:{stream.name}:{stream.created_ns}:{server_hash(spec.key, 16)}"
@@ -237,25 +247,26 @@ class Sourcing:
         except asyncio.QueueFull:
             inbound.overrun = True
 
-    async def _resume(self, stream: Stream, state: OriginState, app_id: str, mirror: bool) -> bool:
+    async def _resume(self, c: Copying) -> bool:
         """Set the position a follower starts after: a mirror's last sequence, a source's recorded
         position (once the copies a follower before this one left in flight have landed). Whether
         nothing was copied yet (the config's start applies)."""
+        stream, state = c.stream, c.state
         in_flight = stream.last_seq
         while stream.durable_last_seq < min(in_flight, stream.last_seq) and not stream.ended:
             await _next_commit(stream)
-        if mirror:
+        if c.mirror:
             state.position = stream.last_seq
         else:
             loop = asyncio.get_running_loop()
-            state.position = await loop.run_in_executor(self.executor, self.table.position, app_id)
+            state.position = await loop.run_in_executor(self.executor, self.table.position, c.app_id)
         return state.position == 0
 
     async def _run(self, stream: Stream, state: OriginState, mirror: bool) -> None:
         """Follow an origin on this gateway: read its committed messages, wake on its commits."""
         spec = state.spec
-        app_id = source_app_id(stream, spec)
-        fresh = await self._resume(stream, state, app_id, mirror)
+        c = Copying(stream, state, source_app_id(stream, spec), mirror)
+        fresh = await self._resume(c)
         while not stream.ended:
             origin = self.registry.streams.get(spec.name)
             if origin is None:
@@ -280,13 +291,13 @@ class Sourcing:
                 if stream.ended:
                     break
                 if msg is not None:
-                    copy = self._copy(stream, state, app_id, mirror, msg, identity)
+                    copy = self._copy(c, msg, identity)
                     if copy is FULL:
                         break
                     if copy is not None:
                         copies.append(copy)
                 state.position = seq
-            if not await self._store(stream, state, copies, durable):
+            if not await self._store(c, copies, durable):
                 continue
             if state.position < seqs[-1]:  # the writer had no room for the rest: let it commit first
                 await asyncio.sleep(RETRY_S)
@@ -294,10 +305,9 @@ class Sourcing:
                 origin.seqs_at_or_after(state.position + 1, spec.filters, origin.durable_last_seq, BATCH)
             )
 
-    async def _store(
-        self, stream: Stream, state: OriginState, copies: list[StoredMessage], durable: int
-    ) -> bool:
+    async def _store(self, c: Copying, copies: list[StoredMessage], durable: int) -> bool:
         """Commit accepted copies; False (the position back where it was durable) when it failed."""
+        stream, state = c.stream, c.state
         try:
             if copies:
                 await self.publish.store_copies(stream, copies)
@@ -312,9 +322,8 @@ class Sourcing:
         """Follow an origin on another JetStream (``external``) as the server does: a push consumer
         of the origin, created through the external API prefix, delivering with flow control and
         heartbeats over the leaf link; made again after a gap, a stall or an overrun."""
-        spec = state.spec
-        app_id = source_app_id(stream, spec)
-        fresh = await self._resume(stream, state, app_id, mirror)
+        c = Copying(stream, state, source_app_id(stream, state.spec), mirror)
+        fresh = await self._resume(c)
         token = uuid.uuid4().hex[:16]
         inbound = Inbound(f"{LINK_PREFIX}S.{token}", f"{LINK_PREFIX}R.{token}")
         for subject in (inbound.deliver, inbound.reply):
@@ -327,7 +336,7 @@ class Sourcing:
                     await asyncio.sleep(REMOTE_RETRY_S)
                     continue
                 fresh = False
-                await self._receive(stream, state, app_id, mirror, made, inbound)
+                await self._receive(c, made, inbound)
         finally:
             for subject in (inbound.deliver, inbound.reply):
                 self._inbound.pop(subject, None)
@@ -365,6 +374,7 @@ class Sourcing:
         elif spec.filters:
             config["filter_subjects"] = list(spec.filters)
         inbound.drain()
+        inbound.overrun = False
         request = {"stream_name": spec.name, "config": config, "action": ""}
         prefix = (external.get("api") or "$JS.API").rstrip(".")
         self.leaf.publish(
@@ -390,18 +400,10 @@ class Sourcing:
         state.error = errors.ApiError(503, 10029, "consumer create request timed out")
         return None
 
-    async def _receive(
-        self,
-        stream: Stream,
-        state: OriginState,
-        app_id: str,
-        mirror: bool,
-        made: tuple[str, str],
-        inbound: Inbound,
-    ) -> None:
+    async def _receive(self, c: Copying, made: tuple[str, str], inbound: Inbound) -> None:
         """Copy what the consumer delivers, in order; return when it must be made again."""
+        stream, state = c.stream, c.state
         dseq = 0
-        copy: StoredMessage | None = None
         while not stream.ended and not inbound.overrun:
             copies: list[StoredMessage] = []
             durable = state.position
@@ -409,38 +411,30 @@ class Sourcing:
                 msg = await asyncio.wait_for(inbound.queue.get(), STALL_S)
             except TimeoutError:
                 return  # stalled: neither messages nor heartbeats
+            again = False  # the consumer must be made again (after what was accepted is stored)
             while True:
                 state.active_ns = now_ns()
-                verdict = self._delivered(stream, state, app_id, mirror, made, inbound, msg, dseq)
-                if verdict is None:
-                    return
-                dseq, copy = verdict
-                if copy is FULL:
+                verdict = self._delivered(c, made, inbound, msg, dseq)
+                if verdict is None or verdict[1] is FULL:
+                    again = True
                     break
+                dseq, copy = verdict
                 if copy is not None:
                     copies.append(copy)
                 if inbound.queue.empty() or len(copies) >= BATCH:
                     break
                 msg = inbound.queue.get_nowait()
-            if copy is FULL or not await self._store(stream, state, copies, durable):
+            if not await self._store(c, copies, durable) or again:
                 return
-        inbound.overrun = False
 
     def _delivered(
-        self,
-        stream: Stream,
-        state: OriginState,
-        app_id: str,
-        mirror: bool,
-        made: tuple[str, str],
-        inbound: Inbound,
-        msg: Msg,
-        dseq: int,
+        self, c: Copying, made: tuple[str, str], inbound: Inbound, msg: Msg, dseq: int
     ) -> tuple[int, StoredMessage | None] | None:
         """One message for the follower: a control message answered or checked, a delivery
         copied. The new delivery sequence and the copy (None for none, ``FULL``: the writer had
         no room); None when the consumer must be made again (a gap in its deliveries)."""
         consumer, identity = made
+        state = c.state
         if msg.subject != inbound.deliver:
             return dseq, None  # a late answer to an earlier create
         if msg.hdrs is not None and msg.hdrs.startswith(b"NATS/1.0 100"):
@@ -461,7 +455,7 @@ class Sourcing:
         origin = StoredMessage(
             state.spec.name, 0, meta.stream_seq, meta.ts, subject or msg.subject, hdrs, msg.data
         )
-        copy = self._copy(stream, state, app_id, mirror, origin, identity)
+        copy = self._copy(c, origin, identity)
         if copy is not FULL:
             state.position = meta.stream_seq
             state.lag = meta.pending
@@ -476,19 +470,12 @@ class Sourcing:
             return origin.seq_at_time(parse_time_ns(spec.opt_start_time)) - 1
         return 0
 
-    def _copy(
-        self,
-        stream: Stream,
-        state: OriginState,
-        app_id: str,
-        mirror: bool,
-        msg: StoredMessage,
-        identity: str,
-    ) -> StoredMessage | None:
+    def _copy(self, c: Copying, msg: StoredMessage, identity: str) -> StoredMessage | None:
         """Accept the copy of origin message ``msg`` into ``stream``, after the writer made room for
         it (so nothing accepted is left unsubmitted). None when the stream refused it (a discard-new
         stream with no room: the copy is dropped, as the server drops it); ``FULL`` when the writer
         has no room (nothing was accepted)."""
+        stream, state, mirror = c.stream, c.state, c.mirror
         seq, subject, hdrs, data = msg.seq, msg.subject, msg.hdrs, msg.data
         stored_subject = state.spec.subject_for(subject)
         if not mirror:
@@ -507,7 +494,7 @@ class Sourcing:
             writer.unadmit(size)
             log.warning("%s: copy of %s %d refused: %s", stream.name, state.spec.name, seq, exc.description)
             return None
-        copy.origin = (app_id, seq)
+        copy.origin = (c.app_id, seq)
         return copy
 
 
