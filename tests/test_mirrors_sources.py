@@ -430,3 +430,41 @@ async def test_a_mirror_and_a_source_of_a_real_jetstream_in_another_domain(
 
         await assert_same(targets, live, unique)
     assert first[1][0][1] == f"{p}.1"
+
+
+@pytest.mark.waits  # the copies' one-second TTLs run out
+async def test_copies_keep_their_ttl_only_where_the_stream_allows_it(
+    targets: dict[str, str], unique: str
+) -> None:
+    """ADR-43: a mirror and a source store a message with ``Nats-TTL`` whatever their
+    ``allow_msg_ttl``; with it, the copy expires as the origin's message does, without it the copy
+    stays."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        await api(
+            nc, f"STREAM.CREATE.{name}O", {"name": f"{name}O", "subjects": [f"{p}.>"], "allow_msg_ttl": True}
+        )
+        copies: dict[str, dict[str, Any]] = {
+            "MT": {"mirror": {"name": f"{name}O"}, "allow_msg_ttl": True},
+            "M": {"mirror": {"name": f"{name}O"}},
+            "ST": {"sources": [{"name": f"{name}O"}], "allow_msg_ttl": True},
+            "S": {"sources": [{"name": f"{name}O"}]},
+        }
+        for suffix, cfg in copies.items():
+            assert "error" not in await api(
+                nc, f"STREAM.CREATE.{name}{suffix}", {"name": f"{name}{suffix}", **cfg}
+            )
+        js = nc.jetstream()
+        await js.publish(f"{p}.short", b"short", headers={"Nats-TTL": "1s"})
+        await js.publish(f"{p}.kept", b"kept")
+        for suffix in copies:
+            await _caught_up(nc, f"{name}{suffix}", 2, 2)
+        await asyncio.sleep(2.5)
+        return {
+            suffix: (await api(nc, f"STREAM.INFO.{name}{suffix}"))["state"]["messages"]
+            for suffix in ("O", *copies)
+        }
+
+    out = await assert_same(targets, case, unique)
+    assert out == {"O": 1, "MT": 1, "M": 2, "ST": 1, "S": 2}

@@ -29,6 +29,7 @@ from gateway.api import errors
 from gateway.api.consumer_config import parse_time_ns
 from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import now_ns
+from gateway.engine.msg_ttl import InvalidTTL, parse_ttl
 from gateway.engine.sourcing import OriginSpec, sourced_headers, stream_identity
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
@@ -487,15 +488,32 @@ class Sourcing:
         except (WriterOverloaded, WriterClosed):
             return FULL
         if mirror:
-            return stream.accept_mirrored(seq, msg.ts, stored_subject, hdrs, data)
-        try:
-            copy = stream.accept(stored_subject, hdrs, data, time.time_ns())
-        except errors.ApiError as exc:
-            writer.unadmit(size)
-            log.warning("%s: copy of %s %d refused: %s", stream.name, state.spec.name, seq, exc.description)
-            return None
-        copy.origin = (c.app_id, seq)
+            copy = stream.accept_mirrored(seq, msg.ts, stored_subject, hdrs, data)
+        else:
+            try:
+                copy = stream.accept(stored_subject, hdrs, data, time.time_ns())
+            except errors.ApiError as exc:
+                writer.unadmit(size)
+                log.warning(
+                    "%s: copy of %s %d refused: %s", stream.name, state.spec.name, seq, exc.description
+                )
+                return None
+            copy.origin = (c.app_id, seq)
+        _schedule_ttl(stream, copy)
         return copy
+
+
+def _schedule_ttl(stream: Stream, copy: StoredMessage) -> None:
+    """A copy's ``Nats-TTL`` (ADR-43): always stored, whatever the stream allows; it expires the
+    copy only in a stream that allows message TTLs (a copy that stays is the audit trail)."""
+    if not stream.config.allow_msg_ttl or not copy.hdrs or b"Nats-TTL" not in copy.hdrs:
+        return
+    try:
+        ttl = parse_ttl(parse_headers(copy.hdrs).get("Nats-TTL", ""))
+    except InvalidTTL:
+        return
+    if ttl:
+        stream.ttl.add(copy.seq, copy.ts, ttl)
 
 
 async def _next_commit(stream: Stream) -> None:
