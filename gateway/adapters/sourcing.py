@@ -46,8 +46,10 @@ from storage_delta.format.nats import parse_headers
 
 log = logging.getLogger(__name__)
 
-#: Origin messages read and committed at a time.
+#: Origin messages read and committed at a time (an origin on this gateway: read from its tail
+#: cache or its files; a remote one: what its consumer delivered meanwhile, at most).
 BATCH = 256
+REMOTE_BATCH = 4096
 #: Pause after a failed batch (the writer refused or failed it) before it is tried again.
 RETRY_S = 0.5
 #: Subjects of the gateway's own consumers on other JetStreams (deliveries ``S.``, replies ``R.``).
@@ -422,7 +424,7 @@ class Sourcing:
                 dseq, copy = verdict
                 if copy is not None:
                     copies.append(copy)
-                if inbound.queue.empty() or len(copies) >= BATCH:
+                if inbound.queue.empty() or len(copies) >= REMOTE_BATCH:
                     break
                 msg = inbound.queue.get_nowait()
             if not await self._store(c, copies, durable) or again:
