@@ -227,10 +227,16 @@ class Stream:
     def accept_mirrored(
         self, seq: int, ts: int, subject: str, hdrs: bytes | None, data: bytes
     ) -> StoredMessage:
-        """A mirror's copy of its origin's message: the origin's sequence and time, the sequences
-        the origin no longer has skipped (holes, as deleted messages); limits apply as to a publish."""
+        """A mirror's copy of its origin's message: the origin's sequence, the sequences the origin
+        no longer has skipped (holes, as deleted messages); limits apply as to a publish.
+
+        The origin's time, but never before the mirror was created (nor before its last message):
+        a stored time tells a stream's rows from those of an earlier stream of the same name
+        (recovery, cold reads, Spark's logical view and the jobs keep rows stored at or after the
+        stream's creation), so history copied at creation carries the creation time."""
         st = self.state
         assert seq > st.last_seq, (seq, st.last_seq)
+        ts = max(ts, self.created_ns, st.last_ts + 1)
         st.last_seq = seq - 1
         msg = StoredMessage(self.name, self.block_size, seq, ts, subject, hdrs, data)
         sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
