@@ -520,3 +520,33 @@ async def test_spark_reads_a_mirror_and_a_sourcing_stream_as_any_stream(
     sourced = await asyncio.to_thread(read, f"{unique}S")  # origin sequences 1 and 7 (4 was deleted)
     assert [row[:3] for row in sourced] == [(1, f"{p}.1", "m1"), (2, f"{p}.1", "m7")]
     assert [str(row[3]).split(" ")[:2] for row in sourced] == [[f"{unique}O", "1"], [f"{unique}O", "7"]]
+
+
+async def test_sources_added_and_removed_by_updates_and_cycles_refused(
+    targets: dict[str, str], unique: str
+) -> None:
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        await _origins(nc, name, p)
+        js = nc.jetstream()
+        await js.publish(f"{p}.x", b"o1")
+        await js.publish(f"{p}2.x", b"o2")
+        base = {"name": name, "subjects": [f"{p}s.>"]}
+        one = [{"name": f"{name}O"}]
+        two = [*one, {"name": f"{name}O2"}]
+        out: list[Any] = [(await api(nc, f"STREAM.CREATE.{name}", {**base, "sources": one})).get("error")]
+        await _caught_up(nc, name, 1, 1)
+        out.append((await api(nc, f"STREAM.UPDATE.{name}", {**base, "sources": two})).get("error"))
+        await _caught_up(nc, name, 2, 2)
+        out.append((await api(nc, f"STREAM.UPDATE.{name}", {**base, "sources": two[1:]})).get("error"))
+        await js.publish(f"{p}.x", b"o1 again")  # no longer sourced
+        await js.publish(f"{p}2.x", b"o2 again")
+        info = await _caught_up(nc, name, 3, 3)
+        out += [info["state"]["messages"], sorted(s["name"] for s in info["sources"])]
+        cycle = {"name": f"{name}O2", "subjects": [f"{p}2.>"], "sources": [{"name": name}]}
+        out.append((await api(nc, f"STREAM.UPDATE.{name}O2", cycle)).get("error"))
+        return out
+
+    out = await assert_same(targets, case, unique)
+    assert out[-1]["description"] == "detected cycle"

@@ -187,10 +187,28 @@ class StreamApi:
                     if cfg.mirror
                     else errors.SOURCE_MAX_MESSAGE_SIZE_TOO_BIG
                 )
+        self._check_source_cycle(cfg)
         mirrored = self.reg.streams.get(cfg.mirror["name"]) if cfg.mirror else None
         if mirrored is not None:
             cfg = replace(cfg, mirror_direct=mirrored.config.allow_direct)
         return cfg
+
+    def _check_source_cycle(self, cfg: StreamConfig) -> None:
+        """The server's cycle check: walking the sources from this stream, a stream met again whose
+        subjects the source's filter overlaps would copy its own messages back."""
+        to_visit, visited = [cfg], set()
+        while to_visit:
+            current = to_visit.pop(0)
+            visited.add(current.name)
+            for src in current.sources:
+                if src.get("external"):
+                    continue
+                if src["name"] in visited:
+                    only = src.get("filter_subject") or ""
+                    if not only or any(subjects_overlap(subject, only) for subject in current.subjects):
+                        raise errors.STREAM_INVALID_CONFIG.format(err="detected cycle")
+                elif (other := self.reg.streams.get(src["name"])) is not None:
+                    to_visit.append(other.config)
 
     async def stream_create(self, name: str, body: bytes) -> StreamCreateResponse:
         req = load_request(body, stream_config.REQUEST)
