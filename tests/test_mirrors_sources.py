@@ -349,9 +349,10 @@ def test_copies_resume_after_kill_without_gap_or_duplicate(own_jetlake: Jetlake)
 
 
 @pytest.fixture(scope="module")
-def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str]]:
+def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str, Jetlake]]:
     """Two systems, each with a JetStream in domain ``core`` joined to it by a leaf link: the real
-    JetStream (a leafnode listener) and jetlake's hub. The targets, and the core's client URL."""
+    JetStream (a leafnode listener) and jetlake's hub. The targets, the core's client URL and the
+    jetlake (a test may kill its gateway)."""
     base = tmp_path_factory.mktemp("external")
     reference = ReferenceJetStream(base / "reference", leaf_port=free_port())
     lake = Jetlake(base / "jetlake")
@@ -365,7 +366,7 @@ def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[st
             core.start()
             try:
                 asyncio.run(_linked(core.url))
-                yield {"jetstream": reference.url, "jetlake": lake.url}, core.url
+                yield {"jetstream": reference.url, "jetlake": lake.url}, core.url, lake
             finally:
                 core.stop()
         finally:
@@ -385,12 +386,12 @@ async def _linked(core_url: str) -> None:
 
 
 async def test_a_mirror_and_a_source_of_a_real_jetstream_in_another_domain(
-    external: tuple[dict[str, str], str], unique: str
+    external: tuple[dict[str, str], str, Jetlake], unique: str
 ) -> None:
     """The origin lives on a real JetStream (domain ``core``); the mirror and the source reach it
     through ``external.api`` over the leaf links: history with a gap, then live messages; the
     copies are the origin's (a source's header carries the origin's identity as the core sends it)."""
-    targets, core_url = external
+    targets, core_url, _ = external
     p = unique.lower()
     ext = {"api": "$JS.core.API"}
     async with await nats.connect(core_url) as core:
@@ -550,3 +551,57 @@ async def test_sources_added_and_removed_by_updates_and_cycles_refused(
 
     out = await assert_same(targets, case, unique)
     assert out[-1]["description"] == "detected cycle"
+
+
+@pytest.mark.slow
+def test_copies_of_a_real_jetstream_resume_after_kill_without_gap_or_duplicate(
+    external: tuple[dict[str, str], str, Jetlake],
+) -> None:
+    """As the test above, the origin on the core JetStream: ``kill -9`` while a mirror and a source
+    copy 20,000 messages over the leaf link; after the restart each origin message is there once."""
+    _, core_url, lake = external
+    total = 20_000
+
+    async def fill(url: str) -> None:
+        async with await nats.connect(url) as core:
+            await api(core, "STREAM.CREATE.XK", {"name": "XK", "subjects": ["xk.>"]})
+            js = core.jetstream()
+            for i in range(0, total, 500):
+                await asyncio.gather(*(js.publish(f"xk.{j % 7}", str(j).encode()) for j in range(i, i + 500)))
+
+    async def start_and_wait(url: str) -> None:
+        ext = {"api": "$JS.core.API"}
+        async with await nats.connect(url) as nc:
+            await api(nc, "STREAM.CREATE.XKM", {"name": "XKM", "mirror": {"name": "XK", "external": ext}})
+            await api(
+                nc,
+                "STREAM.CREATE.XKS",
+                {"name": "XKS", "subjects": ["xks"], "sources": [{"name": "XK", "external": ext}]},
+            )
+            for _ in range(1000):  # kill once both have committed copies and neither is done
+                km = (await api(nc, "STREAM.INFO.XKM"))["state"]["messages"]
+                ks = (await api(nc, "STREAM.INFO.XKS"))["state"]["messages"]
+                if km > 4096 and ks > 4096:
+                    print(f"killed with {km} mirrored and {ks} sourced of {total}")
+                    return
+                await asyncio.sleep(0.01)
+
+    async def check(url: str) -> tuple[int, list[int]]:
+        async with await nats.connect(url) as nc:
+            km = await _caught_up(nc, "XKM", total, total)
+            await _caught_up(nc, "XKS", total, total)
+            sub = await nc.jetstream().pull_subscribe("", durable="R", stream="XKS")
+            origin_seqs: list[int] = []
+            while len(origin_seqs) < total:
+                for m in await sub.fetch(1000, timeout=5):
+                    origin_seqs.append(int((m.headers or {})["Nats-Stream-Source"].split(" ")[1]))
+                    await m.ack()
+            return km["state"]["last_seq"], origin_seqs
+
+    asyncio.run(fill(core_url))
+    asyncio.run(start_and_wait(lake.url))
+    lake.kill_gateway()
+    lake.start_gateway()
+    last, origin_seqs = asyncio.run(check(lake.url))
+    assert last == total
+    assert origin_seqs == list(range(1, total + 1))  # each once, in the origin's order
