@@ -179,7 +179,7 @@ class Delivery:
             return
         exc = task.exception()
         now = now_ns()
-        listening = ce.observe(consumer, self.leaf.interest.has, now)
+        listening = ce.observe(consumer, self.leaf.interest, now)
         if exc is not None:
             log.error("delivery for %s/%s failed", consumer.stream.name, consumer.name, exc_info=exc)
         if self._timers is None:
@@ -192,13 +192,13 @@ class Delivery:
 
     def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
         """Where the next message goes: the oldest waiting pull request that has time left, or a
-        push consumer's deliver subject while it has interest."""
+        push consumer's deliver subject while it is bound to a subscriber."""
         if consumer.is_push:
             subject = consumer.config.deliver_subject
             flow = self._flow.get(id(consumer))
             if flow is not None and flow.stalled():
                 return None  # until the subscriber answers the flow-control request
-            return (subject, None) if self.leaf.interest.has(subject) else None
+            return (subject, None) if ce.push_bound(consumer, self.leaf.interest) else None
         for expired in consumer.waiting.expire_head(now):
             self._send_status(timeout_status(expired))
         req = consumer.waiting.peek()
@@ -462,7 +462,7 @@ class Delivery:
             self._timers.set(consumer, max(due, now + MIN_STEP_NS))
 
     def _tick(self, consumer: Consumer, now: int) -> None:
-        self._carry_out(consumer, ce.tick(consumer, self.leaf.interest.has, now))
+        self._carry_out(consumer, ce.tick(consumer, self.leaf.interest, now))
 
     def on_flow_control(self, subject: str) -> None:
         """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""

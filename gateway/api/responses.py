@@ -55,6 +55,7 @@ class ConsumerInfo:
     num_redelivered: int
     num_waiting: int
     num_pending: int
+    push_bound: bool = field(default=False, metadata=OMIT)
     paused: bool = field(default=False, metadata=OMIT)
     pause_remaining: int = field(default=0, metadata=OMIT)
     ts: str = ""

@@ -612,7 +612,8 @@ class Consumer:
 
     # ---- info ---------------------------------------------------------------------------------
 
-    def info(self, stream_name: str, now_ns: int) -> ConsumerInfo:
+    def info(self, stream_name: str, now_ns: int, push_bound: bool = False) -> ConsumerInfo:
+        """What CONSUMER.INFO shows; ``push_bound`` is the leaf's to know (who subscribes)."""
         paused = self.paused(now_ns)
         return ConsumerInfo(
             stream_name=stream_name,
@@ -625,6 +626,7 @@ class Consumer:
             num_redelivered=self.num_redelivered(),
             num_waiting=self.waiting.live(now_ns),
             num_pending=self.num_pending(),
+            push_bound=push_bound,
             paused=paused,
             pause_remaining=self.paused_until_ns - now_ns if paused else 0,
             ts=rfc3339(now_ns),

@@ -5,14 +5,16 @@ each function changes the state and returns the effects (status messages and adv
 ack-log rows to record, a pull request to take, delivery to start, a timer to bring forward, the
 consumer to remove) in the order the delivery adapter (:mod:`gateway.adapters.delivery`) carries
 them out. The adapter keeps only what needs I/O: the link, the ack log's room and durability,
-the serve tasks and the timers. Whether an inbox or deliver subject has a listener is asked of the
-``Interest`` predicate it passes in (the leaf's view of the server's subscriptions).
+the serve tasks and the timers. Whether an inbox has a listener, or a push consumer is bound to a
+subscriber, is asked of the ``Listeners`` it passes in (the leaf's view of the server's
+subscriptions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.api import advisories
 from gateway.api.pull import (
@@ -33,8 +35,22 @@ from gateway.engine.flow_control import FlowControl
 from gateway.wire.acks import AckKind, AckToken
 from storage_delta.tables import acklog as al
 
-#: Whether a subject has a subscriber now.
-Interest = Callable[[str], bool]
+
+class Listeners(Protocol):
+    """Who subscribes on the server now (``gateway.wire.leaf.Interest``)."""
+
+    def has(self, subject: str) -> bool:
+        """Whether a message to ``subject`` reaches a subscriber (a pull request's inbox)."""
+
+    def bound(self, subject: str, group: str) -> bool:
+        """Whether a push consumer delivering to ``subject`` in queue group ``group`` ("" for
+        none) has a subscriber it binds to."""
+
+
+def push_bound(consumer: Consumer, listeners: Listeners) -> bool:
+    """A push consumer's ``push_bound``: it delivers only while this holds."""
+    cfg = consumer.config
+    return consumer.is_push and listeners.bound(cfg.deliver_subject, cfg.deliver_group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,12 +274,12 @@ def pull_request(consumer: Consumer, reply: str, body: bytes, hdrs: bytes | None
 # ---- the timer --------------------------------------------------------------------------------
 
 
-def tick(consumer: Consumer, interest: Interest, now: int) -> list[Effect]:
+def tick(consumer: Consumer, listeners: Listeners, now: int) -> list[Effect]:
     """The consumer's timer is due: expire pull requests, send idle heartbeats, redeliver what
     ``ack_wait`` ran out on, drop requests whose requester left, and remove the consumer once it
     has been inactive past its threshold."""
     effects: list[Effect] = [SendStatus(timeout_status(req)) for req in consumer.waiting.expire(now)]
-    consumer.waiting.remove_where([r for r in consumer.waiting if not interest(r.reply)])
+    consumer.waiting.remove_where([r for r in consumer.waiting if not listeners.has(r.reply)])
     for req in consumer.waiting:
         if req.heartbeat_ns and req.next_heartbeat_ns <= now:
             req.next_heartbeat_ns = now + req.heartbeat_ns
@@ -273,7 +289,7 @@ def tick(consumer: Consumer, interest: Interest, now: int) -> list[Effect]:
         effects.append(
             _advisory(advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now))
         )
-    listening = observe(consumer, interest, now)
+    listening = observe(consumer, listeners, now)
     if consumer.is_push and listening and _push_heartbeat_due(consumer, now):
         effects.append(Heartbeat(consumer.config.deliver_subject))
     if _inactive(consumer, now):
@@ -310,12 +326,12 @@ def _inactive(consumer: Consumer, now: int) -> bool:
     return True
 
 
-def observe(consumer: Consumer, interest: Interest, now: int) -> bool:
-    """Whether the consumer listens (waiting requests; a push consumer's subscriber). While it
-    does, and at the first look after it stopped, it counts as seen now."""
+def observe(consumer: Consumer, listeners: Listeners, now: int) -> bool:
+    """Whether the consumer listens (waiting requests; a push consumer bound to a subscriber).
+    While it does, and at the first look after it stopped, it counts as seen now."""
     watch = consumer.watch
     push = consumer.is_push
-    listening = interest(consumer.config.deliver_subject) if push else len(consumer.waiting) > 0
+    listening = push_bound(consumer, listeners) if push else len(consumer.waiting) > 0
     if listening or watch.listening:
         watch.last_seen_ns = now
     watch.listening = listening

@@ -14,6 +14,7 @@ from gateway.api import errors
 from gateway.api.configs import to_json
 from gateway.api.requests import API_LEVEL, Publish, RawReply, T, above_api_level
 from gateway.api.responses import AccountInfoResponse, ApiStats, Route
+from gateway.engine.consumer_effects import Listeners
 from gateway.handlers import consumers as consumer_api
 from gateway.handlers import streams as stream_api
 from gateway.handlers.consumers import ConsumerApi, SeqAtTime
@@ -31,11 +32,16 @@ class Api:
     """Routes a request to the stream or consumer handlers and renders their errors."""
 
     def __init__(
-        self, registry: Registry, streams: StreamApi, seq_at_time: SeqAtTime, publish: Publish
+        self,
+        registry: Registry,
+        streams: StreamApi,
+        seq_at_time: SeqAtTime,
+        publish: Publish,
+        listeners: Listeners,
     ) -> None:
         self.reg = registry
         self.streams = streams
-        self.consumers = ConsumerApi(registry, seq_at_time, publish)
+        self.consumers = ConsumerApi(registry, seq_at_time, publish, listeners)
 
     async def handle(
         self, toks: list[str], body: bytes, hdrs: bytes | None = None

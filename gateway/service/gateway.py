@@ -156,6 +156,7 @@ class Gateway:
             ),
             self.cold.first_seq_at,
             self._publish_event,
+            leaf.interest,
         )
         dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api)
         leaf.subscribe(dispatcher.api_prefix + ">")
