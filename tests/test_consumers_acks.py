@@ -14,6 +14,8 @@ from nats.aio.msg import Msg
 
 from tests.jsapi import api, consumer, describe, publish, pull, same, state, stream
 
+S = 1_000_000_000
+
 
 async def _events(nc: Client, name: str) -> tuple[Any, list[dict[str, Any]]]:
     """Collect the consumer advisories and metrics of stream ``name`` (ids and times dropped)."""
@@ -136,6 +138,44 @@ async def test_ack_policy_all_and_none(targets: dict[str, str], unique: str) -> 
 
     out = await same(targets, case, unique)
     assert out["mid"]["ack_floor"] == {"consumer_seq": 3, "stream_seq": 3}
+
+
+async def test_nak_places_the_message_as_the_server_does(targets: dict[str, str], unique: str) -> None:
+    """A plain -NAK queues its message for redelivery ahead of new messages, behind those nak'd
+    before it, also on a consumer with a backoff (which holds back only ack-wait redeliveries);
+    a -NAK with a delay takes a message already queued off the queue until the delay is over."""
+
+    def order(got: list[Any]) -> list[Any]:
+        return [(m[4], m[3]) if m[0] == "msg" else m[:2] for m in got]  # (stream seq, deliveries)
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 8)
+        batch = {"batch": 4, "expires": 500_000_000}
+        await consumer(nc, name, "q", ack_policy="explicit")
+        first = await pull(nc, name, "q", batch, 4)
+        for seq, body in ((3, b"-NAK"), (1, b"-NAK"), (2, b"+ACK"), (4, b"+ACK")):
+            await nc.request(f"$JS.ACK.{name}.q.1.{seq}.{seq}.0.0", body, timeout=2)
+        queued = await pull(nc, name, "q", batch, 4)
+        await consumer(nc, name, "b", ack_policy="explicit", backoff=[5 * S, 10 * S], max_deliver=3)
+        backoff = await pull(nc, name, "b", {"batch": 1}, 1)
+        await nc.request(f"$JS.ACK.{name}.b.1.1.1.0.0", b"-NAK", timeout=2)
+        backoff += await pull(nc, name, "b", {"batch": 1}, 1)
+        await consumer(nc, name, "d", ack_policy="explicit")
+        delayed = await pull(nc, name, "d", {"batch": 2}, 2)
+        await nc.request(f"$JS.ACK.{name}.d.1.1.1.0.0", b"-NAK", timeout=2)
+        await nc.request(f"$JS.ACK.{name}.d.1.1.1.0.0", b'-NAK {"delay": 5000000000}', timeout=2)
+        delayed += await pull(nc, name, "d", {"batch": 2}, 2)
+        return {
+            "queued": order(first + queued),
+            "backoff": order(backoff),
+            "delayed": order(delayed),
+        }
+
+    out = await same(targets, case, unique)
+    assert [seq for seq, _ in out["queued"]] == ["1", "2", "3", "4", "3", "1", "5", "6"]
+    assert out["backoff"] == [("1", "1"), ("1", "2")]
+    assert out["delayed"] == [("1", "1"), ("2", "1"), ("3", "1"), ("4", "1")]
 
 
 @pytest.mark.slow

@@ -504,13 +504,16 @@ class Consumer:
         return settled
 
     def nak(self, seq: int, delay_ns: int, now_ns: int) -> bool:
-        """``-NAK``: redeliver now, or after ``delay`` (or the backoff step when one is set)."""
+        """``-NAK``: queue the redelivery now (behind those queued before, ahead of new messages;
+        a backoff does not hold it back), or with a ``delay`` take it off the queue and redeliver
+        after the delay, as the server's ``processNak`` does."""
         p = self.pending.get(seq)
         if p is None:
             return False
-        if not delay_ns and self._backoff:
-            delay_ns = self._ack_wait(p.deliveries)
         if delay_ns > 0:
+            if seq in self._queued:
+                self._queued.discard(seq)
+                self.redeliver.remove(seq)
             self._arm(seq, p, now_ns + delay_ns)
         else:
             self._queue_redelivery(seq)
@@ -559,10 +562,12 @@ class Consumer:
         return self.ack(seq, cseq, now_ns)
 
     def expire(self, now_ns: int) -> list[tuple[int, int]]:
-        """Queue for redelivery every pending message whose ack wait ran out. Those that have been
-        delivered ``max_deliver`` times leave pending instead (the floor stays); they are returned
-        as (stream seq, deliveries) for the MAX_DELIVERIES advisory."""
+        """Queue for redelivery every pending message whose ack wait ran out, those of one call
+        in stream order (the server's ``checkPending`` sorts what one pass found). Those that
+        have been delivered ``max_deliver`` times leave pending instead (the floor stays); they
+        are returned as (stream seq, deliveries) for the MAX_DELIVERIES advisory."""
         exhausted: list[tuple[int, int]] = []
+        due: list[int] = []
         heap = self._deadlines
         while heap and heap[0][0] <= now_ns:
             deadline, seq = heapq.heappop(heap)
@@ -573,6 +578,8 @@ class Consumer:
                 del self.pending[seq]
                 exhausted.append((seq, p.deliveries))
                 continue
+            due.append(seq)
+        for seq in sorted(due):
             self._queue_redelivery(seq)
         return exhausted
 

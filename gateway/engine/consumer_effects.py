@@ -230,9 +230,9 @@ def sampled(rate: int, cseq: int) -> bool:
 
 
 def _nak_delay(consumer: Consumer, seq: int, kind: AckKind, now: int) -> int | None:
-    """The redelivery delay (the nak's own, or the backoff's) the ack log keeps, if any."""
+    """The nak's redelivery delay the ack log keeps, if it had one."""
     p = consumer.pending.get(seq)
-    if p is not None and (kind.delay_ns > 0 or consumer.config.backoff):
+    if p is not None and kind.delay_ns > 0:
         return p.deadline_ns - now
     return None
 
