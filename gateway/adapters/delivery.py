@@ -31,6 +31,7 @@ from gateway.adapters.registry import Registry
 from gateway.api.pull import (
     CONSUMER_DELETED,
     NO_MESSAGES,
+    NO_RESPONDERS,
     PullRequest,
     Status,
     no_consumer,
@@ -49,7 +50,7 @@ from gateway.wire import acks
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import CRLF, msg_head
 from storage_delta.commit.writer import StoredMessage
-from storage_delta.format.nats import status_block
+from storage_delta.format.nats import no_responders, status_block
 
 log = logging.getLogger(__name__)
 
@@ -483,8 +484,10 @@ class Delivery:
         if token is None or kind is None:
             return
         consumer = self._consumer(token.stream, token.consumer)
-        if consumer is not None:  # nobody listens on a deleted consumer's acks, as on the real server
+        if consumer is not None and consumer.takes_acks:
             self._ack(consumer, token, kind, reply)
+        elif reply:  # the server has nobody on the acks of a consumer that is gone or takes none
+            self._send_status(Status(reply, *NO_RESPONDERS, no_responders(subject)))
 
     def apply_acks(self) -> None:
         """Apply the queued plain acks (``queued_acks``): each run of consecutive acks of one
@@ -493,7 +496,7 @@ class Delivery:
         found, self.queued_acks = self.queued_acks, []
         for (stream, name), run in groupby(found, itemgetter(1, 2)):
             consumer = self._consumer(stream.decode(errors="replace"), name.decode(errors="replace"))
-            if consumer is not None:  # nobody listens on a deleted consumer's acks
+            if consumer is not None and consumer.takes_acks:  # nobody listens on the others'
                 self._ack_run(consumer, list(run))
 
     def _ack_run(self, consumer: Consumer, run: list[tuple[bytes, bytes, bytes, bytes]]) -> None:

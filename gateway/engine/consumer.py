@@ -198,6 +198,8 @@ class Consumer:
         self.ack_policy = config.ack_policy
         self.ack_none = self.ack_policy in ("none", "flow_control")
         self.ack_all = self.ack_policy == "all"
+        #: whether acks reach it: the server subscribes to a consumer's ack subject only then
+        self.takes_acks = self.ack_policy in ("explicit", "all")
         self.is_push = config.is_push
         self.max_deliver = config.max_deliver or -1
         self._backoff = config.backoff
@@ -489,7 +491,9 @@ class Consumer:
         return None
 
     def _ack_all(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
-        if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq:
+        """Settles everything up to ``seq``; an ack above the last delivered message is ignored,
+        as the server ignores it (it would move the floor past messages never delivered)."""
+        if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq or seq > self.sseq:
             return None
         self.ack_floor_cseq, self.ack_floor_sseq = cseq, seq
         self.ack_floor_active_ns = now_ns

@@ -153,7 +153,10 @@ def ack(
     consumer: Consumer, peers: Iterable[Consumer], token: AckToken, kind: AckKind, reply: str, now: int
 ) -> list[Effect]:
     """One ack of any kind, applied on its own; ``peers`` are the stream's consumers (interest and
-    work-queue retention settle against them all)."""
+    work-queue retention settle against them all). A ``+TERM`` is advised whatever it changed
+    (the server's ``processTerm`` advises every one, with the token's numbers); an ack or term of
+    a message above the last delivered one changes nothing and gets no answer, as from the server,
+    which ignores it."""
     k = kind.kind
     floor = consumer.ack_floor_sseq
     effects: list[Effect] = []
@@ -165,8 +168,7 @@ def ack(
             effects += _sample(consumer, token, settled, now)
     elif k == "term":
         record, changed = al.TERM, consumer.term(token.seq, token.cseq, now) is not None
-        if changed:
-            effects.append(_advisory(advisories.terminated(*_names(token), kind.reason, now)))
+        effects.append(_advisory(advisories.terminated(*_names(token), kind.reason, now)))
     elif k == "nak":
         record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
         delay = _nak_delay(consumer, token.seq, kind, now)
@@ -177,7 +179,8 @@ def ack(
     if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
         acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
         retention.settle(consumer.stream, peers, acked)
-    effects.append(RecordAck(record, token.seq, changed, "" if k == "next" else reply, delay))
+    ignored = k in ("ack", "term") and token.seq > consumer.sseq
+    effects.append(RecordAck(record, token.seq, changed, "" if k == "next" or ignored else reply, delay))
     if k == "next" and reply:
         effects.append(TakeRequest(reply, kind.next_request))
     effects += _serve_if_due(consumer)
