@@ -106,8 +106,10 @@ class Delivery:
         tasks: TaskOwner,
         delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
         recorder: AckRecorder,
+        publish_event: Callable[[tuple[str, bytes]], None],
     ) -> None:
         self.recorder = recorder
+        self.publish_event = publish_event  # advisories, as the service words them
         self.registry = registry
         self.leaf = leaf
         self.cold = cold
@@ -371,7 +373,7 @@ class Delivery:
                 case ce.SendStatus(status, queues):
                     self._send_status(status, queues)
                 case ce.Advisory(subject, payload):
-                    self.leaf.publish(subject, payload)
+                    self.publish_event((subject, payload))
                 case ce.RecordAck() | ce.RecordAckRun() | ce.RecordDrop():
                     self._record(consumer, effect)
                 case ce.TakeRequest(reply, body):

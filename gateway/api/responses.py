@@ -68,7 +68,8 @@ class StreamInfo:
     config: StreamConfig
     created: str
     state: Mapping[str, Any]
-    ts: str
+    domain: str = field(default="", metadata=OMIT)
+    ts: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,7 @@ class AccountInfoResponse:
     streams: int
     consumers: int
     limits: AccountLimits = field(default_factory=AccountLimits)
+    domain: str = field(default="", metadata=OMIT)
     api: ApiStats
 
 

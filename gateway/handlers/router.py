@@ -38,8 +38,10 @@ class Api:
         seq_at_time: SeqAtTime,
         publish: Publish,
         listeners: Listeners,
+        domain: str,
     ) -> None:
         self.reg = registry
+        self.domain = domain
         self.streams = streams
         self.consumers = ConsumerApi(registry, seq_at_time, publish, listeners)
 
@@ -86,6 +88,7 @@ class Api:
             storage=sum(s.state.bytes for s in streams),
             streams=len(self.reg.streams),
             consumers=sum(len(c) for c in self.reg.consumers.values()),
+            domain=self.domain,
             api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
         )
 

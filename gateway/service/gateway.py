@@ -142,9 +142,11 @@ class Gateway:
         log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
-        delivery = Delivery(registry, leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder)
+        delivery = Delivery(
+            registry, leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder, self._publish_event
+        )
         registry.consumer_removed.connect(delivery.consumer_gone)
-        publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
+        publish = PublishPath(registry, writer, leaf, delivery.kick_stream, settings.domain)
         api = Api(
             registry,
             StreamApi(
@@ -152,11 +154,13 @@ class Gateway:
                 MessageLoader(self.reader, self.executor),
                 recorder,
                 self._publish_event,
+                settings.domain,
                 lambda: writer.running,
             ),
             self.cold.first_seq_at,
             self._publish_event,
             leaf.interest,
+            settings.domain,
         )
         dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api)
         leaf.subscribe(dispatcher.api_prefix + ">")
@@ -286,8 +290,9 @@ class Gateway:
     # ---- what the components ask of the service ---------------------------------------------
 
     def _publish_event(self, event: tuple[str, bytes]) -> None:
+        """An advisory, as a server in the gateway's JetStream domain publishes it."""
         if self.core is not None:
-            self.core.leaf.publish(event[0], event[1])
+            self.core.leaf.publish(event[0], advisories.in_domain(event[1], self.settings.domain))
 
     async def _expire_consumer(self, consumer: Consumer) -> None:
         """A consumer past its ``inactive_threshold`` goes, as on the real server."""
