@@ -73,6 +73,19 @@ def test_redelivery_queue_as_the_servers() -> None:
     assert list(c.redeliver) == [2, 3, 4]  # due at 12, 5 and 10 s
 
 
+def test_flow_control_ack_policy_holds_without_deadlines() -> None:
+    """``ack_policy: flow_control``: deliveries wait for their ack with no ack wait (nothing is
+    ever redelivered) and an ack settles everything up to it, as ack all; an ack above the last
+    delivered message is ignored."""
+    c = _consumer(_stream(4), ack_policy="flow_control", deliver_subject="d", flow_control=True)
+    assert [_take(c) for _ in range(3)] == [1, 2, 3]
+    assert c.next_deadline_ns() is None
+    assert c.expire(3600 * NS) == []
+    assert c.ack(4, 4, 0) is None
+    assert c.ack(2, 2, 0) is not None
+    assert (sorted(c.pending), c.ack_floor_sseq) == ([3], 2)
+
+
 def test_expire_and_max_deliver() -> None:
     """Past ack_wait a message is queued again; after max_deliver it leaves pending, the floor
     stays and the redelivered count keeps it."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 
 from tests.jsapi import api, describe, publish, same, state, stream
 
@@ -340,6 +341,60 @@ async def test_push_flow_control_stalled_heartbeat(targets: dict[str, str], uniq
 
     out = await same(targets, case, unique)
     assert out["stalled_on_request"] is True
+
+
+@pytest.mark.waits
+async def test_ack_policy_flow_control_acks_by_the_answers(targets: dict[str, str], unique: str) -> None:
+    """``ack_policy: flow_control`` (2.15): deliveries wait for their ack (no ack wait, nothing is
+    redelivered) until the subscriber answers a flow-control request, whose ``Nats-Last-Stream``
+    and ``Nats-Last-Consumer`` headers ack everything up to them; a request goes out when
+    ``max_ack_pending`` is reached and with each idle heartbeat while messages wait; ``+ACK`` on
+    the ack subject hears "no responders"."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 4)
+        deliver = f"fc.{name.lower()}"
+        seen: list[Any] = []
+        requests: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on(msg: Any) -> None:
+            if msg.reply.startswith("$JS.FC."):
+                seen.append("request")
+                requests.put_nowait(msg.reply)
+            elif not (msg.headers or {}).get("Status"):
+                seen.append(int(msg.reply.split(".")[5]))
+
+        await nc.subscribe(deliver, cb=on)
+        cfg = {
+            "durable_name": "f",
+            "ack_policy": "flow_control",
+            "flow_control": True,
+            "deliver_subject": deliver,
+            "max_ack_pending": 2,
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.f", {"stream_name": name, "config": cfg})
+        infos = []
+        for last in (1, 3, 4):  # at max_ack_pending, again, then with the heartbeat
+            reply = await asyncio.wait_for(requests.get(), 3)
+            await asyncio.sleep(0.2)
+            infos.append(state(await api(nc, f"CONSUMER.INFO.{name}.f")))
+            await nc.publish(
+                reply, b"", headers={"Nats-Last-Consumer": str(last), "Nats-Last-Stream": str(last)}
+            )
+            await asyncio.sleep(0.2)
+            infos.append(state(await api(nc, f"CONSUMER.INFO.{name}.f")))
+        try:
+            await nc.request(f"$JS.ACK.{name}.f.1.4.4.0.0", b"+ACK", timeout=2)
+            acked = "answered"
+        except NoRespondersError:
+            acked = "no responders"
+        return {"seen": seen, "infos": infos, "acked": acked}
+
+    out = await same(targets, case, unique)
+    assert out["seen"] == [1, 2, "request", 3, "request", 4, "request"]
+    assert [i["num_ack_pending"] for i in out["infos"]] == [2, 2, 2, 1, 1, 0]
+    assert out["acked"] == "no responders"
 
 
 @pytest.mark.waits

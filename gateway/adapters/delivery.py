@@ -50,7 +50,7 @@ from gateway.wire import acks
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import CRLF, msg_head
 from storage_delta.commit.writer import StoredMessage
-from storage_delta.format.nats import no_responders, status_block
+from storage_delta.format.nats import no_responders, parse_headers, status_block
 
 log = logging.getLogger(__name__)
 
@@ -351,16 +351,26 @@ class Delivery:
         return size
 
     def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
-        """One delivery (and the flow-control request it makes due, if any)."""
+        """One delivery (and the flow-control request it makes due, if any: after a window of
+        bytes, or, acking by flow control, at ``max_ack_pending``)."""
         size = self._send_run(consumer, inbox, [(msg, d)])
         if consumer.is_push and consumer.config.flow_control:
-            flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+            flow = self._flow_of(consumer)
             request = flow.sent(size)
-            if request is not None:
-                group = consumer.config.deliver_group
-                hdrs = status_block(*FLOW_CONTROL_REQUEST)
-                self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
+            if request is None and consumer.ack_policy == "flow_control" and consumer.at_ack_limit():
+                request = flow.request()
+            self._ask_flow(consumer, inbox, request)
         return size
+
+    def _flow_of(self, consumer: Consumer) -> FlowControl:
+        return self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+
+    def _ask_flow(self, consumer: Consumer, inbox: str, request: str | None) -> None:
+        """Send ``100 FlowControl Request`` with reply ``request``, if there is one."""
+        if request is not None:
+            group = consumer.config.deliver_group
+            hdrs = status_block(*FLOW_CONTROL_REQUEST)
+            self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
 
     def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
         hdrs = status_block(status.code, status.text, status.headers)
@@ -381,6 +391,9 @@ class Delivery:
                 case ce.Heartbeat(inbox):
                     beat = ce.heartbeat(consumer, inbox, self._flow.get(id(consumer)))
                     self._send_status(beat.status, beat.queues)
+                    if consumer.is_push and consumer.ack_policy == "flow_control" and consumer.pending:
+                        # acking by flow control: each heartbeat asks for the acks of what waits
+                        self._ask_flow(consumer, inbox, self._flow_of(consumer).request())
                 case ce.Serve():
                     self.kick(consumer)
                 case ce.WakeBy(deadline) if self._timers is not None:
@@ -467,14 +480,19 @@ class Delivery:
     def _tick(self, consumer: Consumer, now: int) -> None:
         self._carry_out(consumer, ce.tick(consumer, self.leaf.interest, now))
 
-    def on_flow_control(self, subject: str) -> None:
-        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
+    def on_flow_control(self, subject: str, hdrs: bytes | None) -> None:
+        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``);
+        acking by flow control, the answer's headers name what it acks."""
         toks = subject.split(".")
         if len(toks) != 5:
             return
         consumer = self._consumer(toks[2], toks[3])
         flow = self._flow.get(id(consumer)) if consumer is not None else None
         if consumer is not None and flow is not None and flow.answered(subject):
+            if self.recorder.has_room():
+                peers = self.registry.consumers.get(consumer.stream.name, {}).values()
+                answered = ce.flow_control_answered(consumer, peers, parse_headers(hdrs), now_ns())
+                self._carry_out(consumer, answered)
             self.kick(consumer)
 
     # ---- acks ---------------------------------------------------------------------------------

@@ -196,10 +196,14 @@ class Consumer:
         message."""
         self.config = config
         self.ack_policy = config.ack_policy
-        self.ack_none = self.ack_policy in ("none", "flow_control")
-        self.ack_all = self.ack_policy == "all"
+        self.ack_none = self.ack_policy == "none"
+        #: ``flow_control`` acks as ``all`` does, by the answers to its flow-control requests
+        self.ack_all = self.ack_policy in ("all", "flow_control")
         #: whether acks reach it: the server subscribes to a consumer's ack subject only then
         self.takes_acks = self.ack_policy in ("explicit", "all")
+        #: whether a delivery waits for its ack with a deadline: not under ``flow_control``,
+        #: whose ``ack_wait`` is 0 (the server runs no redelivery timer for it)
+        self._timed = self.ack_policy != "flow_control"
         self.is_push = config.is_push
         self.max_deliver = config.max_deliver or -1
         self._backoff = config.backoff
@@ -352,7 +356,8 @@ class Consumer:
         if limit > 1:
             seqs += stream.seqs_at_or_after(first + 1, self.filters, stream.durable_last_seq, limit - 1)
         self._catch_up()
-        deadline = now_ns + self._ack_wait(1)
+        timed = self._timed
+        deadline = now_ns + self._ack_wait(1) if timed else 0
         dseq, npc, ack_none = self.dseq, self._npc, self.ack_none
         floor_sseq, floor_cseq = self.ack_floor_sseq, self.ack_floor_cseq
         pending, order, heap = self.pending, self._order, self._deadlines
@@ -371,7 +376,8 @@ class Consumer:
             else:
                 pending[seq] = Pending(dseq, 1, deadline, now_ns)
                 order.append(seq)
-                heapq.heappush(heap, (deadline, seq))
+                if timed:
+                    heapq.heappush(heap, (deadline, seq))
             out.append((msg, new(Delivered, (seq, dseq, 1, npc, seq, floor_sseq, floor_cseq))))
         if not sseq:
             return
@@ -419,8 +425,9 @@ class Consumer:
         )
 
     def _arm(self, seq: int, p: Pending, deadline_ns: int) -> None:
-        p.deadline_ns = deadline_ns
-        heapq.heappush(self._deadlines, (deadline_ns, seq))
+        if self._timed:
+            p.deadline_ns = deadline_ns
+            heapq.heappush(self._deadlines, (deadline_ns, seq))
 
     def _queue_redelivery(self, seq: int) -> None:
         if seq not in self._queued:

@@ -32,7 +32,7 @@ from gateway.api.requests import above_api_level
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, Pending
 from gateway.engine.flow_control import FlowControl
-from gateway.wire.acks import AckKind, AckToken
+from gateway.wire.acks import PLAIN_ACK, AckKind, AckToken
 from storage_delta.tables import acklog as al
 
 
@@ -189,6 +189,26 @@ def ack(
         if due is not None:
             effects.append(WakeBy(due))
     return effects
+
+
+def flow_control_answered(
+    consumer: Consumer, peers: Iterable[Consumer], hdrs: dict[str, str], now: int
+) -> list[Effect]:
+    """The answer to the outstanding flow-control request of a consumer with ``ack_policy:
+    flow_control``: it acks everything up to the ``Nats-Last-Stream`` (and ``Nats-Last-Consumer``)
+    it names, as an ack-all ``+ACK`` would (the server's ``processFlowControl``); an answer
+    without them acks nothing."""
+    last_sseq = _whole(hdrs.get("Nats-Last-Stream"))
+    if consumer.ack_policy != "flow_control" or last_sseq <= 0:
+        return []
+    last_cseq = max(_whole(hdrs.get("Nats-Last-Consumer")), 0)
+    token = AckToken(consumer.stream.name, consumer.name, 1, last_sseq, last_cseq, 0, 0)
+    return ack(consumer, peers, token, PLAIN_ACK, "", now)
+
+
+def _whole(text: str | None) -> int:
+    """A header's number as the server reads it (``parseInt64``: digits only, else -1)."""
+    return int(text) if text and text.isascii() and text.isdigit() else -1
 
 
 def ack_run(

@@ -78,7 +78,7 @@ class LinkDispatcher:
         elif subject.startswith("$JS.ACK."):
             delivery.on_ack(subject, msg.reply, msg.data)
         elif subject.startswith("$JS.FC."):
-            delivery.on_flow_control(subject)
+            delivery.on_flow_control(subject, msg.hdrs)
         else:
             self._publish.on_publish(msg)
 
