@@ -131,6 +131,19 @@ def test_tick_expires_requests_drops_exhausted_messages_and_removes_the_inactive
     assert ce.tick(c, NOBODY, 13 * NS) == [ce.REMOVE]
 
 
+def test_pull_consumer_is_not_inactive_before_its_last_ack_wait_runs_out() -> None:
+    # a message waiting for its ack keeps a pull consumer past its inactive_threshold: it counts as
+    # seen until that ack wait is over, and goes a threshold later
+    c = _consumer(_stream(1), ack_wait=30 * NS, inactive_threshold=2 * NS)
+    _take(c)
+    assert ce.tick(c, NOBODY, 0) == []
+    assert ce.tick(c, NOBODY, 3 * NS) == []
+    assert ce.next_due(c, 3 * NS) == 30 * NS  # the ack wait: the redelivery is queued
+    assert ce.tick(c, NOBODY, 30 * NS) == []
+    assert ce.next_due(c, 30 * NS) == 32 * NS + 1
+    assert ce.tick(c, NOBODY, 32 * NS + 1) == [ce.REMOVE]
+
+
 def test_push_heartbeat_while_listening_names_an_unanswered_flow_control_request() -> None:
     # idle_heartbeat on a push consumer: due a heartbeat after the last send while a subscriber listens
     c = _consumer(_stream(0), deliver_subject="d", idle_heartbeat=NS, flow_control=True)

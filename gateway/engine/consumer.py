@@ -594,6 +594,11 @@ class Consumer:
             self._queue_redelivery(seq)
         return exhausted
 
+    def last_ack_deadline_ns(self) -> int | None:
+        """When the ack wait of the pending message acked last runs out (its nak delay, for a
+        nak'd one), None with nothing pending: a pull consumer is not inactive before it."""
+        return max((p.deadline_ns for p in self.pending.values()), default=None)
+
     def next_deadline_ns(self) -> int | None:
         """The earliest ack-wait (or nak delay) deadline :meth:`expire` would act on, None if none.
         Entries left behind by acks and re-arms are dropped from the top here (``expire`` would

@@ -337,7 +337,8 @@ def _push_heartbeat_due(consumer: Consumer, now: int) -> bool:
 
 def _inactive(consumer: Consumer, now: int) -> bool:
     """Whether the consumer went unseen past its ``inactive_threshold`` (then its clock moves on
-    by the threshold, so it is removed once)."""
+    by the threshold, so it is removed once). A pull consumer counts as seen until the ack wait of
+    its last pending message runs out, as the server's ``deleteNotActive`` waits for it."""
     threshold, watch = consumer.config.inactive_threshold, consumer.watch
     if not threshold:
         return False
@@ -345,6 +346,11 @@ def _inactive(consumer: Consumer, now: int) -> bool:
         watch.last_seen_ns = now
     if now - watch.last_seen_ns <= threshold:
         return False
+    if not consumer.is_push:
+        acked_by = consumer.last_ack_deadline_ns()
+        if acked_by is not None and now - acked_by <= threshold:
+            watch.last_seen_ns = acked_by
+            return False
     watch.last_seen_ns = now + threshold
     return True
 

@@ -191,8 +191,9 @@ class Gateway:
     ) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
-        that came before the removal was recorded). Durable consumers' state comes from the ack
-        log; ephemeral consumers end with the process."""
+        that came before the removal was recorded). Consumers' state comes from the ack log,
+        ephemeral ones' too: as on the real server with file storage, they come back and go after
+        their ``inactive_threshold`` unless someone uses them."""
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
         logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
@@ -233,8 +234,6 @@ class Gateway:
                     cstate.skip,
                 )
                 consumer.restore(cstate)
-                if not consumer.config.durable_name:
-                    await registry.remove_consumer(consumer)  # ephemeral: ends with the process
 
     async def _restore_lost(self, stream: Stream) -> None:
         """A damaged data file's messages are lost, as JetStream's file store loses the records of a
