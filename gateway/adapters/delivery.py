@@ -238,7 +238,7 @@ class Delivery:
                     done = consumer.deliver(seq, now_ns())
                     if done is None:
                         continue
-                    self.recorder.delivered_run(consumer, [done])
+                    self._delivered(consumer, [done])
                     size = self._send(consumer, inbox, msg, done)
                     if req is not None:
                         _served(consumer, req, 1, size, now_ns())
@@ -300,11 +300,20 @@ class Delivery:
         run = consumer.deliver_run(limit, now, held)
         if not run:
             return False
-        self.recorder.delivered_run(consumer, [d for _, d in run])
+        self._delivered(consumer, [d for _, d in run])
         size = self._send_run(consumer, inbox, run)
         if req is not None:
             _served(consumer, req, len(run), size, now)
         return True
+
+    def _delivered(self, consumer: Consumer, done: list[Delivered]) -> None:
+        """Deliveries made: their ack-log rows; a consumer that takes no acks (ack none) is done
+        with a message once delivered, so interest retention may let it go, as on the server."""
+        self.recorder.delivered_run(consumer, done)
+        stream = consumer.stream
+        if consumer.ack_none and retention.policy(stream) != "limits":
+            peers = self.registry.consumers.get(stream.name, {}).values()
+            retention.settle(stream, peers, [d.seq for d in done])
 
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
         """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
