@@ -26,7 +26,7 @@ from gateway.engine.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.runtime.signals import Signal
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import subject_matches
-from storage_delta.format.schema import DEFAULT_BLOCK_SIZE, stored_size
+from storage_delta.format.schema import DEFAULT_BLOCK_SIZE, RECORD_OVERHEAD, stored_size
 from storage_delta.read.reader import StoredIndex
 
 __all__ = ["Stream", "StreamState", "TailCache"]
@@ -149,6 +149,9 @@ class Stream:
         # Read for every publish, so derived once per config.
         self.name_bytes = self.name.encode()
         self.no_ack = config.no_ack
+        #: what a message counts for beyond its bytes, as the stream's storage counts it (a
+        #: memory stream is stored in the lake like any other, but counts as the memory store)
+        self.record_overhead = RECORD_OVERHEAD[config.storage]
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -212,7 +215,7 @@ class Stream:
         if lim.sealed:
             raise errors.STREAM_SEALED
         if lim.discard_new:
-            self._check_discard_new(subject, stored_size(subject, hdrs, data))
+            self._check_discard_new(subject, stored_size(subject, hdrs, data, self.record_overhead))
         return self._append(((subject, hdrs, data),), now_ns)[0]
 
     @property
@@ -238,7 +241,7 @@ class Stream:
             seq = st.last_seq + 1
             ts = now_ns if now_ns > st.last_ts else st.last_ts + 1
             msg = StoredMessage(name, block_size, seq, ts, subject, hdrs, data)
-            sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
+            sid = self._add(seq, subject, stored_size(subject, hdrs, data, self.record_overhead), ts)
             put(msg)
             if per_subject:
                 self._enforce_subject_limit(sid)
@@ -263,7 +266,7 @@ class Stream:
                 sid = self._subject_id(subject)
             out.append(StoredMessage(name, block_size, seq, ts, subject, hdrs, data))
             sids.append(sid)
-            sizes.append(stored_size(subject, hdrs, data))
+            sizes.append(stored_size(subject, hdrs, data, self.record_overhead))
             times.append(ts)
             counts[sid] = counts.get(sid, 0) + 1
             seqs = by_subject.get(sid)

@@ -84,8 +84,8 @@ class Api:
         """``$JS.API.INFO`` (its body is not read, as on the server)."""
         streams = self.reg.streams.values()
         return AccountInfoResponse(
-            memory=0,
-            storage=sum(s.state.bytes for s in streams),
+            memory=sum(s.state.bytes for s in streams if s.config.storage == "memory"),
+            storage=sum(s.state.bytes for s in streams if s.config.storage != "memory"),
             streams=len(self.reg.streams),
             consumers=sum(len(c) for c in self.reg.consumers.values()),
             domain=self.domain,

@@ -211,6 +211,7 @@ class Gateway:
                     stream.name,
                     stream.created_ns,
                     since,
+                    stream.record_overhead,
                 )
                 stream.restore_stored(stored)
                 snapshots.restored(stream, through)
