@@ -144,19 +144,18 @@ async def test_max_age_expires_on_a_timer(targets: dict[str, str], unique: str) 
 async def test_memory_stream_counts_as_the_memory_store(targets: dict[str, str], unique: str) -> None:
     """``storage: memory``: a message counts 16 bytes with its subject, header block and payload
     (the file store: 30, and 4 more for a header block), in the stream state, in its byte limits
-    and in ``$JS.API.INFO``'s ``memory`` (a file stream's count as ``storage``)."""
+    and in ``$JS.API.INFO``'s ``memory`` (a file stream's count as ``storage``); ``max_bytes``
+    reserves its bytes as ``reserved_memory`` (``reserved_storage``)."""
 
     async def case(nc: Client, name: str) -> Any:
         before = await api(nc, "INFO")
         steps: list[Step] = [P, ("pub", "h", 3, {"K": "v"}), P, P, ("pub", "c", 60)]
         script = await run_script(nc, name, {"storage": "memory", "max_bytes": 120}, steps)
+        await run_script(nc, f"{name}F", {"max_bytes": 1000}, [P])
         after = await api(nc, "INFO")
-        return {
-            "script": script,
-            "memory": after["memory"] - before["memory"],
-            "storage": after["storage"] - before["storage"],
-        }
+        usage = ("memory", "storage", "reserved_memory", "reserved_storage")
+        return {"script": script, **{k: after[k] - before[k] for k in usage}}
 
     out = await assert_same(targets, case, unique)
-    assert out["storage"] == 0
     assert out["memory"] == out["script"][-1]["bytes"] > 0
+    assert (out["reserved_memory"], out["reserved_storage"]) == (120, 1000)

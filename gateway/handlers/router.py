@@ -82,10 +82,14 @@ class Api:
 
     def account_info(self, _body: bytes) -> AccountInfoResponse:
         """``$JS.API.INFO`` (its body is not read, as on the server)."""
-        streams = self.reg.streams.values()
+        memory = [s for s in self.reg.streams.values() if s.config.storage == "memory"]
+        files = [s for s in self.reg.streams.values() if s.config.storage != "memory"]
         return AccountInfoResponse(
-            memory=sum(s.state.bytes for s in streams if s.config.storage == "memory"),
-            storage=sum(s.state.bytes for s in streams if s.config.storage != "memory"),
+            memory=sum(s.state.bytes for s in memory),
+            storage=sum(s.state.bytes for s in files),
+            # what the streams' max_bytes reserve of the account, as the server reserves it
+            reserved_memory=sum(max(s.config.max_bytes, 0) for s in memory),
+            reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
             streams=len(self.reg.streams),
             consumers=sum(len(c) for c in self.reg.consumers.values()),
             domain=self.domain,
