@@ -80,13 +80,14 @@ def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> Non
 
 
 class ReferenceJetStream:
-    """The oracle: the same nats-server binary with JetStream on and a file store (in JetStream
-    domain ``domain`` when one is given, as jetlake serves its API)."""
+    """The oracle: the same nats-server binary with JetStream on and a file store, in JetStream
+    domain ``domain`` (jetlake's, ``jetlake``, unless another is given; None: no domain), so it
+    names its domain wherever jetlake does."""
 
     def __init__(
         self,
         workdir: Path,
-        domain: str | None = None,
+        domain: str | None = "jetlake",
         monitor_port: int = 0,
         sync_interval: str = "",
         leaf_port: int = 0,

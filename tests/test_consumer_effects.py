@@ -10,6 +10,7 @@ from gateway.engine import consumer_effects as ce
 from gateway.engine.consumer import Consumer
 from gateway.engine.flow_control import WINDOW, FlowControl
 from gateway.wire import acks
+from gateway.wire.leaf import Interest
 from storage_delta.tables import acklog as al
 from tests.test_consumer_model import NS, _consumer, _stream, _take
 
@@ -28,8 +29,15 @@ def _event_type(effect: ce.Effect) -> str:
     return str(json.loads(effect.payload)["type"])
 
 
-def _nobody(_: str) -> bool:
-    return False
+def _listening(*subjects: str) -> Interest:
+    """The leaf's view of the server's subscriptions: plain subscribers on ``subjects``."""
+    interest = Interest()
+    for subject in subjects:
+        interest.add(subject)
+    return interest
+
+
+NOBODY = Interest()
 
 
 def test_ack_with_reply_records_a_row_answered_once_durable() -> None:
@@ -113,23 +121,36 @@ def test_tick_expires_requests_drops_exhausted_messages_and_removes_the_inactive
     c = _consumer(_stream(1), ack_wait=NS, max_deliver=1, inactive_threshold=10 * NS)
     ce.pull_request(c, "_INBOX.t", b'{"batch":5,"expires":1000000000}', None, 0)
     _take(c)
-    effects = ce.tick(c, lambda inbox: True, 2 * NS)
+    effects = ce.tick(c, _listening("_INBOX.t"), 2 * NS)
     assert _kinds(effects) == ["SendStatus", "RecordDrop", "Advisory"]
     assert effects[0].status.code == 408  # type: ignore[union-attr]
     assert effects[1] == ce.RecordDrop(1)
     assert _event_type(effects[2]) == "io.nats.jetstream.advisory.v1.max_deliver"
     assert ce.next_due(c, 2 * NS) == 2 * NS + 10 * NS + 1  # inactivity counts from the last look
-    assert ce.tick(c, _nobody, 5 * NS) == []
-    assert ce.tick(c, _nobody, 13 * NS) == [ce.REMOVE]
+    assert ce.tick(c, NOBODY, 5 * NS) == []
+    assert ce.tick(c, NOBODY, 13 * NS) == [ce.REMOVE]
+
+
+def test_pull_consumer_is_not_inactive_before_its_last_ack_wait_runs_out() -> None:
+    # a message waiting for its ack keeps a pull consumer past its inactive_threshold: it counts as
+    # seen until that ack wait is over, and goes a threshold later
+    c = _consumer(_stream(1), ack_wait=30 * NS, inactive_threshold=2 * NS)
+    _take(c)
+    assert ce.tick(c, NOBODY, 0) == []
+    assert ce.tick(c, NOBODY, 3 * NS) == []
+    assert ce.next_due(c, 3 * NS) == 30 * NS  # the ack wait: the redelivery is queued
+    assert ce.tick(c, NOBODY, 30 * NS) == []
+    assert ce.next_due(c, 30 * NS) == 32 * NS + 1
+    assert ce.tick(c, NOBODY, 32 * NS + 1) == [ce.REMOVE]
 
 
 def test_push_heartbeat_while_listening_names_an_unanswered_flow_control_request() -> None:
     # idle_heartbeat on a push consumer: due a heartbeat after the last send while a subscriber listens
     c = _consumer(_stream(0), deliver_subject="d", idle_heartbeat=NS, flow_control=True)
-    assert ce.tick(c, lambda subject: subject == "d", 0) == []
+    assert ce.tick(c, _listening("d"), 0) == []
     assert ce.next_due(c, 0) == NS
-    assert ce.tick(c, lambda subject: subject == "d", NS) == [ce.Heartbeat("d")]
-    assert ce.tick(c, _nobody, 3 * NS) == []  # nobody listens: no heartbeat
+    assert ce.tick(c, _listening("d"), NS) == [ce.Heartbeat("d")]
+    assert ce.tick(c, NOBODY, 3 * NS) == []  # nobody listens: no heartbeat
     flow = FlowControl("M", "c")
     request = flow.sent(WINDOW)
     beat = ce.heartbeat(c, "d", flow)

@@ -57,6 +57,35 @@ def test_ack_floor_and_redelivery_order() -> None:
     assert c.num_pending() == 1
 
 
+def test_redelivery_queue_as_the_servers() -> None:
+    """Plain naks queue in the order they came (a backoff does not hold them back); a nak with a
+    delay takes its message off the queue; what one timer run finds expired is queued in stream
+    order, as the server's checkPending sorts it."""
+    c = _consumer(_stream(6), ack_wait=10 * NS, backoff=[10 * NS, 20 * NS], max_deliver=5)
+    assert [_take(c, n * NS) for n in (3, 2, 1, 0)] == [1, 2, 3, 4]  # deadlines 13, 12, 11, 10 s
+    assert c.nak(3, 0, 0)
+    assert c.nak(1, 0, 0)
+    assert list(c.redeliver) == [3, 1]
+    assert c.nak(3, 5 * NS, 0)  # now due at 5 s, off the queue
+    assert [c.next_seq(), list(c.redeliver)] == [1, [1]]
+    assert _take(c, 1) == 1
+    assert c.expire(20 * NS) == []
+    assert list(c.redeliver) == [2, 3, 4]  # due at 12, 5 and 10 s
+
+
+def test_flow_control_ack_policy_holds_without_deadlines() -> None:
+    """``ack_policy: flow_control``: deliveries wait for their ack with no ack wait (nothing is
+    ever redelivered) and an ack settles everything up to it, as ack all; an ack above the last
+    delivered message is ignored."""
+    c = _consumer(_stream(4), ack_policy="flow_control", deliver_subject="d", flow_control=True)
+    assert [_take(c) for _ in range(3)] == [1, 2, 3]
+    assert c.next_deadline_ns() is None
+    assert c.expire(3600 * NS) == []
+    assert c.ack(4, 4, 0) is None
+    assert c.ack(2, 2, 0) is not None
+    assert (sorted(c.pending), c.ack_floor_sseq) == ([3], 2)
+
+
 def test_expire_and_max_deliver() -> None:
     """Past ack_wait a message is queued again; after max_deliver it leaves pending, the floor
     stays and the redelivered count keeps it."""

@@ -4,7 +4,8 @@ A clean restart: each consumer's info is identical to before (jetlake against it
 same sequence against the real JetStream, restarted from its on-disk store, gives the same answers.
 ``kill -9`` at random moments of a consume-and-ack load: nothing whose ``ack_sync`` returned comes
 back, everything else does, delivery counts and ``num_redelivered`` carry on, durable consumers and
-their configs survive and ephemeral ones do not.
+their configs survive; ephemeral ones come back and go after their ``inactive_threshold``, as on the
+real server with file storage.
 """
 
 from __future__ import annotations
@@ -144,6 +145,86 @@ def test_clean_restart_keeps_every_consumer_info(tmp_path: Path) -> None:
         assert without_now(after) == without_now(before)
         # and the same as the real JetStream after its restart
         assert scrub(without_now(after)) == scrub(without_now(asyncio.run(infos(ref.url))))
+    finally:
+        gw.stop()
+        ref.stop()
+
+
+EPHEMERAL_THRESHOLD_NS = 3_000_000_000
+
+
+async def ephemerals(url: str) -> dict[str, str]:
+    """Ephemeral consumers of a fresh stream, by what they hold: a pull consumer with a message
+    delivered and not acked, one whose message was acked, one never used, and a push consumer
+    nobody subscribes to; all with a short ``inactive_threshold``."""
+    nc = await nats.connect(url)
+    try:
+        await api(nc, f"STREAM.CREATE.{STREAM}", {"name": STREAM, "subjects": ["restart.>"]})
+        for _ in range(3):
+            await nc.jetstream().publish("restart.x", b"m")
+        names = {}
+        for label in ("pending", "acked", "idle", "push"):
+            cfg: dict[str, Any] = {"ack_policy": "explicit", "inactive_threshold": EPHEMERAL_THRESHOLD_NS}
+            if label == "push":
+                cfg["deliver_subject"] = "nobody.listens"
+            answer = await api(nc, f"CONSUMER.CREATE.{STREAM}", {"stream_name": STREAM, "config": cfg})
+            names[label] = answer["name"]
+        for label in ("pending", "acked"):
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            await nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{names[label]}", b'{"batch":1}', reply=inbox
+            )
+            msg = await sub.next_msg(timeout=3)
+            if label == "acked":
+                await msg.ack_sync()
+        return names
+    finally:
+        await nc.close()
+
+
+async def ephemerals_left(url: str, names: dict[str, str], waits: tuple[float, ...]) -> list[list[str]]:
+    """Which of ``names`` are left after each of ``waits`` seconds from now."""
+    nc = await nats.connect(url)
+    try:
+        start, out = time.monotonic(), []
+        for wait in waits:
+            await asyncio.sleep(max(0.0, start + wait - time.monotonic()))
+            left = (await api(nc, f"CONSUMER.NAMES.{STREAM}"))["consumers"]
+            out.append(sorted(label for label, name in names.items() if name in left))
+        return out
+    finally:
+        await nc.close()
+
+
+@pytest.mark.waits
+def test_ephemeral_consumers_come_back_after_a_restart(tmp_path: Path) -> None:
+    """As the real server with file storage: ephemeral consumers come back after a restart and
+    go ``inactive_threshold`` after it unless used, but a pull consumer with a message waiting
+    for its ack stays until that ack wait (30 s) is over."""
+    gw = Jetlake(tmp_path / "jetlake")
+    ref = ReferenceJetStream(tmp_path / "reference")
+    waits = (0.3, EPHEMERAL_THRESHOLD_NS / 1e9 + 1.5)
+    left = {}
+
+    def restart_gateway() -> None:
+        assert gw.stop_gateway() == 0
+        gw.start_gateway()
+
+    def restart_reference() -> None:
+        ref.stop()
+        ref.start()
+
+    try:
+        for target, server, restart in (
+            ("jetlake", gw, restart_gateway),
+            ("jetstream", ref, restart_reference),
+        ):
+            server.start()
+            names = asyncio.run(ephemerals(server.url))
+            restart()  # each right after its own build: the thresholds run meanwhile
+            left[target] = asyncio.run(ephemerals_left(server.url, names, waits))
+        assert left["jetlake"] == left["jetstream"] == [["acked", "idle", "pending", "push"], ["pending"]]
     finally:
         gw.stop()
         ref.stop()
@@ -294,8 +375,10 @@ def test_kill_9_keeps_acked_acked_and_redelivers_the_rest(tmp_path: Path, trial:
         assert info["delivered"]["consumer_seq"] >= sum(
             1 for ds in seen.deliveries.values() for _, when in ds if when < kill_at - MARGIN_S
         )
-        # the durable consumer and its config survive; the ephemeral one does not
+        # the durable consumer and its config survive; the ephemeral one came back and goes
+        # after its inactive_threshold (5 s), unused
         assert info["config"] == before["config"]
+        time.sleep(6)
         gone = asyncio.run(ephemeral_gone(gw, before["ephemeral"]))
         assert gone["error"]["err_code"] == 10014
     finally:

@@ -14,6 +14,8 @@ from nats.aio.msg import Msg
 
 from tests.jsapi import api, consumer, describe, publish, pull, same, state, stream
 
+S = 1_000_000_000
+
 
 async def _events(nc: Client, name: str) -> tuple[Any, list[dict[str, Any]]]:
     """Collect the consumer advisories and metrics of stream ``name`` (ids and times dropped)."""
@@ -136,6 +138,115 @@ async def test_ack_policy_all_and_none(targets: dict[str, str], unique: str) -> 
 
     out = await same(targets, case, unique)
     assert out["mid"]["ack_floor"] == {"consumer_seq": 3, "stream_seq": 3}
+
+
+async def test_term_advised_and_acks_answered_as_by_the_server(targets: dict[str, str], unique: str) -> None:
+    """Every +TERM is advised with the numbers of its token, whatever it changed (an acked
+    message, a second term, a message not yet delivered, an ack-all consumer's floor). An ack or
+    term of a message above the last delivered one is not answered (the server ignores it; a nak
+    or +WPI is answered); the acks of a consumer that takes none (ack none) or does not exist
+    hear "no responders" naming the ack subject, and change nothing."""
+
+    async def case(nc: Client, name: str) -> Any:
+        sub_ev, seen = await _events(nc, name)
+        await stream(nc, name)
+        await publish(nc, name, 6)
+        for c, policy, n in (("t", "explicit", 4), ("n", "none", 2), ("a", "all", 3)):
+            await consumer(nc, name, c, ack_policy=policy)
+            await pull(nc, name, c, {"batch": n, "expires": 500_000_000}, n)
+
+        def token(c: str, seq: int, deliveries: int = 1) -> str:
+            return f"$JS.ACK.{name}.{c}.{deliveries}.{seq}.{seq}.0.0"
+
+        answered = []
+        for subject, body in (
+            (token("t", 1), b"+ACK"),
+            (token("t", 1), b"+TERM after ack"),
+            (token("t", 2), b"+TERM"),
+            (token("t", 2, 3), b"+TERM again"),
+            (token("t", 5), b"-NAK"),
+            (token("t", 5), b"+WPI"),
+            (token("a", 2), b"+ACK"),
+            (token("a", 1), b"+TERM"),
+        ):
+            answered.append((await nc.request(subject, body, timeout=2)).data.decode())
+        inbox = nc.new_inbox()
+        quiet = await nc.subscribe(inbox)
+        for subject, body in (
+            (token("t", 6), b"+TERM"),
+            (token("t", 9), b"+TERM"),
+            (token("t", 5), b"+ACK"),
+            (token("t", 5), b""),
+            (token("a", 5), b"+ACK"),
+            (token("n", 1), b"+ACK"),
+            (token("n", 1), b"+TERM"),
+            (token("zz", 1), b"-NAK"),
+        ):
+            await nc.publish(subject, body, reply=inbox)
+        heard = []
+        try:
+            while True:
+                msg = await quiet.next_msg(timeout=0.5)
+                heard.append(describe(msg))
+        except TimeoutError:
+            pass
+        infos = {c: state(await api(nc, f"CONSUMER.INFO.{name}.{c}")) for c in ("t", "n", "a")}
+        await asyncio.sleep(0.3)
+        await sub_ev.unsubscribe()
+        events = [
+            (
+                e["type"].rsplit(".", 1)[1],
+                e.get("consumer"),
+                e.get("stream_seq"),
+                e.get("deliveries"),
+                e.get("reason"),
+            )
+            for e in _advisories(seen)
+            if "consumer_action" not in e["type"]
+        ]
+        return {"answered": answered, "heard": heard, "infos": infos, "events": events}
+
+    out = await same(targets, case, unique)
+    assert [status[1] for status in out["heard"]] == ["503", "503", "503"]
+    assert [e[2] for e in out["events"]] == [1, 2, 2, 1, 6, 9]
+
+
+async def test_nak_places_the_message_as_the_server_does(targets: dict[str, str], unique: str) -> None:
+    """A plain -NAK queues its message for redelivery ahead of new messages, behind those nak'd
+    before it, also on a consumer with a backoff (which holds back only ack-wait redeliveries);
+    a -NAK with a delay takes a message already queued off the queue until the delay is over."""
+
+    def order(got: list[Any]) -> list[Any]:
+        return [(m[4], m[3]) if m[0] == "msg" else m[:2] for m in got]  # (stream seq, deliveries)
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 8)
+        batch = {"batch": 4, "expires": 500_000_000}
+        await consumer(nc, name, "q", ack_policy="explicit")
+        first = await pull(nc, name, "q", batch, 4)
+        for seq, body in ((3, b"-NAK"), (1, b"-NAK"), (2, b"+ACK"), (4, b"+ACK")):
+            await nc.request(f"$JS.ACK.{name}.q.1.{seq}.{seq}.0.0", body, timeout=2)
+        queued = await pull(nc, name, "q", batch, 4)
+        await consumer(nc, name, "b", ack_policy="explicit", backoff=[5 * S, 10 * S], max_deliver=3)
+        backoff = await pull(nc, name, "b", {"batch": 1}, 1)
+        await nc.request(f"$JS.ACK.{name}.b.1.1.1.0.0", b"-NAK", timeout=2)
+        backoff += await pull(nc, name, "b", {"batch": 1}, 1)
+        await consumer(nc, name, "d", ack_policy="explicit")
+        delayed = await pull(nc, name, "d", {"batch": 2}, 2)
+        await nc.request(f"$JS.ACK.{name}.d.1.1.1.0.0", b"-NAK", timeout=2)
+        await nc.request(f"$JS.ACK.{name}.d.1.1.1.0.0", b'-NAK {"delay": 5000000000}', timeout=2)
+        delayed += await pull(nc, name, "d", {"batch": 2}, 2)
+        return {
+            "queued": order(first + queued),
+            "backoff": order(backoff),
+            "delayed": order(delayed),
+        }
+
+    out = await same(targets, case, unique)
+    assert [seq for seq, _ in out["queued"]] == ["1", "2", "3", "4", "3", "1", "5", "6"]
+    assert out["backoff"] == [("1", "1"), ("1", "2")]
+    assert out["delayed"] == [("1", "1"), ("2", "1"), ("3", "1"), ("4", "1")]
 
 
 @pytest.mark.slow

@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 
 from tests.jsapi import api, describe, publish, same, state, stream
+
+S = 1_000_000_000
 
 
 async def _collect(sub: Any, n: int, wait: float = 3.0) -> list[Any]:
@@ -43,6 +46,74 @@ async def test_push_delivers_while_subject_has_interest(targets: dict[str, str],
 
     out = await same(targets, case, unique)
     assert out["idle"]["delivered"]["consumer_seq"] == 0
+
+
+async def test_push_bound_only_to_its_exact_subject_and_group(targets: dict[str, str], unique: str) -> None:
+    """``push_bound`` (and delivery) needs a subscription on exactly the deliver subject: a plain
+    one for a consumer without ``deliver_group``, one in that queue group for a consumer with one
+    (bound while any member is left). A wildcard subscription, a queue subscriber of a consumer
+    without group and a plain or other-group subscriber of one with a group bind nothing and get
+    nothing; the info says so at once in create, INFO and LIST."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await stream(nc, name)
+        await publish(nc, name, 1)
+
+        async def bound(durable: str) -> Any:
+            await nc.flush()
+            await asyncio.sleep(0.1)  # the server's consumer takes the interest change in its own loop
+            return (await api(nc, f"CONSUMER.INFO.{name}.{durable}")).get("push_bound")
+
+        async def nothing(sub: Any) -> bool:
+            try:
+                await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                return True
+            return False
+
+        out: dict[str, Any] = {}
+        plain, grouped = f"plain.{s}", f"grouped.{s}"
+        early = await nc.subscribe(plain)
+        cfg: dict[str, Any] = {"durable_name": "p", "ack_policy": "none", "deliver_subject": plain}
+        created = await api(nc, f"CONSUMER.CREATE.{name}.p", {"stream_name": name, "config": cfg})
+        out["created_with_subscriber"] = created.get("push_bound")
+        out["got"] = describe(await early.next_msg(timeout=3))
+        await early.unsubscribe()
+        out["after_unsubscribe"] = await bound("p")
+        for label, sub in (
+            ("wildcard", await nc.subscribe("plain.*")),
+            ("queue", await nc.subscribe(plain, queue="q")),
+        ):
+            out[label] = await bound("p")
+            await publish(nc, name, 1)
+            out[f"{label}_got_nothing"] = await nothing(sub)
+            await sub.unsubscribe()
+        cfg = {"durable_name": "g", "ack_policy": "none", "deliver_subject": grouped, "deliver_group": "q"}
+        created = await api(nc, f"CONSUMER.CREATE.{name}.g", {"stream_name": name, "config": cfg})
+        out["group_created"] = created.get("push_bound")
+        for label, sub in (
+            ("group_plain", await nc.subscribe(grouped)),
+            ("group_other", await nc.subscribe(grouped, queue="r")),
+        ):
+            out[label] = await bound("g")
+            out[f"{label}_got_nothing"] = await nothing(sub)
+            await sub.unsubscribe()
+        members = [await nc.subscribe(grouped, queue="q") for _ in range(2)]
+        out["group_two"] = await bound("g")
+        await members[0].unsubscribe()
+        out["group_one"] = await bound("g")
+        listed = (await api(nc, f"CONSUMER.LIST.{name}"))["consumers"]
+        out["listed"] = sorted((c["name"], c.get("push_bound")) for c in listed)
+        await members[1].unsubscribe()
+        out["group_none"] = await bound("g")
+        return out
+
+    out = await same(targets, case, unique)
+    assert out["created_with_subscriber"] is True
+    assert out["group_one"] is True
+    assert out["wildcard"] is None
+    assert out["wildcard_got_nothing"] is True
 
 
 async def test_push_queue_group_and_headers_only(targets: dict[str, str], unique: str) -> None:
@@ -272,29 +343,106 @@ async def test_push_flow_control_stalled_heartbeat(targets: dict[str, str], uniq
     assert out["stalled_on_request"] is True
 
 
-@pytest.mark.slow
-async def test_ephemeral_push_goes_when_interest_goes(targets: dict[str, str], unique: str) -> None:
-    """An ephemeral push consumer stays while its deliver subject has a subscriber and is deleted
-    once it has had none for inactive_threshold."""
+@pytest.mark.waits
+async def test_ack_policy_flow_control_acks_by_the_answers(targets: dict[str, str], unique: str) -> None:
+    """``ack_policy: flow_control`` (2.15): deliveries wait for their ack (no ack wait, nothing is
+    redelivered) until the subscriber answers a flow-control request, whose ``Nats-Last-Stream``
+    and ``Nats-Last-Consumer`` headers ack everything up to them; a request goes out when
+    ``max_ack_pending`` is reached and with each idle heartbeat while messages wait; ``+ACK`` on
+    the ack subject hears "no responders"."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 4)
+        deliver = f"fc.{name.lower()}"
+        seen: list[Any] = []
+        requests: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on(msg: Any) -> None:
+            if msg.reply.startswith("$JS.FC."):
+                seen.append("request")
+                requests.put_nowait(msg.reply)
+            elif not (msg.headers or {}).get("Status"):
+                seen.append(int(msg.reply.split(".")[5]))
+
+        await nc.subscribe(deliver, cb=on)
+        cfg = {
+            "durable_name": "f",
+            "ack_policy": "flow_control",
+            "flow_control": True,
+            "deliver_subject": deliver,
+            "max_ack_pending": 2,
+        }
+        await api(nc, f"CONSUMER.CREATE.{name}.f", {"stream_name": name, "config": cfg})
+        infos = []
+        for last in (1, 3, 4):  # at max_ack_pending, again, then with the heartbeat
+            reply = await asyncio.wait_for(requests.get(), 3)
+            await asyncio.sleep(0.2)
+            infos.append(state(await api(nc, f"CONSUMER.INFO.{name}.f")))
+            await nc.publish(
+                reply, b"", headers={"Nats-Last-Consumer": str(last), "Nats-Last-Stream": str(last)}
+            )
+            await asyncio.sleep(0.2)
+            infos.append(state(await api(nc, f"CONSUMER.INFO.{name}.f")))
+        try:
+            await nc.request(f"$JS.ACK.{name}.f.1.4.4.0.0", b"+ACK", timeout=2)
+            acked = "answered"
+        except NoRespondersError:
+            acked = "no responders"
+        return {"seen": seen, "infos": infos, "acked": acked}
+
+    out = await same(targets, case, unique)
+    assert out["seen"] == [1, 2, "request", 3, "request", 4, "request"]
+    assert [i["num_ack_pending"] for i in out["infos"]] == [2, 2, 2, 1, 1, 0]
+    assert out["acked"] == "no responders"
+
+
+@pytest.mark.waits
+async def test_ephemeral_push_lives_while_bound_and_goes_after_its_threshold(
+    targets: dict[str, str], unique: str
+) -> None:
+    """An ephemeral push consumer lives while a subscriber binds it (a plain one, or one in its
+    deliver group), past its inactive_threshold; once none does (never bound, only a wildcard
+    subscriber, unsubscribed) it goes after the threshold, and not before."""
 
     async def case(nc: Client, name: str) -> Any:
         s = name.lower()
         await stream(nc, name)
-        kept_sub = await nc.subscribe(f"kept.{s}")
-        gone_sub = await nc.subscribe(f"gone.{s}")
+        subs = {
+            "kept": await nc.subscribe(f"kept.{s}"),
+            "grouped": await nc.subscribe(f"grouped.{s}", queue="q"),
+            "wildcard": await nc.subscribe("wildcard.*"),
+            "gone": await nc.subscribe(f"gone.{s}"),
+        }
         names = {}
-        for label in ("kept", "gone"):
-            cfg = {
-                "ack_policy": "none",
-                "deliver_subject": f"{label}.{s}",
-                "inactive_threshold": 1_000_000_000,
-            }
+        for label in subs:
+            cfg = {"ack_policy": "none", "deliver_subject": f"{label}.{s}", "inactive_threshold": S}
+            if label == "grouped":
+                cfg["deliver_group"] = "q"
             answer = await api(nc, f"CONSUMER.CREATE.{name}", {"stream_name": name, "config": cfg})
             names[label] = answer["name"]
-        await gone_sub.unsubscribe()
-        await asyncio.sleep(2.5)
-        left = (await api(nc, f"CONSUMER.NAMES.{name}"))["consumers"]
-        await kept_sub.unsubscribe()
-        return {label: names[label] in left for label in names}
+        await subs.pop("gone").unsubscribe()
 
-    assert await same(targets, case, unique) == {"kept": True, "gone": False}
+        async def alive() -> list[str]:
+            left = (await api(nc, f"CONSUMER.NAMES.{name}"))["consumers"]
+            return sorted(label for label, cname in names.items() if cname in left)
+
+        await asyncio.sleep(0.5)
+        out = {"half_threshold": await alive()}
+        await asyncio.sleep(1.5)
+        out["past_threshold"] = await alive()
+        await subs.pop("kept").unsubscribe()
+        await asyncio.sleep(0.5)
+        out["kept_unsubscribed_half"] = await alive()
+        await asyncio.sleep(1.1)
+        out["kept_unsubscribed_past"] = await alive()
+        for sub in subs.values():
+            await sub.unsubscribe()
+        return out
+
+    assert await same(targets, case, unique) == {
+        "half_threshold": ["gone", "grouped", "kept", "wildcard"],
+        "past_threshold": ["grouped", "kept"],
+        "kept_unsubscribed_half": ["grouped", "kept"],
+        "kept_unsubscribed_past": ["grouped"],
+    }

@@ -94,3 +94,25 @@ async def test_interest(targets: dict[str, str], unique: str, ack_policy: str) -
 
     out = await same(targets, case, unique)
     assert out["empty"]["messages"] == 0
+
+
+async def test_interest_ack_none_lets_go_once_delivered(targets: dict[str, str], unique: str) -> None:
+    """On an interest stream a consumer with ``ack_policy: none`` stops holding a message when it
+    delivers it: one only it wanted is gone at once, one another consumer wants stays for its ack."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        await stream(nc, name, retention="interest")
+        await consumer(nc, name, "none", ack_policy="none")
+        await consumer(nc, name, "odd", ack_policy="explicit", filter_subject=f"{s}.s1")
+        await publish(nc, name, 4, subjects=2)
+        await pull(nc, name, "none", {"batch": 3, "expires": 500_000_000}, 3)
+        delivered = (await api(nc, f"STREAM.INFO.{name}"))["state"]
+        await pull(nc, name, "odd", {"batch": 1, "expires": 500_000_000}, 1)
+        await nc.request(f"$JS.ACK.{name}.odd.1.2.1.0.0", b"+ACK", timeout=2)
+        acked = (await api(nc, f"STREAM.INFO.{name}"))["state"]
+        return {"delivered": delivered, "acked": acked}
+
+    out = await same(targets, case, unique)
+    assert (out["delivered"]["first_seq"], out["delivered"]["messages"]) == (2, 2)
+    assert (out["acked"]["first_seq"], out["acked"]["messages"]) == (4, 1)

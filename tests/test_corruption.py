@@ -65,8 +65,10 @@ async def _fill(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The store every case damages a copy of."""
+    """The store every case damages a copy of: one data file per publish (no compaction merges
+    them), so each case finds the file it damages by its place."""
     gw = Jetlake(tmp_path_factory.mktemp("corruption-base"))
+    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
     gw.start()
     try:
         asyncio.run(_fill(gw.url))

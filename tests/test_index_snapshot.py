@@ -27,6 +27,7 @@ from gateway.api.configs import StreamConfig
 from gateway.engine.stream import Stream
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable
+from storage_delta.format.schema import FILE_RECORD
 from storage_delta.maintenance.files import live_files
 from storage_delta.read import index_snapshot
 from storage_delta.read.index_snapshot import IndexSnapshot
@@ -102,7 +103,7 @@ def test_load_index_reads_no_file_the_snapshot_covers(tmp_path: Path) -> None:
     for f in live_files(root, "S"):
         if f.max_seq is not None and f.max_seq <= 120:
             os.remove(tmp_path / "messages" / f.path)
-    index, through = index_snapshot.load_index(root, MessageReader(root), "S", CREATED, CREATED)
+    index, through = index_snapshot.load_index(root, MessageReader(root), "S", CREATED, CREATED, FILE_RECORD)
     assert through == 120
     for name in ("seq", "ts", "size"):
         assert np.array_equal(getattr(index, name), getattr(full, name)), name

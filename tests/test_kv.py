@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from tests.differential import assert_same
-from tests.harness import Jetlake, ReferenceJetStream
 
 
 def entry(e: KeyValue.Entry | None) -> Any:
@@ -129,31 +127,26 @@ async def test_kv_history_keys_watch(targets: dict[str, str], unique: str) -> No
     assert [e["value"] for e in out["history"]] == ["2", "3", "4"]
 
 
-async def test_kv_with_the_domain_named(jetlake: Jetlake, tmp_path: Path, unique: str) -> None:
+async def test_kv_with_the_domain_named(targets: dict[str, str], unique: str) -> None:
     """A client that names the domain (``jetstream(domain="jetlake")``) addresses the API as
     ``$JS.jetlake.API.…``: the same KV answers as from a real JetStream in domain ``jetlake``, also
     for a put published under that prefix (``$JS.jetlake.API.$KV.<bucket>.<key>``)."""
-    reference = ReferenceJetStream(tmp_path / "domain", domain="jetlake")
-    reference.start()
-    try:
 
-        async def case(nc: Client, name: str) -> Any:
-            js = nc.jetstream(domain="jetlake")
-            kv = await js.create_key_value(bucket=name, history=2)
-            return [
-                await attempt(kv.put("k", b"1")),
-                await attempt(kv.update("k", b"2", last=1)),
-                await attempt(kv.update("k", b"3", last=1)),
-                await attempt(kv.get("k")),
-                await attempt(kv.delete("k")),
-                await attempt(kv.get("k")),
-                await attempt(kv.create("k", b"again")),
-                # a put under the domain's API prefix, as nats.js sends it for a named domain
-                (await js.publish(f"$JS.jetlake.API.$KV.{name}.p", b"prefixed")).seq,
-                await attempt(kv.get("p")),
-            ]
+    async def case(nc: Client, name: str) -> Any:
+        js = nc.jetstream(domain="jetlake")
+        kv = await js.create_key_value(bucket=name, history=2)
+        return [
+            await attempt(kv.put("k", b"1")),
+            await attempt(kv.update("k", b"2", last=1)),
+            await attempt(kv.update("k", b"3", last=1)),
+            await attempt(kv.get("k")),
+            await attempt(kv.delete("k")),
+            await attempt(kv.get("k")),
+            await attempt(kv.create("k", b"again")),
+            # a put under the domain's API prefix, as nats.js sends it for a named domain
+            (await js.publish(f"$JS.jetlake.API.$KV.{name}.p", b"prefixed")).seq,
+            await attempt(kv.get("p")),
+        ]
 
-        out = await assert_same({"jetstream": reference.url, "jetlake": jetlake.url}, case, unique)
-        assert out[2]["error"] == "KeyWrongLastSequenceError"
-    finally:
-        reference.stop()
+    out = await assert_same(targets, case, unique)
+    assert out[2]["error"] == "KeyWrongLastSequenceError"

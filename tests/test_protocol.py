@@ -8,6 +8,7 @@ import pytest
 
 from gateway.wire import acks
 from gateway.wire import protocol as proto
+from gateway.wire.leaf import Interest
 from storage_delta.format.nats import is_valid_subject, subject_matches, subjects_overlap
 
 
@@ -26,6 +27,30 @@ def test_parser_handles_frames_split_anywhere() -> None:
             proto.Ping(),
             proto.Interest(False, "_INBOX.abc.*", None),
         ]
+
+
+def test_interest_follows_the_hubs_updates_and_binds_as_the_server_does() -> None:
+    # the hub sends LS+ with a queue group at every change of the group's weight and one LS- when
+    # it is empty: an entry, not a count; a push consumer binds to its exact subject and group only
+    interest = Interest()
+    for line in (b"LS+ d.x q 1\r\n", b"LS+ d.x q 2\r\n", b"LS+ d.x q 1\r\n", b"LS+ d.*\r\n"):
+        (frame,) = proto.FrameParser().feed(line)
+        assert isinstance(frame, proto.Interest)
+        interest.add(frame.subject, frame.queue)
+    assert interest.has("d.x")
+    assert interest.bound("d.x", "q")
+    assert not interest.bound("d.x", "")
+    assert not interest.bound("d.x", "other")
+    assert interest.has("d.y")
+    assert not interest.bound("d.y", "")
+    interest.remove("d.x", "q")
+    assert interest.has("d.x")
+    assert not interest.bound("d.x", "q")
+    interest.remove("d.*")
+    assert not interest.has("d.x")
+    interest.add("d.x")
+    assert interest.bound("d.x", "")
+    assert not interest.bound("d.x", "q")
 
 
 @pytest.mark.parametrize(

@@ -113,7 +113,7 @@ async def test_expected_headers_and_dedup(targets: dict[str, str], unique: str) 
         return {"answers": answers, "state": state(await api(nc, f"STREAM.INFO.{name}"))}
 
     out = await assert_same(targets, case, unique)
-    assert out["answers"][2] == {"stream": unique, "seq": 2, "duplicate": True}
+    assert out["answers"][2] == {"stream": unique, "domain": "jetlake", "seq": 2, "duplicate": True}
     assert out["answers"][5]["error"]["err_code"] == 10060
 
 
@@ -134,7 +134,7 @@ async def test_duplicate_window_expires(targets: dict[str, str], unique: str) ->
         return [first, again, later, state(await api(nc, f"STREAM.INFO.{name}"))]
 
     out = await assert_same(targets, case, unique)
-    assert out[2] == {"stream": unique, "seq": 2}
+    assert out[2] == {"stream": unique, "domain": "jetlake", "seq": 2}
 
 
 async def test_concurrent_duplicates_share_one_sequence(targets: dict[str, str], unique: str) -> None:
@@ -258,7 +258,7 @@ async def test_dedup_window_survives_restart(
         ]
 
     _, second = await assert_same_across_restart(reference, jetlake, before, after, unique, kill=False)
-    assert second[0] == {"stream": unique, "seq": 1, "duplicate": True}
+    assert second[0] == {"stream": unique, "domain": "jetlake", "seq": 1, "duplicate": True}
 
 
 async def test_rollups(targets: dict[str, str], unique: str) -> None:
@@ -386,6 +386,6 @@ async def test_burst_of_publishes_in_one_read(targets: dict[str, str], unique: s
         }
 
     out = await assert_same(targets, case, unique)
-    assert out["answers"][6] == {"stream": unique, "seq": 6}
-    assert out["answers"][10] == {"stream": unique, "seq": 8, "duplicate": True}
+    assert out["answers"][6] == {"stream": unique, "domain": "jetlake", "seq": 6}
+    assert out["answers"][10] == {"stream": unique, "domain": "jetlake", "seq": 8, "duplicate": True}
     assert out["state"]["messages"] == 16

@@ -189,6 +189,54 @@ async def test_stream_list_and_names(targets: dict[str, str], unique: str) -> No
     await assert_same(targets, case, unique)
 
 
+async def test_domain_named_where_the_server_names_it(targets: dict[str, str], unique: str) -> None:
+    """jetlake serves JetStream domain ``jetlake``, so it names it where a real server in that
+    domain does: PubAcks (between stream and sequence, duplicates too), ``$JS.API.INFO``,
+    STREAM.INFO, UPDATE and LIST (CREATE does not), and every advisory; consumer info does not."""
+
+    async def case(nc: Client, name: str) -> Any:
+        s = name.lower()
+        events: list[Any] = []
+
+        async def on(msg: Any) -> None:
+            body = json.loads(msg.data)
+            if body.get("stream") == name:
+                events.append((msg.subject.split(".")[3], body.get("domain")))
+
+        sub = await nc.subscribe("$JS.EVENT.ADVISORY.>", cb=on)
+        cfg = {"name": name, "subjects": [f"{s}.>"]}
+        created = await api(nc, f"STREAM.CREATE.{name}", cfg)
+        acks = [(await nc.request(f"{s}.a", b"x", headers={"Nats-Msg-Id": "1"})).data for _ in range(2)]
+        updated = await api(nc, f"STREAM.UPDATE.{name}", {**cfg, "description": "d"})
+        info = await api(nc, f"STREAM.INFO.{name}")
+        listed = await api(nc, "STREAM.LIST", {"subject": f"{s}.a"})
+        body = {"stream_name": name, "config": {"durable_name": "c", "ack_policy": "explicit"}}
+        consumer = await api(nc, f"CONSUMER.CREATE.{name}.c", body)
+        account = await api(nc, "INFO")
+        await asyncio.sleep(0.3)
+        await sub.unsubscribe()
+        return {
+            "acks": [a.decode() for a in acks],
+            "domains": {
+                "create": created.get("domain"),
+                "update": updated.get("domain"),
+                "info": info.get("domain"),
+                "list": [i.get("domain") for i in listed["streams"]],
+                "consumer": consumer.get("domain"),
+                "account": account.get("domain"),
+            },
+            "events": events,
+        }
+
+    out = await same(targets, case, unique)
+    assert out["acks"] == [
+        f'{{"stream":"{unique}","domain":"jetlake","seq":1}}',
+        f'{{"stream":"{unique}","domain":"jetlake","seq":1,"duplicate": true}}',
+    ]
+    assert out["domains"]["account"] == "jetlake"
+    assert out["events"] == [("STREAM", "jetlake"), ("STREAM", "jetlake"), ("CONSUMER", "jetlake")]
+
+
 async def test_stream_info_details(targets: dict[str, str], unique: str) -> None:
     """INFO with subjects_filter (per-subject counts, wildcard or literal) and deleted_details."""
 

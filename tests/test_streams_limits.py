@@ -11,6 +11,7 @@ from nats.aio.client import Client
 
 from tests.differential import assert_same
 from tests.streams_script import Step, full_state, run_script, run_step
+from tests.test_thin_slice import api
 
 P = ("pub", "a", 5)
 
@@ -84,6 +85,12 @@ CASES: list[tuple[str, dict[str, Any], list[Step]]] = [
     ),
     # purges of a fresh stream: a whole purge makes the first sequence 1, a filtered one does not
     ("fresh_purge", {}, [("purge", {"filter": "{n}.a"}), ("purge", {"keep": 2}), ("purge", {}), P]),
+    # storage memory: a message counts as the memory store counts it (16 bytes, no header length)
+    (
+        "memory_bytes_new",
+        {"storage": "memory", "max_bytes": 110, "discard": "new"},
+        [P, ("pub", "h", 3, {"K": "v"}), P, P],
+    ),
     # lowering a limit by update trims at once
     (
         "update_lowers",
@@ -132,3 +139,23 @@ async def test_max_age_expires_on_a_timer(targets: dict[str, str], unique: str) 
     assert out[-2]["first_seq"] == 3
     assert out[-1]["messages"] == 0
     assert out[-1]["first_seq"] == 4
+
+
+async def test_memory_stream_counts_as_the_memory_store(targets: dict[str, str], unique: str) -> None:
+    """``storage: memory``: a message counts 16 bytes with its subject, header block and payload
+    (the file store: 30, and 4 more for a header block), in the stream state, in its byte limits
+    and in ``$JS.API.INFO``'s ``memory`` (a file stream's count as ``storage``); ``max_bytes``
+    reserves its bytes as ``reserved_memory`` (``reserved_storage``)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        before = await api(nc, "INFO")
+        steps: list[Step] = [P, ("pub", "h", 3, {"K": "v"}), P, P, ("pub", "c", 60)]
+        script = await run_script(nc, name, {"storage": "memory", "max_bytes": 120}, steps)
+        await run_script(nc, f"{name}F", {"max_bytes": 1000}, [P])
+        after = await api(nc, "INFO")
+        usage = ("memory", "storage", "reserved_memory", "reserved_storage")
+        return {"script": script, **{k: after[k] - before[k] for k in usage}}
+
+    out = await assert_same(targets, case, unique)
+    assert out["memory"] == out["script"][-1]["bytes"] > 0
+    assert (out["reserved_memory"], out["reserved_storage"]) == (120, 1000)

@@ -35,6 +35,11 @@ SHAPES: dict[str, tuple[dict[str, Any], list[tuple[Any, ...]]]] = {
     "UPD": ({}, [*[("pub", "a", 1) for _ in range(4)], ("update", {"max_msgs": 2, "description": "d"})]),
     # a purge past the end moves the sequences on
     "CMP": ({}, [("pub", "a", 1), ("purge", {"seq": 10})]),
+    # a memory stream: jetlake keeps it in the lake, counting its bytes as the memory store
+    "MEM": (
+        {"storage": "memory", "max_bytes": 150},
+        [("pub", "a", 5), ("pub", "h", 3, {"K": "v"}), ("pub", "a", 9), ("pub", "b", 40)],
+    ),
 }
 
 

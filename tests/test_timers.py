@@ -334,7 +334,12 @@ def test_removals_queued_tells_once_until_taken() -> None:
 def stream_api(storing: Callable[[], bool] = lambda: True) -> StreamApi:
     """The handler with nothing behind it: only its commit waits are exercised."""
     return StreamApi(
-        cast(Registry, None), cast(MessageLoader, None), cast(RemovalRecorder, None), lambda e: None, storing
+        cast(Registry, None),
+        cast(MessageLoader, None),
+        cast(RemovalRecorder, None),
+        lambda e: None,
+        "",
+        storing,
     )
 
 

@@ -31,6 +31,7 @@ from gateway.adapters.registry import Registry
 from gateway.api.pull import (
     CONSUMER_DELETED,
     NO_MESSAGES,
+    NO_RESPONDERS,
     PullRequest,
     Status,
     no_consumer,
@@ -49,7 +50,7 @@ from gateway.wire import acks
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import CRLF, msg_head
 from storage_delta.commit.writer import StoredMessage
-from storage_delta.format.nats import status_block
+from storage_delta.format.nats import no_responders, parse_headers, status_block
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,10 @@ class Delivery:
         tasks: TaskOwner,
         delete_consumer: Callable[[Consumer], Coroutine[Any, Any, None]],
         recorder: AckRecorder,
+        publish_event: Callable[[tuple[str, bytes]], None],
     ) -> None:
         self.recorder = recorder
+        self.publish_event = publish_event  # advisories, as the service words them
         self.registry = registry
         self.leaf = leaf
         self.cold = cold
@@ -179,7 +182,7 @@ class Delivery:
             return
         exc = task.exception()
         now = now_ns()
-        listening = ce.observe(consumer, self.leaf.interest.has, now)
+        listening = ce.observe(consumer, self.leaf.interest, now)
         if exc is not None:
             log.error("delivery for %s/%s failed", consumer.stream.name, consumer.name, exc_info=exc)
         if self._timers is None:
@@ -192,13 +195,13 @@ class Delivery:
 
     def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
         """Where the next message goes: the oldest waiting pull request that has time left, or a
-        push consumer's deliver subject while it has interest."""
+        push consumer's deliver subject while it is bound to a subscriber."""
         if consumer.is_push:
             subject = consumer.config.deliver_subject
             flow = self._flow.get(id(consumer))
             if flow is not None and flow.stalled():
                 return None  # until the subscriber answers the flow-control request
-            return (subject, None) if self.leaf.interest.has(subject) else None
+            return (subject, None) if ce.push_bound(consumer, self.leaf.interest) else None
         for expired in consumer.waiting.expire_head(now):
             self._send_status(timeout_status(expired))
         req = consumer.waiting.peek()
@@ -235,7 +238,7 @@ class Delivery:
                     done = consumer.deliver(seq, now_ns())
                     if done is None:
                         continue
-                    self.recorder.delivered_run(consumer, [done])
+                    self._delivered(consumer, [done])
                     size = self._send(consumer, inbox, msg, done)
                     if req is not None:
                         _served(consumer, req, 1, size, now_ns())
@@ -297,11 +300,20 @@ class Delivery:
         run = consumer.deliver_run(limit, now, held)
         if not run:
             return False
-        self.recorder.delivered_run(consumer, [d for _, d in run])
+        self._delivered(consumer, [d for _, d in run])
         size = self._send_run(consumer, inbox, run)
         if req is not None:
             _served(consumer, req, len(run), size, now)
         return True
+
+    def _delivered(self, consumer: Consumer, done: list[Delivered]) -> None:
+        """Deliveries made: their ack-log rows; a consumer that takes no acks (ack none) is done
+        with a message once delivered, so interest retention may let it go, as on the server."""
+        self.recorder.delivered_run(consumer, done)
+        stream = consumer.stream
+        if consumer.ack_none and retention.policy(stream) != "limits":
+            peers = self.registry.consumers.get(stream.name, {}).values()
+            retention.settle(stream, peers, [d.seq for d in done])
 
     async def _pace(self, consumer: Consumer, key: int, msg: StoredMessage) -> None:
         """Push pacing: ``replay_policy: original`` keeps the stored gaps; ``rate_limit_bps``
@@ -348,16 +360,26 @@ class Delivery:
         return size
 
     def _send(self, consumer: Consumer, inbox: str, msg: StoredMessage, d: Delivered) -> int:
-        """One delivery (and the flow-control request it makes due, if any)."""
+        """One delivery (and the flow-control request it makes due, if any: after a window of
+        bytes, or, acking by flow control, at ``max_ack_pending``)."""
         size = self._send_run(consumer, inbox, [(msg, d)])
         if consumer.is_push and consumer.config.flow_control:
-            flow = self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+            flow = self._flow_of(consumer)
             request = flow.sent(size)
-            if request is not None:
-                group = consumer.config.deliver_group
-                hdrs = status_block(*FLOW_CONTROL_REQUEST)
-                self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
+            if request is None and consumer.ack_policy == "flow_control" and consumer.at_ack_limit():
+                request = flow.request()
+            self._ask_flow(consumer, inbox, request)
         return size
+
+    def _flow_of(self, consumer: Consumer) -> FlowControl:
+        return self._flow.setdefault(id(consumer), FlowControl(consumer.stream.name, consumer.name))
+
+    def _ask_flow(self, consumer: Consumer, inbox: str, request: str | None) -> None:
+        """Send ``100 FlowControl Request`` with reply ``request``, if there is one."""
+        if request is not None:
+            group = consumer.config.deliver_group
+            hdrs = status_block(*FLOW_CONTROL_REQUEST)
+            self.leaf.publish(inbox, b"", reply=request, hdrs=hdrs, queues=(group,) if group else ())
 
     def _send_status(self, status: Status, queues: tuple[str, ...] = ()) -> None:
         hdrs = status_block(status.code, status.text, status.headers)
@@ -370,7 +392,7 @@ class Delivery:
                 case ce.SendStatus(status, queues):
                     self._send_status(status, queues)
                 case ce.Advisory(subject, payload):
-                    self.leaf.publish(subject, payload)
+                    self.publish_event((subject, payload))
                 case ce.RecordAck() | ce.RecordAckRun() | ce.RecordDrop():
                     self._record(consumer, effect)
                 case ce.TakeRequest(reply, body):
@@ -378,6 +400,9 @@ class Delivery:
                 case ce.Heartbeat(inbox):
                     beat = ce.heartbeat(consumer, inbox, self._flow.get(id(consumer)))
                     self._send_status(beat.status, beat.queues)
+                    if consumer.is_push and consumer.ack_policy == "flow_control" and consumer.pending:
+                        # acking by flow control: each heartbeat asks for the acks of what waits
+                        self._ask_flow(consumer, inbox, self._flow_of(consumer).request())
                 case ce.Serve():
                     self.kick(consumer)
                 case ce.WakeBy(deadline) if self._timers is not None:
@@ -462,16 +487,21 @@ class Delivery:
             self._timers.set(consumer, max(due, now + MIN_STEP_NS))
 
     def _tick(self, consumer: Consumer, now: int) -> None:
-        self._carry_out(consumer, ce.tick(consumer, self.leaf.interest.has, now))
+        self._carry_out(consumer, ce.tick(consumer, self.leaf.interest, now))
 
-    def on_flow_control(self, subject: str) -> None:
-        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``)."""
+    def on_flow_control(self, subject: str, hdrs: bytes | None) -> None:
+        """A subscriber answered a flow-control request (``$JS.FC.<stream>.<consumer>.<token>``);
+        acking by flow control, the answer's headers name what it acks."""
         toks = subject.split(".")
         if len(toks) != 5:
             return
         consumer = self._consumer(toks[2], toks[3])
         flow = self._flow.get(id(consumer)) if consumer is not None else None
         if consumer is not None and flow is not None and flow.answered(subject):
+            if self.recorder.has_room():
+                peers = self.registry.consumers.get(consumer.stream.name, {}).values()
+                answered = ce.flow_control_answered(consumer, peers, parse_headers(hdrs), now_ns())
+                self._carry_out(consumer, answered)
             self.kick(consumer)
 
     # ---- acks ---------------------------------------------------------------------------------
@@ -483,8 +513,10 @@ class Delivery:
         if token is None or kind is None:
             return
         consumer = self._consumer(token.stream, token.consumer)
-        if consumer is not None:  # nobody listens on a deleted consumer's acks, as on the real server
+        if consumer is not None and consumer.takes_acks:
             self._ack(consumer, token, kind, reply)
+        elif reply:  # the server has nobody on the acks of a consumer that is gone or takes none
+            self._send_status(Status(reply, *NO_RESPONDERS, no_responders(subject)))
 
     def apply_acks(self) -> None:
         """Apply the queued plain acks (``queued_acks``): each run of consecutive acks of one
@@ -493,7 +525,7 @@ class Delivery:
         found, self.queued_acks = self.queued_acks, []
         for (stream, name), run in groupby(found, itemgetter(1, 2)):
             consumer = self._consumer(stream.decode(errors="replace"), name.decode(errors="replace"))
-            if consumer is not None:  # nobody listens on a deleted consumer's acks
+            if consumer is not None and consumer.takes_acks:  # nobody listens on the others'
                 self._ack_run(consumer, list(run))
 
     def _ack_run(self, consumer: Consumer, run: list[tuple[bytes, bytes, bytes, bytes]]) -> None:

@@ -38,7 +38,13 @@ from storage_delta.commit.writer import (
 from storage_delta.format.nats import status_block
 
 NO_RESPONDERS = status_block(503, "")
-PUBACK = b'{"stream":"%s","seq":%d}'
+
+
+def pub_ack_format(domain: str) -> bytes:
+    """A PubAck's body (``%s`` the stream, ``%d`` the sequence) as a server in JetStream domain
+    ``domain`` words it: the domain between the two, left out without one."""
+    named = b',"domain":' + json.dumps(domain).encode().replace(b"%", b"%%") if domain else b""
+    return b'{"stream":"%s"' + named + b',"seq":%d'
 
 
 @dataclass(slots=True, eq=False)
@@ -67,8 +73,12 @@ class PublishPath:
         writer: GroupCommitWriter,
         leaf: LeafConnection,
         on_stored: Callable[[Stream], None],
+        domain: str,
     ) -> None:
         self.registry = registry
+        self._pub_ack = pub_ack_format(domain) + b"}"
+        self._batch_ack = pub_ack_format(domain) + b',"batch":%s,"count":%d}'
+        self._duplicate_ack = pub_ack_format(domain) + b',"duplicate": true}'
         self.writer = writer
         self.leaf = leaf
         self._on_stored = on_stored
@@ -142,7 +152,7 @@ class PublishPath:
         for (msg_subject, _, msg_data), verdict in zip(decided.msgs, checked, strict=True):
             last = self._store(run, msg_subject, msg_data, verdict, "", now) or last
         if reply:
-            ack = b'{"stream":"%s","seq":%d,"batch":%s,"count":%d}' % (
+            ack = self._batch_ack % (
                 stream.name_bytes,
                 last,
                 json.dumps(decided.batch_id).encode(),
@@ -186,7 +196,7 @@ class PublishPath:
         run.msgs += stored
         name = stream.name_bytes
         run.acks += [
-            (reply, PUBACK % (name, m.seq)) for reply, m in zip(replies, stored, strict=True) if reply
+            (reply, self._pub_ack % (name, m.seq)) for reply, m in zip(replies, stored, strict=True) if reply
         ]
 
     def on_kv_publish(self, msg: Msg) -> None:
@@ -221,11 +231,10 @@ class PublishPath:
             run = self._runs[stream] = _Run(stream)
         return run
 
-    @staticmethod
-    def _enqueue(run: _Run, stored: StoredMessage, reply: str) -> None:
+    def _enqueue(self, run: _Run, stored: StoredMessage, reply: str) -> None:
         run.msgs.append(stored)
         if reply:
-            run.acks.append((reply, PUBACK % (run.stream.name_bytes, stored.seq)))
+            run.acks.append((reply, self._pub_ack % (run.stream.name_bytes, stored.seq)))
 
     def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> int:
         """Accept one checked publish into ``run``; its sequence, 0 when a limit refused it."""
@@ -299,7 +308,7 @@ class PublishPath:
     def _duplicate(self, stream: Stream, seq: int, reply: str) -> None:
         if not reply:
             return
-        body = b'{"stream":"%s","seq":%d,"duplicate": true}' % (stream.name_bytes, seq)
+        body = self._duplicate_ack % (stream.name_bytes, seq)
         original = self._inflight_ids.get((stream.name, seq))
         if original is None or original.settled:
             self.leaf.publish(reply, body)

@@ -31,6 +31,12 @@ def _event(
     return subject, json.dumps(body, separators=(",", ":")).encode()
 
 
+def in_domain(payload: bytes, domain: str) -> bytes:
+    """An advisory as a server in JetStream domain ``domain`` publishes it: every advisory and
+    metric event ends with ``"domain"`` (omitempty: none without a domain)."""
+    return payload[:-1] + b',"domain":' + json.dumps(domain).encode() + b"}" if domain else payload
+
+
 def stream_action(stream: str, action: str, now_ns: int) -> tuple[str, bytes]:
     """A stream was created, updated (``modify``) or deleted."""
     verb = {"create": "CREATED", "modify": "UPDATED", "delete": "DELETED"}[action]

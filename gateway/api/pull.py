@@ -58,7 +58,7 @@ REQUIRED_API_LEVEL = (412, "Required Api Level")
 def no_consumer(reply: str, stream: str, consumer: str) -> Status:
     """What a pull request for a consumer (or stream) that does not exist hears: on the real
     server nobody subscribes to its subject."""
-    return Status(reply, *NO_RESPONDERS, no_responders(f"CONSUMER.MSG.NEXT.{stream}.{consumer}"))
+    return Status(reply, *NO_RESPONDERS, no_responders(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"))
 
 
 @dataclass(frozen=True, slots=True)

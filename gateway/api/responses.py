@@ -55,6 +55,7 @@ class ConsumerInfo:
     num_redelivered: int
     num_waiting: int
     num_pending: int
+    push_bound: bool = field(default=False, metadata=OMIT)
     paused: bool = field(default=False, metadata=OMIT)
     pause_remaining: int = field(default=0, metadata=OMIT)
     ts: str = ""
@@ -67,6 +68,7 @@ class StreamInfo:
     config: StreamConfig
     created: str
     state: Mapping[str, Any]
+    domain: str = field(default="", metadata=OMIT)
     mirror: Mapping[str, Any] | None = field(default=None, metadata=OMIT)
     sources: Sequence[Mapping[str, Any]] | None = field(default=None, metadata=OMIT)
     ts: str = ""
@@ -117,6 +119,7 @@ class AccountInfoResponse:
     streams: int
     consumers: int
     limits: AccountLimits = field(default_factory=AccountLimits)
+    domain: str = field(default="", metadata=OMIT)
     api: ApiStats
 
 

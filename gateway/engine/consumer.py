@@ -196,8 +196,14 @@ class Consumer:
         message."""
         self.config = config
         self.ack_policy = config.ack_policy
-        self.ack_none = self.ack_policy in ("none", "flow_control")
-        self.ack_all = self.ack_policy == "all"
+        self.ack_none = self.ack_policy == "none"
+        #: ``flow_control`` acks as ``all`` does, by the answers to its flow-control requests
+        self.ack_all = self.ack_policy in ("all", "flow_control")
+        #: whether acks reach it: the server subscribes to a consumer's ack subject only then
+        self.takes_acks = self.ack_policy in ("explicit", "all")
+        #: whether a delivery waits for its ack with a deadline: not under ``flow_control``,
+        #: whose ``ack_wait`` is 0 (the server runs no redelivery timer for it)
+        self._timed = self.ack_policy != "flow_control"
         self.is_push = config.is_push
         self.max_deliver = config.max_deliver or -1
         self._backoff = config.backoff
@@ -350,7 +356,8 @@ class Consumer:
         if limit > 1:
             seqs += stream.seqs_at_or_after(first + 1, self.filters, stream.durable_last_seq, limit - 1)
         self._catch_up()
-        deadline = now_ns + self._ack_wait(1)
+        timed = self._timed
+        deadline = now_ns + self._ack_wait(1) if timed else 0
         dseq, npc, ack_none = self.dseq, self._npc, self.ack_none
         floor_sseq, floor_cseq = self.ack_floor_sseq, self.ack_floor_cseq
         pending, order, heap = self.pending, self._order, self._deadlines
@@ -369,7 +376,8 @@ class Consumer:
             else:
                 pending[seq] = Pending(dseq, 1, deadline, now_ns)
                 order.append(seq)
-                heapq.heappush(heap, (deadline, seq))
+                if timed:
+                    heapq.heappush(heap, (deadline, seq))
             out.append((msg, new(Delivered, (seq, dseq, 1, npc, seq, floor_sseq, floor_cseq))))
         if not sseq:
             return
@@ -417,8 +425,9 @@ class Consumer:
         )
 
     def _arm(self, seq: int, p: Pending, deadline_ns: int) -> None:
-        p.deadline_ns = deadline_ns
-        heapq.heappush(self._deadlines, (deadline_ns, seq))
+        if self._timed:
+            p.deadline_ns = deadline_ns
+            heapq.heappush(self._deadlines, (deadline_ns, seq))
 
     def _queue_redelivery(self, seq: int) -> None:
         if seq not in self._queued:
@@ -489,7 +498,9 @@ class Consumer:
         return None
 
     def _ack_all(self, seq: int, cseq: int, now_ns: int) -> Pending | None:
-        if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq:
+        """Settles everything up to ``seq``; an ack above the last delivered message is ignored,
+        as the server ignores it (it would move the floor past messages never delivered)."""
+        if cseq <= self.ack_floor_cseq or seq <= self.ack_floor_sseq or seq > self.sseq:
             return None
         self.ack_floor_cseq, self.ack_floor_sseq = cseq, seq
         self.ack_floor_active_ns = now_ns
@@ -504,13 +515,16 @@ class Consumer:
         return settled
 
     def nak(self, seq: int, delay_ns: int, now_ns: int) -> bool:
-        """``-NAK``: redeliver now, or after ``delay`` (or the backoff step when one is set)."""
+        """``-NAK``: queue the redelivery now (behind those queued before, ahead of new messages;
+        a backoff does not hold it back), or with a ``delay`` take it off the queue and redeliver
+        after the delay, as the server's ``processNak`` does."""
         p = self.pending.get(seq)
         if p is None:
             return False
-        if not delay_ns and self._backoff:
-            delay_ns = self._ack_wait(p.deliveries)
         if delay_ns > 0:
+            if seq in self._queued:
+                self._queued.discard(seq)
+                self.redeliver.remove(seq)
             self._arm(seq, p, now_ns + delay_ns)
         else:
             self._queue_redelivery(seq)
@@ -559,10 +573,12 @@ class Consumer:
         return self.ack(seq, cseq, now_ns)
 
     def expire(self, now_ns: int) -> list[tuple[int, int]]:
-        """Queue for redelivery every pending message whose ack wait ran out. Those that have been
-        delivered ``max_deliver`` times leave pending instead (the floor stays); they are returned
-        as (stream seq, deliveries) for the MAX_DELIVERIES advisory."""
+        """Queue for redelivery every pending message whose ack wait ran out, those of one call
+        in stream order (the server's ``checkPending`` sorts what one pass found). Those that
+        have been delivered ``max_deliver`` times leave pending instead (the floor stays); they
+        are returned as (stream seq, deliveries) for the MAX_DELIVERIES advisory."""
         exhausted: list[tuple[int, int]] = []
+        due: list[int] = []
         heap = self._deadlines
         while heap and heap[0][0] <= now_ns:
             deadline, seq = heapq.heappop(heap)
@@ -573,8 +589,15 @@ class Consumer:
                 del self.pending[seq]
                 exhausted.append((seq, p.deliveries))
                 continue
+            due.append(seq)
+        for seq in sorted(due):
             self._queue_redelivery(seq)
         return exhausted
+
+    def last_ack_deadline_ns(self) -> int | None:
+        """When the ack wait of the pending message acked last runs out (its nak delay, for a
+        nak'd one), None with nothing pending: a pull consumer is not inactive before it."""
+        return max((p.deadline_ns for p in self.pending.values()), default=None)
 
     def next_deadline_ns(self) -> int | None:
         """The earliest ack-wait (or nak delay) deadline :meth:`expire` would act on, None if none.
@@ -612,7 +635,8 @@ class Consumer:
 
     # ---- info ---------------------------------------------------------------------------------
 
-    def info(self, stream_name: str, now_ns: int) -> ConsumerInfo:
+    def info(self, stream_name: str, now_ns: int, push_bound: bool = False) -> ConsumerInfo:
+        """What CONSUMER.INFO shows; ``push_bound`` is the leaf's to know (who subscribes)."""
         paused = self.paused(now_ns)
         return ConsumerInfo(
             stream_name=stream_name,
@@ -625,6 +649,7 @@ class Consumer:
             num_redelivered=self.num_redelivered(),
             num_waiting=self.waiting.live(now_ns),
             num_pending=self.num_pending(),
+            push_bound=push_bound,
             paused=paused,
             pause_remaining=self.paused_until_ns - now_ns if paused else 0,
             ts=rfc3339(now_ns),

@@ -5,14 +5,16 @@ each function changes the state and returns the effects (status messages and adv
 ack-log rows to record, a pull request to take, delivery to start, a timer to bring forward, the
 consumer to remove) in the order the delivery adapter (:mod:`gateway.adapters.delivery`) carries
 them out. The adapter keeps only what needs I/O: the link, the ack log's room and durability,
-the serve tasks and the timers. Whether an inbox or deliver subject has a listener is asked of the
-``Interest`` predicate it passes in (the leaf's view of the server's subscriptions).
+the serve tasks and the timers. Whether an inbox has a listener, or a push consumer is bound to a
+subscriber, is asked of the ``Listeners`` it passes in (the leaf's view of the server's
+subscriptions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.api import advisories
 from gateway.api.pull import (
@@ -30,11 +32,25 @@ from gateway.api.requests import above_api_level
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, Pending
 from gateway.engine.flow_control import FlowControl
-from gateway.wire.acks import AckKind, AckToken
+from gateway.wire.acks import PLAIN_ACK, AckKind, AckToken
 from storage_delta.tables import acklog as al
 
-#: Whether a subject has a subscriber now.
-Interest = Callable[[str], bool]
+
+class Listeners(Protocol):
+    """Who subscribes on the server now (``gateway.wire.leaf.Interest``)."""
+
+    def has(self, subject: str) -> bool:
+        """Whether a message to ``subject`` reaches a subscriber (a pull request's inbox)."""
+
+    def bound(self, subject: str, group: str) -> bool:
+        """Whether a push consumer delivering to ``subject`` in queue group ``group`` ("" for
+        none) has a subscriber it binds to."""
+
+
+def push_bound(consumer: Consumer, listeners: Listeners) -> bool:
+    """A push consumer's ``push_bound``: it delivers only while this holds."""
+    cfg = consumer.config
+    return consumer.is_push and listeners.bound(cfg.deliver_subject, cfg.deliver_group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +153,10 @@ def ack(
     consumer: Consumer, peers: Iterable[Consumer], token: AckToken, kind: AckKind, reply: str, now: int
 ) -> list[Effect]:
     """One ack of any kind, applied on its own; ``peers`` are the stream's consumers (interest and
-    work-queue retention settle against them all)."""
+    work-queue retention settle against them all). A ``+TERM`` is advised whatever it changed
+    (the server's ``processTerm`` advises every one, with the token's numbers); an ack or term of
+    a message above the last delivered one changes nothing and gets no answer, as from the server,
+    which ignores it."""
     k = kind.kind
     floor = consumer.ack_floor_sseq
     effects: list[Effect] = []
@@ -149,8 +168,7 @@ def ack(
             effects += _sample(consumer, token, settled, now)
     elif k == "term":
         record, changed = al.TERM, consumer.term(token.seq, token.cseq, now) is not None
-        if changed:
-            effects.append(_advisory(advisories.terminated(*_names(token), kind.reason, now)))
+        effects.append(_advisory(advisories.terminated(*_names(token), kind.reason, now)))
     elif k == "nak":
         record, changed = al.NAK, consumer.nak(token.seq, kind.delay_ns, now)
         delay = _nak_delay(consumer, token.seq, kind, now)
@@ -161,7 +179,8 @@ def ack(
     if k in ("ack", "next", "term") and retention.policy(consumer.stream) != "limits":
         acked = range(floor + 1, token.seq + 1) if consumer.ack_all else (token.seq,)
         retention.settle(consumer.stream, peers, acked)
-    effects.append(RecordAck(record, token.seq, changed, "" if k == "next" else reply, delay))
+    ignored = k in ("ack", "term") and token.seq > consumer.sseq
+    effects.append(RecordAck(record, token.seq, changed, "" if k == "next" or ignored else reply, delay))
     if k == "next" and reply:
         effects.append(TakeRequest(reply, kind.next_request))
     effects += _serve_if_due(consumer)
@@ -170,6 +189,26 @@ def ack(
         if due is not None:
             effects.append(WakeBy(due))
     return effects
+
+
+def flow_control_answered(
+    consumer: Consumer, peers: Iterable[Consumer], hdrs: dict[str, str], now: int
+) -> list[Effect]:
+    """The answer to the outstanding flow-control request of a consumer with ``ack_policy:
+    flow_control``: it acks everything up to the ``Nats-Last-Stream`` (and ``Nats-Last-Consumer``)
+    it names, as an ack-all ``+ACK`` would (the server's ``processFlowControl``); an answer
+    without them acks nothing."""
+    last_sseq = _whole(hdrs.get("Nats-Last-Stream"))
+    if consumer.ack_policy != "flow_control" or last_sseq <= 0:
+        return []
+    last_cseq = max(_whole(hdrs.get("Nats-Last-Consumer")), 0)
+    token = AckToken(consumer.stream.name, consumer.name, 1, last_sseq, last_cseq, 0, 0)
+    return ack(consumer, peers, token, PLAIN_ACK, "", now)
+
+
+def _whole(text: str | None) -> int:
+    """A header's number as the server reads it (``parseInt64``: digits only, else -1)."""
+    return int(text) if text and text.isascii() and text.isdigit() else -1
 
 
 def ack_run(
@@ -214,9 +253,9 @@ def sampled(rate: int, cseq: int) -> bool:
 
 
 def _nak_delay(consumer: Consumer, seq: int, kind: AckKind, now: int) -> int | None:
-    """The redelivery delay (the nak's own, or the backoff's) the ack log keeps, if any."""
+    """The nak's redelivery delay the ack log keeps, if it had one."""
     p = consumer.pending.get(seq)
-    if p is not None and (kind.delay_ns > 0 or consumer.config.backoff):
+    if p is not None and kind.delay_ns > 0:
         return p.deadline_ns - now
     return None
 
@@ -258,12 +297,12 @@ def pull_request(consumer: Consumer, reply: str, body: bytes, hdrs: bytes | None
 # ---- the timer --------------------------------------------------------------------------------
 
 
-def tick(consumer: Consumer, interest: Interest, now: int) -> list[Effect]:
+def tick(consumer: Consumer, listeners: Listeners, now: int) -> list[Effect]:
     """The consumer's timer is due: expire pull requests, send idle heartbeats, redeliver what
     ``ack_wait`` ran out on, drop requests whose requester left, and remove the consumer once it
     has been inactive past its threshold."""
     effects: list[Effect] = [SendStatus(timeout_status(req)) for req in consumer.waiting.expire(now)]
-    consumer.waiting.remove_where([r for r in consumer.waiting if not interest(r.reply)])
+    consumer.waiting.remove_where([r for r in consumer.waiting if not listeners.has(r.reply)])
     for req in consumer.waiting:
         if req.heartbeat_ns and req.next_heartbeat_ns <= now:
             req.next_heartbeat_ns = now + req.heartbeat_ns
@@ -273,7 +312,7 @@ def tick(consumer: Consumer, interest: Interest, now: int) -> list[Effect]:
         effects.append(
             _advisory(advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now))
         )
-    listening = observe(consumer, interest, now)
+    listening = observe(consumer, listeners, now)
     if consumer.is_push and listening and _push_heartbeat_due(consumer, now):
         effects.append(Heartbeat(consumer.config.deliver_subject))
     if _inactive(consumer, now):
@@ -298,7 +337,8 @@ def _push_heartbeat_due(consumer: Consumer, now: int) -> bool:
 
 def _inactive(consumer: Consumer, now: int) -> bool:
     """Whether the consumer went unseen past its ``inactive_threshold`` (then its clock moves on
-    by the threshold, so it is removed once)."""
+    by the threshold, so it is removed once). A pull consumer counts as seen until the ack wait of
+    its last pending message runs out, as the server's ``deleteNotActive`` waits for it."""
     threshold, watch = consumer.config.inactive_threshold, consumer.watch
     if not threshold:
         return False
@@ -306,16 +346,21 @@ def _inactive(consumer: Consumer, now: int) -> bool:
         watch.last_seen_ns = now
     if now - watch.last_seen_ns <= threshold:
         return False
+    if not consumer.is_push:
+        acked_by = consumer.last_ack_deadline_ns()
+        if acked_by is not None and now - acked_by <= threshold:
+            watch.last_seen_ns = acked_by
+            return False
     watch.last_seen_ns = now + threshold
     return True
 
 
-def observe(consumer: Consumer, interest: Interest, now: int) -> bool:
-    """Whether the consumer listens (waiting requests; a push consumer's subscriber). While it
-    does, and at the first look after it stopped, it counts as seen now."""
+def observe(consumer: Consumer, listeners: Listeners, now: int) -> bool:
+    """Whether the consumer listens (waiting requests; a push consumer bound to a subscriber).
+    While it does, and at the first look after it stopped, it counts as seen now."""
     watch = consumer.watch
     push = consumer.is_push
-    listening = interest(consumer.config.deliver_subject) if push else len(consumer.waiting) > 0
+    listening = push_bound(consumer, listeners) if push else len(consumer.waiting) > 0
     if listening or watch.listening:
         watch.last_seen_ns = now
     watch.listening = listening

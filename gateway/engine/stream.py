@@ -26,7 +26,7 @@ from gateway.engine.stream_index import SeqIndex, SubjectSeqs, TailCache
 from gateway.runtime.signals import Signal
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import subject_matches
-from storage_delta.format.schema import DEFAULT_BLOCK_SIZE, stored_size
+from storage_delta.format.schema import DEFAULT_BLOCK_SIZE, RECORD_OVERHEAD, stored_size
 from storage_delta.format.subject_transform import SubjectTransform
 from storage_delta.read.reader import StoredIndex
 
@@ -158,6 +158,9 @@ class Stream:
         #: Where a stored message is published again once committed (``republish``), if anywhere.
         self.republish = SubjectTransform.parse(republish.get("src", ""), republish.get("dest", ""))
         self.republish_headers_only = bool(republish.get("headers_only"))
+        #: what a message counts for beyond its bytes, as the stream's storage counts it (a
+        #: memory stream is stored in the lake like any other, but counts as the memory store)
+        self.record_overhead = RECORD_OVERHEAD[config.storage]
 
     # ---- adding --------------------------------------------------------------------------------
 
@@ -221,7 +224,7 @@ class Stream:
         if lim.sealed:
             raise errors.STREAM_SEALED
         if lim.discard_new:
-            self._check_discard_new(subject, stored_size(subject, hdrs, data))
+            self._check_discard_new(subject, stored_size(subject, hdrs, data, self.record_overhead))
         return self._append(((subject, hdrs, data),), now_ns)[0]
 
     def accept_mirrored(
@@ -239,7 +242,7 @@ class Stream:
         ts = max(ts, self.created_ns, st.last_ts + 1)
         st.last_seq = seq - 1
         msg = StoredMessage(self.name, self.block_size, seq, ts, subject, hdrs, data)
-        sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
+        sid = self._add(seq, subject, stored_size(subject, hdrs, data, self.record_overhead), ts)
         self.tail.put(msg)
         if self.limits.per_subject:
             self._enforce_subject_limit(sid)
@@ -256,7 +259,10 @@ class Stream:
         st = self.state
         if lim.max_msgs and st.messages + len(items) > lim.max_msgs:
             return MAX_MSGS
-        if lim.max_bytes and st.bytes + sum(stored_size(*item) for item in items) > lim.max_bytes:
+        if (
+            lim.max_bytes
+            and st.bytes + sum(stored_size(*item, self.record_overhead) for item in items) > lim.max_bytes
+        ):
             return MAX_BYTES
         if lim.per_subject and lim.discard_new_per_subject:
             added: dict[str, int] = {}
@@ -290,7 +296,7 @@ class Stream:
             seq = st.last_seq + 1
             ts = now_ns if now_ns > st.last_ts else st.last_ts + 1
             msg = StoredMessage(name, block_size, seq, ts, subject, hdrs, data)
-            sid = self._add(seq, subject, stored_size(subject, hdrs, data), ts)
+            sid = self._add(seq, subject, stored_size(subject, hdrs, data, self.record_overhead), ts)
             put(msg)
             if per_subject:
                 self._enforce_subject_limit(sid)
@@ -315,7 +321,7 @@ class Stream:
                 sid = self._subject_id(subject)
             out.append(StoredMessage(name, block_size, seq, ts, subject, hdrs, data))
             sids.append(sid)
-            sizes.append(stored_size(subject, hdrs, data))
+            sizes.append(stored_size(subject, hdrs, data, self.record_overhead))
             times.append(ts)
             counts[sid] = counts.get(sid, 0) + 1
             seqs = by_subject.get(sid)

@@ -42,6 +42,7 @@ from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, Enum, go, request
 from gateway.api.timefmt import ZERO_TIME, now_ns
 from gateway.engine import retention
 from gateway.engine.consumer import Consumer, start_position
+from gateway.engine.consumer_effects import Listeners, push_bound
 from gateway.engine.stream import Stream
 
 LIST_PAGE = 256
@@ -134,10 +135,16 @@ def ephemeral_name() -> str:
 
 
 class ConsumerApi:
-    def __init__(self, registry: Registry, seq_at_time: SeqAtTime, publish: Publish) -> None:
+    def __init__(
+        self, registry: Registry, seq_at_time: SeqAtTime, publish: Publish, listeners: Listeners
+    ) -> None:
         self.reg = registry
         self.seq_at_time = seq_at_time
         self.publish = publish
+        self.listeners = listeners
+
+    def _info(self, consumer: Consumer, stream_name: str, now: int) -> ConsumerInfo:
+        return consumer.info(stream_name, now, push_bound(consumer, self.listeners))
 
     def route(self, toks: list[str]) -> Route | None:
         """The handler of a consumer subject; None for a subject nobody answers."""
@@ -198,7 +205,7 @@ class ConsumerApi:
         else:
             consumer = await self._add(stream, cfg, cname, req.action, now)
         return ConsumerInfoResponse(
-            type=T + "consumer_create_response", info=consumer.info(stream_name, now_ns())
+            type=T + "consumer_create_response", info=self._info(consumer, stream_name, now_ns())
         )
 
     async def _update(self, existing: Consumer, cfg: ConsumerConfig, action: str) -> Consumer:
@@ -230,7 +237,7 @@ class ConsumerApi:
     def info(self, stream_name: str, name: str, body: bytes) -> ConsumerInfoResponse:
         require_empty_request(body)
         consumer = self._consumer(stream_name, name)
-        return ConsumerInfoResponse(info=consumer.info(stream_name, now_ns()))
+        return ConsumerInfoResponse(info=self._info(consumer, stream_name, now_ns()))
 
     async def delete(self, stream_name: str, name: str, _body: bytes) -> SuccessResponse:
         """The body is not read, as on the server."""
@@ -264,10 +271,9 @@ class ConsumerApi:
         paged = Paged(total, offset, LIST_PAGE)
         return ConsumersResponse(type=T + "consumer_list_response", paged=paged, consumers=listed)
 
-    @staticmethod
-    def _listed(consumer: Consumer, stream_name: str, now: int) -> ConsumerInfo:
+    def _listed(self, consumer: Consumer, stream_name: str, now: int) -> ConsumerInfo:
         """A consumer as CONSUMER.LIST shows it: its config without the server's metadata."""
-        return replace(consumer.info(stream_name, now), config=consumer_config.listed(consumer.config))
+        return replace(self._info(consumer, stream_name, now), config=consumer_config.listed(consumer.config))
 
     async def pause(self, stream_name: str, name: str, body: bytes) -> ConsumerPauseResponse:
         until = load_request(body, PAUSE_REQUEST).pause_until  # before the look-up
@@ -300,4 +306,5 @@ class ConsumerApi:
         seq = load_request(body, RESET_REQUEST).seq
         consumer.reset(seq)
         await self.reg.recorder.reset(consumer)
-        return ConsumerResetResponse(info=consumer.info(stream_name, now_ns()), reset_seq=consumer.sseq + 1)
+        info = self._info(consumer, stream_name, now_ns())
+        return ConsumerResetResponse(info=info, reset_seq=consumer.sseq + 1)

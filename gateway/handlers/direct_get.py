@@ -101,7 +101,7 @@ class DirectGet:
         stream = self.reg.streams.get(name)
         if stream is None or not stream.config.allow_direct:
             asked = f"DIRECT.GET.{name}.{subject}" if subject else f"DIRECT.GET.{name}"
-            return [RawReply(status_block(503, "", no_responders(asked)))]
+            return [RawReply(status_block(503, "", no_responders("$JS.API." + asked)))]
         if above_api_level(hdrs):
             return [RawReply(status_block(*REQUIRED_API_LEVEL))]
         if subject:

@@ -14,6 +14,7 @@ from gateway.api import errors
 from gateway.api.configs import to_json
 from gateway.api.requests import API_LEVEL, Publish, RawReply, T, above_api_level
 from gateway.api.responses import AccountInfoResponse, ApiStats, Route
+from gateway.engine.consumer_effects import Listeners
 from gateway.handlers import consumers as consumer_api
 from gateway.handlers import streams as stream_api
 from gateway.handlers.consumers import ConsumerApi, SeqAtTime
@@ -31,11 +32,18 @@ class Api:
     """Routes a request to the stream or consumer handlers and renders their errors."""
 
     def __init__(
-        self, registry: Registry, streams: StreamApi, seq_at_time: SeqAtTime, publish: Publish
+        self,
+        registry: Registry,
+        streams: StreamApi,
+        seq_at_time: SeqAtTime,
+        publish: Publish,
+        listeners: Listeners,
+        domain: str,
     ) -> None:
         self.reg = registry
+        self.domain = domain
         self.streams = streams
-        self.consumers = ConsumerApi(registry, seq_at_time, publish)
+        self.consumers = ConsumerApi(registry, seq_at_time, publish, listeners)
 
     async def handle(
         self, toks: list[str], body: bytes, hdrs: bytes | None = None
@@ -74,12 +82,17 @@ class Api:
 
     def account_info(self, _body: bytes) -> AccountInfoResponse:
         """``$JS.API.INFO`` (its body is not read, as on the server)."""
-        streams = self.reg.streams.values()
+        memory = [s for s in self.reg.streams.values() if s.config.storage == "memory"]
+        files = [s for s in self.reg.streams.values() if s.config.storage != "memory"]
         return AccountInfoResponse(
-            memory=0,
-            storage=sum(s.state.bytes for s in streams),
+            memory=sum(s.state.bytes for s in memory),
+            storage=sum(s.state.bytes for s in files),
+            # what the streams' max_bytes reserve of the account, as the server reserves it
+            reserved_memory=sum(max(s.config.max_bytes, 0) for s in memory),
+            reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
             streams=len(self.reg.streams),
             consumers=sum(len(c) for c in self.reg.consumers.values()),
+            domain=self.domain,
             api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
         )
 

@@ -117,6 +117,7 @@ class StreamApi:
         loader: MessageLoader,
         recorder: RemovalRecorder,
         publish: Publish,
+        domain: str,
         storing: Callable[[], bool] = lambda: True,
         origins: Callable[[Stream], tuple[dict[str, Any] | None, list[dict[str, Any]] | None]] = lambda _: (
             None,
@@ -132,6 +133,7 @@ class StreamApi:
         self.loader = loader
         self.recorder = recorder
         self.publish = publish
+        self.domain = domain
         self.direct = DirectGet(registry, loader)
         self._waiting: dict[Stream, SeqWaiters] = {}  # removals waiting for a commit, by stream
         self._listening: dict[Stream, Callable[[], None]] = {}  # their durable_moved listeners
@@ -226,7 +228,7 @@ class StreamApi:
             self._check_overlap(cfg)
             stream = await self.reg.add_stream(cfg, now_ns())
             self.publish(advisories.stream_action(name, "create", now_ns()))
-        return StreamCreateResponse(info=self._info(stream), did_create=True)
+        return StreamCreateResponse(info=self._info(stream, with_domain=False), did_create=True)
 
     async def stream_update(self, name: str, body: bytes) -> StreamCreateResponse:
         # As the server: the whole config is checked (a name is required) before it is compared
@@ -288,12 +290,16 @@ class StreamApi:
             paged = Paged(len(state["subjects"]), req.offset, SUBJECT_DETAILS_LIMIT)
         return StreamInfoResponse(paged=paged, info=self._info(stream, state))
 
-    def _info(self, stream: Stream, state: dict[str, Any] | None = None) -> StreamInfo:
+    def _info(
+        self, stream: Stream, state: dict[str, Any] | None = None, with_domain: bool = True
+    ) -> StreamInfo:
+        """The info of INFO, UPDATE and LIST, which name the server's domain; CREATE's does not."""
         mirror, sources = self._origins(stream)
         return StreamInfo(
             config=stream.config,
             created=rfc3339(stream.created_ns),
             state=state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
+            domain=self.domain if with_domain else "",
             mirror=mirror,
             sources=sources,
             ts=rfc3339(now_ns()),

@@ -121,9 +121,9 @@ def render_jsz(
     snap: Snapshot, opts: JszOptions, server_id: str, store_dir: str, domain: str
 ) -> dict[str, Any]:
     api = snap.account.get("api") or {"level": 0, "total": 0, "errors": 0}
-    usage = {
-        "memory": 0,
-        "storage": snap.bytes,
+    usage = {  # as $JS.API.INFO counts them: memory streams apart
+        "memory": int(snap.account.get("memory") or 0),
+        "storage": int(snap.account.get("storage") or 0),
         "reserved_memory": 0,
         "reserved_storage": 0,
     }

@@ -81,7 +81,7 @@ class LinkDispatcher:
         elif subject.startswith("$JS.ACK."):
             delivery.on_ack(subject, msg.reply, msg.data)
         elif subject.startswith("$JS.FC."):
-            delivery.on_flow_control(subject)
+            delivery.on_flow_control(subject, msg.hdrs)
         elif subject.startswith(LINK_PREFIX):
             self._sourcing.on_link_msg(msg)
         else:

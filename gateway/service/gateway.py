@@ -149,9 +149,11 @@ class Gateway:
         log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
-        delivery = Delivery(registry, leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder)
+        delivery = Delivery(
+            registry, leaf, self.cold, self.tasks, self._expire_consumer, ack_recorder, self._publish_event
+        )
         registry.consumer_removed.connect(delivery.consumer_gone)
-        publish = PublishPath(registry, writer, leaf, delivery.kick_stream)
+        publish = PublishPath(registry, writer, leaf, delivery.kick_stream, settings.domain)
         registry.stream_removed.connect(lambda stream: publish.batches.forget_stream(stream.name))
         sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks, leaf)
         api = Api(
@@ -161,11 +163,14 @@ class Gateway:
                 MessageLoader(self.reader, self.executor),
                 recorder,
                 self._publish_event,
+                settings.domain,
                 lambda: writer.running,
                 sourcing.info,
             ),
             self.cold.first_seq_at,
             self._publish_event,
+            leaf.interest,
+            settings.domain,
         )
         dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api, sourcing)
         leaf.subscribe(dispatcher.api_prefix + ">")
@@ -198,8 +203,9 @@ class Gateway:
     ) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
-        that came before the removal was recorded). Durable consumers' state comes from the ack
-        log; ephemeral consumers end with the process."""
+        that came before the removal was recorded). Consumers' state comes from the ack log,
+        ephemeral ones' too: as on the real server with file storage, they come back and go after
+        their ``inactive_threshold`` unless someone uses them."""
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(self.executor, catalog.load)
         logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
@@ -217,6 +223,7 @@ class Gateway:
                     stream.name,
                     stream.created_ns,
                     since,
+                    stream.record_overhead,
                 )
                 stream.restore_stored(stored)
                 snapshots.restored(stream, through)
@@ -240,8 +247,6 @@ class Gateway:
                     cstate.skip,
                 )
                 consumer.restore(cstate)
-                if not consumer.config.durable_name:
-                    await registry.remove_consumer(consumer)  # ephemeral: ends with the process
 
     async def _restore_lost(self, stream: Stream) -> None:
         """A damaged data file's messages are lost, as JetStream's file store loses the records of a
@@ -299,8 +304,9 @@ class Gateway:
     # ---- what the components ask of the service ---------------------------------------------
 
     def _publish_event(self, event: tuple[str, bytes]) -> None:
+        """An advisory, as a server in the gateway's JetStream domain publishes it."""
         if self.core is not None:
-            self.core.leaf.publish(event[0], event[1])
+            self.core.leaf.publish(event[0], advisories.in_domain(event[1], self.settings.domain))
 
     async def _expire_consumer(self, consumer: Consumer) -> None:
         """A consumer past its ``inactive_threshold`` goes, as on the real server."""

@@ -24,37 +24,62 @@ FLUSH_BYTES = 256 * 1024  # queued frames are written at the latest at this size
 
 
 class Interest:
-    """Which subjects have subscribers on the server side, as ``LS+``/``LS-`` reported them."""
+    """Which subscriptions the server has, as ``LS+``/``LS-`` reported them: one entry per
+    subject and queue group (the hub sends ``LS+`` for a plain subject when its first subscriber
+    comes and ``LS-`` when its last goes, and for a queue group ``LS+`` with the group's new
+    weight at every change, ``LS-`` when it is empty), so an entry is there or not, never counted.
+    """
 
     def __init__(self) -> None:
-        self._literal: dict[str, int] = {}
+        self._entries: set[tuple[str, str]] = set()  # (subject, queue group or "")
+        self._literal: dict[str, int] = {}  # entries per subject without wildcards
         self._wild: dict[str, int] = {}
         #: Told after every change (consumer timers look at who listens then, not on a tick).
         self.changed: Signal[[]] = Signal()
 
-    def add(self, subject: str) -> None:
-        bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
-        bucket[subject] = bucket.get(subject, 0) + 1
+    def add(self, subject: str, queue: str | None = None) -> None:
+        entry = (subject, queue or "")
+        if entry not in self._entries:
+            self._entries.add(entry)
+            bucket = self._bucket(subject)
+            bucket[subject] = bucket.get(subject, 0) + 1
         self.changed.emit()
 
-    def remove(self, subject: str) -> None:
-        bucket = self._wild if ("*" in subject or ">" in subject) else self._literal
-        n = bucket.get(subject, 0) - 1
-        if n > 0:
-            bucket[subject] = n
-        else:
-            bucket.pop(subject, None)
+    def remove(self, subject: str, queue: str | None = None) -> None:
+        entry = (subject, queue or "")
+        if entry in self._entries:
+            self._entries.discard(entry)
+            bucket = self._bucket(subject)
+            n = bucket[subject] - 1
+            if n > 0:
+                bucket[subject] = n
+            else:
+                del bucket[subject]
         self.changed.emit()
+
+    def _bucket(self, subject: str) -> dict[str, int]:
+        return self._wild if ("*" in subject or ">" in subject) else self._literal
 
     def clear(self) -> None:
+        self._entries.clear()
         self._literal.clear()
         self._wild.clear()
         self.changed.emit()
 
     def has(self, subject: str) -> bool:
+        """Whether a message to ``subject`` reaches some subscriber (wildcards and queue groups
+        included): a pull request's inbox is alive while this holds."""
         if subject in self._literal:
             return True
         return any(subject_matches(w, subject) for w in self._wild)
+
+    def bound(self, subject: str, group: str) -> bool:
+        """Whether a push consumer delivering to ``subject`` (in queue group ``group``, "" for
+        none) is bound: the server binds it to a subscription on exactly that subject in exactly
+        that group (``Sublist.registerNotification``); a wildcard subscription, a queue
+        subscriber of a consumer without group or a plain one of a consumer with one does not
+        bind it, and such a consumer delivers nothing."""
+        return (subject, group) in self._entries
 
 
 class LinkHandler(Protocol):
@@ -219,9 +244,9 @@ class LeafConnection:
         PONG brings it up: only then are the subscriptions sent and writes let through)."""
         if isinstance(frame, proto.Interest):
             if frame.added:
-                self.interest.add(frame.subject)
+                self.interest.add(frame.subject, frame.queue)
             else:
-                self.interest.remove(frame.subject)
+                self.interest.remove(frame.subject, frame.queue)
         elif isinstance(frame, proto.Ping):
             writer.write(b"PONG\r\n")
         elif isinstance(frame, proto.Info):

@@ -88,9 +88,9 @@ def status_block(code: int, text: str, extra: dict[str, str] | None = None) -> b
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def no_responders(api_subject: str) -> dict[str, str]:
-    """The headers of the server's "no responders" status (503) for an API request nobody
-    subscribes to; ``api_subject`` is the part after ``$JS.API.``. The gateway listens to the whole
-    API, so it sends this itself, naming the subject as clients send it (before the hub maps it
-    into jetlake's domain)."""
-    return {"Nats-Subject": "$JS.API." + api_subject}
+def no_responders(subject: str) -> dict[str, str]:
+    """The headers of the server's "no responders" status (503) for a request to ``subject``
+    nobody subscribes to. The gateway listens to the whole API and to every ack subject, so it
+    sends this itself where the server would have nobody, naming the subject as clients send it
+    (an API subject before the hub maps it into jetlake's domain)."""
+    return {"Nats-Subject": subject}

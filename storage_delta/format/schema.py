@@ -76,10 +76,20 @@ def block_of(seq: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     return seq // block_size
 
 
-def stored_size(subject: str, hdrs: bytes | None, data: bytes) -> int:
-    """Bytes a message counts for in stream state, as JetStream's file store counts a
-    record (a header block adds its own 4-byte length)."""
-    return 30 + len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data)
+#: What a message counts for in stream state beyond its subject, header block and payload, by the
+#: stream's ``storage``, as JetStream's stores count a record: (per message, per header block).
+#: The file store adds 30 bytes and a header block's own 4-byte length, the memory store 16.
+RECORD_OVERHEAD: dict[str, tuple[int, int]] = {"file": (30, 4), "memory": (16, 0)}
+FILE_RECORD = RECORD_OVERHEAD["file"]
+
+
+def stored_size(
+    subject: str, hdrs: bytes | None, data: bytes, overhead: tuple[int, int] = FILE_RECORD
+) -> int:
+    """Bytes a message counts for in stream state (``overhead``: its storage's
+    ``RECORD_OVERHEAD``)."""
+    per_msg, per_hdrs = overhead
+    return per_msg + len(subject) + (len(hdrs) + per_hdrs if hdrs else 0) + len(data)
 
 
 ACKS = "acks"

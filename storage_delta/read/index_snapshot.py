@@ -152,13 +152,20 @@ def _digest(created: int, through: int, index: StoredIndex) -> str:
 
 
 def load_index(
-    root: StoreRoot, reader: MessageReader, stream: str, created: int, headers_since: int
+    root: StoreRoot,
+    reader: MessageReader,
+    stream: str,
+    created: int,
+    headers_since: int,
+    overhead: tuple[int, int],
 ) -> tuple[StoredIndex, int]:
     """Recovery's index of a stream: its snapshot and the files above it (every file without
-    one); and how far the snapshot went (0 without one). Blocks: belongs on a worker thread."""
+    one); and how far the snapshot went (0 without one). Sizes count ``overhead`` (the stream's
+    ``RECORD_OVERHEAD``; the snapshot holds the sizes the stream counted). Blocks: belongs on a
+    worker thread."""
     snapshot = read(root, stream, created)
     through = snapshot.through if snapshot is not None else 0
-    tail = reader.stored_index(stream, created, headers_since, after=through)
+    tail = reader.stored_index(stream, created, headers_since, after=through, overhead=overhead)
     return (snapshot.index.after(tail) if snapshot is not None else tail), through
 
 

@@ -201,7 +201,12 @@ class MessageReader:
         return dict(zip(last.column("subject").to_pylist(), last.column("seq_max").to_pylist(), strict=True))
 
     def stored_index(
-        self, stream: str, min_ts: int = 0, headers_since: int | None = None, after: int = 0
+        self,
+        stream: str,
+        min_ts: int = 0,
+        headers_since: int | None = None,
+        after: int = 0,
+        overhead: tuple[int, int] = sch.FILE_RECORD,
     ) -> StoredIndex:
         """The index of the stored messages of a stream above sequence ``after`` stored at or after
         ``min_ts`` (its incarnation), in sequence order, as arrays: what the gateway rebuilds its
@@ -209,7 +214,8 @@ class MessageReader:
 
         With ``headers_since``, the header blocks of every message stored since then that has one
         come along (also below ``after``): from the same scan, and from the older files whose
-        statistics say they hold a header block at all."""
+        statistics say they hold a header block at all. ``overhead`` is the stream's storage's
+        ``schema.RECORD_OVERHEAD``, which sizes count."""
         files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
         tail = [f for f in files if f.max_seq > after]
         table, data_len = self._index_rows(tail, min_ts, after)
@@ -221,7 +227,7 @@ class MessageReader:
             headers.append(
                 rows.filter(pc.and_(pc.is_valid(rows["hdrs"]), pc.greater_equal(rows["ts"], headers_since)))
             )
-        return StoredIndex.build(table, data_len, headers)
+        return StoredIndex.build(table, data_len, headers, overhead)
 
     def _index_rows(self, files: list[DataFile], min_ts: int, after: int) -> tuple[pa.Table, list[pa.Array]]:
         """``seq``, ``ts``, ``subject``, ``hdrs`` of the files' rows stored at or after ``min_ts``
@@ -280,7 +286,13 @@ class StoredIndex:
         return cls(none, none, none, none, [], [])
 
     @classmethod
-    def build(cls, table: pa.Table, data_len: list[pa.Array], headers: list[pa.Table]) -> StoredIndex:
+    def build(
+        cls,
+        table: pa.Table,
+        data_len: list[pa.Array],
+        headers: list[pa.Table],
+        overhead: tuple[int, int] = sch.FILE_RECORD,
+    ) -> StoredIndex:
         """From the ``seq``, ``ts``, ``subject`` and ``hdrs`` columns and the lengths of the
         payloads; ``headers`` are tables of (``seq``, ``ts``, ``hdrs``) rows with a header block."""
         with_hdrs = pa.concat_tables(headers).sort_by("seq") if headers else None
@@ -303,10 +315,11 @@ class StoredIndex:
         codes = _int64([c.indices for c in encoded.chunks])
         names = encoded.chunk(0).dictionary.to_pylist()
         hdrs = table.column("hdrs")
-        # A record's stored size as JetStream's file store counts it (schema.stored_size).
-        size = 30 + np.array([len(n) for n in names], np.int64)[codes] + _int64(data_len)
+        # A record's stored size as its stream's store counts it (schema.stored_size).
+        per_msg, per_hdrs = overhead
+        size = per_msg + np.array([len(n) for n in names], np.int64)[codes] + _int64(data_len)
         if hdrs.null_count < len(hdrs):
-            size += _int64(pc.fill_null(pc.add(pc.binary_length(hdrs), 4), 0).chunks)
+            size += _int64(pc.fill_null(pc.add(pc.binary_length(hdrs), per_hdrs), 0).chunks)
         ts = _int64(table.column("ts").chunks)
         if len(seq) > 1 and not bool(np.all(seq[1:] > seq[:-1])):
             order = np.argsort(seq, kind="stable")

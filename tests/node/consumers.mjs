@@ -102,7 +102,12 @@ async function main() {
     let first = true;
     while (out.fetch.length < 11) {
       const batch = await ft.fetch({ max_messages: 4, expires: 2000 });
-      for await (const m of batch) {
+      const got = [];
+      for await (const m of batch) got.push(m);
+      // The nak and acks go once the whole batch is in: a nak that reached the real server while
+      // it was still sending the batch (one message at a time) would put the redelivery into
+      // that same batch, a race neither server controls.
+      for (const m of got) {
         out.fetch.push(seen(m));
         if (first) {
           first = false;
@@ -111,9 +116,9 @@ async function main() {
           m.ack();
         }
       }
-      // Both servers take acks and pull requests on separate paths: the next fetch is sent once
-      // the first batch's nak and acks have been taken (only the nak'd message is pending), or
-      // the real server may serve it before the nak and the redelivery lands elsewhere.
+      // The next fetch goes once the nak and the acks behind it have been taken (only the nak'd
+      // message is pending): both servers take acks and pull requests on separate paths. Then
+      // the redelivery leads the next batch, as the server's redelivery queue comes first.
       if (out.fetch.length === 4) await settle(jsm, stream, "ft", 1);
     }
     await nc.flush();
