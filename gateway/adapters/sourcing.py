@@ -74,6 +74,9 @@ class OriginState:
     position: int = 0  # the last origin sequence copied
     lag: int = 0
     active_ns: int = 0  # when it last heard from its origin (0: never)
+    #: Caught up with an origin on this gateway and told of its every commit: as current as a
+    #: remote copy that just had its heartbeat.
+    attached: bool = False
     error: errors.ApiError | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
 
@@ -85,7 +88,7 @@ class OriginState:
         out["lag"] = self.lag
         if not mirror and self.position:
             out["seq"] = self.position
-        out["active"] = now_ns() - self.active_ns if self.active_ns else -1
+        out["active"] = -1 if not self.active_ns else 0 if self.attached else now_ns() - self.active_ns
         # The server fills a mirror's filter in when it sets up the mirror's consumer (its
         # transforms, and a source's filter, when the stream is created).
         if self.config.get("filter_subject") and (not mirror or self.active_ns):
@@ -284,7 +287,11 @@ class Sourcing:
             state.active_ns = now_ns()
             if not seqs:
                 state.lag = 0
-                await _next_commit(origin)
+                state.attached = True
+                try:
+                    await _next_commit(origin)
+                finally:
+                    state.attached, state.active_ns = False, now_ns()
                 continue
             durable = state.position
             copies: list[StoredMessage] = []
