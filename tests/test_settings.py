@@ -121,6 +121,9 @@ def test_every_setting_has_its_variable_and_its_flag_and_the_flag_wins(
     def text_and_value(e: Entry, n: int) -> tuple[str, object]:
         if e.key == "sync_interval":  # a text with a form of its own: "always" or a Go duration
             return f"{n}s", f"{n}s"
+        if e.key == "event_loop":  # one of two names
+            name = ("asyncio", "uvloop")[n % 2]
+            return name, name
         if e.kind is int:
             return str(1000 + n), 1000 + n
         if e.kind is float:
@@ -288,3 +291,9 @@ def test_the_commands_stop_on_a_bad_setting_before_starting_anything(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
+
+
+def test_an_event_loop_jetlake_does_not_know_is_refused() -> None:
+    with pytest.raises(SettingsError, match="event_loop: 'tokio' is not one of uvloop, asyncio"):
+        LOADER.load(environ={"JETLAKE_EVENT_LOOP": "tokio"})
+    assert LOADER.load(environ={"JETLAKE_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"

@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -100,6 +101,15 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
 
 
+def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """``uvloop``'s loop, or None for the standard library's (``event_loop``)."""
+    if name != "uvloop":
+        return None
+    import uvloop  # imported here: the other commands need no event loop of their own
+
+    return uvloop.new_event_loop
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -109,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         except SettingsError as exc:
             print(f"jetlake serve: {exc}", file=sys.stderr)
             return 2
-        return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
+            return runner.run(serve(settings))
     if args.command == "jobs":
         return jobs_cli.main(args)
     if args.command == "repair":

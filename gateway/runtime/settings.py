@@ -18,6 +18,9 @@ __all__ = ["LOADER", "Settings"]
 MiB = 1024 * 1024
 
 
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What one gateway process serves and how: each field's meaning is its flag's help and its row
@@ -108,12 +111,19 @@ class Settings:
     )
     tls_cert_file: str = setting("", "client certificate, for hubs that verify leaf certificates")
     tls_key_file: str = setting("", "the client certificate's key")
+    event_loop: str = setting(
+        "uvloop",
+        "the gateway's asyncio event loop: `uvloop` (libuv's, installed with jetlake) or `asyncio` "
+        "(the standard library's)",
+    )
 
     def __post_init__(self) -> None:
         try:
             sync_interval_seconds(self.sync_interval)
         except ValueError as exc:
             raise SettingsError(f"sync_interval: {exc}") from None
+        if self.event_loop not in EVENT_LOOPS:
+            raise SettingsError(f"event_loop: {self.event_loop!r} is not one of {', '.join(EVENT_LOOPS)}")
 
     @property
     def sync_seconds(self) -> float | None:
