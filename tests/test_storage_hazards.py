@@ -11,6 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit import store as tables
@@ -234,3 +236,34 @@ def test_checkpoints_keep_tombstones_only_for_the_tables_retention(
     dt.create_checkpoint()
     assert checkpoint_actions(root) == (1, tombstones)
     assert seqs_in_table(root) == {"S": [7]}
+
+
+def test_loads_need_only_the_commits_that_existed_when_they_began(root: StoreRoot) -> None:
+    """A listing of ``_delta_log`` made while commits are created may return a newer commit file
+    and miss an older one, and delta-rs refuses the log it lists as having a gap: under a sync
+    publisher the writer's checkpoints and the compaction's rounds kept failing so (#22). Shown
+    here as what such a listing sees, commit 7 without 6: a plain load refuses it, while jetlake's
+    loads and catch-ups take the newest version whose commits all exist, found by name."""
+    table = MessageTable(root)
+    for seq in range(1, 6):
+        table.commit([message("S", seq)], seq)
+    table.close()
+    handle = tables.open_existing(root, sch.MESSAGES)
+    assert handle is not None
+    assert handle.version() == 5
+    log_dir = f"{root.uri}/{sch.MESSAGES}/_delta_log"
+    stray = commit_path(log_dir, 7)
+    os.link(commit_path(log_dir, 5), stray)
+    try:
+        with pytest.raises(DeltaError, match="contiguous"):
+            DeltaTable(f"{root.uri}/{sch.MESSAGES}")
+        opened = tables.open_existing(root, sch.MESSAGES)
+        assert opened is not None
+        assert opened.version() == 5
+        handle.load_as_version(3)
+        tables.catch_up(handle)
+        assert handle.version() == 5
+    finally:
+        os.unlink(stray)
+    for known in (-1, 0, 2, 5):
+        assert tables.newest_version(log_dir, known) == 5
