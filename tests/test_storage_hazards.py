@@ -20,6 +20,7 @@ from storage_delta.commit.deltalog import ConcurrentRemoval, LocalLogAppender, c
 from storage_delta.commit.store import StoreRoot, write_data_file
 from storage_delta.commit.writer import APP_ID, GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import scan_log
 from storage_delta.maintenance.files import live_files, swap_files
 from storage_delta.maintenance.seal import seal_stream
 from storage_delta.maintenance.vacuum import vacuum
@@ -267,3 +268,21 @@ def test_loads_need_only_the_commits_that_existed_when_they_began(root: StoreRoo
         os.unlink(stray)
     for known in (-1, 0, 2, 5):
         assert tables.newest_version(log_dir, known) == 5
+
+
+def test_the_start_checks_the_log_a_load_reads_and_repair_all_of_it(root: StoreRoot) -> None:
+    """The gateway's start checks the newest whole checkpoint and the entries after it, which is
+    what a load reads (a restart must not cost every commit the table ever had); ``jetlake
+    repair`` checks every entry. A changed byte in an entry's add line breaks its digest."""
+    table = MessageTable(root, checkpoint_every=10)
+    for seq in range(1, 26):
+        table.commit([message("S", seq)], seq)
+    table.close()
+    table_path = f"{root.uri}/{sch.MESSAGES}"
+    log_dir = f"{table_path}/_delta_log"
+    assert os.path.exists(f"{log_dir}/{20:020d}.checkpoint.parquet")
+    for version in (5, 22):
+        entry = Path(commit_path(log_dir, version))
+        entry.write_bytes(entry.read_bytes().replace(b'"size":', b'"size": '))
+    assert [d.version for d in scan_log(table_path)] == [5, 22]
+    assert [d.version for d in scan_log(table_path, newest_only=True)] == [22]
