@@ -20,6 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.files import live_files
+from storage_delta.maintenance.recent import ROUND_FILES
 from storage_delta.tables.catalog import CatalogTable
 from tests.differential import assert_same_across_restart
 from tests.harness import Jetlake, ReferenceJetStream, duckdb_connection, serving
@@ -190,3 +191,28 @@ async def _create(url: str) -> None:
         await nc.jetstream().add_stream(name="K", subjects=["k.>"])
     finally:
         await nc.close()
+
+
+@pytest.mark.waits
+def test_a_round_that_leaves_a_backlog_is_followed_at_once(tmp_path: Path) -> None:
+    """More small files than a round reads (``ROUND_FILES``) and an interval of ten minutes: the
+    second round follows the first at once, so the stream is down to two files within seconds
+    (a compaction that waited the interval fell behind a sync publisher on a loaded machine)."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
+    gw.start()
+    root = StoreRoot(str(gw.data_root))
+    try:
+        asyncio.run(_create(gw.url))
+        gw.stop_gateway()
+        created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
+        _write_small_files(root, "K", ROUND_FILES + 76, created)
+        gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "4", "JETLAKE_COMPACT_INTERVAL_MS": "600000"}
+        gw.start_gateway()
+        deadline = time.monotonic() + 60
+        while _files(root, "K") > 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _files(root, "K") == 2  # 1,024 rows and 76
+        assert asyncio.run(_stream_info(gw.url, "K"))["state"]["messages"] == ROUND_FILES + 76
+    finally:
+        gw.stop()
