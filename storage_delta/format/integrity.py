@@ -22,6 +22,7 @@ import json
 import os
 import re
 import zlib
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -165,9 +166,9 @@ def scan_log(table_path: str, newest_only: bool = False) -> Iterator[LogDamage]:
                     floor = int(checkpoint.group(1))
                     break
                 yield damage
-    for name in names:
+    for name in names[bisect_right(names, f"{floor:020d}.json") if floor >= 0 else 0 :]:
         path = os.path.join(log_dir, name)
-        if (entry := _ENTRY.match(name)) and int(entry.group(1)) > floor:
+        if entry := _ENTRY.match(name):
             with open(path, "rb") as fh:
                 bad = check_log_entry(fh.read())
             if bad:
