@@ -154,14 +154,8 @@ def test_kill_9_in_the_middle_of_compaction_loses_nothing(tmp_path: Path) -> Non
     begins a round that merges them (seconds: 1,500 files to read), and is killed a little later
     each time; at the end every message is there once, in two files."""
     gw = Jetlake(tmp_path)
-    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
-    gw.start()
-    root = StoreRoot(str(gw.data_root))
     try:
-        asyncio.run(_create(gw.url))
-        gw.stop_gateway()
-        created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
-        _write_small_files(root, "K", 1500, created)
+        root = _stopped_with_small_files(gw, 1500)
         gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "4", "JETLAKE_COMPACT_INTERVAL_MS": "10"}
         for delay in (0.0, 0.1, 0.3):
             gw.start_gateway()  # the round starts before the API answers
@@ -185,6 +179,19 @@ def test_kill_9_in_the_middle_of_compaction_loses_nothing(tmp_path: Path) -> Non
         gw.stop()
 
 
+def _stopped_with_small_files(gw: Jetlake, count: int) -> StoreRoot:
+    """Stream ``K`` created through a gateway with compaction off, which is then stopped, and
+    ``count`` one-message files written to it: what such a gateway leaves."""
+    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
+    gw.start()
+    root = StoreRoot(str(gw.data_root))
+    asyncio.run(_create(gw.url))
+    gw.stop_gateway()
+    created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
+    _write_small_files(root, "K", count, created)
+    return root
+
+
 async def _create(url: str) -> None:
     nc = await nats.connect(url)
     try:
@@ -199,14 +206,8 @@ def test_a_round_that_leaves_a_backlog_is_followed_at_once(tmp_path: Path) -> No
     second round follows the first at once, so the stream is down to two files within seconds
     (a compaction that waited the interval fell behind a sync publisher on a loaded machine)."""
     gw = Jetlake(tmp_path)
-    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
-    gw.start()
-    root = StoreRoot(str(gw.data_root))
     try:
-        asyncio.run(_create(gw.url))
-        gw.stop_gateway()
-        created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
-        _write_small_files(root, "K", ROUND_FILES + 76, created)
+        root = _stopped_with_small_files(gw, ROUND_FILES + 76)
         gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "4", "JETLAKE_COMPACT_INTERVAL_MS": "600000"}
         gw.start_gateway()
         deadline = time.monotonic() + 60

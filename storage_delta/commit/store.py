@@ -167,7 +167,7 @@ def catch_up(dt: DeltaTable) -> None:
     landed since)."""
     log_dir = _local_log_dir(dt.table_uri)
     if log_dir is None:
-        catch_up(dt)
+        retry_listing(dt.update_incremental)
         return
     newest = newest_version(log_dir, dt.version())
     if newest > dt.version():
