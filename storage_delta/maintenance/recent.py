@@ -128,9 +128,9 @@ class RoundFailed(Exception):
 
 class Compaction:
     """Rounds over one long-lived handle of the ``messages`` table, caught up incrementally: a fresh
-    load replays the log from its last checkpoint, and under a sync publisher (a commit per message,
-    checkpoints that lose listing races) that replay grew to seconds per round. One round at a time:
-    a handle is not shared between threads."""
+    load replays the log from its last checkpoint (up to 100 commits and an hour of tombstones), a
+    catch-up only the commits since the last round. One round at a time: a handle is not shared
+    between threads."""
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
