@@ -6,7 +6,8 @@ jetlake runs three times, each in a store of its own: with the gateway's continu
 (``compact_min_files = 0``: before), with it on (the default: after), and with the same messages
 written in large commits (pipelined publishes, compaction on), which is what the cold reads are
 compared with. The real JetStream gets the same sync publishes, ``kill -9`` and new consumer. Each
-figure is the median of ``trials`` runs.
+figure is the median of ``trials`` runs; ``files_during_publish`` is the largest file count of
+the stream seen (every ``SAMPLE_S``) while it was published: whether the compaction kept up.
 
     python -m bench.small_files [--messages 20000] [--trials 3] [--keep DIR]
     (or python -m bench.run --only small_files)
@@ -20,6 +21,7 @@ import json
 import signal
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,8 @@ from tests.harness import Jetlake, ReferenceJetStream, duckdb_connection, stop
 Result = dict[str, Any]
 STREAM, SUBJECT = "SMALL", "small.x"
 BATCH = 1000
+#: Seconds between two looks at the stream's file count while it is published.
+SAMPLE_S = 2.0
 
 
 async def _publish(url: str, count: int, window: int) -> float:
@@ -146,22 +150,43 @@ def _settled(root: StoreRoot) -> int:
     return files
 
 
+def _publish_sampled(url: str, root: StoreRoot, count: int, window: int) -> tuple[float, list[int]]:
+    """:func:`_publish`, and the stream's file count every ``SAMPLE_S`` meanwhile: whether the
+    compaction keeps up with the publisher."""
+    counts: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(SAMPLE_S):
+            counts.append(len(live_files(root, STREAM)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        return asyncio.run(_publish(url, count, window)), counts
+    finally:
+        done.set()
+        sampler.join()
+
+
 def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials: int) -> Result:
     lake = Jetlake(workdir)
     lake.gateway_env = env
     lake.start()
     try:
-        publish_s = asyncio.run(_publish(lake.url, count, window))
-        files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
+        root = StoreRoot(str(lake.data_root))
+        publish_s, during = _publish_sampled(lake.url, root, count, window)
+        files = len(live_files(root, STREAM))
         restarts, drains = _restarts_and_drains(
             lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count, trials
         )
         out: Result = {
             "publish_per_s": round(count / publish_s),
+            "files_during_publish": {"max": max(during, default=files), "samples": len(during)},
             "files_at_kill": files,
             "restart_after_kill9_s": _median(restarts, 2),
             **_cold_reads(drains),
-            "files_at_read": _settled(StoreRoot(str(lake.data_root))),
+            "files_at_read": _settled(root),
         }
         out.update(_readers(lake, count, trials))
         return out

@@ -223,7 +223,8 @@ class Jetlake:
                 raise
 
     async def _wait_ready(self, wait_s: float = 60.0) -> None:
-        """Ready when the API answers through the server (the leaf is up and subscribed)."""
+        """Ready when the API answers through the server (the leaf is up and subscribed) and the
+        monitor takes connections."""
         nc = await nats.connect(self.url, **self.connect_opts)
         try:
             deadline = time.monotonic() + wait_s
@@ -235,6 +236,10 @@ class Jetlake:
                     )
                 try:
                     await nc.request("$JS.API.INFO", b"", timeout=0.5)
+                    # the monitor starts after the gateway: a test may ask it next
+                    await asyncio.to_thread(
+                        wait_port, self.monitor_port, self.gateway, deadline - time.monotonic()
+                    )
                     return
                 except Exception:
                     if time.monotonic() > deadline:

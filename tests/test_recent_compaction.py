@@ -201,19 +201,3 @@ def test_a_round_merges_at_most_round_files_and_says_when_more_is_left(
     assert Compaction(root).round({"S": TS0}, 2, 1 << 30) == (4, False)  # the two 4s, and 9-10
     assert [f.rows for f in ordered(root)] == [8, 2]
     assert seqs_in_table(root) == {"S": list(range(1, 11))}
-
-
-def test_a_round_checkpoints_the_log_it_caught_up_with(root: StoreRoot) -> None:
-    """The writer's own checkpoints stall under a sync publisher (its fresh loads lose listing
-    races); the compaction's rounds checkpoint through their caught-up handle, so a restart or a
-    reader replays at most a round's worth of commits."""
-    table = MessageTable(root, checkpoint_every=10**9)  # a writer whose checkpoints never come
-    for seq in range(1, 131):
-        table.commit([message(seq)], seq)
-    table.close()
-    log_dir = f"{root.uri}/{sch.MESSAGES}/_delta_log"
-    assert not [f for f in os.listdir(log_dir) if "checkpoint" in f]
-    Compaction(root).round({"S": TS0}, 16, 1 << 30)
-    checkpoints = [f for f in os.listdir(log_dir) if f.endswith(".checkpoint.parquet")]
-    assert [int(f.split(".")[0]) for f in checkpoints] == [130]  # the version the round planned on
-    assert seqs_in_table(root) == {"S": list(range(1, 131))}

@@ -20,6 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.files import live_files
+from storage_delta.maintenance.recent import ROUND_FILES
 from storage_delta.tables.catalog import CatalogTable
 from tests.differential import assert_same_across_restart
 from tests.harness import Jetlake, ReferenceJetStream, duckdb_connection, serving
@@ -153,14 +154,8 @@ def test_kill_9_in_the_middle_of_compaction_loses_nothing(tmp_path: Path) -> Non
     begins a round that merges them (seconds: 1,500 files to read), and is killed a little later
     each time; at the end every message is there once, in two files."""
     gw = Jetlake(tmp_path)
-    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
-    gw.start()
-    root = StoreRoot(str(gw.data_root))
     try:
-        asyncio.run(_create(gw.url))
-        gw.stop_gateway()
-        created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
-        _write_small_files(root, "K", 1500, created)
+        root = _stopped_with_small_files(gw, 1500)
         gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "4", "JETLAKE_COMPACT_INTERVAL_MS": "10"}
         for delay in (0.0, 0.1, 0.3):
             gw.start_gateway()  # the round starts before the API answers
@@ -184,9 +179,41 @@ def test_kill_9_in_the_middle_of_compaction_loses_nothing(tmp_path: Path) -> Non
         gw.stop()
 
 
+def _stopped_with_small_files(gw: Jetlake, count: int) -> StoreRoot:
+    """Stream ``K`` created through a gateway with compaction off, which is then stopped, and
+    ``count`` one-message files written to it: what such a gateway leaves."""
+    gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "0"}
+    gw.start()
+    root = StoreRoot(str(gw.data_root))
+    asyncio.run(_create(gw.url))
+    gw.stop_gateway()
+    created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "K")
+    _write_small_files(root, "K", count, created)
+    return root
+
+
 async def _create(url: str) -> None:
     nc = await nats.connect(url)
     try:
         await nc.jetstream().add_stream(name="K", subjects=["k.>"])
     finally:
         await nc.close()
+
+
+@pytest.mark.waits
+def test_a_round_that_leaves_a_backlog_is_followed_at_once(tmp_path: Path) -> None:
+    """More small files than a round reads (``ROUND_FILES``) and an interval of ten minutes: the
+    second round follows the first at once, so the stream is down to two files within seconds
+    (a compaction that waited the interval fell behind a sync publisher on a loaded machine)."""
+    gw = Jetlake(tmp_path)
+    try:
+        root = _stopped_with_small_files(gw, ROUND_FILES + 76)
+        gw.gateway_env = {"JETLAKE_COMPACT_MIN_FILES": "4", "JETLAKE_COMPACT_INTERVAL_MS": "600000"}
+        gw.start_gateway()
+        deadline = time.monotonic() + 60
+        while _files(root, "K") > 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _files(root, "K") == 2  # 1,024 rows and 76
+        assert asyncio.run(_stream_info(gw.url, "K"))["state"]["messages"] == ROUND_FILES + 76
+    finally:
+        gw.stop()

@@ -6,7 +6,9 @@ The task sleeps until the publish path has told it of ``min_files`` committed ru
 (``PublishPath.files_added``: each adds a file to the stream's partition), then runs one round for
 the streams that are due, on the executor, and waits at least ``interval_s`` before the next, so
 that under a steady sync publisher a round merges many files rather than a few. A round reads at
-most ``ROUND_FILES`` files; when there is more to do the next round follows after the interval. At
+most ``ROUND_FILES`` files; when there is more to do the next round follows at once (a wait would
+cap the compaction at ``ROUND_FILES`` a round plus an interval, below a sync publisher's rate on a
+loaded machine, and the small files then pile up for every restart and cold read to open). At
 start it runs one round for every stream: a crash, or a process with compaction off, may have left
 small files. A round that fails on the store (full, unreachable, a log listing that kept racing commits) is
 logged and tried again after the interval; the files stay as they were, which is correct, only
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from concurrent.futures import Executor
 
 from gateway.adapters.publish import PublishPath
@@ -70,8 +73,8 @@ class Compactor:
         try:
             names = set(self.registry.streams)
             while True:
-                await self.compact(names)
-                await asyncio.sleep(self.interval_s)  # what arrives meanwhile goes in the next round
+                if not await self.compact(names):  # caught up: what arrives meanwhile, next round
+                    await asyncio.sleep(self.interval_s)
                 await self._due.wait()
                 self._due.clear()
                 names = {name for name, count in self._added.items() if count >= self.min_files}
@@ -81,11 +84,13 @@ class Compactor:
             for disconnect in listening:
                 disconnect()
 
-    async def compact(self, names: set[str]) -> int:
-        """One round for the streams ``names`` (those still live); how many files it merged away."""
+    async def compact(self, names: set[str]) -> bool:
+        """One round for the streams ``names`` (those still live); whether the next may follow at
+        once (it left work). A failed round marks the streams due again too, but after the interval:
+        a failure that lasts (a damaged file until repair) must not turn the task into a busy loop."""
         created = {n: s.created_ns for n in names if (s := self.registry.streams.get(n)) is not None}
         if not created:
-            return 0
+            return False
         loop = asyncio.get_running_loop()
         try:
             removed, more = await loop.run_in_executor(
@@ -93,11 +98,15 @@ class Compactor:
             )
         except RoundFailed:
             log.exception("compacting %s failed; trying again after the interval", sorted(created))
-            removed, more = 0, True
-        if more:  # due again at once: the next round, after the interval, goes on
-            for name in created:
-                self._added[name] = max(self._added.get(name, 0), self.min_files)
-            self._due.set()
+            self._due_again(created)
+            return False
         if removed:
             log.info("compaction merged %d files of %s", removed, sorted(created))
-        return removed
+        if more:
+            self._due_again(created)
+        return more
+
+    def _due_again(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._added[name] = max(self._added.get(name, 0), self.min_files)
+        self._due.set()

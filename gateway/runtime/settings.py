@@ -97,7 +97,8 @@ class Settings:
     )
     compact_interval_ms: int = setting(
         1000,
-        "shortest time between two compaction rounds, so that a round under steady load merges many files",
+        "shortest time between two compaction rounds, so that a round under steady load merges many files "
+        "(a round that leaves a backlog is followed at once)",
     )
     leaf_name: str = setting("jetlake", "name the gateway's leaf connection reports to the server")
     creds_file: str = setting(

@@ -38,10 +38,10 @@ from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
     blind_appends_allowed,
+    catch_up,
     checkpoint_table,
     commit_adds,
     open_or_create,
-    retry_listing,
     write_data_file,
 )
 
@@ -94,13 +94,13 @@ class TableAppender:
         """The newest version of this appender's app id the table holds (0 before the first)."""
         if self.app_id is None:
             return 0
-        retry_listing(self.dt.update_incremental)
+        catch_up(self.dt)
         return self.dt.transaction_version(self.app_id) or 0
 
     def transaction_version(self, app_id: str) -> int:
         """The newest version the table holds of another app id (a stream source's position)."""
         with self._lock:
-            retry_listing(self.dt.update_incremental)
+            catch_up(self.dt)
             return self.dt.transaction_version(app_id) or 0
 
     def next_version(self) -> int:
@@ -135,7 +135,7 @@ class TableAppender:
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
                 # let delta-rs judge it from now on unless it still allows blind appends.
-                retry_listing(self.dt.update_incremental)
+                catch_up(self.dt)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
                     self._local.append(adds, (self.app_id, version), more_txns)
@@ -154,10 +154,10 @@ class TableAppender:
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
-                retry_listing(self.dt.update_incremental)
+                catch_up(self.dt)
                 break
             except CommitConflict:
-                retry_listing(self.dt.update_incremental)
+                catch_up(self.dt)
                 if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
                     break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:
@@ -173,17 +173,16 @@ class TableAppender:
 
     def hygiene(self) -> None:
         """Checkpoint and drop expired log files through a fresh handle (a long-lived
-        ``DeltaTable`` grows slower with every commit made through it), then serve from it. On a
-        root that syncs, commits wait while the checkpoint is written and synced."""
+        ``DeltaTable`` grows slower with every commit made through it), then serve from it. The
+        load reads the last checkpoint and the commits since (locally at a version found without
+        listing ``_delta_log``, so it does not lose races with the commits meanwhile). On a root
+        that syncs, commits wait while the checkpoint is written and synced."""
         try:
             dt = open_or_create(self.root, self.spec.name, self.spec.schema, list(self.spec.partition_by))
-            if self.root.synced_path() is None:
-                checkpoint_table(self.root, dt, self.spec.name)
-            else:
-                # A commit's sync of the log directory between the checkpoint's writes and their
-                # sync would make an empty checkpoint durable: commits wait for this one.
-                with self._lock:
-                    checkpoint_table(self.root, dt, self.spec.name)
+            # A commit's sync of the log directory between the checkpoint's writes and their sync
+            # would make an empty checkpoint durable: commits wait for those.
+            writing = self._lock if self.root.synced_path() is not None else None
+            checkpoint_table(self.root, dt, self.spec.name, writing)
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of %s failed", self.spec.name)
             return
@@ -191,7 +190,7 @@ class TableAppender:
 
     def fresh(self) -> DeltaTable:
         """The handle, caught up with every commit (for reads that must see them all)."""
-        retry_listing(self.dt.update_incremental)
+        catch_up(self.dt)
         return self.dt
 
     def close(self) -> None:

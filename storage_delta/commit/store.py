@@ -12,8 +12,10 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +25,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
+from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
@@ -135,11 +138,75 @@ TABLE_PROPERTIES = {
 }
 
 
+def _local_log_dir(table_uri: str) -> str | None:
+    """A local table's ``_delta_log`` directory (None for an object store)."""
+    if "://" in table_uri and not table_uri.startswith("file://"):
+        return None
+    return os.path.join(unquote(table_uri.removeprefix("file://")), "_delta_log")
+
+
+def newest_version(log_dir: str, known: int) -> int:
+    """The newest version of a local table's log at or after ``known`` (a version whose commit
+    exists, or -1), found by looking for commit files by name rather than listing the directory:
+    a gallop past ``known``, then a binary search. Versions are contiguous, commit files are only
+    ever created above the newest and deleted only below a checkpoint, so "version v exists" holds
+    up to the newest version and not after it, whatever commits land meanwhile; a commit that
+    existed when the search began is at or below what it returns."""
+    low, step = known, 1
+    high = low + 1
+    while os.path.exists(commit_path(log_dir, high)):
+        low, step = high, step * 2
+        high = low + step
+    while high - low > 1:
+        middle = (low + high) // 2
+        if os.path.exists(commit_path(log_dir, middle)):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _checkpointed(log_dir: str) -> int:
+    """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
+    try:
+        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
+            return int(json.load(fh)["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
+    """A handle at the table's newest version. Locally at the version :func:`newest_version`
+    found, so delta-rs's listing of ``_delta_log`` needs only commit files that existed before it
+    began, and a listing that misses one being created meanwhile (``readdir`` promises nothing
+    about those) no longer shows a gap it refuses: under a sync publisher (hundreds of commits a
+    second into a directory of tens of thousands) loads of the newest version kept failing so."""
+    log_dir = _local_log_dir(uri)
+    if log_dir is None:
+        return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
+    newest = newest_version(log_dir, _checkpointed(log_dir))
+    version = newest if newest >= 0 else None
+    return retry_listing(lambda: DeltaTable(uri, version=version, storage_options=opts))
+
+
+def catch_up(dt: DeltaTable) -> None:
+    """Bring ``dt`` to the table's newest version, replaying only the commits since its own
+    (locally through :func:`newest_version`, see :func:`_load`; nothing at all when no commit
+    landed since)."""
+    log_dir = _local_log_dir(dt.table_uri)
+    if log_dir is None:
+        retry_listing(dt.update_incremental)
+        return
+    newest = newest_version(log_dir, dt.version())
+    if newest > dt.version():
+        retry_listing(lambda: dt.load_as_version(newest))
+
+
 def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
     uri = root.table_uri(name)
     opts = dict(root.storage_options) if root.storage_options else None
     if DeltaTable.is_deltatable(uri, storage_options=opts):
-        return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
+        return _load(uri, opts)
     write_deltalake(
         uri,
         schema.empty_table(),
@@ -156,21 +223,27 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
     return DeltaTable(uri, storage_options=opts)
 
 
-def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
+def checkpoint_table(
+    root: StoreRoot, dt: DeltaTable, name: str, writing: AbstractContextManager[object] | None = None
+) -> None:
     """A checkpoint of table ``name`` through ``dt`` and the removal of expired log files; on a root
-    that syncs, the checkpoint is made durable before anything else can make its name durable."""
-    retry_listing(dt.create_checkpoint)
-    local = root.local_path()
-    if local is not None:
-        digest = record_checkpoint_digest(os.path.join(local, name), dt.version())
-        if digest is not None:
-            root.settle_file(digest, [os.path.join(local, name)])
-        log_dir = os.path.join(local, name, "_delta_log")
-        if root.fsync:
-            sync_checkpoint(log_dir)
-        elif root.unsynced is not None:
-            checkpoint = f"{log_dir}/{dt.version():020d}.checkpoint.parquet"
-            root.unsynced.log([checkpoint, f"{log_dir}/_last_checkpoint"], log_dir)
+    that syncs, the checkpoint is made durable before anything else can make its name durable.
+    ``writing`` is held while the checkpoint is written and synced, not while the log is cleaned
+    up (a listing of all of ``_delta_log``): a writer's commit lock, so its commits' syncs of the log
+    directory wait only for that."""
+    with writing or nullcontext():
+        retry_listing(dt.create_checkpoint)
+        local = root.local_path()
+        if local is not None:
+            digest = record_checkpoint_digest(os.path.join(local, name), dt.version())
+            if digest is not None:
+                root.settle_file(digest, [os.path.join(local, name)])
+            log_dir = os.path.join(local, name, "_delta_log")
+            if root.fsync:
+                sync_checkpoint(log_dir)
+            elif root.unsynced is not None:
+                checkpoint = f"{log_dir}/{dt.version():020d}.checkpoint.parquet"
+                root.unsynced.log([checkpoint, f"{log_dir}/_last_checkpoint"], log_dir)
     retry_listing(dt.cleanup_metadata)
 
 
@@ -186,7 +259,7 @@ def open_existing(root: StoreRoot, name: str) -> DeltaTable | None:
     opts = dict(root.storage_options) if root.storage_options else None
     if not DeltaTable.is_deltatable(uri, storage_options=opts):
         return None
-    return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
+    return _load(uri, opts)
 
 
 def file_stats(table: pa.Table) -> str:

@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -39,6 +39,7 @@ from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
     blind_appends_allowed,
+    catch_up,
     checkpoint_table,
     commit_adds,
     open_existing,
@@ -120,12 +121,21 @@ def rewrite_files(
     sequences) and the new file (``None`` when no row is left)."""
     fs, base = root.filesystem()
     full = [f"{base}/{sch.MESSAGES}/{p}" for p in paths]
-    # Checked first (DamagedFile stops the job): a rewrite would give damaged rows a fresh digest.
-    for path in full:
-        verified_bytes(fs, path)
-    # Then one dataset scan rather than a read per file: the gateway's compaction merges hundreds
-    # of one-message files at a time, where opening them one by one cost twice as much.
-    table = ds.dataset(full, schema=sch.MESSAGE_FILE_SCHEMA, format="parquet", filesystem=fs).to_table()
+    # Each file checked (DamagedFile stops the job: a rewrite would give damaged rows a fresh
+    # digest), then decoded from the bytes the check read, on this thread: the gateway's compaction
+    # merges a thousand one-message files a round, where a dataset scan of the paths read every
+    # file twice and cost half as much again (0.26 against 0.17 ms a file).
+    table = (
+        pa.concat_tables(
+            [
+                pq.ParquetFile(pa.BufferReader(verified_bytes(fs, path))).read(use_threads=False)
+                for path in full
+            ],
+            promote_options="permissive",
+        )
+        .select(sch.MESSAGE_FILE_SCHEMA.names)
+        .cast(sch.MESSAGE_FILE_SCHEMA)
+    )
     kept = table.filter(visible(table, created, drop))
     changed = kept.num_rows < table.num_rows
     if kept.num_rows == 0 or (data_change and not changed):
@@ -219,11 +229,11 @@ def swap_actions(
             log.info("swap abandoned: %s", exc)
             return False
         except UnsupportedTable:
-            retry_listing(dt.update_incremental)  # delta-rs's commit judges the new protocol
+            catch_up(dt)  # delta-rs's commit judges the new protocol
     before = dt.version()
     swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
     if swapped and root.local_path() is not None:
-        retry_listing(dt.update_incremental)
+        catch_up(dt)
         root.settle_log_entries(table, before + 1, dt.version())
     return swapped
 
@@ -251,7 +261,7 @@ def _swap_delta_rs(
         except CommitConflict:
             # Catch up on the commits that won (an incremental read, not a reload), so the next
             # try's window between its snapshot and its commit is as short as it can be.
-            retry_listing(dt.update_incremental)
+            catch_up(dt)
             if (dt.transaction_version(APP_ID) or 0) >= version:
                 return True  # it landed although the call reported an error
             log.info("swap of %d files lost a race (attempt %d), retrying", len(wanted), attempt + 1)

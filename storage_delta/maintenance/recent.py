@@ -34,9 +34,8 @@ from deltalake.exceptions import DeltaError
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
-    checkpoint_table,
+    catch_up,
     open_existing,
-    retry_listing,
 )
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
@@ -47,8 +46,6 @@ from storage_delta.maintenance.seal import merge_runs
 #: second even on a loaded machine, so a ``kill -9`` or a failed round loses little work, and a
 #: stream left with many thousand small files is worked down round by round.
 ROUND_FILES = 1024
-#: Versions after which a round also writes a checkpoint through its handle (``delta.checkpointInterval``).
-CHECKPOINT_VERSIONS = 100
 
 
 def tier(rows: int, fanout: int) -> int:
@@ -131,15 +128,13 @@ class RoundFailed(Exception):
 
 class Compaction:
     """Rounds over one long-lived handle of the ``messages`` table, caught up incrementally: a fresh
-    load replays the log from its last checkpoint, and under a sync publisher (a commit per message,
-    checkpoints that lose listing races) that replay grew to seconds per round. One round at a time:
-    a handle is not shared between threads."""
+    load replays the log from its last checkpoint (up to 100 commits and an hour of tombstones), a
+    catch-up only the commits since the last round. One round at a time: a handle is not shared
+    between threads."""
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
         self._dt: DeltaTable | None = None
-        # The first round checkpoints: a crash may have left a long log behind.
-        self._checkpointed = -CHECKPOINT_VERSIONS
 
     def round(self, created: Mapping[str, int], fanout: int, max_file_bytes: int) -> tuple[int, bool]:
         """One round for the streams in ``created``: plan from the table's current version, merge
@@ -153,7 +148,7 @@ class Compaction:
             if self._dt is None:
                 self._dt = open_existing(self.root, sch.MESSAGES)
             else:
-                retry_listing(self._dt.update_incremental)
+                catch_up(self._dt)
             if self._dt is None:
                 return 0, False
             planned = plan_recent(live_files_of(self._dt), created, fanout, max_file_bytes)
@@ -163,22 +158,7 @@ class Compaction:
                     break
                 runs.append(run)
             merged = merge_runs(self.root, runs, self._dt)
-            self._checkpoint()
         # a damaged file (reported by the reader, dropped by `jetlake repair`) holds its run back
         except (OSError, pa.ArrowException, DeltaError, CommitConflict, DamagedFile) as exc:
             raise RoundFailed(str(exc)) from exc
         return (sum(map(len, runs)) if merged else 0), len(runs) < len(planned)
-
-    def _checkpoint(self) -> None:
-        """A checkpoint at the handle's version once ``CHECKPOINT_VERSIONS`` went by since the last
-        one this compaction wrote. The writer checkpoints every 100 of its commits through a fresh
-        load (``TableAppender.hygiene``), but under a sync publisher (hundreds of commits a second,
-        a ``_delta_log`` of tens of thousands of files) that load keeps losing listing races and
-        checkpoints stop: the bench saw none for 10,000 versions, and every restart and reader then
-        replayed 10,000 JSON commits (1.7 s) before reading a row. The handle here is caught up
-        incrementally, so its checkpoint costs only the writing."""
-        assert self._dt is not None
-        if self._dt.version() >= self._checkpointed + CHECKPOINT_VERSIONS:
-            # synced before anything can make its name durable, as every checkpoint (#16)
-            checkpoint_table(self.root, self._dt, sch.MESSAGES)
-            self._checkpointed = self._dt.version()

@@ -11,7 +11,6 @@ stream never overlap in sequences: that is what lets a search stop at the first 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -21,8 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
-from storage_delta.commit.deltalog import commit_path
-from storage_delta.commit.store import StoreRoot, open_existing, retry_listing
+from storage_delta.commit.store import StoreRoot, catch_up, open_existing
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile, read_verified, verified_bytes
 
@@ -59,8 +57,6 @@ class MessageReader:
         self._dt: DeltaTable | None = None
         self._fs, base = root.filesystem()
         self._base = f"{base}/{sch.MESSAGES}"
-        local = root.local_path()
-        self._log_dir = os.path.join(local, sch.MESSAGES, "_delta_log") if local else None
         self._files: dict[str, list[DataFile]] = {}
         self._files_version = -1
         #: Damaged files found by a read or :meth:`verify` (path -> what and why); never read again.
@@ -72,10 +68,8 @@ class MessageReader:
     def _table(self) -> DeltaTable | None:
         if self._dt is None:
             self._dt = open_existing(self.root, sch.MESSAGES)
-        elif self._log_dir is None or os.path.exists(commit_path(self._log_dir, self._dt.version() + 1)):
-            # Locally a look for the next commit file is enough to know nothing changed; a reload
-            # costs milliseconds and grows with the table.
-            retry_listing(self._dt.update_incremental)
+        else:
+            catch_up(self._dt)
         return self._dt
 
     def stream_files(self, stream: str) -> list[DataFile]:

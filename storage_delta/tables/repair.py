@@ -423,7 +423,7 @@ def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None
 
 def check_at_start(root: StoreRoot) -> list[str]:
     """The gateway's look at the store before it opens the tables. Every table's log, as far as a
-    reader of its current version reads it (``scan_log``'s ``read_only``): a damaged
+    load of the newest version reads it (``scan_log(newest_only=True)``): a damaged
     checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
     whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
     either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
@@ -438,7 +438,7 @@ def check_at_start(root: StoreRoot) -> list[str]:
     for spec in TABLES:
         table_path = os.path.join(local, spec.name)
         entries_whole = True
-        for d in scan_log(table_path, read_only=True):
+        for d in scan_log(table_path, newest_only=True):
             log.error("damaged %s %s: %s", d.kind, d.path, d.reason)
             rel = os.path.relpath(d.path, table_path)
             if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):

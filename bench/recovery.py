@@ -1,0 +1,78 @@
+"""Recovery bounded (#22): the time from starting the gateway after ``kill -9`` until STREAM.INFO
+answers with every message, for one stream written ``bulk`` messages in large commits (256
+PubAcks in flight) and then ``tail`` messages one per commit (sync publishing, each PubAck
+awaited). ``--bulk 0 --tail 50000`` is a stream written one message per commit throughout;
+``--bulk 995000 --tail 5000`` a million messages with a small-file tail (one-per-commit at a million
+takes the better part of an hour to publish here). The first ``kill -9`` comes right after the last
+PubAck, while the compaction and the index snapshots may be behind; each figure is the median of
+``trials`` kills.
+
+    python -m bench.recovery [--bulk 0] [--tail 50000] [--trials 3] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.small_files import STREAM, _publish
+from bench.targets import wait_stream_messages
+from storage_delta.commit.store import StoreRoot
+from storage_delta.maintenance.files import live_files
+from tests.harness import Jetlake
+
+
+def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
+    lake = Jetlake(workdir)
+    lake.start()
+    try:
+        t0 = time.monotonic()
+        if bulk:
+            asyncio.run(_publish(lake.url, bulk, 256))
+        bulk_s = time.monotonic() - t0
+        # the tail's sequences follow the bulk's: _publish numbers payloads, not sequences
+        tail_s = asyncio.run(_publish(lake.url, tail, 1)) if tail else 0.0
+        count = bulk + tail
+        files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
+        restarts = []
+        for _ in range(trials):
+            lake.kill_gateway()
+            t1 = time.monotonic()
+            lake.start_gateway(ready_s=3600)
+            asyncio.run(wait_stream_messages(lake.url, STREAM, count))
+            restarts.append(time.monotonic() - t1)
+        return {
+            "workload": "recovery",
+            "bulk": bulk,
+            "tail": tail,
+            "trials": trials,
+            "bulk_publish_s": round(bulk_s, 1),
+            "tail_publish_per_s": round(tail / tail_s) if tail else None,
+            "files_at_kill": files,
+            "restart_after_kill9_s": [round(r, 2) for r in restarts],
+            "restart_median_s": round(statistics.median(restarts), 2),
+        }
+    finally:
+        lake.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bulk", type=int, default=0)
+    ap.add_argument("--tail", type=int, default=50_000)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--keep", default="", help="work in this directory and keep it (the gateway's log)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="jetlake-recovery-") as tmp:
+        work = Path(args.keep or tmp)
+        print(json.dumps(measure(work, args.bulk, args.tail, args.trials)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
