@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -480,10 +481,11 @@ async def test_copies_keep_their_ttl_only_where_the_stream_allows_it(
 
 @pytest.mark.spark
 async def test_spark_reads_a_mirror_and_a_sourcing_stream_as_any_stream(
-    spark: SparkSession, jetlake: Jetlake, unique: str
+    spark: SparkSession, jetlake: Jetlake, unique: str, tmp_path: Path
 ) -> None:
     """A mirror and a sourcing stream are ordinary jetlake tables: Spark's logical view of each is
-    what their consumers get (the mirror's gaps included, the source's header as a map entry)."""
+    what their consumers get (the mirror's gaps included, the source's header as a map entry), in
+    a batch read and in a structured streaming query."""
     p = unique.lower()
     async with await nats.connect(jetlake.url) as nc:
         await api(nc, f"STREAM.CREATE.{unique}O", {"name": f"{unique}O", "subjects": [f"{p}.>"]})
@@ -516,7 +518,24 @@ async def test_spark_reads_a_mirror_and_a_sourcing_stream_as_any_stream(
             for r in df.orderBy("seq").collect()
         ]
 
+    def streamed(stream: str) -> list[int]:
+        query = (
+            spark.readStream.format("jetlake")
+            .option("root", str(jetlake.data_root))
+            .option("stream", stream)
+            .load()
+            .writeStream.format("memory")
+            .queryName(f"copies_{stream.lower()}")
+            .option("checkpointLocation", str(tmp_path / stream))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        return [r.seq for r in spark.table(f"copies_{stream.lower()}").orderBy("seq").collect()]
+
     mirrored = await asyncio.to_thread(read, f"{unique}M")
+    assert await asyncio.to_thread(streamed, f"{unique}M") == [row[0] for row in mirrored]
+    assert await asyncio.to_thread(streamed, f"{unique}S") == [1, 2]
     assert mirrored == [(s, f"{p}.{s % 3}", f"m{s}", None) for s in (1, 2, 3, 5, 6, 7, 8)]
     sourced = await asyncio.to_thread(read, f"{unique}S")  # origin sequences 1 and 7 (4 was deleted)
     assert [row[:3] for row in sourced] == [(1, f"{p}.1", "m1"), (2, f"{p}.1", "m7")]
