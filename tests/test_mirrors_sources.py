@@ -624,3 +624,37 @@ def test_copies_of_a_real_jetstream_resume_after_kill_without_gap_or_duplicate(
     last, origin_seqs = asyncio.run(check(lake.url))
     assert last == total
     assert origin_seqs == list(range(1, total + 1))  # each once, in the origin's order
+
+
+@pytest.mark.waits  # a one-second TTL runs out, then its marker's
+async def test_a_source_places_delete_markers_when_its_copies_expire(
+    targets: dict[str, str], unique: str
+) -> None:
+    """ADR-43: a sourcing stream may set ``subject_delete_marker_ttl``; a copy whose ``Nats-TTL``
+    runs out leaves a marker on its subject, as a message published there would."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        await api(
+            nc, f"STREAM.CREATE.{name}O", {"name": f"{name}O", "subjects": [f"{p}.>"], "allow_msg_ttl": True}
+        )
+        made = await api(
+            nc,
+            f"STREAM.CREATE.{name}",
+            {"name": name, "sources": [{"name": f"{name}O"}], "subject_delete_marker_ttl": 2_000_000_000},
+        )
+        assert "error" not in made, made
+        await nc.jetstream().publish(f"{p}.x", b"short", headers={"Nats-TTL": "1s"})
+        await _caught_up(nc, name, 1, 1)
+        await asyncio.sleep(1.5)  # the copy's TTL was raised to the marker TTL: still there
+        early = (await api(nc, f"STREAM.INFO.{name}"))["state"]["messages"]
+        await asyncio.sleep(1.5)  # now it has gone, and left a marker
+        info = await api(nc, f"STREAM.INFO.{name}")
+        last = await api(nc, f"STREAM.MSG.GET.{name}", {"last_by_subj": f"{p}.x"})
+        message = last.get("message", {})
+        hdrs = base64.b64decode(message["hdrs"]).decode() if message.get("hdrs") else ""
+        return [early, info["state"]["messages"], info["state"]["last_seq"], message.get("seq"), hdrs]
+
+    out = await assert_same(targets, case, unique)
+    assert out[:2] == [1, 1]
+    assert "Nats-Marker-Reason" in out[4]

@@ -30,6 +30,7 @@ from gateway.api.consumer_config import parse_time_ns
 from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import now_ns
 from gateway.engine.msg_ttl import InvalidTTL, parse_ttl
+from gateway.engine.publish_checks import marker_raised_ttl
 from gateway.engine.sourcing import OriginSpec, sourced_headers, stream_identity
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
@@ -490,6 +491,7 @@ class Sourcing:
         stored_subject = state.spec.subject_for(subject)
         if not mirror:
             hdrs = sourced_headers(state.spec, hdrs, seq, subject, identity)
+        ttl, hdrs = _copy_ttl(stream, hdrs)
         size = message_bytes(stored_subject, hdrs, data)
         writer = self.publish.writer
         try:
@@ -508,21 +510,23 @@ class Sourcing:
                 )
                 return None
             copy.origin = (c.app_id, seq)
-        _schedule_ttl(stream, copy)
+        if ttl:
+            stream.ttl.add(copy.seq, copy.ts, ttl)
         return copy
 
 
-def _schedule_ttl(stream: Stream, copy: StoredMessage) -> None:
-    """A copy's ``Nats-TTL`` (ADR-43): always stored, whatever the stream allows; it expires the
-    copy only in a stream that allows message TTLs (a copy that stays is the audit trail)."""
-    if not stream.config.allow_msg_ttl or not copy.hdrs or b"Nats-TTL" not in copy.hdrs:
-        return
+def _copy_ttl(stream: Stream, hdrs: bytes | None) -> tuple[int, bytes | None]:
+    """A copy's ``Nats-TTL`` (ADR-43): a copy is stored whatever the stream allows, but expires
+    only in a stream that allows message TTLs (a copy that stays is the audit trail); there it is
+    raised to the subject delete marker TTL as a publish's is. The TTL to schedule (0: none) and
+    the headers to store."""
+    if not stream.config.allow_msg_ttl or not hdrs or b"Nats-TTL" not in hdrs:
+        return 0, hdrs
     try:
-        ttl = parse_ttl(parse_headers(copy.hdrs).get("Nats-TTL", ""))
+        ttl = parse_ttl(parse_headers(hdrs).get("Nats-TTL", ""))
     except InvalidTTL:
-        return
-    if ttl:
-        stream.ttl.add(copy.seq, copy.ts, ttl)
+        return 0, hdrs
+    return marker_raised_ttl(stream.config, ttl, hdrs)
 
 
 async def _next_commit(stream: Stream) -> None:

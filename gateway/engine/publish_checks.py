@@ -191,11 +191,17 @@ def _check_special(
         return refused
     if ttl_error:
         return errors.MESSAGE_TTL_INVALID
+    ttl, hdrs = marker_raised_ttl(cfg, ttl, hdrs)
+    return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
+
+
+def marker_raised_ttl(cfg: StreamConfig, ttl: int, hdrs: bytes) -> tuple[int, bytes]:
+    """A TTL shorter than the stream's subject delete marker TTL is raised to it, the header
+    rewritten, as the server does for every stored message (sourced copies too)."""
     marker_ttl_s = cfg.subject_delete_marker_ttl // 1_000_000_000
     if ttl > 0 and marker_ttl_s and cfg.max_msgs_per_subject != 1 and ttl < marker_ttl_s:
-        ttl = marker_ttl_s
-        hdrs = set_header(hdrs, "Nats-TTL", str(ttl))
-    return Accepted(hdrs, msg_id, ttl, rollup, is_delete_marker(h))
+        return marker_ttl_s, set_header(hdrs, "Nats-TTL", str(marker_ttl_s))
+    return ttl, hdrs
 
 
 def _incr_error(incr: str) -> errors.ApiError:
