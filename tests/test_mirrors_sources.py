@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,10 +127,13 @@ async def _origins(nc: Client, name: str, p: str, max_msg_size: int = -1) -> Non
 
 
 def _comparable(info: dict[str, Any]) -> dict[str, Any]:
-    """A create answer with ``active`` reduced to whether the copy has heard from its origin."""
+    """A create answer with ``active`` reduced to whether the copy has heard from its origin, and
+    the sources in a fixed order (the server lists them from a map, in any order)."""
     for part in [info.get("mirror"), *(info.get("sources") or [])]:
         if part:
             part["active"] = part["active"] >= 0
+    if info.get("sources"):
+        info["sources"] = sorted(info["sources"], key=lambda s: json.dumps(s, sort_keys=True))
     return info
 
 
@@ -150,9 +154,10 @@ async def test_mirror_and_source_configs(
 
 
 async def _caught_up(nc: Client, name: str, last_seq: int, messages: int) -> dict[str, Any]:
-    """The stream's info once it holds ``messages`` up to ``last_seq`` (10 s at most)."""
+    """The stream's info once it holds ``messages`` up to ``last_seq`` (30 s at most: the real
+    server makes a source's consumer again some seconds after an update)."""
     info: dict[str, Any] = {}
-    for _ in range(200):
+    for _ in range(600):
         info = await api(nc, f"STREAM.INFO.{name}")
         state = info["state"]
         if state["last_seq"] >= last_seq and state["messages"] >= messages:
