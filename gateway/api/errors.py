@@ -40,6 +40,7 @@ STREAM_TRANSFORM_INVALID_SOURCE = ApiError(400, 10155, "stream transform source:
 STREAM_TRANSFORM_INVALID_DESTINATION = ApiError(400, 10156, "stream transform: {err}")
 STREAM_STORE_FAILED = ApiError(503, 10077, "{err}")
 CONSUMER_NOT_FOUND = ApiError(404, 10014, "consumer not found")
+CONSUMER_INVALID_RESET = ApiError(400, 10204, "invalid reset: {err}")
 CONSUMER_ALREADY_EXISTS = ApiError(400, 10148, "consumer already exists")
 CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT = ApiError(
     400, 10017, "consumer name in subject does not match durable name in request"
