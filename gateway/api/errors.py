@@ -103,6 +103,10 @@ CONSUMER_DURABLE_NAME_NOT_SET = ApiError(
     400, 10018, "consumer expected to be durable but a durable name was not set"
 )
 STREAM_NAME_PATH_SEPARATORS = ApiError(400, 10128, "Stream name can not contain path separators")
+STREAM_NAME_EXIST_RESTORE_FAILED = ApiError(400, 10130, "stream name already in use, cannot restore")
+STREAM_SNAPSHOT_FAILED = ApiError(500, 10064, "snapshot failed: {err}")
+STREAM_RESTORE_FAILED = ApiError(500, 10062, "restore failed: {err}")
+SNAPSHOT_DELIVER_SUBJECT_INVALID = ApiError(400, 10015, "deliver subject not valid")
 STREAM_REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
 REPLICAS_NEGATIVE = ApiError(400, 10133, "replicas count cannot be negative")
 PEDANTIC = ApiError(400, 10157, "pedantic mode: {err}")
