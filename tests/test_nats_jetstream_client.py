@@ -1,9 +1,10 @@
 """The next-generation Python clients, nats-core 0.2 and nats-jetstream 0.3 (Python 3.13, from
 their own venv), against the real JetStream and jetlake: streams, publish with the expected-*
 headers, message get (API and direct), fetch with a nak, messages() with idle heartbeats, ordered
-consumers and CONSUMER.RESET. nats-jetstream 0.3 has no KV or object store. The driver is
-tests/nats_jetstream/driver.py; each case's reports from both servers must be equal, and a few
-facts of the real server's report are pinned so that both servers cannot agree on a broken case."""
+consumers, CONSUMER.RESET, purge, message delete and consumer management. nats-jetstream 0.3 has
+no KV or object store. The driver is tests/nats_jetstream/driver.py; each case's reports from both
+servers must be equal, and a few facts of the real server's report are pinned so that both servers
+cannot agree on a broken case."""
 
 from __future__ import annotations
 
@@ -144,3 +145,17 @@ def test_consumer_reset(client_python: Path, targets: dict[str, str], unique: st
     assert out["by_start_time_3"]["description"] == "invalid reset: below start time"
     assert out["new_6"]["description"] == "invalid reset: not allowed"
     assert out["new_None"] == 9
+
+
+def test_stream_and_consumer_management(client_python: Path, targets: dict[str, str], unique: str) -> None:
+    """Purge by subject, keeping some, up to a sequence and whole; message delete (plain and
+    secure); consumer update (and a refused one), names, list, pause, resume, delete, and the
+    errors of what is gone."""
+    out = same(client_python, targets, unique, "manage")
+    assert out["deleted"]["deleted"] == [3, 4, 6, 7, 8, 9, 11, 12]
+    assert out["delete_again"]["err_code"] == 10043
+    assert out["update"]["description"] == "two"
+    assert out["update_refused"]["description"] == "ack policy can not be updated"
+    assert (out["paused"], out["resumed"]) == (True, None)
+    assert out["pause_missing"]["err_code"] == 10014
+    assert out["purge_all"]["first_sequence"] == 13

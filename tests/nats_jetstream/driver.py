@@ -322,6 +322,56 @@ async def reset(js: JetStream, name: str) -> Report:
     return out
 
 
+async def manage(js: JetStream, name: str) -> Report:
+    """Purge (by subject, keeping some, up to a sequence), message delete (plain and secure),
+    consumer update, names, list, pause and resume, delete, and the errors of missing ones."""
+    stream = await fill(js, name, 12, ("a", "b", "c"))
+    out: Report = {}
+    await stream.purge(filter=f"{name}.a")
+    out["purge_subject"] = plain((await stream.get_info()).state)
+    await stream.purge(filter=f"{name}.b", keep=1)
+    out["purge_keep"] = plain((await stream.get_info()).state)
+    await stream.delete_message(11)
+    await stream.secure_delete_message(8)
+    out["deleted"] = plain((await stream.get_info(deleted_details=True)).state)
+    for case, step in (("delete_again", stream.delete_message(8)), ("get_deleted", stream.get_message(8))):
+        try:
+            await step
+        except JetStreamError as exc:
+            out[case] = failure(exc)
+    await stream.create_consumer(name="U", durable_name="U", ack_policy="explicit", description="one")
+    updated = await stream.update_consumer(
+        name="U", durable_name="U", ack_policy="explicit", description="two"
+    )
+    out["update"] = plain(updated.info.config)
+    try:
+        await stream.update_consumer(name="U", durable_name="U", ack_policy="none")
+    except JetStreamError as exc:
+        out["update_refused"] = failure(exc)
+    await stream.create_consumer(name="V", durable_name="V", ack_policy="none")
+    out["names"] = sorted([n async for n in js.consumer_names(name)])
+    out["listed"] = sorted([i.name async for i in js.list_consumers(name)])
+    await stream.pause_consumer("U", 4_102_444_800.0)  # 2100-01-01
+    out["paused"] = (await stream.get_consumer_info("U")).paused
+    await stream.resume_consumer("U")
+    out["resumed"] = (await stream.get_consumer_info("U")).paused
+    out["delete_consumer"] = await stream.delete_consumer("V")
+    for case, missing in (
+        ("info_missing", stream.get_consumer_info("V")),
+        ("delete_missing", stream.delete_consumer("V")),
+        ("pause_missing", stream.pause_consumer("V", 4_102_444_800.0)),
+    ):
+        try:
+            await missing
+        except JetStreamError as exc:
+            out[case] = failure(exc)
+    await stream.purge(sequence=10)
+    out["purge_upto"] = plain((await stream.get_info()).state)
+    await stream.purge()
+    out["purge_all"] = plain((await stream.get_info()).state)
+    return out
+
+
 CASES = {
     "streams": streams,
     "publish": publish,
@@ -330,6 +380,7 @@ CASES = {
     "messages": messages,
     "ordered": ordered,
     "reset": reset,
+    "manage": manage,
 }
 
 
