@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_MODULES := tests/node/node_modules/.package-lock.json
 
-.PHONY: run test test-fast check lint types java chromium fuse bench soak crash-matrix
+.PHONY: run test test-fast check lint types java chromium fuse nats-jetstream-client bench soak crash-matrix
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -36,16 +36,35 @@ fuse:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q fuse3; } || \
 	  { echo "the power-cut test needs FUSE 3: install it, e.g. apt-get install fuse3"; exit 1; }
 
+# The next-generation Python clients (nats-core, nats-jetstream; tests/test_nats_jetstream_client.py)
+# need Python 3.13 and run from their own venv, filled from tests/nats_jetstream/requirements.txt.
+# Python 3.13 is python3.13 on PATH or pyenv's (`pyenv install 3.13`); PYTHON313=<path> names another.
+NATS_JS_VENV := .venv-nats-jetstream
+NATS_JS_STAMP := $(NATS_JS_VENV)/.installed-stamp
+PYTHON313 ?= $(firstword $(foreach p,python3.13 $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13),\
+  $(shell $(p) -c 'import sys; print(sys.version_info[:2] == (3, 13) and "$(p)" or "")' 2>/dev/null)))
+
+$(NATS_JS_STAMP): tests/nats_jetstream/requirements.txt
+	@test -n "$(PYTHON313)" || \
+	  { echo "the nats-core/nats-jetstream client tests need Python 3.13: found no python3.13 on PATH nor in pyenv; install it (e.g. pyenv install 3.13) or set PYTHON313=/path/to/python3.13"; exit 1; }
+	rm -rf $(NATS_JS_VENV)
+	$(PYTHON313) -m venv $(NATS_JS_VENV)
+	$(NATS_JS_VENV)/bin/pip install -q -r tests/nats_jetstream/requirements.txt
+	touch $@
+
+nats-jetstream-client: $(NATS_JS_STAMP)
+
 run: $(STAMP) java
 	$(VENV)/bin/jetlake serve
 
-test: $(STAMP) java chromium fuse $(NODE_MODULES)
+test: $(STAMP) java chromium fuse $(NODE_MODULES) $(NATS_JS_STAMP)
 	$(PY) -m pytest
 
-# The inner loop: the unit and the quick differential tests, without the slow, Spark, Node and
-# waiting ones (pyproject.toml's markers); see the README for its time. CI runs everything (check).
+# The inner loop: the unit and the quick differential tests, without the slow, Spark, Node,
+# nats-jetstream and waiting ones (pyproject.toml's markers); see the README for its time. CI runs
+# everything (check).
 test-fast: $(STAMP) chromium fuse
-	$(PY) -m pytest -m "not slow and not spark and not node and not waits"
+	$(PY) -m pytest -m "not slow and not spark and not node and not nats_jetstream and not waits"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

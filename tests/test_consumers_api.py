@@ -368,3 +368,37 @@ async def test_reset(targets: dict[str, str], unique: str) -> None:
 
     out = await same(targets, case, unique)
     assert out["missing"] == "silent"
+
+
+async def test_reset_bounded_by_the_deliver_policy(targets: dict[str, str], unique: str) -> None:
+    """CONSUMER.RESET to a sequence may not go below a by-start-sequence or by-start-time start
+    (`below start seq`, `below start time`) and cannot move a consumer whose policy starts from the
+    stream's end at all (`not allowed`): 400/10204 `invalid reset: …`. An empty reset (back above
+    the ack floor) is served under every policy."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await stream(nc, name)
+        await publish(nc, name, 8)
+        fifth = await api(nc, f"STREAM.MSG.GET.{name}", {"seq": 5})
+        starts: dict[str, dict[str, Any]] = {
+            "all": {},
+            "by_start_sequence": {"opt_start_seq": 5},
+            "by_start_time": {"opt_start_time": fifth["message"]["time"]},
+            "new": {},
+            "last": {},
+            "last_per_subject": {"filter_subject": f"{name.lower()}.>"},
+        }
+        out = {}
+        for policy, start in starts.items():
+            cfg = {"durable_name": policy, "ack_policy": "explicit", "deliver_policy": policy, **start}
+            await api(nc, f"CONSUMER.CREATE.{name}.{policy}", {"stream_name": name, "config": cfg})
+            for body in ({"seq": 3}, {"seq": 5}, {"seq": 6}, b""):
+                answer = await api(nc, f"CONSUMER.RESET.{name}.{policy}", body)
+                out[f"{policy} {body!r}"] = answer.get("error") or answer["reset_seq"]
+        return out
+
+    out = await same(targets, case, unique)
+    assert out["by_start_sequence {'seq': 3}"]["description"] == "invalid reset: below start seq"
+    assert out["by_start_time {'seq': 3}"]["description"] == "invalid reset: below start time"
+    assert out["new {'seq': 6}"]["description"] == "invalid reset: not allowed"
+    assert out["all {'seq': 3}"] == 3

@@ -482,3 +482,87 @@ async def test_gets_by_time(targets: dict[str, str], unique: str) -> None:
 
     out = await same(targets, case, unique)
     assert out["get 2"] == 3
+
+
+ARCHIVE_REQUESTS: list[tuple[str, Any]] = [
+    ("SNAPSHOT.{s}", b""),
+    ("SNAPSHOT.{s}", {}),
+    ("SNAPSHOT.NOSUCH", {"deliver_subject": "x"}),  # the stream is looked up before the body is read
+    ("SNAPSHOT.{s}", b"[1]"),
+    ("SNAPSHOT.{s}", {"bogus": 1}),
+    ("SNAPSHOT.{s}", {"deliver_subject": "a", "chunk_size": "x"}),
+    ("SNAPSHOT.{s}", {"no_consumers": True}),  # no deliver subject
+    ("SNAPSHOT.{s}", {"deliver_subject": "a.*"}),
+    ("SNAPSHOT.{s}", {"deliver_subject": "a b"}),
+    ("RESTORE.R{s}", b""),
+    ("RESTORE.R{s}", {}),
+    ("RESTORE.R{s}", b"[1]"),
+    ("RESTORE.R{s}", {"bogus": 1}),
+    ("RESTORE.R{s}", {"config": [1]}),
+    ("RESTORE.R{s}", {"config": {"bogus": 1}}),
+    ("RESTORE.R{s}", {"config": {"max_msgs": "x"}}),
+    ("RESTORE.R{s}", {"config": {"retention": "bogus"}}),
+    ("RESTORE.R{s}", {"config": {"name": "OTHER"}}),
+    ("RESTORE.R{s}", {"config": {"subjects": ["a.>", "a.b"]}}),  # checked as a create's config
+    ("RESTORE.R{s}", {"state": [1]}),
+    ("RESTORE.R{s}", {"state": {"bogus": 1}}),
+    ("RESTORE.R{s}", {"state": {"deleted": ["x"]}}),
+    ("RESTORE.R{s}", {"state": {"lost": {"msgs": [1], "bogus": 2}}}),
+    ("RESTORE.R{s}", {"state": {"first_ts": "x"}}),
+    ("RESTORE.R{s}", {"state": {"subjects": []}}),
+    ("RESTORE.{s}", {"config": {"subjects": ["x.>"]}}),  # the stream exists
+]
+
+
+async def test_snapshot_and_restore_requests(targets: dict[str, str], unique: str) -> None:
+    """STREAM.SNAPSHOT and STREAM.RESTORE requests are checked as the server checks them, in its
+    order: an empty body (10003), the stream (10059), the body as its Go struct (10025), the
+    deliver subject (10015); a restore's name (10056), config (as a create's) and an existing
+    stream (10130)."""
+
+    async def case(nc: Client, name: str) -> Any:
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
+        out = {}
+        for subject, body in ARCHIVE_REQUESTS:
+            asked = "STREAM." + subject.replace("{s}", name)
+            answer = await api(nc, asked, body)
+            out[f"{asked} {body!r}"] = answer
+        return out
+
+    out = await same(targets, case, unique)
+    assert all("error" in answer for answer in out.values())
+    assert out[f"STREAM.RESTORE.{unique} {{'config': {{'subjects': ['x.>']}}}}"]["error"]["err_code"] == 10130
+
+
+async def test_snapshot_and_restore_refused_at_once(targets: dict[str, str], unique: str) -> None:
+    """jetlake makes no stream archives: where the real server answers a valid SNAPSHOT with the
+    stream's config and state (then streams the archive) and a valid RESTORE with the subject for
+    the archive's chunks, jetlake answers at once with 500/10064 `snapshot failed: …` and
+    500/10062 `restore failed: …` (never a time-out), and creates nothing."""
+    answers = {}
+    for target, url in targets.items():
+        nc = await nats.connect(url)
+        try:
+            await api(nc, f"STREAM.CREATE.{unique}", {"name": unique, "subjects": [f"{unique}.>"]})
+            snapshot = await api(nc, f"STREAM.SNAPSHOT.{unique}", {"deliver_subject": f"_INBOX.{unique}"})
+            restore = await api(nc, f"STREAM.RESTORE.R{unique}", {"config": {"subjects": [f"R{unique}.>"]}})
+            names = await api(nc, "STREAM.NAMES", {"subject": f"R{unique}.>"})
+            answers[target] = (snapshot, restore, names["streams"])
+        finally:
+            await nc.close()
+    snapshot, restore, _ = answers["jetstream"]
+    assert snapshot["config"]["name"] == unique
+    assert "state" in snapshot
+    assert restore["deliver_subject"].startswith(f"$JS.SNAPSHOT.RESTORE.R{unique}.")
+    snapshot, restore, restored = answers["jetlake"]
+    assert snapshot["error"] == {
+        "code": 500,
+        "err_code": 10064,
+        "description": "snapshot failed: jetlake does not make or read stream archives",
+    }
+    assert restore["error"] == {
+        "code": 500,
+        "err_code": 10062,
+        "description": "restore failed: jetlake does not make or read stream archives",
+    }
+    assert restored is None

@@ -40,6 +40,7 @@ STREAM_TRANSFORM_INVALID_SOURCE = ApiError(400, 10155, "stream transform source:
 STREAM_TRANSFORM_INVALID_DESTINATION = ApiError(400, 10156, "stream transform: {err}")
 STREAM_STORE_FAILED = ApiError(503, 10077, "{err}")
 CONSUMER_NOT_FOUND = ApiError(404, 10014, "consumer not found")
+CONSUMER_INVALID_RESET = ApiError(400, 10204, "invalid reset: {err}")
 CONSUMER_ALREADY_EXISTS = ApiError(400, 10148, "consumer already exists")
 CONSUMER_DURABLE_NAME_NOT_MATCH_SUBJECT = ApiError(
     400, 10017, "consumer name in subject does not match durable name in request"
@@ -102,6 +103,10 @@ CONSUMER_DURABLE_NAME_NOT_SET = ApiError(
     400, 10018, "consumer expected to be durable but a durable name was not set"
 )
 STREAM_NAME_PATH_SEPARATORS = ApiError(400, 10128, "Stream name can not contain path separators")
+STREAM_NAME_EXIST_RESTORE_FAILED = ApiError(400, 10130, "stream name already in use, cannot restore")
+STREAM_SNAPSHOT_FAILED = ApiError(500, 10064, "snapshot failed: {err}")
+STREAM_RESTORE_FAILED = ApiError(500, 10062, "restore failed: {err}")
+SNAPSHOT_DELIVER_SUBJECT_INVALID = ApiError(400, 10015, "deliver subject not valid")
 STREAM_REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
 REPLICAS_NEGATIVE = ApiError(400, 10133, "replicas count cannot be negative")
 PEDANTIC = ApiError(400, 10157, "pedantic mode: {err}")

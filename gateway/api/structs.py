@@ -25,7 +25,7 @@ from gateway.api.gojson import GoJsonError, NumberLiteral, Pairs
 
 # Go types of request fields, as a Struct maps them (the names appear in the server's errors).
 INT, INT32, INT64, UINT = "int", "int32", "int64", "uint64"
-STRING, BOOL, TIME, STRINGS = "string", "bool", "time.Time", "[]string"
+STRING, BOOL, TIME, STRINGS, UINTS = "string", "bool", "time.Time", "[]string", "[]uint64"
 DURATION, DURATIONS, STRING_MAP = "time.Duration", "[]time.Duration", "map[string]string"
 #: A list of structs the server keeps as they are (stream sources): only its JSON type is checked.
 SOURCES = "[]*server.StreamSource"
@@ -37,7 +37,7 @@ _INTS = {
     UINT: (0, 2**64),
 }
 #: The member type of each list type, and the value Go leaves in a member sent as ``null``.
-_ELEMENTS = {STRINGS: (STRING, ""), DURATIONS: (DURATION, 0)}
+_ELEMENTS = {STRINGS: (STRING, ""), DURATIONS: (DURATION, 0), UINTS: (UINT, 0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +213,7 @@ _JSON_TYPES: dict[str, str] = {
     STRING_MAP: "object",
     STRINGS: "array",
     DURATIONS: "array",
+    UINTS: "array",
     SOURCES: "array",
 }
 

@@ -145,6 +145,21 @@ def start_position(stream: Stream, cfg: ConsumerConfig, time_seq: int | None) ->
     return 0, []
 
 
+def reset_refusal(cfg: ConsumerConfig, seq: int, time_seq: int | None) -> str | None:
+    """Why ``CONSUMER.RESET`` to ``seq`` (not 0, which goes back above the ack floor under any
+    policy) is refused, as the server words it: a bounded start may not be undercut, and the
+    policies that start from the stream's end cannot be moved at all. ``time_seq`` is the first
+    sequence at or after ``opt_start_time`` (found by the caller, as for ``start_position``)."""
+    policy = cfg.deliver_policy
+    if policy == "all":
+        return None
+    if policy == "by_start_sequence":
+        return "below start seq" if seq < cfg.opt_start_seq else None
+    if policy == "by_start_time":
+        return "below start time" if time_seq is not None and seq < time_seq else None
+    return "not allowed"
+
+
 class Consumer:
     def __init__(
         self,

@@ -41,7 +41,7 @@ from gateway.api.responses import (
 from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, Enum, go, request_type
 from gateway.api.timefmt import ZERO_TIME, now_ns
 from gateway.engine import retention
-from gateway.engine.consumer import Consumer, start_position
+from gateway.engine.consumer import Consumer, reset_refusal, start_position
 from gateway.engine.consumer_effects import Listeners, push_bound
 from gateway.engine.stream import Stream
 
@@ -304,6 +304,16 @@ class ConsumerApi:
         if consumer is None:
             return None
         seq = load_request(body, RESET_REQUEST).seq
+        if seq:
+            cfg = consumer.config
+            time_seq = None
+            if cfg.deliver_policy == "by_start_time":
+                time_seq = await self.seq_at_time(
+                    consumer.stream, consumer_config.parse_time_ns(cfg.opt_start_time)
+                )
+            refusal = reset_refusal(cfg, seq, time_seq)
+            if refusal is not None:
+                raise errors.CONSUMER_INVALID_RESET.format(err=refusal)
         consumer.reset(seq)
         await self.reg.recorder.reset(consumer)
         info = self._info(consumer, stream_name, now_ns())

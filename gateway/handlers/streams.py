@@ -43,13 +43,13 @@ from gateway.api.responses import (
     SuccessResponse,
 )
 from gateway.api.stream_update import apply_update
-from gateway.api.structs import BOOL, INT, STRING, UINT, go, request_type
+from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, UINTS, Struct, go, request_type
 from gateway.api.timefmt import now_ns, rfc3339
 from gateway.engine.stream import Stream
 from gateway.handlers.direct_get import MSG_GET_REQUEST, DirectGet, check_get_request, find_seq
 from gateway.runtime.seqwait import SeqWaiters
 from storage_delta.commit.writer import WriterClosed
-from storage_delta.format.nats import subjects_overlap
+from storage_delta.format.nats import is_valid_subject, subjects_overlap
 
 RESPONSE_TYPES = {
     "STREAM.CREATE": "stream_create_response",
@@ -61,6 +61,8 @@ RESPONSE_TYPES = {
     "STREAM.PURGE": "stream_purge_response",
     "STREAM.MSG.GET": "stream_msg_get_response",
     "STREAM.MSG.DELETE": "stream_msg_delete_response",
+    "STREAM.SNAPSHOT": "stream_snapshot_response",
+    "STREAM.RESTORE": "stream_restore_response",
 }
 
 #: Fields the real server adds to an error answer of these requests.
@@ -68,6 +70,7 @@ ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "STREAM.NAMES": {"total": 0, "offset": 0, "limit": 0, "streams": None},
     "STREAM.INFO": {"total": 0, "offset": 0, "limit": 0},
     "STREAM.PURGE": {"purged": 0},
+    "STREAM.RESTORE": {"deliver_subject": ""},
 }
 
 LIST_PAGE = 256
@@ -103,11 +106,53 @@ class MsgDeleteRequest:
     no_erase: bool = go(BOOL, False)
 
 
+@dataclass(frozen=True, slots=True)
+class StreamSnapshotRequest:
+    deliver_subject: str = go(STRING, "")
+    no_consumers: bool = go(BOOL, False)
+    chunk_size: int = go(INT, 0)
+    window_size: int = go(INT, 0)
+    jsck: bool = go(BOOL, False)
+
+
+#: A restore request: the config as the server's StreamConfig (a create's without ``pedantic``)
+#: and the stream state it announces (a subject map's members are not checked).
+RESTORE_REQUEST = Struct(
+    "server.JSApiStreamRestoreRequest",
+    {
+        "config": Struct(
+            "server.StreamConfig",
+            {k: v for k, v in (stream_config.REQUEST.fields or {}).items() if k != "pedantic"},
+        ),
+        "state": Struct(
+            "server.StreamState",
+            {
+                "messages": UINT,
+                "bytes": UINT,
+                "first_seq": UINT,
+                "first_ts": TIME,
+                "last_seq": UINT,
+                "last_ts": TIME,
+                "num_subjects": INT,
+                "subjects": Struct("map[string]uint64"),
+                "num_deleted": INT,
+                "deleted": UINTS,
+                "lost": Struct("server.LostStreamData", {"msgs": UINTS, "bytes": UINT}),
+                "consumer_count": INT,
+            },
+        ),
+    },
+)
+#: Why jetlake refuses a snapshot or restore that the server would serve (#21 item 8): it makes
+#: no archives, neither the file store's nor one of its own, so it says so at once.
+NO_ARCHIVES = "jetlake does not make or read stream archives"
+
 NAMES_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamNamesRequest")
 LIST_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamListRequest")
 INFO_REQUEST = request_type(StreamInfoRequest, "server.JSApiStreamInfoRequest")
 PURGE_REQUEST = request_type(StreamPurgeRequest, "server.JSApiStreamPurgeRequest")
 MSG_DELETE_REQUEST = request_type(MsgDeleteRequest, "server.JSApiMsgDeleteRequest")
+SNAPSHOT_REQUEST = request_type(StreamSnapshotRequest, "server.JSApiStreamSnapshotRequest")
 
 
 class StreamApi:
@@ -154,6 +199,8 @@ class StreamApi:
                 "STREAM.INFO": self.stream_info,
                 "STREAM.DELETE": self.stream_delete,
                 "STREAM.PURGE": self.stream_purge,
+                "STREAM.SNAPSHOT": self.stream_snapshot,
+                "STREAM.RESTORE": self.stream_restore,
             }
             handler = by_stream.get(op)
             if handler is not None:
@@ -378,6 +425,35 @@ class StreamApi:
         # hides the message at once and Spark's retention job removes it from storage.
         await self._record(stream, seq)
         return SuccessResponse(type=T + "stream_msg_delete_response")
+
+    # ---- snapshot and restore ---------------------------------------------------------------------
+
+    async def stream_snapshot(self, name: str, body: bytes) -> Answer:
+        """``STREAM.SNAPSHOT``: the server's checks in its order, then a refusal where it would
+        answer with the stream's config and state and stream the archive to ``deliver_subject``."""
+        if is_empty_request(body):
+            raise errors.BAD_REQUEST
+        self._stream(name)
+        req = load_request(body, SNAPSHOT_REQUEST)
+        if not is_valid_subject(req.deliver_subject, allow_wildcards=False):
+            raise errors.SNAPSHOT_DELIVER_SUBJECT_INVALID
+        raise errors.STREAM_SNAPSHOT_FAILED.format(err=NO_ARCHIVES)
+
+    async def stream_restore(self, name: str, body: bytes) -> Answer:
+        """``STREAM.RESTORE``: the server's checks in its order (the config as a create's), then a
+        refusal where it would answer with the subject to send the archive's chunks to."""
+        if is_empty_request(body):
+            raise errors.BAD_REQUEST
+        req = load_request(body, RESTORE_REQUEST).get("config", {})
+        req["name"] = req.get("name") or name
+        if req["name"] != name:
+            raise errors.STREAM_MISMATCH
+        if "/" in name or "\\" in name:
+            raise errors.STREAM_NAME_PATH_SEPARATORS
+        stream_config.normalize(req, self.reg.server_version)
+        if name in self.reg.streams:
+            raise errors.STREAM_NAME_EXIST_RESTORE_FAILED
+        raise errors.STREAM_RESTORE_FAILED.format(err=NO_ARCHIVES)
 
     # ---- reading messages -----------------------------------------------------------------------
 
