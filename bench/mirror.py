@@ -24,7 +24,7 @@ import nats
 from nats.aio.client import Client
 
 from tests.differential import api
-from tests.harness import Jetlake, ReferenceJetStream, free_port
+from tests.harness import linked_core
 
 Result = dict[str, Any]
 ORIGIN, SUBJECT = "BMIRROR", "bmirror.x"
@@ -80,27 +80,10 @@ async def measure(core_url: str, targets: dict[str, str], messages: int, live: i
 
 
 def run(work: Path, messages: int, live: int) -> Result:
-    reference = ReferenceJetStream(work / "reference", leaf_port=free_port())
-    lake = Jetlake(work / "jetlake")
-    core = ReferenceJetStream(
-        work / "core", domain="core", leaf_remotes=(reference.leaf_port, lake.leaf_port)
-    )
-    reference.start()
-    try:
-        lake.start()
-        try:
-            core.start()
-            try:
-                time.sleep(1.0)  # the leaf links come up
-                return asyncio.run(
-                    measure(core.url, {"jetstream": reference.url, "jetlake": lake.url}, messages, live)
-                )
-            finally:
-                core.stop()
-        finally:
-            lake.stop()
-    finally:
-        reference.stop()
+    with linked_core(work) as (reference, lake, core):
+        return asyncio.run(
+            measure(core.url, {"jetstream": reference.url, "jetlake": lake.url}, messages, live)
+        )
 
 
 def main() -> None:

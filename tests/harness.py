@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -282,6 +283,33 @@ def serving(target: Server) -> Iterator[Server]:
         yield target
     finally:
         target.stop()
+
+
+@contextmanager
+def linked_core(work: Path) -> Iterator[tuple[ReferenceJetStream, Jetlake, ReferenceJetStream]]:
+    """Two systems, each with a JetStream in domain ``core`` joined to it by a leaf link: the real
+    JetStream (a leafnode listener) and jetlake's hub; all three started, stopped after, once the
+    core's API answers through the links (where mirrors and sources of another domain are tried)."""
+    reference = ReferenceJetStream(work / "reference", leaf_port=free_port())
+    lake = Jetlake(work / "jetlake")
+    core = ReferenceJetStream(
+        work / "core", domain="core", leaf_remotes=(reference.leaf_port, lake.leaf_port)
+    )
+    with ExitStack() as started:
+        for server in (reference, lake, core):
+            server.start()
+            started.callback(server.stop)
+        asyncio.run(_domain_answers(core.url))
+        yield reference, lake, core
+
+
+async def _domain_answers(core_url: str) -> None:
+    async with await nats.connect(core_url) as nc:
+        for _ in range(100):
+            info = await nc.request("$JS.API.INFO", b"", timeout=5)
+            if b"domain" in info.data:
+                return
+            await asyncio.sleep(0.05)
 
 
 def duckdb_connection() -> Any:

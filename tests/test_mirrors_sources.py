@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import rfc3339
 from tests.differential import api, assert_same
-from tests.harness import Jetlake, ReferenceJetStream, free_port
+from tests.harness import Jetlake, linked_core
 from tests.test_stream_config import fill
 
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -356,39 +356,10 @@ def test_copies_resume_after_kill_without_gap_or_duplicate(own_jetlake: Jetlake)
 
 @pytest.fixture(scope="module")
 def external(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str, Jetlake]]:
-    """Two systems, each with a JetStream in domain ``core`` joined to it by a leaf link: the real
-    JetStream (a leafnode listener) and jetlake's hub. The targets, the core's client URL and the
-    jetlake (a test may kill its gateway)."""
-    base = tmp_path_factory.mktemp("external")
-    reference = ReferenceJetStream(base / "reference", leaf_port=free_port())
-    lake = Jetlake(base / "jetlake")
-    core = ReferenceJetStream(
-        base / "core", domain="core", leaf_remotes=(reference.leaf_port, lake.leaf_port)
-    )
-    reference.start()
-    try:
-        lake.start()
-        try:
-            core.start()
-            try:
-                asyncio.run(_linked(core.url))
-                yield {"jetstream": reference.url, "jetlake": lake.url}, core.url, lake
-            finally:
-                core.stop()
-        finally:
-            lake.stop()
-    finally:
-        reference.stop()
-
-
-async def _linked(core_url: str) -> None:
-    """Until the core's API answers through both systems (the leaf links are up)."""
-    async with await nats.connect(core_url) as nc:
-        for _ in range(100):
-            info = await nc.request("$JS.API.INFO", b"", timeout=5)
-            if b"domain" in info.data:
-                return
-            await asyncio.sleep(0.05)
+    """``harness.linked_core``: the targets, the core's client URL and the jetlake (a test may kill
+    its gateway)."""
+    with linked_core(tmp_path_factory.mktemp("external")) as (reference, lake, core):
+        yield {"jetstream": reference.url, "jetlake": lake.url}, core.url, lake
 
 
 async def test_a_mirror_and_a_source_of_a_real_jetstream_in_another_domain(
