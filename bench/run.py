@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import acklog_restart, compaction, consumers, small_files, spark_read, sync_cost
+from bench import consumers, spark_read
 from bench import workloads as wl
+from bench.storage import acklog_restart, compaction, small_files, sync_cost
 from bench.targets import BENCH_DIR, start_targets
 from storage_delta.commit.store import StoreRoot
 

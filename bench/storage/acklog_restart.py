@@ -6,7 +6,7 @@ into the tables, as a long-lived gateway would have left them; the consumer itse
 through the API. Each restart is timed from starting the gateway process until ``CONSUMER.INFO``
 answers with the full ack floor; the ack log's own part (load + replay) is timed in-process too.
 
-    python -m bench.acklog_restart [--acks 1000000] [--rows-per-commit 10000]
+    python -m bench.storage.acklog_restart [--acks 1000000] [--rows-per-commit 10000]
 
 Prints one JSON line.
 """

@@ -9,7 +9,7 @@ compared with. The real JetStream gets the same sync publishes, ``kill -9`` and 
 figure is the median of ``trials`` runs; ``files_during_publish`` is the largest file count of
 the stream seen (every ``SAMPLE_S``) while it was published: whether the compaction kept up.
 
-    python -m bench.small_files [--messages 20000] [--trials 3] [--keep DIR]
+    python -m bench.storage.small_files [--messages 20000] [--trials 3] [--keep DIR]
     (or python -m bench.run --only small_files)
 """
 

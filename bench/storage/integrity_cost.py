@@ -6,7 +6,7 @@ A stream of ``--messages`` messages in ``--files`` commit files (as the gateway 
 sealing) is written in-process to a temporary store; each figure is the best of ``--rounds`` with a
 fresh reader (files in the page cache: the CPU of the check, not the disk). Prints one JSON line.
 
-    python -m bench.integrity_cost --messages 1000000 --files 4000
+    python -m bench.storage.integrity_cost --messages 1000000 --files 4000
 """
 
 from __future__ import annotations

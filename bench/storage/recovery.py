@@ -7,7 +7,7 @@ takes the better part of an hour to publish here). The first ``kill -9`` comes r
 PubAck, while the compaction and the index snapshots may be behind; each figure is the median of
 ``trials`` kills.
 
-    python -m bench.recovery [--bulk 0] [--tail 50000] [--trials 3] [--keep DIR]
+    python -m bench.storage.recovery [--bulk 0] [--tail 50000] [--trials 3] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.small_files import STREAM, _publish
+from bench.storage.small_files import STREAM, _publish
 from bench.targets import wait_stream_messages
 from storage_delta.commit.store import StoreRoot
 from storage_delta.maintenance.files import live_files

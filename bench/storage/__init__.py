@@ -1,0 +1,1 @@
+"""Benchmarks of what the store costs: restarts, small files, syncs, compaction, damage checks."""
