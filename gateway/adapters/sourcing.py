@@ -73,7 +73,10 @@ class OriginState:
 
     spec: OriginSpec
     position: int = 0  # the last origin sequence copied
+    #: A remote origin's count of what its consumer still has to deliver (from the last delivery).
     lag: int = 0
+    #: An origin on this gateway, while followed: the lag is counted in it when info asks.
+    origin: Stream | None = None
     active_ns: int = 0  # when it last heard from its origin (0: never)
     #: Caught up with an origin on this gateway and told of its every commit: as current as a
     #: remote copy that just had its heartbeat.
@@ -86,7 +89,8 @@ class OriginState:
         out: dict[str, Any] = {"name": self.spec.name}
         if self.config.get("external"):
             out["external"] = self.config["external"]
-        out["lag"] = self.lag
+        origin = self.origin
+        out["lag"] = origin.count_matching_after(self.position, self.spec.filters) if origin else self.lag
         if not mirror and self.position:
             out["seq"] = self.position
         out["active"] = -1 if not self.active_ns else 0 if self.attached else now_ns() - self.active_ns
@@ -276,6 +280,7 @@ class Sourcing:
         fresh = await self._resume(c)
         while not stream.ended:
             origin = self.registry.streams.get(spec.name)
+            state.origin = origin
             if origin is None:
                 state.error = errors.STREAM_NOT_FOUND
                 await self._created.wait()
@@ -287,7 +292,6 @@ class Sourcing:
             seqs = origin.seqs_at_or_after(state.position + 1, spec.filters, origin.durable_last_seq, BATCH)
             state.active_ns = now_ns()
             if not seqs:
-                state.lag = 0
                 state.attached = True
                 try:
                     await _next_commit(origin)
@@ -312,9 +316,6 @@ class Sourcing:
                 continue
             if state.position < seqs[-1]:  # the writer had no room for the rest: let it commit first
                 await asyncio.sleep(RETRY_S)
-            state.lag = len(
-                origin.seqs_at_or_after(state.position + 1, spec.filters, origin.durable_last_seq, BATCH)
-            )
 
     async def _store(self, c: Copying, copies: list[StoredMessage], durable: int) -> bool:
         """Commit accepted copies; False (the position back where it was durable) when it failed."""

@@ -17,7 +17,6 @@ from typing import Any
 
 from gateway.api.stream_config import server_hash
 from gateway.api.timefmt import rfc3339
-from storage_delta.format.nats import subject_matches
 from storage_delta.format.subject_transform import SubjectTransform
 
 
@@ -77,9 +76,6 @@ class OriginSpec:
     def key(self) -> str:
         """What tells this source apart from the stream's others (the server's index name)."""
         return f"{self.iname} {self.filter_text} {self.dest_text}"
-
-    def takes(self, subject: str) -> bool:
-        return not self.filters or any(subject_matches(f, subject) for f in self.filters)
 
     def subject_for(self, subject: str) -> str:
         """The subject a copy is stored under: the first transform whose source matches maps it."""
