@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import consumers, spark_read
+from bench import consumers, freshness, spark_read
 from bench import workloads as wl
 from bench.storage import acklog_restart, compaction, small_files, sync_cost
 from bench.targets import BENCH_DIR, start_targets
@@ -159,6 +159,9 @@ def main() -> None:
                 targets, Path(tmp), sizes.sync, sizes.pipelined, sizes.window
             ),
             "small_files": lambda: small_files.measure(ref, Path(tmp) / "small_files", sizes.small_files),
+            "freshness": lambda: freshness.freshness(
+                targets, str(lake.data_root), Path(tmp), 20.0, 5.0 if args.quick else 20.0
+            ),
         }
         results = []
         try:

@@ -54,7 +54,8 @@ from storage_delta.format import schema as sch
 from storage_delta.format.integrity import read_verified
 from storage_delta.format.nats import parse_headers, subject_matches
 from storage_delta.maintenance.files import LiveFile, live_files, visible
-from storage_delta.tables.removals import StreamLogicalState, load_stream_states
+from storage_delta.read.follower import StoreFollower
+from storage_delta.tables.removals import StreamLogicalState
 
 NAME = "jetlake"
 
@@ -376,13 +377,15 @@ class JetlakeDataSource(DataSource):
         return JetlakeStreamReader(ReadOptions.parse(self.options), schema)
 
 
-def _plan(options: ReadOptions, first: int | None, last: int | None) -> list[BlockPartition]:
+def _plan(
+    options: ReadOptions, store: StoreFollower, first: int | None, last: int | None
+) -> list[BlockPartition]:
     """The partitions of ``first..last``; in the logical view, with what the API hides. The files are
     listed before the removals are loaded, so every listed row's removal is already known."""
-    files = live_files(options.root, options.stream)
+    files = store.files(options.stream)
     state = None
     if not options.raw:
-        state = load_stream_states(options.root).get(options.stream)
+        state = store.states().get(options.stream)
         if state is None:
             return []  # no such stream (or a deleted one): the API shows nothing
     return list_blocks(options.root, options.stream, first, last, files, state)
@@ -408,11 +411,12 @@ class JetlakeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
+        store = StoreFollower(o.root)
         first = o.first_seq
         if o.start_time_ns is not None:
-            at = first_seq_at(o.root, live_files(o.root, o.stream), o.start_time_ns)
+            at = first_seq_at(o.root, store.files(o.stream), o.start_time_ns)
             first = at if first is None else max(first, at)
-        return _plan(o, first, o.last_seq)
+        return _plan(o, store, first, o.last_seq)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)
@@ -425,6 +429,12 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     the highest stored sequence), and a committed sequence's message never changes, so replaying a
     batch after a restart reads the same rows: with Spark's checkpoint that is exactly-once.
     Each batch is planned like a batch read, one task per block.
+
+    Spark keeps this reader in one Python process on the driver for the query's life and asks it for
+    the newest offset every ``spark.sql.streaming.pollingDelay`` while idle: the tables are followed
+    with warm handles (:class:`StoreFollower`), so an idle poll costs one look for a new commit file
+    and a micro-batch plans from what is already loaded. Spark also pickles a fresh reader to the
+    executors for :meth:`read`; the handles are made on first use and never travel.
     """
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
@@ -432,9 +442,22 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.arrow_schema = arrow_schema(schema)
         #: ``Trigger.AvailableNow``: the end fixed when the query started; later messages wait.
         self._target: int | None = None
+        self._store: StoreFollower | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_store": None}
+
+    @property
+    def store(self) -> StoreFollower:
+        if self._store is None:
+            self._store = StoreFollower(self.options.root)
+        return self._store
+
+    def _bounds(self) -> tuple[int, int] | None:
+        return seq_bounds(self.store.files(self.options.stream))
 
     def prepareForTriggerAvailableNow(self) -> None:
-        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
+        bounds = self._bounds()
         self._target = bounds[1] + 1 if bounds else 0
 
     def initialOffset(self) -> dict[str, int]:
@@ -442,7 +465,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if o.first_seq is not None:
             return {"seq": o.first_seq}
         if o.start_time_ns is not None:
-            return {"seq": first_seq_at(o.root, live_files(o.root, o.stream), o.start_time_ns)}
+            return {"seq": first_seq_at(o.root, self.store.files(o.stream), o.start_time_ns)}
         return {"seq": 1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -450,7 +473,7 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
+        bounds = self._bounds()
         if bounds is None:
             return start
         # Skip what retention removed below the stored range instead of planning empty batches.
@@ -461,13 +484,13 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"seq": max(end, start["seq"])}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        bounds = seq_bounds(live_files(self.options.root, self.options.stream))
+        bounds = self._bounds()
         return {"seq": bounds[1] + 1} if bounds else None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         if end["seq"] <= start["seq"]:
             return []
-        return _plan(self.options, start["seq"], end["seq"] - 1)
+        return _plan(self.options, self.store, start["seq"], end["seq"] - 1)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)

@@ -61,6 +61,11 @@ class SparkSettings:
             # JetStream times are UTC; rendering them in the machine's zone only confuses.
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.execution.arrow.pyspark.enabled": "true",
+            # A streaming query's offset and commit logs written with a rename through Hadoop's
+            # FileSystem, not its FileContext: 10-20 ms a file instead of 40-60, twice per micro-batch
+            # (bench/freshness.py). Neither syncs; both rename a finished file into place.
+            "spark.sql.streaming.checkpointFileManagerClass": "org.apache.spark.sql.execution.streaming."
+            "checkpointing.FileSystemBasedCheckpointFileManager",
         },
         "Spark properties every session gets; entries from the variable and flags are added to "
         "(or replace) the file's",

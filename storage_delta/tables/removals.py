@@ -113,15 +113,22 @@ class RemovalLog:
         self._appender.append([({}, rows)], self._version)
 
 
+#: The columns of the catalog and of the removal log that the logical view is made from.
+CATALOG_COLUMNS = ["rev", "kind", "name", "deleted", "body"]
+REMOVAL_COLUMNS = ["stream", "created", "first", "last"]
+
+
 def live_streams(root: StoreRoot) -> dict[str, int]:
     """Live stream name → created time, from the catalog (newest row per stream, not deleted)."""
     dt = open_existing(root, sch.CATALOG)
-    if dt is None:
-        return {}
-    table = dt.to_pyarrow_table(columns=["rev", "kind", "name", "deleted", "body"])
+    return {} if dt is None else live_streams_of(dt.to_pyarrow_table(columns=CATALOG_COLUMNS))
+
+
+def live_streams_of(catalog: pa.Table) -> dict[str, int]:
+    """:func:`live_streams` of the catalog's rows (:data:`CATALOG_COLUMNS`)."""
     newest: dict[str, tuple[int, bool, str]] = {}
     for rev, kind, name, deleted, body in zip(
-        *(table.column(c).to_pylist() for c in ("rev", "kind", "name", "deleted", "body")), strict=True
+        *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
@@ -133,14 +140,19 @@ def live_streams(root: StoreRoot) -> dict[str, int]:
 def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
     """The logical state of every live stream (streams with no removals included, with none)."""
     live = live_streams(root)
-    states = {name: StreamLogicalState(name, created) for name, created in live.items()}
     dt = open_existing(root, sch.REMOVALS)
-    if dt is None:
+    return stream_states_of(live, None if dt is None else dt.to_pyarrow_table(columns=REMOVAL_COLUMNS))
+
+
+def stream_states_of(live: Mapping[str, int], removals: pa.Table | None) -> dict[str, StreamLogicalState]:
+    """:func:`load_stream_states` of the live streams and the removal log's rows
+    (:data:`REMOVAL_COLUMNS`; None: no removal log yet)."""
+    states = {name: StreamLogicalState(name, created) for name, created in live.items()}
+    if removals is None:
         return states
-    table = dt.to_pyarrow_table(columns=["stream", "created", "first", "last"])
     ranges: dict[str, list[tuple[int, int]]] = {}
     for stream, created, first, last in zip(
-        *(table.column(c).to_pylist() for c in ("stream", "created", "first", "last")), strict=True
+        *(removals.column(c).to_pylist() for c in REMOVAL_COLUMNS), strict=True
     ):
         if live.get(stream) == created:
             ranges.setdefault(stream, []).append((first, last))

@@ -1,0 +1,270 @@
+"""``freshness`` (#18): how soon a published message can be seen, from the PubAck's request to
+the reader holding it, under a steady publish rate.
+
+Each message carries its send time (``time.time_ns()``, 8 bytes); every reader runs in this process
+and subtracts it from the time it holds the row, so all figures share one clock. One phase per
+reader, one after the other (a reader never competes with another for the two cores):
+
+* ``consumer``: a push consumer of the stream, on the real JetStream and on jetlake: what a NATS
+  client sees, the reference.
+* ``duckdb``: DuckDB's delta extension, ``delta_scan`` of the ``messages`` table polled for rows
+  above the last seen (an independent Delta reader; each query reads the log anew).
+* ``polars``: Polars' ``scan_delta`` (delta-rs) polled the same way.
+* ``spark_batch``: a batch read of the jetlake source in a loop, from the last seen sequence on.
+* ``spark_stream``: a structured streaming query on the jetlake source with the default trigger
+  (micro-batches back to back), the figure taken in ``foreachBatch``.
+
+Pollers sleep :data:`POLL_S` between queries. Percentiles are over every message of a phase; a
+message a reader never saw counts in ``missing``. The Spark session uses jetlake's settings
+(conf/spark.toml).
+
+    python -m bench.freshness [--rate 20] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import nats
+import polars as pl
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from bench.targets import Target, start_targets
+from spark_jobs.session import build_spark_session
+from tests.harness import duckdb_connection
+
+Result = dict[str, Any]
+STREAM, SUBJECT = "BFRESH", "bfresh.x"
+#: A poller's pause between two queries.
+POLL_S = 0.01
+#: How long a reader may still take after the last publish of a phase.
+GRACE_S = 5.0
+
+#: A reader's answer to "which rows above sequence n are there now": (sequence, payload) pairs.
+Fetch = Callable[[int], Iterable[tuple[int, bytes]]]
+
+
+class Seen:
+    """The latency of each message of a phase, in ms, taken once per message."""
+
+    def __init__(self, since_seq: int) -> None:
+        self.since_seq = since_seq
+        self.latency: dict[int, float] = {}
+        self.lock = threading.Lock()
+        #: Set once every message up to :attr:`until` was seen.
+        self.done = threading.Event()
+        self.until: int | None = None
+
+    def record(self, rows: Iterable[tuple[int, bytes]]) -> None:
+        now = time.time_ns()
+        with self.lock:
+            for seq, data in rows:
+                if seq > self.since_seq and seq not in self.latency:
+                    self.latency[seq] = (now - struct.unpack(">q", data)[0]) / 1e6
+            self._check()
+
+    def _check(self) -> None:
+        if self.until is not None and len(self.latency) >= self.until - self.since_seq:
+            self.done.set()
+
+    def wait(self, last: int, failed: threading.Event | None = None) -> None:
+        """Until every message up to ``last`` was seen, ``GRACE_S`` at most (or ``failed`` is set)."""
+        with self.lock:
+            self.until = last
+            self._check()
+        deadline = time.monotonic() + GRACE_S
+        while not self.done.wait(0.1) and time.monotonic() < deadline:
+            if failed is not None and failed.is_set():
+                return
+
+    def highest(self) -> int:
+        with self.lock:
+            return max(self.latency, default=self.since_seq)
+
+    def summary(self, published: int) -> Result:
+        got = sorted(self.latency.values())
+        if not got:
+            return {"n": 0, "missing": published}
+
+        def pct(p: float) -> float:
+            return round(got[min(len(got) - 1, int(p * len(got)))], 1)
+
+        return {
+            "n": len(got),
+            "missing": published - len(got),
+            "p50_ms": round(statistics.median(got), 1),
+            "p95_ms": pct(0.95),
+            "p99_ms": pct(0.99),
+        }
+
+
+async def publish_steady(url: str, rate: float, seconds: float) -> int:
+    """``rate`` messages a second for ``seconds``, each PubAck awaited; the stream's last sequence."""
+    async with await nats.connect(url) as nc:
+        js = nc.jetstream()
+        start = time.monotonic()
+        last = 0
+        for i in range(round(rate * seconds)):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            last = (await js.publish(SUBJECT, struct.pack(">q", time.time_ns()))).seq
+        return last
+
+
+async def last_seq(url: str) -> int:
+    async with await nats.connect(url) as nc:
+        return (await nc.jetstream().stream_info(STREAM)).state.last_seq
+
+
+async def consumer_phase(url: str, rate: float, seconds: float) -> Result:
+    since = await last_seq(url)
+    seen = Seen(since)
+    async with await nats.connect(url) as nc:
+        js = nc.jetstream()
+
+        async def on_msg(msg: Any) -> None:
+            seen.record([(msg.metadata.sequence.stream, msg.data)])
+
+        sub = await js.subscribe(
+            SUBJECT,
+            stream=STREAM,
+            cb=on_msg,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NONE),
+        )
+        last = await publish_steady(url, rate, seconds)
+        await asyncio.to_thread(seen.wait, last)
+        await sub.unsubscribe()
+    return seen.summary(last - since)
+
+
+def polling_phase(url: str, fetch: Fetch, rate: float, seconds: float) -> Result:
+    """``fetch`` called in a loop on a thread of its own while the phase publishes."""
+    since = asyncio.run(last_seq(url))
+    seen = Seen(since)
+    stop = threading.Event()
+    failed = threading.Event()
+    failure: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            while not stop.is_set():
+                seen.record(fetch(seen.highest()))
+                stop.wait(POLL_S)
+        except BaseException as exc:  # handed to the phase, which fails with it
+            failure.append(exc)
+            failed.set()
+
+    poller = threading.Thread(target=poll, name="freshness-poller")
+    poller.start()
+    try:
+        last = asyncio.run(publish_steady(url, rate, seconds))
+        seen.wait(last, failed)
+    finally:
+        stop.set()
+        poller.join()
+    if failure:
+        raise failure[0]
+    return seen.summary(last - since)
+
+
+def spark_stream_phase(url: str, root: str, work: Path, rate: float, seconds: float) -> Result:
+    spark = build_spark_session(quiet=True)
+    seen = Seen(asyncio.run(last_seq(url)))
+
+    def on_batch(df: Any, _batch: int) -> None:
+        seen.record((r["seq"], bytes(r["data"])) for r in df.select("seq", "data").collect())
+
+    query = (
+        spark.readStream.format("jetlake")
+        .option("root", root)
+        .option("stream", STREAM)
+        .option("start_seq", seen.since_seq + 1)
+        .load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(work / "freshness-checkpoint"))
+        .start()
+    )
+    try:
+        # The query's first micro-batches start its Python processes: not part of any message's way.
+        time.sleep(5)
+        last = asyncio.run(publish_steady(url, rate, seconds))
+        seen.wait(last)
+    finally:
+        query.stop()
+    return seen.summary(last - seen.since_seq)
+
+
+def lake_readers(root: str) -> dict[str, Fetch]:
+    """The pollers' queries, each made once here (a connection, a session) and run per poll."""
+    table = f"{root}/messages"
+    duck = duckdb_connection()
+    spark = build_spark_session(quiet=True)
+
+    def duckdb(after: int) -> list[tuple[int, bytes]]:
+        query = f"SELECT seq, data FROM delta_scan('{table}') WHERE stream = ? AND seq > ?"
+        return [(seq, data) for seq, data in duck.execute(query, [STREAM, after]).fetchall()]
+
+    def polars(after: int) -> list[tuple[int, bytes]]:
+        frame = (
+            pl.scan_delta(table)
+            .filter((pl.col("stream") == STREAM) & (pl.col("seq") > after))
+            .select("seq", "data")
+            .collect()
+        )
+        return list(frame.iter_rows())
+
+    def spark_batch(after: int) -> list[tuple[int, bytes]]:
+        df = spark.read.format("jetlake").option("root", root).option("stream", STREAM)
+        rows = df.option("start_seq", after + 1).load().select("seq", "data").collect()
+        return [(r["seq"], bytes(r["data"])) for r in rows]
+
+    return {"duckdb": duckdb, "polars": polars, "spark_batch": spark_batch}
+
+
+async def create_stream(url: str) -> None:
+    async with await nats.connect(url) as nc:
+        await nc.jetstream().add_stream(name=STREAM, subjects=[SUBJECT])
+
+
+def freshness(targets: list[Target], root: str, work: Path, rate: float, seconds: float) -> Result:
+    out: Result = {"workload": "freshness", "rate_per_s": rate, "seconds": seconds, "poll_s": POLL_S}
+    for t in targets:
+        asyncio.run(create_stream(t.url))
+        out[t.name] = {"consumer": asyncio.run(consumer_phase(t.url, rate, seconds))}
+    lake = next(t for t in targets if t.name == "jetlake")
+    for name, fetch in lake_readers(root).items():
+        out["jetlake"][name] = polling_phase(lake.url, fetch, rate, seconds)
+    out["jetlake"]["spark_stream"] = spark_stream_phase(lake.url, root, work, rate, seconds)
+    js, jl = out["jetstream"]["consumer"], out["jetlake"]["consumer"]
+    out["ratio_consumer_p50"] = round(jl["p50_ms"] / js["p50_ms"], 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=20.0, help="messages published a second")
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of each reader's phase")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-freshness-") as tmp:
+        ref, lake, targets = start_targets(Path(tmp))
+        try:
+            res = freshness(targets, str(lake.data_root), Path(tmp), args.rate, args.seconds)
+        finally:
+            lake.stop()
+            ref.stop()
+    print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

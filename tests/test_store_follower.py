@@ -1,0 +1,61 @@
+"""The warm handles a streaming query plans with (``StoreFollower``) answer what a fresh load of the
+tables answers after every kind of change, including tables that appear after it started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.maintenance.files import live_files
+from storage_delta.read.follower import StoreFollower
+from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.removals import Removal, RemovalLog, load_stream_states
+
+CREATED = 1_700_000_000_000_000_000
+
+
+def _messages(stream: str, first: int, last: int) -> list[StoredMessage]:
+    return [
+        StoredMessage(
+            stream=stream, block_size=100, seq=s, ts=CREATED + s, subject="s.x", hdrs=None, data=b"m%d" % s
+        )
+        for s in range(first, last + 1)
+    ]
+
+
+def _same_as_fresh(follower: StoreFollower, root: StoreRoot, stream: str) -> None:
+    assert follower.files(stream) == live_files(root, stream)
+    assert follower.states() == load_stream_states(root)
+
+
+def test_follows_new_commits_tables_and_removals(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path))
+    follower = StoreFollower(root)
+    # No table yet: nothing stored, no stream.
+    assert follower.files("A") == []
+    assert follower.states() == {}
+
+    table = MessageTable(root)
+    table.commit(_messages("A", 1, 150), 1)
+    _same_as_fresh(follower, root, "A")
+    before = follower.files("A")
+    assert follower.files("A") is before  # no commit since: the listing is not made again
+
+    table.commit(_messages("A", 151, 160) + _messages("B", 1, 5), 2)
+    _same_as_fresh(follower, root, "A")
+    assert max(f.max_seq or 0 for f in follower.files("A")) == 160
+    _same_as_fresh(follower, root, "B")  # another stream of the same handle
+
+    catalog = CatalogTable(root)
+    catalog.put("stream", "A", "A", {"created": CREATED})
+    _same_as_fresh(follower, root, "A")
+    assert follower.states()["A"].removed == []
+
+    RemovalLog(root).append([Removal("A", CREATED, 1, 20), Removal("A", CREATED, 30, 30)])
+    _same_as_fresh(follower, root, "A")
+    assert follower.states()["A"].removed == [(1, 20), (30, 30)]
+
+    catalog.put("stream", "A", "A", None)  # deleted: gone from the logical view
+    _same_as_fresh(follower, root, "A")
+    assert "A" not in follower.states()
