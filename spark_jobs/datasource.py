@@ -13,9 +13,10 @@ JetStream's ranges are); ``start_time`` (ISO 8601, UTC when no zone is given: th
 stored at or after it, as a consumer's ``opt_start_time``); ``subject`` (a NATS subject filter with
 ``*`` and ``>``); ``view`` (``logical``, the default: what the JetStream API shows, without the
 messages removed by limits, purges, deletes, TTL or acks that compaction has not removed yet, and
-without a deleted stream's rows; ``raw``: every stored row); ``max_messages_per_trigger``
-(streaming: at most this many sequences per micro-batch); ``storage.<KEY>`` (a delta-rs storage
-option for an object-store root, e.g. ``storage.AWS_REGION``).
+without a deleted stream's rows; ``raw``: every stored row; ``changes``: the change feed, see
+:data:`CHANGE_SCHEMA`); ``max_messages_per_trigger`` (streaming: at most this many sequences per
+micro-batch); ``storage.<KEY>`` (a delta-rs storage option for an object-store root, e.g.
+``storage.AWS_REGION``).
 
 :func:`list_blocks` and :func:`read_block` hold all the work; the batch reader and the stream
 reader differ only in how they pick the sequence range (options, or micro-batch offsets).
@@ -55,7 +56,7 @@ from storage_delta.format.integrity import read_verified
 from storage_delta.format.nats import parse_headers, subject_matches
 from storage_delta.maintenance.files import LiveFile, live_files, visible
 from storage_delta.read.follower import StoreFollower
-from storage_delta.tables.removals import StreamLogicalState
+from storage_delta.tables.removals import StreamLogicalState, recorded_at, recorded_between
 
 NAME = "jetlake"
 
@@ -73,6 +74,29 @@ MESSAGE_SCHEMA = StructType(
         StructField("data", BinaryType(), nullable=False),
     ]
 )
+
+#: What ``view=changes`` returns: the stream's changes, so that a table downstream can follow its
+#: logical state exactly. ``append``: a stored message (``last_seq`` = ``seq``; subject, headers and
+#: data as in :data:`MESSAGE_SCHEMA`); ``remove``: sequences ``seq``..``last_seq`` left the stream
+#: (an ack on a work-queue or interest stream, a delete, a purge, a limit, a TTL), recorded at ``ts``,
+#: with null subject, headers and data. A removal is recorded only once its messages are stored, and
+#: a micro-batch takes removals only together with every stored message: applying a micro-batch's
+#: appends and then its removals (ranges may repeat or cover sequences never stored) keeps a copy
+#: exact.
+CHANGE_SCHEMA = StructType(
+    [
+        StructField("stream", StringType(), nullable=False),
+        StructField("op", StringType(), nullable=False),
+        StructField("seq", LongType(), nullable=False),
+        StructField("last_seq", LongType(), nullable=False),
+        StructField("ts", TimestampType(), nullable=False),
+        StructField("ts_ns", LongType(), nullable=False),
+        StructField("subject", StringType(), nullable=True),
+        StructField("headers", MapType(StringType(), StringType(), valueContainsNull=False), nullable=True),
+        StructField("data", BinaryType(), nullable=True),
+    ]
+)
+VIEWS = ("logical", "raw", "changes")
 
 #: What one Arrow batch sent to the JVM may hold: batches are cut by bytes, not rows, so small
 #: messages travel in few large batches (each batch has a fixed cost on both sides of the socket)
@@ -108,6 +132,17 @@ class BlockPartition(InputPartition):
 
 
 @dataclass(frozen=True)
+class RemovalPartition(InputPartition):
+    """The change feed's removals: the rows the removal log gained after version ``after`` up to
+    ``through`` (``after`` < 0: every row of version ``through``), of incarnation ``created``."""
+
+    stream: str
+    created: int
+    after: int
+    through: int
+
+
+@dataclass(frozen=True)
 class ReadOptions:
     """The parsed options of one read; parsed once so that bad options fail at ``load()``."""
 
@@ -118,8 +153,12 @@ class ReadOptions:
     start_time_ns: int | None = None
     subject: str | None = None
     max_per_trigger: int | None = None
-    #: ``view=raw``: every stored row, also what the API no longer shows.
-    raw: bool = False
+    #: One of :data:`VIEWS`.
+    view: str = "logical"
+
+    @property
+    def schema(self) -> StructType:
+        return CHANGE_SCHEMA if self.view == "changes" else MESSAGE_SCHEMA
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -143,15 +182,15 @@ class ReadOptions:
             start_time_ns=_time_option(options, "start_time"),
             subject=options.get("subject") or None,
             max_per_trigger=_int_option(options, "max_messages_per_trigger"),
-            raw=_view_option(options),
+            view=_view_option(options),
         )
 
 
-def _view_option(options: Mapping[str, str]) -> bool:
+def _view_option(options: Mapping[str, str]) -> str:
     view = options.get("view", "logical")
-    if view not in ("logical", "raw"):
-        raise ValueError(f"jetlake option 'view' must be 'logical' or 'raw', got {view!r}")
-    return view == "raw"
+    if view not in VIEWS:
+        raise ValueError(f"jetlake option 'view' must be one of {', '.join(VIEWS)}, got {view!r}")
+    return view
 
 
 def _int_option(options: Mapping[str, str], key: str) -> int | None:
@@ -347,15 +386,42 @@ def to_output(stream: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def arrow_schema(schema: StructType) -> pa.Schema:
+def as_changes(messages: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows of :data:`MESSAGE_SCHEMA` as the change feed's ``append`` rows of ``schema`` (Spark's
+    Arrow form of :data:`CHANGE_SCHEMA`)."""
+    n = messages.num_rows
+    seq = messages["seq"]
+    arrays = [messages["stream"], pa.repeat(pa.scalar("append"), n), seq, seq]
+    arrays += [messages[c] for c in ("ts", "ts_ns", "subject", "headers", "data")]
+    return pa.Table.from_arrays([pa.chunked_array(a) for a in arrays], schema=schema)
+
+
+def removal_changes(records: pa.Table, part: RemovalPartition, schema: pa.Schema) -> pa.Table:
+    """The removal log's rows of the partition's incarnation as ``remove`` rows of ``schema``."""
+    mine = records.filter(
+        pc.and_(pc.equal(records["stream"], part.stream), pc.equal(records["created"], part.created))
+    ).sort_by([("ts", "ascending"), ("first", "ascending")])
+    n = mine.num_rows
+    ts_ns = mine["ts"].combine_chunks()
+    arrays = [
+        mine["stream"].combine_chunks(),
+        pa.repeat(pa.scalar("remove"), n),
+        mine["first"].combine_chunks(),
+        mine["last"].combine_chunks(),
+        pc.divide(ts_ns, pa.scalar(1000, pa.int64())).cast(schema.field("ts").type),
+        ts_ns,
+    ]
+    arrays += [pa.nulls(n, schema.field(c).type) for c in ("subject", "headers", "data")]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def arrow_schema(schema: StructType, ours: StructType = MESSAGE_SCHEMA) -> pa.Schema:
     """The Arrow schema Spark will demand of our batches for ``schema`` (the one a read was planned
-    with, which may be a user's ``.schema(...)``): it must carry our columns, in our order."""
+    with, which may be a user's ``.schema(...)``): it must carry ``ours`` columns, in our order."""
     got = [(f.name, f.dataType.simpleString()) for f in schema.fields]
-    want = [(f.name, f.dataType.simpleString()) for f in MESSAGE_SCHEMA.fields]
+    want = [(f.name, f.dataType.simpleString()) for f in ours.fields]
     if got != want:
-        raise ValueError(
-            f"the jetlake data source reads {MESSAGE_SCHEMA.simpleString()}, not {schema.simpleString()}"
-        )
+        raise ValueError(f"the jetlake data source reads {ours.simpleString()}, not {schema.simpleString()}")
     return to_arrow_schema(schema, timezone="UTC")
 
 
@@ -367,8 +433,7 @@ class JetlakeDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        ReadOptions.parse(self.options)
-        return MESSAGE_SCHEMA
+        return ReadOptions.parse(self.options).schema
 
     def reader(self, schema: StructType) -> JetlakeReader:
         return JetlakeReader(ReadOptions.parse(self.options), schema)
@@ -380,22 +445,39 @@ class JetlakeDataSource(DataSource):
 def _plan(
     options: ReadOptions, store: StoreFollower, first: int | None, last: int | None
 ) -> list[BlockPartition]:
-    """The partitions of ``first..last``; in the logical view, with what the API hides. The files are
-    listed before the removals are loaded, so every listed row's removal is already known."""
+    """The partitions of ``first..last``; in the logical view, with what the API hides (the change
+    feed hides only earlier incarnations: its removals are rows of their own). The files are listed
+    before the removals are loaded, so every listed row's removal is already known."""
     files = store.files(options.stream)
-    state = None
-    if not options.raw:
-        state = store.states().get(options.stream)
-        if state is None:
-            return []  # no such stream (or a deleted one): the API shows nothing
-    return list_blocks(options.root, options.stream, first, last, files, state)
+    if options.view == "raw":
+        return list_blocks(options.root, options.stream, first, last, files)
+    state = store.states().get(options.stream)
+    if state is None:
+        return []  # no such stream (or a deleted one): the API shows nothing
+    blocks = list_blocks(options.root, options.stream, first, last, files, state)
+    return [replace(b, removed=()) for b in blocks] if options.view == "changes" else blocks
+
+
+def _removals(options: ReadOptions, store: StoreFollower, after: int, through: int) -> list[RemovalPartition]:
+    """The change feed's removal partition for removal log versions ``after`` + 1 to ``through``."""
+    state = store.states().get(options.stream)
+    if through <= after or state is None:
+        return []
+    return [RemovalPartition(options.stream, state.created, after, through)]
 
 
 def _read(options: ReadOptions, arrow: pa.Schema, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if isinstance(partition, RemovalPartition):
+        root, p = options.root, partition
+        records = recorded_at(root, p.through) if p.after < 0 else recorded_between(root, p.after, p.through)
+        return iter(removal_changes(records, partition, arrow).to_batches(max_chunksize=BATCH_ROWS))
     # Spark substitutes a bare InputPartition(None) when there are no blocks at all.
     if not isinstance(partition, BlockPartition):
         return iter(())
-    return read_block(options.root, partition, options.subject, arrow)
+    if options.view != "changes":
+        return read_block(options.root, partition, options.subject, arrow)
+    messages = read_block(options.root, partition, options.subject, arrow_schema(MESSAGE_SCHEMA))
+    return (b for m in messages for b in as_changes(pa.Table.from_batches([m]), arrow).to_batches())
 
 
 class JetlakeReader(DataSourceReader):
@@ -407,27 +489,33 @@ class JetlakeReader(DataSourceReader):
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
-        self.arrow_schema = arrow_schema(schema)
+        self.arrow_schema = arrow_schema(schema, options.schema)
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
         store = StoreFollower(o.root)
+        # The change feed's removals first: each covers messages already stored, so listed below.
+        removals = store.removals_version() if o.view == "changes" else -1
         first = o.first_seq
         if o.start_time_ns is not None:
             at = first_seq_at(o.root, store.files(o.stream), o.start_time_ns)
             first = at if first is None else max(first, at)
-        return _plan(o, store, first, o.last_seq)
+        return [*_plan(o, store, first, o.last_seq), *_removals(o, store, -1, removals)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)
 
 
 class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches over a stream; an offset is ``{"seq": n}``, the next sequence to read.
+    """Micro-batches over a stream; an offset is ``{"seq": n}``, the next sequence to read, and for
+    the change feed also ``"removals"``: the removal log's version read through (-1: none yet).
 
     A micro-batch ``[start, end)`` only ever covers sequences already committed (the end is one past
     the highest stored sequence), and a committed sequence's message never changes, so replaying a
-    batch after a restart reads the same rows: with Spark's checkpoint that is exactly-once.
+    batch after a restart reads the same rows: with Spark's checkpoint that is exactly-once. The
+    change feed's removals are the log's rows of fixed versions, the same on a replay; a batch takes
+    new ones only when it also takes every message stored when they were read (a removal is
+    recorded once its messages are stored), so no removal overtakes the message it removes.
     Each batch is planned like a batch read, one task per block.
 
     Spark keeps this reader in one Python process on the driver for the query's life and asks it for
@@ -439,9 +527,9 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
-        self.arrow_schema = arrow_schema(schema)
+        self.arrow_schema = arrow_schema(schema, options.schema)
         #: ``Trigger.AvailableNow``: the end fixed when the query started; later messages wait.
-        self._target: int | None = None
+        self._target: dict[str, int] | None = None
         self._store: StoreFollower | None = None
 
     def __getstate__(self) -> dict[str, object]:
@@ -453,44 +541,63 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store = StoreFollower(self.options.root)
         return self._store
 
-    def _bounds(self) -> tuple[int, int] | None:
-        return seq_bounds(self.store.files(self.options.stream))
+    def _newest(self) -> dict[str, int] | None:
+        """One past the highest stored sequence and, for the change feed, the removal log's version
+        read before it (so every removal it holds covers stored messages); None: nothing stored."""
+        removals = self.store.removals_version() if self.options.view == "changes" else None
+        bounds = seq_bounds(self.store.files(self.options.stream))
+        if bounds is None:
+            return None
+        newest = {"seq": bounds[1] + 1, "first": bounds[0]}
+        return newest if removals is None else {**newest, "removals": removals}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        bounds = self._bounds()
-        self._target = bounds[1] + 1 if bounds else 0
+        self._target = self._newest() or {"seq": 0, "first": 0, "removals": -1}
 
     def initialOffset(self) -> dict[str, int]:
         o = self.options
         if o.first_seq is not None:
-            return {"seq": o.first_seq}
-        if o.start_time_ns is not None:
-            return {"seq": first_seq_at(o.root, self.store.files(o.stream), o.start_time_ns)}
-        return {"seq": 1}
+            seq = o.first_seq
+        elif o.start_time_ns is not None:
+            seq = first_seq_at(o.root, self.store.files(o.stream), o.start_time_ns)
+        else:
+            seq = 1
+        return {"seq": seq, "removals": -1} if o.view == "changes" else {"seq": seq}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        bounds = self._bounds()
-        if bounds is None:
+        newest = self._newest()
+        if newest is None:
             return start
+        target = newest if self._target is None else self._target
         # Skip what retention removed below the stored range instead of planning empty batches.
-        begin = max(start["seq"], bounds[0])
-        end = bounds[1] + 1 if self._target is None else self._target
+        begin = max(start["seq"], newest["first"])
+        end = target["seq"]
         if isinstance(limit, ReadMaxRows):
             end = min(end, begin + limit.max_rows)
-        return {"seq": max(end, start["seq"])}
+        offset = {"seq": max(end, start["seq"])}
+        if "removals" in start:
+            # Removals only with every message stored before they were read.
+            offset["removals"] = target["removals"] if end >= target["seq"] else start["removals"]
+        return offset
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        bounds = self._bounds()
-        return {"seq": bounds[1] + 1} if bounds else None
+        newest = self._newest()
+        if newest is None:
+            return None
+        del newest["first"]
+        return newest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        if end["seq"] <= start["seq"]:
-            return []
-        return _plan(self.options, self.store, start["seq"], end["seq"] - 1)
+        parts: list[InputPartition] = []
+        if end["seq"] > start["seq"]:
+            parts += _plan(self.options, self.store, start["seq"], end["seq"] - 1)
+        if "removals" in start:
+            parts += _removals(self.options, self.store, start["removals"], end["removals"])
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)

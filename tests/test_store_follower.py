@@ -10,7 +10,15 @@ from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.files import live_files
 from storage_delta.read.follower import StoreFollower
 from storage_delta.tables.catalog import CatalogTable
-from storage_delta.tables.removals import Removal, RemovalLog, load_stream_states
+from storage_delta.tables.removals import (
+    Removal,
+    RemovalLog,
+    compact_removals,
+    load_stream_states,
+    recorded_at,
+    recorded_between,
+    removals_version,
+)
 
 CREATED = 1_700_000_000_000_000_000
 
@@ -59,3 +67,28 @@ def test_follows_new_commits_tables_and_removals(tmp_path: Path) -> None:
     catalog.put("stream", "A", "A", None)  # deleted: gone from the logical view
     _same_as_fresh(follower, root, "A")
     assert "A" not in follower.states()
+
+
+def test_the_removal_log_feed_skips_its_fold(tmp_path: Path) -> None:
+    # What a change feed reads of the removal log: each append's rows once; a fold (the removals
+    # job) changes no data and adds nothing to the feed, while a snapshot after it holds every range.
+    root = StoreRoot(str(tmp_path))
+    CatalogTable(root).put("stream", "A", "A", {"created": CREATED})
+    log = RemovalLog(root)
+    log.append([Removal("A", CREATED, 1, 3)])
+    first = removals_version(root)
+    log.append([Removal("A", CREATED, 4, 9), Removal("A", CREATED, 20, 20)])
+    appended = removals_version(root)
+    got = recorded_between(root, first, appended)
+    assert list(zip(got["first"].to_pylist(), got["last"].to_pylist(), strict=True)) == [(4, 9), (20, 20)]
+    assert recorded_at(root, first)["first"].to_pylist() == [1]
+
+    assert compact_removals(root).files_after == 1
+    folded = removals_version(root)
+    assert folded > appended
+    assert recorded_between(root, appended, folded).num_rows == 0
+    snapshot = recorded_at(root, folded)
+    assert sorted(zip(snapshot["first"].to_pylist(), snapshot["last"].to_pylist(), strict=True)) == [
+        (1, 9),
+        (20, 20),
+    ]

@@ -262,6 +262,15 @@ def open_existing(root: StoreRoot, name: str) -> DeltaTable | None:
     return _load(uri, opts)
 
 
+def open_version(root: StoreRoot, name: str, version: int) -> DeltaTable | None:
+    """Table ``name`` as of ``version``: a replayed read sees what the first one saw."""
+    uri = root.table_uri(name)
+    opts = dict(root.storage_options) if root.storage_options else None
+    if not DeltaTable.is_deltatable(uri, storage_options=opts):
+        return None
+    return retry_listing(lambda: DeltaTable(uri, version=version, storage_options=opts))
+
+
 def file_stats(table: pa.Table) -> str:
     """Delta file statistics (min/max/nulls of the numeric columns) so readers prune by sequence."""
     mins: dict[str, Any] = {}

@@ -60,6 +60,11 @@ class StoreFollower:
             self._files = (key, live_files_of(dt, stream))
         return self._files[1]
 
+    def removals_version(self) -> int:
+        """The removal log's newest version (-1: no log yet)."""
+        dt = self._newest(sch.REMOVALS)
+        return -1 if dt is None else dt.version()
+
     def states(self) -> dict[str, StreamLogicalState]:
         """Every live stream's logical state at the catalog's and the removal log's newest versions.
         Called after :meth:`files`, so every listed row's removal is already known."""

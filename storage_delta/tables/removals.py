@@ -18,18 +18,23 @@ import json
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from urllib.parse import unquote
 
 import pyarrow as pa
+from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.store import (
     StoreRoot,
     checkpoint_table,
     open_existing,
+    open_version,
     write_data_file,
 )
 from storage_delta.format import schema as sch
+from storage_delta.format.integrity import read_verified
 from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
 
 APP_ID = "jetlake-removals"
@@ -161,6 +166,36 @@ def stream_states_of(live: Mapping[str, int], removals: pa.Table | None) -> dict
     return states
 
 
+def removals_version(root: StoreRoot) -> int:
+    """The removal log's newest version (-1: no log yet)."""
+    dt = open_existing(root, sch.REMOVALS)
+    return -1 if dt is None else dt.version()
+
+
+def recorded_at(root: StoreRoot, version: int) -> pa.Table:
+    """Every row of the removal log's ``version`` (none for -1)."""
+    dt = None if version < 0 else open_version(root, sch.REMOVALS, version)
+    return sch.REMOVALS_SCHEMA.empty_table() if dt is None else dt.to_pyarrow_table()
+
+
+def recorded_between(root: StoreRoot, after: int, through: int) -> pa.Table:
+    """The rows the removal log gained in versions ``after`` + 1 to ``through``: the files those
+    commits add as a change of data (a fold adds its file with ``dataChange`` false: no removal).
+    Read from the log entries themselves, which the log keeps for its retention (30 days)."""
+    fs, base = root.filesystem()
+    log_dir = f"{base}/{sch.REMOVALS}/_delta_log"
+    parts = [sch.REMOVALS_SCHEMA.empty_table()]
+    for version in range(after + 1, through + 1):
+        with fs.open_input_stream(commit_path(log_dir, version)) as fh:
+            lines = fh.read().decode().splitlines()
+        for line in lines:
+            add = json.loads(line).get("add") if line.strip() else None
+            if add is not None and add.get("dataChange", True):
+                full = f"{base}/{sch.REMOVALS}/{unquote(add['path'])}"
+                parts.append(read_verified(fs, full, None, sch.REMOVALS_SCHEMA))
+    return pa.concat_tables(parts)
+
+
 def fold_removals(table: pa.Table, live: Mapping[str, int]) -> pa.Table:
     """The rows of ``table`` (the removals schema) that :func:`load_stream_states` would use, each
     live stream's ranges merged; a merged row keeps the newest ``ts`` of the rows it stands for.
@@ -213,8 +248,17 @@ def compact_removals(root: StoreRoot) -> RemovalCompaction:
     unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
     if files.num_rows <= 1 and folded.num_rows == table.num_rows:
         return unchanged
-    removes = removes_of(files)
-    adds = [write_data_file(root, sch.REMOVALS, {}, folded)] if folded.num_rows else []
+    # The fold records no removal (``dataChange`` false): a change feed that follows the log's new
+    # rows (:func:`recorded_between`, Delta's own streaming source) skips it.
+    removes = [
+        RemoveAction(r.path, False, r.deletion_timestamp, r.size, r.partition_values)
+        for r in removes_of(files)
+    ]
+    adds = (
+        [replace(write_data_file(root, sch.REMOVALS, {}, folded), data_change=False)]
+        if folded.num_rows
+        else []
+    )
     if not swap_actions(root, sch.REMOVALS, sch.REMOVALS_SCHEMA, [], removes, adds):
         delete_unreferenced(root, adds, sch.REMOVALS)
         return unchanged
