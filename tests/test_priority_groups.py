@@ -305,6 +305,22 @@ PULLS: list[tuple[str, dict[str, Any], int, list[Step]]] = [
             ("got", "p5", 1),
         ],
     ),
+    # prioritized: requests of one priority take a message each in turn, before a lower priority
+    (
+        "prioritized_turns",
+        PRIORITIZED,
+        0,
+        [
+            ("req", "first", pull(group="A", priority=1, batch=2, expires=2 * S)),
+            ("req", "second", pull(group="A", priority=1, batch=2, expires=2 * S)),
+            ("req", "low", pull(group="A", priority=2, expires=2 * S)),
+            ("sleep", 0.2),
+            ("pub", 5),
+            ("got", "first", 2),
+            ("got", "second", 2),
+            ("got", "low", 1),
+        ],
+    ),
     # prioritized: a JSON pull without a group is a 400; within a priority the oldest first; a
     # pull that is not JSON (no priority) after every priority
     (

@@ -95,6 +95,8 @@ def _served(consumer: Consumer, req: PullRequest, count: int, size: int, now: in
         req.next_heartbeat_ns = now + req.heartbeat_ns
     if req.delivered >= req.batch:
         consumer.waiting.finish(req)
+    elif priority.take_turns(consumer):
+        consumer.waiting.requeue(req)
 
 
 class Delivery:
@@ -274,10 +276,10 @@ class Delivery:
     @staticmethod
     def _runs(consumer: Consumer, req: PullRequest | None) -> bool:
         """Whether deliveries may go out as runs: nothing is paced, sized against a request's
-        ``max_bytes``, served only while enough is pending (overflow) or counted for flow control
-        per message."""
+        ``max_bytes``, served only while enough is pending (overflow), taking turns with others
+        (prioritized) or counted for flow control per message."""
         if req is not None:
-            return not req.max_bytes and not priority.gated(req)
+            return not (req.max_bytes or priority.gated(req) or priority.take_turns(consumer))
         cfg = consumer.config
         paced = cfg.rate_limit_bps or cfg.replay_policy == "original"
         return not (paced or cfg.flow_control)

@@ -116,6 +116,11 @@ class PullRequestQueue:
     def pop(self) -> PullRequest:
         return self._q.popleft()
 
+    def requeue(self, req: PullRequest) -> None:
+        """``req`` goes behind the others of its priority (``prioritized``: they take turns)."""
+        self.finish(req)
+        self.push_prioritized(req)
+
     def holds(self, req: PullRequest) -> bool:
         q = self._q
         return bool(q) and (q[0] is req or any(r is req for r in q))

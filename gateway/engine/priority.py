@@ -11,7 +11,8 @@ Pure rules over a consumer's waiting queue and its pin, as the server has them
   ``423 Nats-Wrong-Pin-Id`` when a message is to be delivered). Every delivery carries
   ``Nats-Pin-Id``. The pin lapses ``priority_timeout`` after it was given or after its holder's
   last pull (an UNPINNED advisory, reason ``timeout``), or goes with CONSUMER.UNPIN (``admin``).
-* ``prioritized``: requests queue by ``priority``, 0 first (see ``PullRequestQueue``).
+* ``prioritized``: requests queue by ``priority``, 0 first (see ``PullRequestQueue``); requests of
+  one priority take a message each in turn.
 
 Requests whose body is not JSON have no priority group: the server checks nothing of them and, on
 a ``pinned_client`` consumer without a pin, serves them without giving a pin (``Nats-Pin-Id`` empty).
@@ -68,6 +69,12 @@ def enqueue(consumer: Consumer, req: PullRequest) -> None:
 def selective(consumer: Consumer) -> bool:
     """Whether the next message may skip the oldest waiting request (a pin, or overflow limits)."""
     return consumer.pin is not None or consumer.config.priority_policy in ("pinned_client", "overflow")
+
+
+def take_turns(consumer: Consumer) -> bool:
+    """``prioritized``: while several requests wait, those of one priority get a message each in
+    turn (the server's ``popAndRequeue``), so each message is given on its own."""
+    return consumer.config.priority_policy == "prioritized" and len(consumer.waiting) > 1
 
 
 def gated(req: PullRequest) -> bool:
