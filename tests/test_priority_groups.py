@@ -226,6 +226,9 @@ PULLS: list[tuple[str, dict[str, Any], int, list[Step]]] = [
             ("got", "other", 1),
         ],
     ),
+    # max_bytes counts a delivery before its Nats-Pin-Id is added: two fit in 250 bytes, the third
+    # ends the request with a 409
+    ("pinned_max_bytes", PINNED, 3, [("pull", pull(group="A", batch=5, max_bytes=250), 4)]),
     # UNPIN: the pin goes (UNPINNED, reason admin); the old id is refused, the next puller gets a new pin
     (
         "unpin_moves_pin",

@@ -349,6 +349,8 @@ class Delivery:
             data, hdrs = msg.data, msg.hdrs
             if headers_only:
                 data, hdrs = b"", _with_header(hdrs, "Nats-Msg-Size", str(len(data)))
+            # max_bytes counts the message before its pin is added, as the server sizes it
+            size += len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
             if pin is not None:
                 hdrs = _with_header(hdrs, "Nats-Pin-Id", pin)
             hdr_len = len(hdrs) if hdrs else 0
@@ -357,7 +359,6 @@ class Delivery:
                 add(hdrs)
             add(data)
             add(CRLF)
-            size += len(msg.subject) + len(token) + len(data) + hdr_len
         self.leaf.publish_frames(parts)
         if consumer.is_push:
             consumer.watch.last_sent_ns = now_ns()
