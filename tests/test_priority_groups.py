@@ -229,6 +229,14 @@ PULLS: list[tuple[str, dict[str, Any], int, list[Step]]] = [
     # max_bytes counts a delivery before its Nats-Pin-Id is added: two fit in 250 bytes, the third
     # ends the request with a 409
     ("pinned_max_bytes", PINNED, 3, [("pull", pull(group="A", batch=5, max_bytes=250), 4)]),
+    # a request given the pin for a message too big for its max_bytes gets a 409 and gives the pin
+    # back (no UNPINNED); the next puller gets a new one
+    (
+        "pinned_too_big_gives_pin_back",
+        PINNED,
+        2,
+        [("pull", pull(group="A", max_bytes=10), 1), ("info",), ("pull", pull(group="A"), 1), ("info",)],
+    ),
     # UNPIN: the pin goes (UNPINNED, reason admin); the old id is refused, the next puller gets a new pin
     (
         "unpin_moves_pin",

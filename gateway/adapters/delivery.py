@@ -268,6 +268,7 @@ class Delivery:
         if not consumer.waiting.holds(req):
             return True
         if req.max_bytes and _size(msg, consumer) > req.max_bytes - req.bytes_sent:
+            priority.too_big(consumer, req)
             consumer.waiting.finish(req)
             self._send_status(too_big_status(req))
             return True

@@ -78,6 +78,8 @@ class Pin:
     group: str
     since_ns: int
     expires_ns: int
+    #: the request it was given to (which gives it back if its first message is too big for it)
+    taker: PullRequest | None = None
 
 
 #: Where a request without a priority group queues on a ``prioritized`` consumer: last.

@@ -118,7 +118,7 @@ def _pinned(consumer: Consumer, req: PullRequest, now: int, events: list[tuple[s
         if pg is not None and pg.id:
             return False  # the id of a pin that lapsed or was taken away
         if pg is not None and pg.group:
-            pin = consumer.pin = Pin(advisories.new_id(), pg.group, now, now + cfg.priority_timeout)
+            pin = consumer.pin = Pin(advisories.new_id(), pg.group, now, now + cfg.priority_timeout, req)
             pg.id = pin.id
             events.append(advisories.pinned(consumer.stream.name, consumer.name, pg.group, pin.id, now))
         return True
@@ -136,6 +136,14 @@ def _overflows(consumer: Consumer, req: PullRequest) -> bool:
     seq = consumer.next_seq()
     pending = consumer.num_pending() + (1 if seq is not None and seq in consumer.pending else 0)
     return (0 < pg.min_pending <= pending) or (0 < pg.min_ack_pending <= len(consumer.pending))
+
+
+def too_big(consumer: Consumer, req: PullRequest) -> None:
+    """The message is too big for the request's ``max_bytes`` (it ends with a 409): a request that
+    was given the pin for this very message gives it back, without an advisory, as on the server."""
+    pin = consumer.pin
+    if pin is not None and pin.taker is req and not req.delivered:
+        consumer.pin = None
 
 
 def lapse(consumer: Consumer, now: int) -> tuple[str, bytes] | None:
