@@ -206,6 +206,18 @@ PULLS: list[tuple[str, dict[str, Any], int, list[Step]]] = [
             ("info",),
         ],
     ),
+    # a no_wait pull that must wait for the pin ends with 404 (without expires) or 408 (with)
+    (
+        "no_wait_while_pinned",
+        PINNED,
+        2,
+        [
+            ("pull", pull(group="A"), 1),
+            ("pull", {"batch": 1, "group": "A", "no_wait": True}, 1),
+            ("pull", pull(group="A", no_wait=True), 1),
+            ("info",),
+        ],
+    ),
     # an id before any pin: 423 Nats-Wrong-Pin-Id with the pending counts, when a message is there to give
     ("id_before_any_pin", PINNED, 1, [("pull", pull(group="A", id="stale", batch=3), 1), ("info",)]),
     # a pull that is not JSON has no group: served with an empty Nats-Pin-Id, and no pin is given
@@ -281,6 +293,16 @@ PULLS: list[tuple[str, dict[str, Any], int, list[Step]]] = [
         OVERFLOW,
         3,
         [("pull", pull(group="A", min_pending=4), 1), ("pull", pull(group="A", min_pending=3), 1), ("info",)],
+    ),
+    # overflow: a no_wait pull whose limits are not met ends with 404 (without expires) or 408 (with)
+    (
+        "overflow_no_wait",
+        OVERFLOW,
+        2,
+        [
+            ("pull", {"batch": 1, "group": "A", "no_wait": True, "min_pending": 5}, 1),
+            ("pull", pull(group="A", no_wait=True, min_ack_pending=5), 1),
+        ],
     ),
     # overflow: a batch with min_pending is served only while enough stays pending, then times out
     ("overflow_batch_stops", OVERFLOW, 4, [("pull", pull(group="A", batch=4, min_pending=3), 3)]),

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from gateway.api import advisories
 from gateway.api.pull import (
+    NO_MESSAGES,
     PIN_ID_MISMATCH,
     PullRequest,
     Status,
@@ -87,7 +88,8 @@ def gated(req: PullRequest) -> bool:
 def choose(consumer: Consumer, now: int) -> Choice:
     """The request the next message goes to, when the consumer has one to deliver. Expired
     requests on the way get their 408, requests naming a pin that is not the consumer's their 423;
-    the first request that may take a pin when there is none gets one."""
+    the first request that may take a pin when there is none gets one. When none may take it,
+    ``no_wait`` requests end with 404."""
     refused: list[Status] = []
     events: list[tuple[str, bytes]] = []
     waiting = consumer.waiting
@@ -104,6 +106,11 @@ def choose(consumer: Consumer, now: int) -> Choice:
         if verdict is None or not _overflows(consumer, req):
             continue
         return Choice(req, refused, events)
+    # none may take it: a no_wait request is done, unless it still has time to wait (as when the
+    # stream has nothing more for it)
+    for req in [r for r in waiting if r.no_wait and (r.delivered or not r.expires_at_ns)]:
+        waiting.finish(req)
+        refused.append(Status(req.reply, *NO_MESSAGES))
     return Choice(None, refused, events)
 
 
