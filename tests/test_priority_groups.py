@@ -388,6 +388,19 @@ class Run:
         self.published = 0
         self.events: list[dict[str, Any]] = []
 
+    @classmethod
+    async def start(cls, nc: Client, name: str, config: dict[str, Any], stored: int) -> Run:
+        """A stream ``name`` with ``stored`` messages and consumer ``c`` with ``config``, its
+        advisories followed."""
+        run = cls(nc, name)
+        await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.*.{name}.c", cb=run.on_event)
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"]})
+        cfg = {"durable_name": "c", "ack_policy": "explicit", **config}
+        created = await api(nc, f"CONSUMER.CREATE.{name}.c", {"stream_name": name, "config": cfg})
+        assert "error" not in created, created
+        await run.publish(stored)
+        return run
+
     def pin_name(self, pin: str) -> str:
         if not pin:
             return ""
@@ -476,13 +489,7 @@ async def test_priority_pulls(
     targets: dict[str, str], unique: str, label: str, config: dict[str, Any], stored: int, steps: list[Step]
 ) -> None:
     async def case(nc: Client, name: str) -> Any:
-        run = Run(nc, name)
-        await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.*.{name}.c", cb=run.on_event)
-        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"]})
-        cfg = {"durable_name": "c", "ack_policy": "explicit", **config}
-        created = await api(nc, f"CONSUMER.CREATE.{name}.c", {"stream_name": name, "config": cfg})
-        assert "error" not in created, created
-        await run.publish(stored)
+        run = await Run.start(nc, name, config, stored)
         seen = [await run.step(step) for step in steps]
         await nc.flush()
         await asyncio.sleep(0.1)  # the last advisories
@@ -501,12 +508,7 @@ async def test_pin_lapses_after_priority_timeout(targets: dict[str, str], unique
     is refused and the next puller gets a new pin."""
 
     async def case(nc: Client, name: str) -> Any:
-        run = Run(nc, name)
-        await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.*.{name}.c", cb=run.on_event)
-        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name.lower()}.>"]})
-        cfg = {"durable_name": "c", "ack_policy": "explicit", **PINNED, "priority_timeout": S}
-        await api(nc, f"CONSUMER.CREATE.{name}.c", {"stream_name": name, "config": cfg})
-        await run.publish(4)
+        run = await Run.start(nc, name, {**PINNED, "priority_timeout": S}, 4)
         seen = [await run.step(("pull", pull(group="A", expires=100 * MS), 1))]
         await asyncio.sleep(0.7)
         seen.append(await run.step(("pull", pull(group="A", id="PIN", expires=100 * MS), 1)))
@@ -537,11 +539,7 @@ async def test_pins_do_not_outlive_a_restart(tmp_path: Path, own_jetlake: Jetlak
         results: dict[str, Any] = {}
         for target, server in servers.items():
             nc = await nats.connect(server.url)
-            run = Run(nc, "RESTART")
-            await api(nc, "STREAM.CREATE.RESTART", {"name": "RESTART", "subjects": ["restart.>"]})
-            cfg = {"durable_name": "c", "ack_policy": "explicit", **PINNED}
-            await api(nc, "CONSUMER.CREATE.RESTART.c", {"stream_name": "RESTART", "config": cfg})
-            await run.publish(3)
+            run = await Run.start(nc, "RESTART", PINNED, 3)
             before = [await run.step(("pull", pull(group="A"), 1)), await run.info()]
             await nc.close()
             if isinstance(server, Jetlake):
