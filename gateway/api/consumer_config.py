@@ -46,6 +46,7 @@ PRIORITY_POLICIES = ("none", "overflow", "pinned_client", "prioritized")
 #: How long a ``pinned_client`` pin lasts without a pull from its holder, unless set (the server's
 #: ``JsDefaultPinnedTTL``).
 DEFAULT_PRIORITY_TIMEOUT_NS = 120_000_000_000
+_PRIORITY_FIELDS = ("priority_policy", "priority_groups", "priority_timeout")
 #: A priority group's name (``validGroupName``), in configs, pull requests and CONSUMER.UNPIN.
 GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
 
@@ -171,17 +172,18 @@ def _check_filters(raw: dict[str, Any]) -> list[str]:
     return filters
 
 
-def _req_level(pause_until: str, ack_policy: str, priority_policy: str) -> str:
+def _req_level(pause_until: str, ack_policy: str, priority: bool) -> str:
     """``_nats.req.level``: the API level the config needs (ADR-44); a pause and priority groups
     came with level 1."""
     if ack_policy == "flow_control":
         return "4"
-    return "1" if pause_until or priority_policy not in ("", "none") else "0"
+    return "1" if pause_until or priority else "0"
 
 
 def with_pause(cfg: ConsumerConfig, until: str) -> ConsumerConfig:
     """The config after ``CONSUMER.PAUSE``: ``pause_until`` set or cleared, the level to match."""
-    level = _req_level(until, cfg.ack_policy, cfg.priority_policy)
+    priority = bool(cfg.priority_policy or cfg.priority_groups or cfg.priority_timeout)
+    level = _req_level(until, cfg.ack_policy, priority)
     return replace(cfg, pause_until=until, metadata={**cfg.metadata, "_nats.req.level": level})
 
 
@@ -392,6 +394,8 @@ def normalize(
     limits = stream.consumer_limits if stream else ConsumerLimits()
     if pedantic:
         _check_pedantic(raw, limits)
+    # the server sets the required API level from the config as sent: a negative timeout counts
+    priority = any(raw.get(k) not in (None, "", "none", 0, []) for k in _PRIORITY_FIELDS)
     raw = _fit(raw)
     if int(raw.get("num_replicas") or 0) > 1:
         raise errors.STREAM_REPLICAS_NOT_SUPPORTED
@@ -409,7 +413,7 @@ def normalize(
         **_limit_fields(raw, ack_policy, limits),
         "num_replicas": int(raw.get("num_replicas") or 0),
         **_storage_fields(raw),
-        "metadata": _metadata(raw, ack_policy, server_version),
+        "metadata": _metadata(raw, ack_policy, priority, server_version),
         **({"pause_until": raw["pause_until"]} if raw.get("pause_until") else {}),
         **_priority_fields(raw),
     }
@@ -514,9 +518,9 @@ def _storage_fields(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _metadata(raw: dict[str, Any], ack_policy: str, server_version: str) -> dict[str, str]:
+def _metadata(raw: dict[str, Any], ack_policy: str, priority: bool, server_version: str) -> dict[str, str]:
     """The user's metadata; the ``_nats.`` keys are the server's to set."""
-    req_level = _req_level(str(raw.get("pause_until") or ""), ack_policy, _policy(raw, "priority_policy", ""))
+    req_level = _req_level(str(raw.get("pause_until") or ""), ack_policy, priority)
     metadata = {k: v or "" for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
     metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
     return metadata
