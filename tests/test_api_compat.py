@@ -227,8 +227,7 @@ async def test_pedantic_consumer_create(targets: dict[str, str], unique: str) ->
         await stream(nc, limited, consumer_limits={"max_ack_pending": 50, "inactive_threshold": 10 * S})
         out: dict[str, Any] = {}
         for i, cfg in enumerate(PEDANTIC_CONSUMERS):
-            # not pedantic, a negative priority_timeout differs: priority groups are not built
-            for pedantic in (True, False) if "priority_timeout" not in cfg else (True,):
+            for pedantic in (True, False):
                 body = {"stream_name": name, "pedantic": pedantic, "config": {"durable_name": f"c{i}", **cfg}}
                 answer = await api(nc, f"CONSUMER.CREATE.{name}.c{i}", body)
                 out[f"{cfg} {pedantic}"] = answer.get("error") or answer["config"]

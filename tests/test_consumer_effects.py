@@ -158,3 +158,93 @@ def test_push_heartbeat_while_listening_names_an_unanswered_flow_control_request
         100,
         {"Nats-Last-Consumer": "0", "Nats-Last-Stream": "0", "Nats-Consumer-Stalled": request},
     )
+
+
+# ---- priority groups (ADR-42) -----------------------------------------------------------------
+
+PINNED = {"priority_policy": "pinned_client", "priority_groups": ["A"], "priority_timeout": 10 * NS}
+
+
+def _pull(c: Consumer, inbox: str, now: int, **fields: object) -> list[ce.Effect]:
+    return ce.pull_request(c, inbox, json.dumps({"batch": 1, **fields}).encode(), None, now)
+
+
+def _statuses(effects: list[ce.Effect]) -> list[tuple[str, int, str]]:
+    return [(e.status.inbox, e.status.code, e.status.text) for e in effects if isinstance(e, ce.SendStatus)]
+
+
+def test_the_first_puller_of_a_group_gets_the_pin_and_its_lapse_is_the_timers() -> None:
+    # pinned_client: the request without an id is chosen and pinned (PINNED advisory, the timer
+    # woken for the pin's lapse); a later request naming another id is refused on arrival
+    c = _consumer(_stream(2), **PINNED)
+    assert _pull(c, "_INBOX.a", NS, group="A") == [ce.SERVE]
+    req, effects = ce.choose_request(c, NS)
+    assert req is not None
+    assert req.reply == "_INBOX.a"
+    assert c.pin is not None
+    assert _kinds(effects) == ["Advisory", "WakeBy"]
+    assert _event_type(effects[0]) == "io.nats.jetstream.advisory.v1.consumer_group_pinned"
+    assert effects[1] == ce.WakeBy(11 * NS)
+    assert ce.next_due(c, NS) == 11 * NS
+    assert _statuses(_pull(c, "_INBOX.b", 2 * NS, group="A", id="other")) == [
+        ("_INBOX.b", 423, "Nats-Pin-Id mismatch")
+    ]
+
+
+def test_while_pinned_others_wait_and_a_stale_id_is_refused_when_a_message_is_due() -> None:
+    # the holder's request is chosen over an older one without an id; a request that named a pin
+    # before there was one is refused with the pending counts once a message is due
+    c = _consumer(_stream(3), **PINNED)
+    _pull(c, "_INBOX.stale", 0, group="A", id="gone", batch=2)
+    _pull(c, "_INBOX.first", 0, group="A")
+    req, effects = ce.choose_request(c, 0)
+    assert req is not None
+    assert req.reply == "_INBOX.first"
+    assert c.pin is not None
+    assert _statuses(effects) == [("_INBOX.stale", 423, "Nats-Wrong-Pin-Id")]
+    c.waiting.finish(req)
+    _pull(c, "_INBOX.nopin", NS, group="A")
+    _pull(c, "_INBOX.holder", NS, group="A", id=c.pin.id)
+    req, _ = ce.choose_request(c, NS)
+    assert req is not None
+    assert req.reply == "_INBOX.holder"
+
+
+def test_a_pin_lapses_after_the_timeout_unless_its_holder_pulls() -> None:
+    # a pull naming the pin keeps it another priority_timeout; without one it lapses (UNPINNED)
+    c = _consumer(_stream(2), **PINNED)
+    _pull(c, "_INBOX.a", 0, group="A")
+    ce.choose_request(c, 0)
+    assert c.pin is not None
+    _pull(c, "_INBOX.a2", 5 * NS, group="A", id=c.pin.id)
+    assert not [e for e in ce.tick(c, _listening("_INBOX.a2"), 12 * NS) if isinstance(e, ce.Advisory)]
+    lapsed = [e for e in ce.tick(c, _listening("_INBOX.a2"), 15 * NS) if isinstance(e, ce.Advisory)]
+    assert [json.loads(e.payload)["reason"] for e in lapsed] == ["timeout"]
+    assert c.pin is None
+
+
+def test_overflow_waits_until_enough_is_pending() -> None:
+    # overflow: min_pending above num_pending passes the request over; at it, it is served
+    c = _consumer(_stream(3), priority_policy="overflow", priority_groups=["A"])
+    _pull(c, "_INBOX.four", 0, group="A", min_pending=4)
+    assert ce.choose_request(c, 0) == (None, [])
+    _pull(c, "_INBOX.three", 0, group="A", min_pending=3)
+    req, _ = ce.choose_request(c, 0)
+    assert req is not None
+    assert req.reply == "_INBOX.three"
+
+
+def test_prioritized_requests_queue_by_priority() -> None:
+    # prioritized: 0 first, the oldest first within a priority, a request without a group last
+    c = _consumer(_stream(0), priority_policy="prioritized", priority_groups=["A"])
+    for inbox, prio in (("_INBOX.p5", 5), ("_INBOX.p1", 1), ("_INBOX.p1b", 1)):
+        _pull(c, inbox, 0, group="A", priority=prio, expires=NS)
+    ce.pull_request(c, "_INBOX.bare", b"1", None, 0)
+    _pull(c, "_INBOX.p0", 0, group="A", expires=NS)
+    assert [r.reply for r in c.waiting] == [
+        "_INBOX.p0",
+        "_INBOX.p1",
+        "_INBOX.p1b",
+        "_INBOX.p5",
+        "_INBOX.bare",
+    ]

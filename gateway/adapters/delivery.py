@@ -40,7 +40,7 @@ from gateway.api.pull import (
 )
 from gateway.api.timefmt import now_ns
 from gateway.engine import consumer_effects as ce
-from gateway.engine import retention
+from gateway.engine import priority, retention
 from gateway.engine.consumer import Consumer, Delivered
 from gateway.engine.flow_control import FlowControl
 from gateway.engine.stream import Stream
@@ -94,7 +94,9 @@ def _served(consumer: Consumer, req: PullRequest, count: int, size: int, now: in
     if req.heartbeat_ns:
         req.next_heartbeat_ns = now + req.heartbeat_ns
     if req.delivered >= req.batch:
-        consumer.waiting.pop()
+        consumer.waiting.finish(req)
+    elif priority.take_turns(consumer):
+        consumer.waiting.requeue(req)
 
 
 class Delivery:
@@ -194,8 +196,9 @@ class Delivery:
             self._timers.earlier(consumer, (consumer.watch.last_seen_ns or now) + threshold + 1)
 
     def _target(self, consumer: Consumer, now: int) -> tuple[str, PullRequest | None] | None:
-        """Where the next message goes: the oldest waiting pull request that has time left, or a
-        push consumer's deliver subject while it is bound to a subscriber."""
+        """Where the next message goes: the oldest waiting pull request that has time left (or the
+        one its priority policy picks), or a push consumer's deliver subject while it is bound to
+        a subscriber."""
         if consumer.is_push:
             subject = consumer.config.deliver_subject
             flow = self._flow.get(id(consumer))
@@ -204,7 +207,8 @@ class Delivery:
             return (subject, None) if ce.push_bound(consumer, self.leaf.interest) else None
         for expired in consumer.waiting.expire_head(now):
             self._send_status(timeout_status(expired))
-        req = consumer.waiting.peek()
+        req, effects = ce.choose_request(consumer, now)
+        self._carry_out(consumer, effects)
         return (req.reply, req) if req is not None else None
 
     async def _serve(self, consumer: Consumer, key: int) -> None:
@@ -222,7 +226,7 @@ class Delivery:
                     if seq is None:
                         # no_wait ends with 404 once it ran dry; with expires, an empty start waits
                         if req is not None and req.no_wait and (req.delivered or not req.expires_at_ns):
-                            consumer.waiting.pop()
+                            consumer.waiting.finish(req)
                             self._send_status(Status(req.reply, *NO_MESSAGES))
                             continue
                         return
@@ -261,10 +265,11 @@ class Delivery:
     def _request_over(self, consumer: Consumer, req: PullRequest, msg: StoredMessage) -> bool:
         """Whether the pull request takes no more: it expired or went away while the message was
         read, or the message would overrun its ``max_bytes`` (then it ends with a 409)."""
-        if consumer.waiting.peek() is not req:
+        if not consumer.waiting.holds(req):
             return True
         if req.max_bytes and _size(msg, consumer) > req.max_bytes - req.bytes_sent:
-            consumer.waiting.pop()
+            priority.too_big(consumer, req)
+            consumer.waiting.finish(req)
             self._send_status(too_big_status(req))
             return True
         return False
@@ -272,9 +277,10 @@ class Delivery:
     @staticmethod
     def _runs(consumer: Consumer, req: PullRequest | None) -> bool:
         """Whether deliveries may go out as runs: nothing is paced, sized against a request's
-        ``max_bytes`` or counted for flow control per message."""
+        ``max_bytes``, served only while enough is pending (overflow), taking turns with others
+        (prioritized) or counted for flow control per message."""
         if req is not None:
-            return not req.max_bytes
+            return not (req.max_bytes or priority.gated(req) or priority.take_turns(consumer))
         cfg = consumer.config
         paced = cfg.rate_limit_bps or cfg.replay_policy == "original"
         return not (paced or cfg.flow_control)
@@ -333,6 +339,7 @@ class Delivery:
         pull request's ``max_bytes`` counts for them."""
         stream, name = consumer.stream.name, consumer.name
         headers_only = consumer.config.headers_only
+        pin = None if consumer.is_push else priority.pin_header(consumer)
         group = consumer.config.deliver_group if consumer.is_push else None
         queues = (group,) if group else ()
         parts: list[bytes] = []
@@ -342,14 +349,17 @@ class Delivery:
             token = acks.ack_subject(stream, name, d.deliveries, d.seq, d.cseq, msg.ts, d.pending)
             data, hdrs = msg.data, msg.hdrs
             if headers_only:
-                data, hdrs = b"", _with_size_header(hdrs, len(data))
+                data, hdrs = b"", _with_header(hdrs, "Nats-Msg-Size", str(len(data)))
+            # max_bytes counts the message before its pin is added, as the server sizes it
+            size += len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
+            if pin is not None:
+                hdrs = _with_header(hdrs, "Nats-Pin-Id", pin)
             hdr_len = len(hdrs) if hdrs else 0
             add(msg_head(inbox, f"{token}@{msg.subject}", len(data), hdr_len, queues))
             if hdrs:
                 add(hdrs)
             add(data)
             add(CRLF)
-            size += len(msg.subject) + len(token) + len(data) + hdr_len
         self.leaf.publish_frames(parts)
         if consumer.is_push:
             consumer.watch.last_sent_ns = now_ns()
@@ -559,8 +569,8 @@ def _size(msg: StoredMessage, consumer: Consumer) -> int:
     return len(msg.subject) + len(token) + len(msg.data) + (len(msg.hdrs) if msg.hdrs else 0)
 
 
-def _with_size_header(hdrs: bytes | None, size: int) -> bytes:
-    """``headers_only``: the stored headers plus ``Nats-Msg-Size``."""
-    if not hdrs:
-        return f"NATS/1.0\r\nNats-Msg-Size: {size}\r\n\r\n".encode()
-    return hdrs[:-2] + f"Nats-Msg-Size: {size}\r\n\r\n".encode()
+def _with_header(hdrs: bytes | None, name: str, value: str) -> bytes:
+    """The stored headers plus one the delivery adds (``Nats-Msg-Size`` for ``headers_only``,
+    ``Nats-Pin-Id``), last, as the server's ``genHeader`` adds it."""
+    line = f"{name}: {value}\r\n\r\n".encode()
+    return hdrs[:-2] + line if hdrs else b"NATS/1.0\r\n" + line

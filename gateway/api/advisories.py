@@ -13,18 +13,20 @@ from typing import Any
 from gateway.api.timefmt import rfc3339
 
 ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER"
+ACCOUNT = "$G"  # the only account jetlake serves: the leaf link's
 _T = "io.nats.jetstream.advisory.v1."
 _ALPHABET = string.ascii_letters + string.digits
 
 
-def _event_id() -> str:
+def new_id() -> str:
+    """A random id of the length and alphabet of the server's nuids (advisory ids, pins)."""
     return "".join(secrets.choice(_ALPHABET) for _ in range(22))
 
 
 def _event(
     subject: str, kind: str, stream: str, consumer: str | None, now_ns: int, **fields: Any
 ) -> tuple[str, bytes]:
-    body = {"type": kind, "id": _event_id(), "timestamp": rfc3339(now_ns), "stream": stream}
+    body = {"type": kind, "id": new_id(), "timestamp": rfc3339(now_ns), "stream": stream}
     if consumer is not None:
         body["consumer"] = consumer
     body.update(fields)
@@ -95,6 +97,35 @@ def pause(stream: str, consumer: str, paused: bool, until: str, now_ns: int) -> 
     return _consumer_event(
         "PAUSE", "consumer_pause", stream, consumer, now_ns, paused=paused, pause_until=until
     )
+
+
+def pinned(stream: str, consumer: str, group: str, pin_id: str, now_ns: int) -> tuple[str, bytes]:
+    """A ``pinned_client`` consumer gave its pin to a puller of ``group``."""
+    return _group_event("PINNED", "consumer_group_pinned", stream, consumer, now_ns, group, pinned_id=pin_id)
+
+
+def unpinned(stream: str, consumer: str, group: str, reason: str, now_ns: int) -> tuple[str, bytes]:
+    """The pin went: ``reason`` is ``timeout`` (no pull from its holder within
+    ``priority_timeout``) or ``admin`` (CONSUMER.UNPIN, whether or not there was a pin)."""
+    return _group_event("UNPINNED", "consumer_group_unpinned", stream, consumer, now_ns, group, reason=reason)
+
+
+def _group_event(
+    what: str, kind: str, stream: str, consumer: str, now_ns: int, group: str, **fields: Any
+) -> tuple[str, bytes]:
+    """The priority group advisories name the account (jetlake serves the leaf link's one, as
+    ``$JS.API.INFO`` does) before the stream."""
+    body = {
+        "type": _T + kind,
+        "id": new_id(),
+        "timestamp": rfc3339(now_ns),
+        "account": ACCOUNT,
+        "stream": stream,
+        "consumer": consumer,
+        "group": group,
+        **fields,
+    }
+    return f"{ADVISORY}.{what}.{stream}.{consumer}", json.dumps(body, separators=(",", ":")).encode()
 
 
 def ack_sample(

@@ -111,6 +111,10 @@ class ConsumerConfig:
     mem_storage: bool = field(default=False, metadata=OMIT)
     metadata: Mapping[str, str] = field(default_factory=dict)
     pause_until: str = field(default="", metadata=OMIT)
+    priority_groups: tuple[str, ...] = field(default=(), metadata=OMIT)
+    #: ``overflow``, ``pinned_client`` or ``prioritized``; "" for none, which the server leaves out
+    priority_policy: str = field(default="", metadata=OMIT)
+    priority_timeout: int = field(default=0, metadata=OMIT)
 
     @property
     def filters(self) -> tuple[str, ...]:

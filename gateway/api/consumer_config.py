@@ -43,6 +43,12 @@ DELIVER_POLICIES = ("all", "last", "new", "by_start_sequence", "by_start_time", 
 ACK_POLICIES = ("none", "all", "explicit", "flow_control")
 REPLAY_POLICIES = ("instant", "original")
 PRIORITY_POLICIES = ("none", "overflow", "pinned_client", "prioritized")
+#: How long a ``pinned_client`` pin lasts without a pull from its holder, unless set (the server's
+#: ``JsDefaultPinnedTTL``).
+DEFAULT_PRIORITY_TIMEOUT_NS = 120_000_000_000
+_PRIORITY_FIELDS = ("priority_policy", "priority_groups", "priority_timeout")
+#: A priority group's name (``validGroupName``), in configs, pull requests and CONSUMER.UNPIN.
+GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
 
 #: ``ConsumerConfig`` as the server decodes it, strictly: these fields with these Go types (the
 #: policies are enums that refuse any other value, ``null`` too).
@@ -166,16 +172,18 @@ def _check_filters(raw: dict[str, Any]) -> list[str]:
     return filters
 
 
-def _req_level(pause_until: str, ack_policy: str) -> str:
-    """``_nats.req.level``: the API level the config needs (ADR-44)."""
-    if pause_until:
-        return "1"
-    return "4" if ack_policy == "flow_control" else "0"
+def _req_level(pause_until: str, ack_policy: str, priority: bool) -> str:
+    """``_nats.req.level``: the API level the config needs (ADR-44); a pause and priority groups
+    came with level 1."""
+    if ack_policy == "flow_control":
+        return "4"
+    return "1" if pause_until or priority else "0"
 
 
 def with_pause(cfg: ConsumerConfig, until: str) -> ConsumerConfig:
     """The config after ``CONSUMER.PAUSE``: ``pause_until`` set or cleared, the level to match."""
-    level = _req_level(until, cfg.ack_policy)
+    priority = bool(cfg.priority_policy or cfg.priority_groups or cfg.priority_timeout)
+    level = _req_level(until, cfg.ack_policy, priority)
     return replace(cfg, pause_until=until, metadata={**cfg.metadata, "_nats.req.level": level})
 
 
@@ -335,7 +343,28 @@ def _check_config(raw: dict[str, Any], ack_policy: str, stream: StreamConfig | N
     metadata = raw.get("metadata") or {}
     if sum(len(k) + len(v or "") for k, v in metadata.items()) > MAX_METADATA_LEN:
         raise errors.CONSUMER_METADATA_TOO_LONG
+    _check_priority(raw, push)
     return filters
+
+
+def _check_priority(raw: dict[str, Any], push: bool) -> None:
+    """Priority groups (ADR-42): a policy needs groups with valid names and a pull consumer; no
+    policy allows neither groups nor a ``priority_timeout``."""
+    groups = raw.get("priority_groups") or []
+    if _policy(raw, "priority_policy", "none") != "none":
+        if push:
+            raise errors.PRIORITY_GROUPS_WITH_PUSH
+        if not groups:
+            raise errors.PRIORITY_POLICY_WITHOUT_GROUP
+        for group in groups:
+            if not group:
+                raise errors.PRIORITY_GROUP_EMPTY_NAME
+            if not GROUP_NAME.fullmatch(group):
+                raise errors.INVALID_GROUP_NAME
+    elif groups:
+        raise errors.PRIORITY_GROUPS_WITH_POLICY_NONE
+    elif int(raw.get("priority_timeout") or 0) > 0:
+        raise errors.PRIORITY_TIMEOUT_WITH_POLICY_NONE
 
 
 def _check_sample_freq(freq: str) -> None:
@@ -365,6 +394,8 @@ def normalize(
     limits = stream.consumer_limits if stream else ConsumerLimits()
     if pedantic:
         _check_pedantic(raw, limits)
+    # the server sets the required API level from the config as sent: a negative timeout counts
+    priority = any(raw.get(k) not in (None, "", "none", 0, []) for k in _PRIORITY_FIELDS)
     raw = _fit(raw)
     if int(raw.get("num_replicas") or 0) > 1:
         raise errors.STREAM_REPLICAS_NOT_SUPPORTED
@@ -382,8 +413,9 @@ def normalize(
         **_limit_fields(raw, ack_policy, limits),
         "num_replicas": int(raw.get("num_replicas") or 0),
         **_storage_fields(raw),
-        "metadata": _metadata(raw, ack_policy, server_version),
+        "metadata": _metadata(raw, ack_policy, priority, server_version),
         **({"pause_until": raw["pause_until"]} if raw.get("pause_until") else {}),
+        **_priority_fields(raw),
     }
     return from_json(ConsumerConfig, fields)
 
@@ -465,6 +497,18 @@ def _limit_fields(raw: dict[str, Any], ack_policy: str, limits: ConsumerLimits) 
     return out
 
 
+def _priority_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Groups as given, the policy unless none, and ``pinned_client``'s default timeout."""
+    policy = _policy(raw, "priority_policy", "none")
+    if policy == "none":
+        return {}
+    timeout = int(raw.get("priority_timeout") or 0)
+    if policy == "pinned_client" and not timeout:
+        timeout = DEFAULT_PRIORITY_TIMEOUT_NS
+    groups = list(raw["priority_groups"])
+    return {"priority_groups": groups, "priority_policy": policy, "priority_timeout": timeout}
+
+
 def _storage_fields(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if raw.get("direct"):
@@ -474,9 +518,9 @@ def _storage_fields(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _metadata(raw: dict[str, Any], ack_policy: str, server_version: str) -> dict[str, str]:
+def _metadata(raw: dict[str, Any], ack_policy: str, priority: bool, server_version: str) -> dict[str, str]:
     """The user's metadata; the ``_nats.`` keys are the server's to set."""
-    req_level = _req_level(str(raw.get("pause_until") or ""), ack_policy)
+    req_level = _req_level(str(raw.get("pause_until") or ""), ack_policy, priority)
     metadata = {k: v or "" for k, v in (raw.get("metadata") or {}).items() if not k.startswith("_nats.")}
     metadata.update({"_nats.level": "5", "_nats.req.level": req_level, "_nats.ver": server_version})
     return metadata

@@ -64,6 +64,17 @@ CONSUMER_MAX_DELIVER_BACKOFF = ApiError(
 )
 CONSUMER_PUSH_MAX_WAITING = ApiError(400, 10080, "consumer in push mode can not set max waiting")
 CONSUMER_DIRECT_REQUIRES_PUSH = ApiError(400, 10090, "consumer direct requires a push based consumer")
+PRIORITY_POLICY_WITHOUT_GROUP = ApiError(
+    400, 10159, "Setting PriorityPolicy requires at least one PriorityGroup to be set"
+)
+PRIORITY_GROUP_EMPTY_NAME = ApiError(400, 10161, "Group name cannot be an empty string")
+PRIORITY_GROUPS_WITH_PUSH = ApiError(400, 10178, "priority groups can not be used with push consumers")
+PRIORITY_GROUPS_WITH_POLICY_NONE = ApiError(
+    400, 10196, "consumer can not have priority groups when policy is none"
+)
+PRIORITY_TIMEOUT_WITH_POLICY_NONE = ApiError(
+    400, 10197, "PinnedTTL cannot be set when PriorityPolicy is none"
+)
 PRIORITY_GROUP_NOT_FOUND = ApiError(400, 10160, "Provided priority group does not exist for this consumer")
 INVALID_GROUP_NAME = ApiError(
     400, 10162, "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters"

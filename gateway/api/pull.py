@@ -20,8 +20,21 @@ from storage_delta.format.nats import no_responders
 
 
 @dataclass(slots=True)
+class PriorityGroup:
+    """A JSON pull request's priority group fields (ADR-42); ``id`` becomes the pin's once the
+    request is given the pin, so the rest of its batch is served as the pinned client's."""
+
+    group: str
+    min_pending: int
+    min_ack_pending: int
+    id: str
+    priority: int
+
+
+@dataclass(slots=True)
 class PullRequest:
-    """One ``CONSUMER.MSG.NEXT`` request waiting to be served."""
+    """One ``CONSUMER.MSG.NEXT`` request waiting to be served; a JSON body's priority group with
+    it (None for an empty or bare-number body, as the server has none for them)."""
 
     reply: str
     batch: int
@@ -32,6 +45,7 @@ class PullRequest:
     delivered: int = 0
     bytes_sent: int = 0
     next_heartbeat_ns: int = 0
+    priority_group: PriorityGroup | None = None
 
 
 @dataclass(slots=True)
@@ -53,6 +67,15 @@ CONSUMER_DELETED = (409, "Consumer Deleted")
 SIZE_EXCEEDS_MAX_BYTES = (409, "Message Size Exceeds MaxBytes")
 NO_RESPONDERS = (503, "")
 REQUIRED_API_LEVEL = (412, "Required Api Level")
+NOT_OVERFLOW = (400, "Bad Request - Not a Overflow Priority consumer")
+NOT_PINNED_CLIENT = (400, "Bad Request - Not a Pinned Client Priority consumer")
+PRIORITY_OUT_OF_RANGE = (400, "Bad Request - Priority must be between 0 and 9")
+PRIORITY_GROUP_MISSING = (400, "Bad Request - Priority Group missing")
+INVALID_PRIORITY_GROUP = (400, "Bad Request - Invalid Priority Group")
+#: a request naming another pin than the consumer's (when it arrives)
+PIN_ID_MISMATCH = (423, "Nats-Pin-Id mismatch")
+#: the same, found when a message is to be delivered: it counts what the request had left
+WRONG_PIN_ID = (423, "Nats-Wrong-Pin-Id")
 
 
 def no_consumer(reply: str, stream: str, consumer: str) -> Status:
@@ -95,11 +118,13 @@ def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | St
     ``400`` that refuses it."""
     text = body.strip()
     req = NextRequest()
+    group = None
     if text.startswith(b"{"):
         try:
             req = decode_pull_request(text)
         except GoJsonError as exc:
             return Status(reply, 400, f"Bad Request - {exc}")
+        group = PriorityGroup(req.group, req.min_pending, req.min_ack_pending, req.id, req.priority)
     elif text.isdigit():
         req = NextRequest(batch=int(text))
     expires = req.expires
@@ -118,6 +143,7 @@ def parse_pull_request(reply: str, body: bytes, now_ns: int) -> PullRequest | St
         no_wait=req.no_wait,
         heartbeat_ns=heartbeat,
         next_heartbeat_ns=now_ns + heartbeat if heartbeat else 0,
+        priority_group=group,
     )
 
 
@@ -133,6 +159,31 @@ def limit_status(req: PullRequest, cfg: ConsumerConfig, now_ns: int) -> Status |
     if max_bytes and req.max_bytes > max_bytes:
         return Status(req.reply, 409, f"Exceeded MaxRequestMaxBytes of {max_bytes}")
     return None
+
+
+def priority_status(req: PullRequest, cfg: ConsumerConfig) -> Status | None:
+    """The 400 for a JSON request whose priority group fields do not fit the consumer's policy
+    (the server's checks, in its order, after the 409s of :func:`limit_status`)."""
+    pg = req.priority_group
+    if pg is None:
+        return None
+    policy = cfg.priority_policy
+    refusal = None
+    if (pg.min_pending or pg.min_ack_pending) and policy != "overflow":
+        refusal = NOT_OVERFLOW
+    elif pg.id and policy != "pinned_client":
+        refusal = NOT_PINNED_CLIENT
+    elif not 0 <= pg.priority <= 9:
+        refusal = PRIORITY_OUT_OF_RANGE
+    elif policy and not pg.group:
+        refusal = PRIORITY_GROUP_MISSING
+    elif policy and pg.group not in cfg.priority_groups:
+        refusal = INVALID_PRIORITY_GROUP
+    return Status(req.reply, *refusal) if refusal else None
+
+
+def wrong_pin_status(req: PullRequest) -> Status:
+    return Status(req.reply, *WRONG_PIN_ID, _pending_headers(req))
 
 
 def _pending_headers(req: PullRequest) -> dict[str, str]:

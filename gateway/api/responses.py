@@ -41,6 +41,16 @@ class SequenceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityGroupState:
+    """A priority group's pin, as consumer info shows it: the pin's id, if there is one, and when it
+    was given (Go's zero time when none: ``omitempty`` does not leave a time out)."""
+
+    group: str
+    pinned_client_id: str = field(default="", metadata=OMIT)
+    pinned_ts: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumerInfo:
     """``server.ConsumerInfo`` (without its cluster part). ``config`` is the map CONSUMER.LIST
     shows, without the server's metadata, where it differs from the config."""
@@ -59,6 +69,7 @@ class ConsumerInfo:
     paused: bool = field(default=False, metadata=OMIT)
     pause_remaining: int = field(default=0, metadata=OMIT)
     ts: str = ""
+    priority_groups: tuple[PriorityGroupState, ...] = field(default=(), metadata=OMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +206,13 @@ class ConsumerPauseResponse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerUnpinResponse:
+    """CONSUMER.UNPIN: the type alone (no ``success``)."""
+
+    type: str = T + "consumer_unpin_response"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerResetResponse:
     type: str = T + "consumer_reset_response"
     info: ConsumerInfo = field(metadata=EMBED)
@@ -214,6 +232,7 @@ Response = (
     | ConsumersResponse
     | ConsumerPauseResponse
     | ConsumerResetResponse
+    | ConsumerUnpinResponse
 )
 #: What an API handler answers: a typed response, raw replies (direct gets), or None where the
 #: server stays silent.

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from gateway.api.configs import ConsumerConfig
 from gateway.api.consumer_config import parse_time_ns
 from gateway.api.pull import PullRequest
-from gateway.api.responses import ConsumerInfo, SequenceInfo
+from gateway.api.responses import ConsumerInfo, PriorityGroupState, SequenceInfo
 from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
 from storage_delta.commit.writer import StoredMessage
@@ -68,8 +68,27 @@ class Delivered(NamedTuple):
     floor_cseq: int
 
 
+@dataclass(slots=True)
+class Pin:
+    """A ``pinned_client`` consumer's pin (ADR-42): the id its holder names in its pulls, the group
+    it was given in, when, and when it lapses unless the holder pulls again. Kept in memory only,
+    as the server keeps it: a restart starts without one."""
+
+    id: str
+    group: str
+    since_ns: int
+    expires_ns: int
+    #: the request it was given to (which gives it back if its first message is too big for it)
+    taker: PullRequest | None = None
+
+
+#: Where a request without a priority group queues on a ``prioritized`` consumer: last.
+LOWEST_PRIORITY = 2**31 - 1
+
+
 class PullRequestQueue:
-    """Waiting pull requests, oldest first, bounded by ``max_waiting``."""
+    """Waiting pull requests, oldest first, bounded by ``max_waiting``; on a ``prioritized``
+    consumer, by priority (0 first), oldest first within one."""
 
     def __init__(self, max_waiting: int) -> None:
         self.max_waiting = max_waiting
@@ -84,11 +103,36 @@ class PullRequestQueue:
     def push(self, req: PullRequest) -> None:
         self._q.append(req)
 
+    def push_prioritized(self, req: PullRequest) -> None:
+        """Behind every request of the same or a higher priority (a lower number)."""
+        rank = _rank(req)
+        q = self._q
+        at = len(q)
+        while at and _rank(q[at - 1]) > rank:
+            at -= 1
+        q.insert(at, req)
+
     def peek(self) -> PullRequest | None:
         return self._q[0] if self._q else None
 
     def pop(self) -> PullRequest:
         return self._q.popleft()
+
+    def requeue(self, req: PullRequest) -> None:
+        """``req`` goes behind the others of its priority (``prioritized``: they take turns)."""
+        self.finish(req)
+        self.push_prioritized(req)
+
+    def holds(self, req: PullRequest) -> bool:
+        q = self._q
+        return bool(q) and (q[0] is req or any(r is req for r in q))
+
+    def finish(self, req: PullRequest) -> None:
+        """``req`` leaves the queue (served in full, or refused), wherever it stands."""
+        if self._q and self._q[0] is req:
+            self._q.popleft()
+        else:
+            self.remove_where([req])
 
     def remove_where(self, gone: list[PullRequest]) -> None:
         if gone:
@@ -122,6 +166,11 @@ class PullRequestQueue:
 
     def __iter__(self) -> Iterator[PullRequest]:
         return iter(self._q)
+
+
+def _rank(req: PullRequest) -> int:
+    pg = req.priority_group
+    return LOWEST_PRIORITY if pg is None else pg.priority
 
 
 def start_position(stream: Stream, cfg: ConsumerConfig, time_seq: int | None) -> tuple[int, list[int]]:
@@ -203,6 +252,7 @@ class Consumer:
         self.waiting = PullRequestQueue(config.max_waiting)
         self.paused_until_ns = _pause_ns(config)
         self.watch = Watch()
+        self.pin: Pin | None = None
 
     # ---- properties ---------------------------------------------------------------------------
 
@@ -668,7 +718,18 @@ class Consumer:
             paused=paused,
             pause_remaining=self.paused_until_ns - now_ns if paused else 0,
             ts=rfc3339(now_ns),
+            priority_groups=self._group_states(),
         )
+
+    def _group_states(self) -> tuple[PriorityGroupState, ...]:
+        """The server shows its first priority group only, with the consumer's one pin (whichever
+        group it was given in), on every policy."""
+        groups, pin = self.config.priority_groups, self.pin
+        if not groups:
+            return ()
+        if pin is None:
+            return (PriorityGroupState(groups[0], "", rfc3339(0)),)
+        return (PriorityGroupState(groups[0], pin.id, rfc3339(pin.since_ns)),)
 
 
 def _time(ns: int) -> str:

@@ -23,13 +23,14 @@ from gateway.api.pull import (
     NO_MESSAGES,
     PUSH_BASED,
     REQUIRED_API_LEVEL,
+    PullRequest,
     Status,
     limit_status,
     parse_pull_request,
     timeout_status,
 )
 from gateway.api.requests import above_api_level
-from gateway.engine import retention
+from gateway.engine import priority, retention
 from gateway.engine.consumer import Consumer, Pending
 from gateway.engine.flow_control import FlowControl
 from gateway.wire.acks import PLAIN_ACK, AckKind, AckToken
@@ -279,19 +280,33 @@ def pull_request(consumer: Consumer, reply: str, body: bytes, hdrs: bytes | None
     req = parse_pull_request(reply, body, now)
     if isinstance(req, Status):
         return [SendStatus(req)]
-    refused = limit_status(req, consumer.config, now)
+    refused = limit_status(req, consumer.config, now) or priority.admit(consumer, req, now)
     if refused is not None:
         return [SendStatus(refused)]
     if consumer.waiting.full():
         return [SendStatus(Status(reply, *EXCEEDED_MAX_WAITING))]
     if req.no_wait and not req.expires_at_ns and not consumer.has_work():
         return [SendStatus(Status(reply, *NO_MESSAGES))]
-    consumer.waiting.push(req)
+    priority.enqueue(consumer, req)
     consumer.watch.listening = True
     effects: list[Effect] = []
     if req.expires_at_ns or req.heartbeat_ns:
         effects.append(WakeBy(min(t for t in (req.expires_at_ns, req.next_heartbeat_ns) if t)))
     return [*effects, SERVE]
+
+
+def choose_request(consumer: Consumer, now: int) -> tuple[PullRequest | None, list[Effect]]:
+    """The waiting request the next message goes to: the first in the queue, unless a priority
+    policy passes over it (:func:`priority.choose`, asked only when there is a message to give,
+    as the server asks it only then)."""
+    if not priority.selective(consumer) or not consumer.has_work():
+        return consumer.waiting.peek(), []
+    choice = priority.choose(consumer, now)
+    effects: list[Effect] = [SendStatus(s) for s in choice.refused]
+    effects += [_advisory(e) for e in choice.events]
+    if choice.events and consumer.pin is not None:
+        effects.append(WakeBy(consumer.pin.expires_ns))  # the new pin's lapse
+    return choice.request, effects
 
 
 # ---- the timer --------------------------------------------------------------------------------
@@ -312,6 +327,9 @@ def tick(consumer: Consumer, listeners: Listeners, now: int) -> list[Effect]:
         effects.append(
             _advisory(advisories.max_deliveries(consumer.stream.name, consumer.name, seq, deliveries, now))
         )
+    lapsed = priority.lapse(consumer, now)
+    if lapsed is not None:
+        effects.append(_advisory(lapsed))
     listening = observe(consumer, listeners, now)
     if consumer.is_push and listening and _push_heartbeat_due(consumer, now):
         effects.append(Heartbeat(consumer.config.deliver_subject))
@@ -383,6 +401,8 @@ def next_due(consumer: Consumer, now: int) -> int | None:
         times.append((now if watch.last_seen_ns is None else watch.last_seen_ns) + threshold + 1)
     if consumer.paused_until_ns > now:
         times.append(consumer.paused_until_ns)  # delivery resumes
+    if consumer.pin is not None:
+        times.append(consumer.pin.expires_ns)  # the pin lapses
     return min((t for t in times if t), default=None)
 
 

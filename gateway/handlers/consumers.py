@@ -8,13 +8,12 @@ and ``CONSUMER.CREATE.<stream>.<name>.<filter…>``, ``CONSUMER.DURABLE.CREATE.<
 
 from __future__ import annotations
 
-import re
 import secrets
 import string
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 from gateway.adapters.registry import Registry
 from gateway.api import advisories, consumer_config, errors
@@ -34,13 +33,14 @@ from gateway.api.responses import (
     ConsumerPauseResponse,
     ConsumerResetResponse,
     ConsumersResponse,
+    ConsumerUnpinResponse,
     Paged,
     Route,
     SuccessResponse,
 )
 from gateway.api.structs import BOOL, INT, STRING, TIME, UINT, Enum, go, request_type
 from gateway.api.timefmt import ZERO_TIME, now_ns
-from gateway.engine import retention
+from gateway.engine import priority, retention
 from gateway.engine.consumer import Consumer, reset_refusal, start_position
 from gateway.engine.consumer_effects import Listeners, push_bound
 from gateway.engine.stream import Stream
@@ -105,7 +105,6 @@ PAGING_REQUEST = request_type(ConsumersRequest, "server.JSApiConsumersRequest")
 PAUSE_REQUEST = request_type(ConsumerPauseRequest, "server.JSApiConsumerPauseRequest")
 RESET_REQUEST = request_type(ConsumerResetRequest, "server.JSApiConsumerResetRequest", strict=False)
 UNPIN_REQUEST = request_type(ConsumerUnpinRequest, "server.JSApiConsumerUnpinRequest", strict=False)
-_GROUP_NAME = re.compile(r"[A-Za-z0-9/_=-]{1,16}")
 
 #: The first stream sequence stored at or after a time (``deliver_policy: by_start_time``).
 SeqAtTime = Callable[[Stream, int], Awaitable[int | None]]
@@ -286,16 +285,21 @@ class ConsumerApi:
         remaining = consumer.paused_until_ns - now if paused else 0
         return ConsumerPauseResponse(paused=paused, pause_until=shown, pause_remaining=remaining)
 
-    def unpin(self, stream_name: str, name: str, body: bytes) -> NoReturn:
-        """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name
-        and the consumer; jetlake has no priority groups yet, so no consumer has the group."""
+    def unpin(self, stream_name: str, name: str, body: bytes) -> ConsumerUnpinResponse:
+        """``CONSUMER.UNPIN`` (ADR-42) after the server's checks of the request, the group's name,
+        the consumer and its groups: the pin goes (if there is one; the UNPINNED advisory goes out
+        either way, as from the server), and the consumer looks at once for a puller to pin."""
         group = unmarshal_request(body, UNPIN_REQUEST).group
         if not group:
             raise errors.INVALID_JSON.format(err="consumer group not specified")
-        if not _GROUP_NAME.fullmatch(group):
+        if not consumer_config.GROUP_NAME.fullmatch(group):
             raise errors.INVALID_GROUP_NAME
-        self._consumer(stream_name, name)
-        raise errors.PRIORITY_GROUP_NOT_FOUND
+        consumer = self._consumer(stream_name, name)
+        if group not in consumer.config.priority_groups:
+            raise errors.PRIORITY_GROUP_NOT_FOUND
+        self.publish(priority.unpin(consumer, group, now_ns()))
+        self.reg.consumer_changed.emit(consumer)
+        return ConsumerUnpinResponse()
 
     async def reset(self, stream_name: str, name: str, body: bytes) -> ConsumerResetResponse | None:
         """``CONSUMER.RESET`` (2.14+): the consumer starts again at ``seq`` (or above its ack

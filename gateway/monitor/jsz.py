@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.advisories import ACCOUNT
 from gateway.api.timefmt import now_ns, rfc3339
 from gateway.handlers.router import Api
 
-ACCOUNT = "$G"  # the only account jetlake serves: the leaf link's
 # Metadata the API adds to every config it answers with, which nats-server's /jsz does not show
 # (it shows the config as stored).
 API_ONLY_METADATA = ("_nats.level", "_nats.ver")
