@@ -22,7 +22,8 @@ class MonitoredJetlake(Jetlake):
     """jetlake whose gateway asks for a monitor token (set through the environment, as documented)."""
 
     def start(self) -> None:
-        self.gateway_env = {"JETLAKE_MONITOR_TOKEN": TOKEN}
+        # every answer reads the tables afresh: what a test just did shows at once
+        self.gateway_env = {"JETLAKE_MONITOR_TOKEN": TOKEN, "JETLAKE_MONITOR_LAKE_REFRESH_MS": "0"}
         super().start()
         assert self.gateway is not None
         try:

@@ -1,0 +1,163 @@
+"""The last minutes of a gateway, kept by the gateway: ingest and delivery rates per stream, lag and
+ack-pending per consumer, PubAck latency percentiles, one sample a second in bounded ring buffers.
+
+An operator asks "is ingest keeping up, which consumer is falling behind and since when": numbers
+at one moment (``/jsz``, ``/metrics``) do not say it, and Prometheus may not be there. The sampler
+only reads counters the components keep (the publish path's messages stored per stream and its
+PubAck latency histogram, each consumer's delivered consumer sequence, pending set and ack floor),
+on the event loop, in O(streams + consumers) a second; rates are the differences of two readings.
+Each series holds at most ``capacity`` points, and a series goes with its stream or consumer, so
+memory is bounded by what exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.service.gateway import Core
+
+INTERVAL_S = 1.0
+CAPACITY = 600  # ten minutes at one sample a second
+QUANTILES = (0.5, 0.9, 0.99)
+
+#: (metric, unit, what its points are) as the JSON and the dashboard name them
+METRICS = {
+    "ingest": ("msg/s", "messages made durable per second, per stream"),
+    "delivery": ("msg/s", "messages delivered per second (redeliveries included), per stream"),
+    "lag": ("messages", "stream last sequence minus the consumer's ack floor"),
+    "ack_pending": ("messages", "messages delivered and awaiting an ack"),
+    "puback_seconds": ("s", "PubAck latency percentiles over the sample's second (no PubAck: no point)"),
+}
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerReading:
+    stream: str
+    consumer: str
+    delivered: int  # consumer sequence of the last delivery: deliveries so far
+    ack_pending: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The counters at one moment."""
+
+    mono: float  # time.monotonic(), for the rates
+    wall: float  # Unix seconds, for the charts
+    stored: dict[str, int]  # stream -> messages made durable
+    consumers: list[ConsumerReading]
+    puback_counts: list[int]  # the PubAck histogram's bucket counts (not cumulative)
+    puback_bounds: tuple[float, ...]
+
+
+def read(core: Core, mono: float, wall: float) -> Reading:
+    """The counters of a running gateway (on the event loop: the state is the loop's)."""
+    reg, publish = core.registry, core.publish
+    consumers = [
+        ConsumerReading(
+            stream.name,
+            c.name,
+            c.dseq,
+            len(c.pending),
+            max(0, stream.state.last_seq - c.ack_floor_sseq),
+        )
+        for stream in reg.streams.values()
+        for c in reg.consumers.get(stream.name, {}).values()
+    ]
+    stored = {name: publish.stored.get(name, 0) for name in reg.streams}
+    hist = publish.puback_seconds
+    return Reading(mono, wall, stored, consumers, list(hist.counts), hist.bounds)
+
+
+def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float | None:
+    """The ``q`` quantile of observations counted into buckets (upper ``bounds``, +Inf last), as
+    Prometheus's ``histogram_quantile`` estimates it: linear within the bucket it falls in, the
+    highest finite bound if it falls in +Inf. None without observations."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    below = 0
+    for i, n in enumerate(counts):
+        if below + n >= rank and n:
+            if i == len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i else 0.0
+            return lower + (bounds[i] - lower) * (rank - below) / n
+        below += n
+    return bounds[-1]
+
+
+class History:
+    def __init__(self, capacity: int = CAPACITY, interval_s: float = INTERVAL_S) -> None:
+        self.capacity = capacity
+        self.interval_s = interval_s
+        self._series: dict[SeriesKey, deque[tuple[float, float]]] = {}
+        self._last: Reading | None = None
+
+    def add(self, now: Reading) -> None:
+        """One sample: rates against the previous reading, levels as they are. A counter that went
+        down (its stream or consumer was made anew) gives no rate this time."""
+        before, self._last = self._last, now
+        live: set[SeriesKey] = set()
+
+        def put(metric: str, labels: tuple[tuple[str, str], ...], value: float | None) -> None:
+            key = (metric, labels)
+            live.add(key)
+            if value is None:
+                return
+            points = self._series.get(key)
+            if points is None:
+                points = self._series[key] = deque(maxlen=self.capacity)
+            points.append((round(now.wall, 3), round(value, 6)))
+
+        dt = now.mono - before.mono if before is not None else 0.0
+        delivered: dict[str, int] = dict.fromkeys(now.stored, 0)
+        was = {(c.stream, c.consumer): c.delivered for c in before.consumers} if before else {}
+        for c in now.consumers:
+            pair = (("stream", c.stream), ("consumer", c.consumer))
+            put("lag", pair, c.lag)
+            put("ack_pending", pair, c.ack_pending)
+            prior = was.get((c.stream, c.consumer))
+            if prior is not None and c.delivered >= prior and c.stream in delivered:
+                delivered[c.stream] += c.delivered - prior
+        for name, stored in now.stored.items():
+            labels = (("stream", name),)
+            prior = before.stored.get(name) if before else None
+            rate = (stored - prior) / dt if prior is not None and stored >= prior and dt > 0 else None
+            put("ingest", labels, rate)
+            put("delivery", labels, delivered[name] / dt if before is not None and dt > 0 else None)
+        if before is not None and before.puback_bounds == now.puback_bounds:
+            window = [a - b for a, b in zip(now.puback_counts, before.puback_counts, strict=True)]
+            for q in QUANTILES:
+                put("puback_seconds", (("quantile", str(q)),), quantile(q, now.puback_bounds, window))
+        for key in [k for k in self._series if k not in live]:  # its stream or consumer is gone
+            del self._series[key]
+
+    def render(self) -> dict[str, Any]:
+        """The JSON of ``/history``: every series with its points ``[unix s, value]``, oldest first."""
+        return {
+            "interval_s": self.interval_s,
+            "capacity": self.capacity,
+            "metrics": {m: {"unit": u, "help": h} for m, (u, h) in METRICS.items()},
+            "series": [
+                {"metric": metric, "labels": dict(labels), "points": [list(p) for p in points]}
+                for (metric, labels), points in sorted(self._series.items())
+            ],
+        }
+
+    async def run(self, core: Callable[[], Core | None]) -> None:
+        """The sampler task: a reading every ``interval_s`` while the gateway runs."""
+        while True:
+            started = core()
+            if started is not None:
+                self.add(read(started, time.monotonic(), time.time()))
+            await asyncio.sleep(self.interval_s)
