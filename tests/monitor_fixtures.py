@@ -1,17 +1,22 @@
 """Servers with their HTTP monitors on (jetlake with a monitor token, the real nats-server with
-``-m``), HTTP helpers, and the ack-floor scenario the monitor, dashboard and notebook tests share."""
+``-m``), HTTP helpers, the ack-floor scenario the monitor, dashboard and notebook tests share, and
+a publish-and-consume load the dashboard and Grafana tests watch."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
 
 from tests.harness import Jetlake, ReferenceJetStream, free_port, serving, wait_port
 
@@ -87,3 +92,43 @@ async def ack_floor_scenario(nc: Client, name: str) -> None:
     await nc.request(first[0].reply, b"-NAK", timeout=5)  # answered once the NAK is processed
     again = await slow.fetch(1, timeout=5)
     assert again[0].metadata.num_delivered == 2
+
+
+@contextlib.asynccontextmanager
+async def load(nc: Client, name: str) -> AsyncIterator[None]:
+    """Publish and consume on a new stream ``name`` while the block runs: one publisher awaiting
+    each PubAck, consumer ``fast`` fetching and acking everything, consumer ``slow`` fetching a few
+    at a time and acking none (its lag and ack-pending grow). The tasks end with the block."""
+    js = nc.jetstream()
+    subject = f"{name.lower()}.load"
+    await js.add_stream(name=name, subjects=[f"{name.lower()}.>"])
+    fast = await js.pull_subscribe(subject, durable="fast", stream=name)
+    slow = await js.pull_subscribe(subject, durable="slow", stream=name)
+
+    async def publish() -> None:
+        i = 0
+        while True:
+            await js.publish(subject, b"x" * (64 + i % 64))
+            i += 1
+
+    async def consume(sub: JetStreamContext.PullSubscription, batch: int, ack: bool) -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            if ack:
+                for m in msgs:
+                    await m.ack()
+
+    tasks = [
+        asyncio.create_task(publish()),
+        asyncio.create_task(consume(fast, 100, True)),
+        asyncio.create_task(consume(slow, 2, False)),
+    ]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
