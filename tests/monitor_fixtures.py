@@ -17,6 +17,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import Jetlake, ReferenceJetStream, free_port, serving, wait_port
 
@@ -28,7 +29,11 @@ class MonitoredJetlake(Jetlake):
 
     def start(self) -> None:
         # every answer reads the tables afresh: what a test just did shows at once
-        self.gateway_env = {"JETLAKE_MONITOR_TOKEN": TOKEN, "JETLAKE_MONITOR_LAKE_REFRESH_MS": "0"}
+        self.gateway_env = {
+            **self.gateway_env,
+            "JETLAKE_MONITOR_TOKEN": TOKEN,
+            "JETLAKE_MONITOR_LAKE_REFRESH_MS": "0",
+        }
         super().start()
         assert self.gateway is not None
         try:
@@ -70,6 +75,15 @@ def get_json(url: str, token: str | None = TOKEN) -> Any:
     return json.loads(body)
 
 
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus text exposition, by name and labels."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
 async def api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     msg = await nc.request(f"$JS.API.{subject}", json.dumps(body).encode() if body else b"", timeout=5)
     return dict(json.loads(msg.data))
@@ -95,13 +109,14 @@ async def ack_floor_scenario(nc: Client, name: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def load(nc: Client, name: str) -> AsyncIterator[None]:
-    """Publish and consume on a new stream ``name`` while the block runs: one publisher awaiting
-    each PubAck, consumer ``fast`` fetching and acking everything, consumer ``slow`` fetching a few
-    at a time and acking none (its lag and ack-pending grow). The tasks end with the block."""
+async def load(nc: Client, name: str, max_msgs: int = -1) -> AsyncIterator[None]:
+    """Publish and consume on a new stream ``name`` (keeping ``max_msgs``) while the block runs: one
+    publisher awaiting each PubAck, consumer ``fast`` fetching and acking everything, consumer
+    ``slow`` fetching a few at a time and acking none (its lag and ack-pending grow). The tasks end
+    with the block."""
     js = nc.jetstream()
     subject = f"{name.lower()}.load"
-    await js.add_stream(name=name, subjects=[f"{name.lower()}.>"])
+    await js.add_stream(name=name, subjects=[f"{name.lower()}.>"], max_msgs=max_msgs)
     fast = await js.pull_subscribe(subject, durable="fast", stream=name)
     slow = await js.pull_subscribe(subject, durable="slow", stream=name)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import nats
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.monitor.jsz import stored_config
 from storage_delta.commit.store import StoreRoot
@@ -23,6 +22,7 @@ from tests.monitor_fixtures import (
     get_json,
     http_get,
     monitor_url,
+    samples,
 )
 
 CONSUMER_NUMBERS = ("num_ack_pending", "num_redelivered", "num_waiting", "num_pending")
@@ -30,15 +30,6 @@ CONSUMER_NUMBERS = ("num_ack_pending", "num_redelivered", "num_waiting", "num_pe
 
 def without_last_active(seqs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in seqs.items() if k != "last_active"}
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of a Prometheus text exposition, by name and labels."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
 
 
 async def test_token_guards_data_not_probes(monitored: MonitoredJetlake) -> None:
