@@ -89,6 +89,24 @@ def test_series_keep_at_most_capacity_points() -> None:
     assert [p[0] for p in series["points"]] == [1007.0, 1008.0, 1009.0]  # the newest three
 
 
+def test_a_later_series_has_only_its_own_points_and_top_keeps_the_highest() -> None:
+    h = History(capacity=3)
+    h.add(reading(0.0, {"A": 0}))
+    h.add(reading(1.0, {"A": 1}))
+    h.add(reading(2.0, {"A": 2, "B": 0}))  # B appears: no rate yet
+    h.add(reading(3.0, {"A": 3, "B": 7}))
+    h.add(reading(4.0, {"A": 4, "B": 9}))  # the ring has turned over: A's first rate fell out
+    times = {
+        s["labels"]["stream"]: [t for t, _ in s["points"]]
+        for s in h.render()["series"]
+        if s["metric"] == "ingest"
+    }
+    assert times == {"A": [1002.0, 1003.0, 1004.0], "B": [1003.0, 1004.0]}
+    (top,) = [s for s in h.render(top=1)["series"] if s["metric"] == "ingest"]
+    assert top["labels"] == {"stream": "B"}  # 2 msg/s now, against A's 1
+    assert [v for _, v in top["points"]] == [7.0, 2.0]
+
+
 def test_puback_percentiles_count_only_the_sample_window() -> None:
     h = History()
     h.add(reading(0.0, {"S": 0}, puback=[0, 0, 1000, 0]))  # a slow past

@@ -146,9 +146,13 @@ def _add_state(app: FastAPI, gateway: Gateway, history: History, lake: Lake) -> 
         "and ack-pending per consumer, PubAck latency percentiles",
         dependencies=[Depends(authorized)],
     )
-    async def history_json() -> dict[str, Any]:
+    async def history_json(
+        top: Annotated[
+            int | None, Query(ge=1, description="per metric, only the series of the highest latest values")
+        ] = None,
+    ) -> dict[str, Any]:
         started()
-        return history.render()
+        return history.render(top)
 
     @app.get(
         "/lake",

@@ -7,13 +7,16 @@ only reads counters the components keep (the publish path's messages stored per 
 PubAck latency histogram, each consumer's delivered consumer sequence, pending set and ack floor),
 on the event loop, in O(streams + consumers) a second; rates are the differences of two readings.
 Each series holds at most ``capacity`` points, and a series goes with its stream or consumer, so
-memory is bounded by what exists.
+memory is bounded by what exists; ``/history?top=N`` answers with the N series of each metric that
+stand highest now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -97,27 +100,34 @@ def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float 
 
 
 class History:
+    """Ring buffers on one time axis: the sample times in one deque, each series' values in a fixed
+    array of ``capacity`` doubles (NaN: no value at that sample), written at the slot of the sample.
+    About 5 KB a series at the default capacity, whatever happens."""
+
     def __init__(self, capacity: int = CAPACITY, interval_s: float = INTERVAL_S) -> None:
         self.capacity = capacity
         self.interval_s = interval_s
-        self._series: dict[SeriesKey, deque[tuple[float, float]]] = {}
+        self._times: deque[float] = deque(maxlen=capacity)  # Unix s of the last samples
+        self._samples = 0  # samples taken so far: the next one's slot is this modulo capacity
+        self._series: dict[SeriesKey, array[float]] = {}
         self._last: Reading | None = None
 
     def add(self, now: Reading) -> None:
         """One sample: rates against the previous reading, levels as they are. A counter that went
         down (its stream or consumer was made anew) gives no rate this time."""
         before, self._last = self._last, now
+        slot = self._samples % self.capacity
         live: set[SeriesKey] = set()
 
         def put(metric: str, labels: tuple[tuple[str, str], ...], value: float | None) -> None:
             key = (metric, labels)
             live.add(key)
-            if value is None:
-                return
-            points = self._series.get(key)
-            if points is None:
-                points = self._series[key] = deque(maxlen=self.capacity)
-            points.append((round(now.wall, 3), round(value, 6)))
+            values = self._series.get(key)
+            if values is None:
+                if value is None:
+                    return
+                values = self._series[key] = array("d", [math.nan]) * self.capacity
+            values[slot] = math.nan if value is None else value
 
         dt = now.mono - before.mono if before is not None else 0.0
         delivered: dict[str, int] = dict.fromkeys(now.stored, 0)
@@ -141,17 +151,39 @@ class History:
                 put("puback_seconds", (("quantile", str(q)),), quantile(q, now.puback_bounds, window))
         for key in [k for k in self._series if k not in live]:  # its stream or consumer is gone
             del self._series[key]
+        self._times.append(round(now.wall, 3))
+        self._samples += 1
 
-    def render(self) -> dict[str, Any]:
-        """The JSON of ``/history``: every series with its points ``[unix s, value]``, oldest first."""
+    def _points(self, values: array[float]) -> list[list[float]]:
+        """A series' points ``[unix s, value]``, oldest first, the samples without a value left out."""
+        first = self._samples - len(self._times)  # the oldest sample kept
+        out = []
+        for i, t in enumerate(self._times):
+            v = values[(first + i) % self.capacity]
+            if not math.isnan(v):
+                out.append([t, round(v, 6)])
+        return out
+
+    def render(self, top: int | None = None) -> dict[str, Any]:
+        """The JSON of ``/history``: the series with their points, oldest first; with ``top``, per
+        metric only the ``top`` series of the highest latest values (a page draws a few lines, not
+        one per stream of thousands)."""
+        by_metric: dict[str, list[dict[str, Any]]] = {}
+        for (metric, labels), values in sorted(self._series.items()):
+            points = self._points(values)
+            if points:
+                by_metric.setdefault(metric, []).append(
+                    {"metric": metric, "labels": dict(labels), "points": points}
+                )
+        if top is not None:
+            for metric, series in by_metric.items():
+                ranked = sorted(series, key=lambda s: s["points"][-1][1], reverse=True)[:top]
+                by_metric[metric] = [s for s in series if any(s is r for r in ranked)]
         return {
             "interval_s": self.interval_s,
             "capacity": self.capacity,
             "metrics": {m: {"unit": u, "help": h} for m, (u, h) in METRICS.items()},
-            "series": [
-                {"metric": metric, "labels": dict(labels), "points": [list(p) for p in points]}
-                for (metric, labels), points in sorted(self._series.items())
-            ],
+            "series": [s for series in by_metric.values() for s in series],
         }
 
     async def run(self, core: Callable[[], Core | None]) -> None:
