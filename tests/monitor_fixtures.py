@@ -25,15 +25,19 @@ TOKEN = "monitor-test-token"
 
 
 class MonitoredJetlake(Jetlake):
-    """jetlake whose gateway asks for a monitor token (set through the environment, as documented)."""
+    """jetlake whose gateway asks for a monitor token (set through the environment, as documented),
+    with more ``JETLAKE_*`` settings when given."""
 
-    def start(self) -> None:
+    def __init__(self, workdir: Path, settings: dict[str, str] | None = None) -> None:
+        super().__init__(workdir)
         # every answer reads the tables afresh: what a test just did shows at once
         self.gateway_env = {
-            **self.gateway_env,
             "JETLAKE_MONITOR_TOKEN": TOKEN,
             "JETLAKE_MONITOR_LAKE_REFRESH_MS": "0",
+            **(settings or {}),
         }
+
+    def start(self) -> None:
         super().start()
         assert self.gateway is not None
         try:

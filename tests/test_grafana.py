@@ -84,18 +84,12 @@ class WatchedJetlake(MonitoredJetlake):
     snapshots every 200 ms from 20 new messages (so their metrics exist within a short load)."""
 
     def __init__(self, workdir: Path) -> None:
-        super().__init__(workdir)
+        snapshots = {"JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "200", "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "20"}
+        super().__init__(workdir, snapshots)
         self.server_monitor_port = free_port()
 
     def server_conf(self) -> str:
         return super().server_conf() + f"\nhttp_port: {self.server_monitor_port}\n"
-
-    def start(self) -> None:
-        self.gateway_env = {
-            "JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "200",
-            "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "20",
-        }
-        super().start()
 
 
 @pytest.fixture(scope="module")

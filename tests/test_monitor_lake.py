@@ -196,25 +196,19 @@ def test_each_warning_says_what_to_do() -> None:
     assert w.text.startswith("40,000 messages of S are beyond its index snapshot (written 1 s ago): ")
 
 
-class NeglectedJetlake(MonitoredJetlake):
+@pytest.fixture(scope="module")
+def neglected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MonitoredJetlake]:
     """A gateway whose compaction is off and whose index snapshots are looked at once an hour (due
     from 50 new messages): its small files and its snapshots fall behind as a stream grows."""
-
-    def start(self) -> None:
-        self.gateway_env = {
-            "JETLAKE_COMPACT_MIN_FILES": "0",
-            "JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "3600000",
-            "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "50",
-        }
-        super().start()
+    settings = {
+        "JETLAKE_COMPACT_MIN_FILES": "0",
+        "JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "3600000",
+        "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "50",
+    }
+    yield from serving(MonitoredJetlake(Path(tmp_path_factory.mktemp("neglected")), settings))
 
 
-@pytest.fixture(scope="module")
-def neglected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NeglectedJetlake]:
-    yield from serving(NeglectedJetlake(Path(tmp_path_factory.mktemp("neglected"))))
-
-
-async def test_a_neglected_lake_is_reported_with_what_to_do(neglected: NeglectedJetlake) -> None:
+async def test_a_neglected_lake_is_reported_with_what_to_do(neglected: MonitoredJetlake) -> None:
     """300 publishes, each awaited (one commit and one file each), of 4 KiB that do not compress,
     into a stream that keeps 10: /lake counts the files and the removed bytes, warns about the
     compaction (off), the removed bytes (retention never ran) and the index snapshot (none yet),
