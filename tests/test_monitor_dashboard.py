@@ -124,6 +124,7 @@ def history_points(history: dict[str, Any], metric: str) -> dict[str, list[float
     }
 
 
+@pytest.mark.waits  # five of the history's one-a-second samples
 async def test_dashboard_draws_the_last_minutes_under_load(
     monitored: MonitoredJetlake, tmp_path: Path
 ) -> None:
