@@ -128,7 +128,7 @@ def history_points(history: dict[str, Any], metric: str) -> dict[str, list[float
 async def test_dashboard_draws_the_last_minutes_under_load(
     monitored: MonitoredJetlake, tmp_path: Path
 ) -> None:
-    """Under a publisher and two consumers (one acking, one not) the five charts are drawn with a
+    """Under a publisher and two consumers (one acking, one not) the six charts are drawn with a
     line per series, each with the points /history holds, named by stream, stream/consumer or
     percentile; the slow consumer's lag line climbs; the lake table shows the stream's files."""
     name = "LOAD"
@@ -148,6 +148,7 @@ async def test_dashboard_draws_the_last_minutes_under_load(
                     ("lag", f"{name}/fast"),
                     ("ack_pending", f"{name}/slow"),
                     ("puback_seconds", "p99"),
+                    ("bytes", name),
                 ):
                     path = page.locator(f'figure[data-metric="{metric}"] path.series[data-series="{series}"]')
                     await expect(path).to_have_count(1, timeout=20_000)
@@ -170,7 +171,7 @@ async def test_dashboard_draws_the_last_minutes_under_load(
     finally:
         await nc.close()
 
-    assert [m for m, _, _ in drawn] == ["ingest", "delivery", "lag", "ack_pending", "puback_seconds"]
+    assert [m for m, _, _ in drawn] == ["ingest", "delivery", "lag", "ack_pending", "puback_seconds", "bytes"]
     for metric, paths, legend in drawn:
         names = [n for n, _, _ in paths]
         assert names == legend  # every line has its legend entry
@@ -191,6 +192,9 @@ async def test_dashboard_draws_the_last_minutes_under_load(
     assert slow_lag == sorted(slow_lag)
     assert slow_lag[-1] > slow_lag[0]
     assert max(history_points(history, "ack_pending")[f"{name}/slow"]) > 0
+    held = history_points(history, "bytes")[name]  # nothing removes messages: it only grows
+    assert held == sorted(held)
+    assert held[-1] > held[0]
     (row,) = [s for s in lake["streams"] if s["name"] == name]
     assert row["files"] >= 1
     assert row["bytes"] > 0

@@ -40,7 +40,8 @@ def reading(
     consumers: list[ConsumerReading] = (),  # type: ignore[assignment]
     puback: list[int] | None = None,
 ) -> Reading:
-    return Reading(t, 1_000 + t, stored, list(consumers), puback or [0, 0, 0, 0], BOUNDS)
+    held = {name: 10 * n for name, n in stored.items()}
+    return Reading(t, 1_000 + t, stored, held, list(consumers), puback or [0, 0, 0, 0], BOUNDS)
 
 
 def points(history: History, metric: str) -> dict[str, list[float]]:
@@ -68,6 +69,7 @@ def test_rates_are_differences_over_the_elapsed_time() -> None:
     assert points(h, "delivery") == {"S": [10.0]}
     assert points(h, "lag") == {"S/c": [5, 7]}
     assert points(h, "ack_pending") == {"S/c": [2, 3]}
+    assert points(h, "bytes") == {"S": [1000, 1400]}
 
 
 def test_a_counter_that_went_down_gives_no_rate_and_gone_series_go() -> None:

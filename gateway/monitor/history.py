@@ -1,14 +1,15 @@
-"""The last minutes of a gateway, kept by the gateway: ingest and delivery rates per stream, lag and
-ack-pending per consumer, PubAck latency percentiles, one sample a second in bounded ring buffers.
+"""The last minutes of a gateway, kept by the gateway: ingest and delivery rates and bytes held per
+stream, lag and ack-pending per consumer, PubAck latency percentiles, one sample a second in bounded
+ring buffers.
 
-An operator asks "is ingest keeping up, which consumer is falling behind and since when": numbers
-at one moment (``/jsz``, ``/metrics``) do not say it, and Prometheus may not be there. The sampler
-only reads counters the components keep (the publish path's messages stored per stream and its
-PubAck latency histogram, each consumer's delivered consumer sequence, pending set and ack floor),
-on the event loop, in O(streams + consumers) a second; rates are the differences of two readings.
-Each series holds at most ``capacity`` points, and a series goes with its stream or consumer, so
-memory is bounded by what exists; ``/history?top=N`` answers with the N series of each metric that
-stand highest now.
+An operator asks "is ingest keeping up, which consumer is falling behind and since when, is storage
+growing": numbers at one moment (``/jsz``, ``/metrics``) do not say it, and Prometheus may not be
+there. The sampler only reads counters the components keep (the publish path's messages stored per
+stream and its PubAck latency histogram, each stream's bytes, each consumer's delivered consumer
+sequence, pending set and ack floor), on the event loop, in O(streams + consumers) a second; rates
+are the differences of two readings. Each series holds at most ``capacity`` points, and a series
+goes with its stream or consumer, so memory is bounded by what exists; ``/history?top=N`` answers
+with the N series of each metric that stand highest now.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ METRICS = {
     "delivery": ("msg/s", "messages delivered per second (redeliveries included), per stream"),
     "lag": ("messages", "stream last sequence minus the consumer's ack floor"),
     "ack_pending": ("messages", "messages delivered and awaiting an ack"),
+    "bytes": ("bytes", "bytes the stream holds, as JetStream counts them (its storage growing or not)"),
     "puback_seconds": ("s", "PubAck latency percentiles over the sample's second (no PubAck: no point)"),
 }
 
@@ -56,6 +58,7 @@ class Reading:
     mono: float  # time.monotonic(), for the rates
     wall: float  # Unix seconds, for the charts
     stored: dict[str, int]  # stream -> messages made durable
+    bytes: dict[str, int]  # stream -> bytes it holds
     consumers: list[ConsumerReading]
     puback_counts: list[int]  # the PubAck histogram's bucket counts (not cumulative)
     puback_bounds: tuple[float, ...]
@@ -76,8 +79,9 @@ def read(core: Core, mono: float, wall: float) -> Reading:
         for c in reg.consumers.get(stream.name, {}).values()
     ]
     stored = {name: publish.stored.get(name, 0) for name in reg.streams}
+    held = {name: stream.state.bytes for name, stream in reg.streams.items()}
     hist = publish.puback_seconds
-    return Reading(mono, wall, stored, consumers, list(hist.counts), hist.bounds)
+    return Reading(mono, wall, stored, held, consumers, list(hist.counts), hist.bounds)
 
 
 def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float | None:
@@ -145,6 +149,7 @@ class History:
             rate = (stored - prior) / dt if prior is not None and stored >= prior and dt > 0 else None
             put("ingest", labels, rate)
             put("delivery", labels, delivered[name] / dt if before is not None and dt > 0 else None)
+            put("bytes", labels, now.bytes.get(name))
         if before is not None and before.puback_bounds == now.puback_bounds:
             window = [a - b for a, b in zip(now.puback_counts, before.puback_counts, strict=True)]
             for q in QUANTILES:
