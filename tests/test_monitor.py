@@ -33,9 +33,10 @@ def without_last_active(seqs: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_token_guards_data_not_probes(monitored: MonitoredJetlake) -> None:
-    """With monitor_token set, /jsz and /metrics need the bearer token; probes and the page do not."""
+    """With monitor_token set, /jsz, /metrics, /history and /lake need the bearer token; probes and
+    the page do not."""
     base = monitor_url(monitored)
-    for path in ("/jsz", "/metrics"):
+    for path in ("/jsz", "/metrics", "/history", "/lake"):
         for token in (None, "wrong-token"):
             status, body = http_get(base + path, token)
             assert status == 401, (path, token, body)
@@ -198,7 +199,7 @@ async def test_metrics_report_the_job_runs(monitored: MonitoredJetlake) -> None:
 async def test_openapi_describes_the_endpoints(monitored: MonitoredJetlake) -> None:
     """The monitor documents itself (OpenAPI at /openapi.json, Swagger UI at /docs)."""
     schema = get_json(monitor_url(monitored) + "/openapi.json", None)
-    assert {"/healthz", "/readyz", "/jsz", "/metrics"} <= set(schema["paths"])
+    assert {"/healthz", "/readyz", "/jsz", "/metrics", "/history", "/lake"} <= set(schema["paths"])
     assert {p["name"] for p in schema["paths"]["/jsz"]["get"]["parameters"]} == {
         "accounts",
         "streams",
