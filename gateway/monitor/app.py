@@ -148,8 +148,8 @@ def _add_state(app: FastAPI, gateway: Gateway, history: History, lake: Lake) -> 
     )
     async def history_json(
         top: Annotated[
-            int | None, Query(ge=1, description="per metric, only the series of the highest latest values")
-        ] = None,
+            int, Query(ge=1, le=100, description="per metric, the series of the highest latest values")
+        ] = 20,
     ) -> dict[str, Any]:
         started()
         return history.render(top)
