@@ -73,7 +73,10 @@ async def test_dashboard_renders_streams_and_consumers(monitored: MonitoredJetla
                 for cname, ci in cinfo.items():
                     crow = page.locator(f'#consumers tr[data-stream="{unique}"][data-consumer="{cname}"]')
                     lag = st["last_seq"] - ci["ack_floor"]["stream_seq"]
-                    assert [t.strip() for t in await crow.locator("td").all_inner_texts()] == [
+                    cells = [t.strip() for t in await crow.locator("td").all_inner_texts()]
+                    # the last: how long the lag has not fallen, from /history (timing: its form only)
+                    assert re.fullmatch(r"(\d+ (s|min) \(\+\d+\))?", cells[-1]), cells[-1]
+                    assert cells[:-1] == [
                         unique,
                         cname,
                         str(ci["delivered"]["stream_seq"]),
@@ -154,6 +157,9 @@ async def test_dashboard_draws_the_last_minutes_under_load(
                     await expect(path).to_have_count(1, timeout=20_000)
                     five_or_more = re.compile(r"^([5-9]|\d\d+)$")
                     await expect(path).to_have_attribute("data-points", five_or_more, timeout=20_000)
+                # the consumer that never acks: its lag has not fallen for some seconds, and rose
+                rising = page.locator(f'#consumers tr[data-stream="{name}"][data-consumer="slow"] td').last
+                await expect(rising).to_have_text(re.compile(r"^\d+ s \(\+[1-9]\d*\)$"))
                 lake_row = page.locator(f'#lake tr[data-stream="{name}"]')
                 await expect(lake_row).to_have_count(1, timeout=10_000)
                 await page.screenshot(path=str(shot), full_page=True)
