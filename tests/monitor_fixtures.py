@@ -1,17 +1,23 @@
 """Servers with their HTTP monitors on (jetlake with a monitor token, the real nats-server with
-``-m``), HTTP helpers, and the ack-floor scenario the monitor, dashboard and notebook tests share."""
+``-m``), HTTP helpers, the ack-floor scenario the monitor, dashboard and notebook tests share, and
+a publish-and-consume load the dashboard and Grafana tests watch."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import Jetlake, ReferenceJetStream, free_port, serving, wait_port
 
@@ -19,10 +25,19 @@ TOKEN = "monitor-test-token"
 
 
 class MonitoredJetlake(Jetlake):
-    """jetlake whose gateway asks for a monitor token (set through the environment, as documented)."""
+    """jetlake whose gateway asks for a monitor token (set through the environment, as documented),
+    with more ``JETLAKE_*`` settings when given."""
+
+    def __init__(self, workdir: Path, settings: dict[str, str] | None = None) -> None:
+        super().__init__(workdir)
+        # every answer reads the tables afresh: what a test just did shows at once
+        self.gateway_env = {
+            "JETLAKE_MONITOR_TOKEN": TOKEN,
+            "JETLAKE_MONITOR_LAKE_REFRESH_MS": "0",
+            **(settings or {}),
+        }
 
     def start(self) -> None:
-        self.gateway_env = {"JETLAKE_MONITOR_TOKEN": TOKEN}
         super().start()
         assert self.gateway is not None
         try:
@@ -64,6 +79,15 @@ def get_json(url: str, token: str | None = TOKEN) -> Any:
     return json.loads(body)
 
 
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus text exposition, by name and labels."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
 async def api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     msg = await nc.request(f"$JS.API.{subject}", json.dumps(body).encode() if body else b"", timeout=5)
     return dict(json.loads(msg.data))
@@ -86,3 +110,44 @@ async def ack_floor_scenario(nc: Client, name: str) -> None:
     await nc.request(first[0].reply, b"-NAK", timeout=5)  # answered once the NAK is processed
     again = await slow.fetch(1, timeout=5)
     assert again[0].metadata.num_delivered == 2
+
+
+@contextlib.asynccontextmanager
+async def load(nc: Client, name: str, max_msgs: int = -1) -> AsyncIterator[None]:
+    """Publish and consume on a new stream ``name`` (keeping ``max_msgs``) while the block runs: one
+    publisher awaiting each PubAck, consumer ``fast`` fetching and acking everything, consumer
+    ``slow`` fetching a few at a time and acking none (its lag and ack-pending grow). The tasks end
+    with the block."""
+    js = nc.jetstream()
+    subject = f"{name.lower()}.load"
+    await js.add_stream(name=name, subjects=[f"{name.lower()}.>"], max_msgs=max_msgs)
+    fast = await js.pull_subscribe(subject, durable="fast", stream=name)
+    slow = await js.pull_subscribe(subject, durable="slow", stream=name)
+
+    async def publish() -> None:
+        i = 0
+        while True:
+            await js.publish(subject, b"x" * (64 + i % 64))
+            i += 1
+
+    async def consume(sub: JetStreamContext.PullSubscription, batch: int, ack: bool) -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            if ack:
+                for m in msgs:
+                    await m.ack()
+
+    tasks = [
+        asyncio.create_task(publish()),
+        asyncio.create_task(consume(fast, 100, True)),
+        asyncio.create_task(consume(slow, 2, False)),
+    ]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -9,7 +9,6 @@ from typing import Any
 
 import nats
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.monitor.jsz import stored_config
 from storage_delta.commit.store import StoreRoot
@@ -23,6 +22,7 @@ from tests.monitor_fixtures import (
     get_json,
     http_get,
     monitor_url,
+    samples,
 )
 
 CONSUMER_NUMBERS = ("num_ack_pending", "num_redelivered", "num_waiting", "num_pending")
@@ -32,19 +32,11 @@ def without_last_active(seqs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in seqs.items() if k != "last_active"}
 
 
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of a Prometheus text exposition, by name and labels."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
 async def test_token_guards_data_not_probes(monitored: MonitoredJetlake) -> None:
-    """With monitor_token set, /jsz and /metrics need the bearer token; probes and the page do not."""
+    """With monitor_token set, /jsz, /metrics, /history and /lake need the bearer token; probes and
+    the page do not."""
     base = monitor_url(monitored)
-    for path in ("/jsz", "/metrics"):
+    for path in ("/jsz", "/metrics", "/history", "/lake"):
         for token in (None, "wrong-token"):
             status, body = http_get(base + path, token)
             assert status == 401, (path, token, body)
@@ -207,7 +199,7 @@ async def test_metrics_report_the_job_runs(monitored: MonitoredJetlake) -> None:
 async def test_openapi_describes_the_endpoints(monitored: MonitoredJetlake) -> None:
     """The monitor documents itself (OpenAPI at /openapi.json, Swagger UI at /docs)."""
     schema = get_json(monitor_url(monitored) + "/openapi.json", None)
-    assert {"/healthz", "/readyz", "/jsz", "/metrics"} <= set(schema["paths"])
+    assert {"/healthz", "/readyz", "/jsz", "/metrics", "/history", "/lake"} <= set(schema["paths"])
     assert {p["name"] for p in schema["paths"]["/jsz"]["get"]["parameters"]} == {
         "accounts",
         "streams",

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
@@ -29,6 +31,16 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.maintenance.recent import Compaction, RoundFailed
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """How a stream's latest compaction round went, for the monitor."""
+
+    ended_ns: int  # Unix ns
+    seconds: float
+    files_merged: int  # files the round removed (over all the streams it took)
+    error: str  # empty when the round succeeded
 
 
 class Compactor:
@@ -53,6 +65,12 @@ class Compactor:
         #: stream name -> files its commits added since its last round
         self._added: dict[str, int] = {}
         self._due = asyncio.Event()
+        #: stream name -> its latest round; and rounds run, failed, files merged in all (the
+        #: monitor reads these)
+        self.last: dict[str, RoundRecord] = {}
+        self.rounds = 0
+        self.failed_rounds = 0
+        self.files_merged = 0
 
     def added(self, stream: Stream) -> None:
         """A commit added a file to ``stream``'s partition. O(1): called for every committed run."""
@@ -63,6 +81,7 @@ class Compactor:
 
     def _stream_removed(self, stream: Stream) -> None:
         self._added.pop(stream.name, None)
+        self.last.pop(stream.name, None)
 
     async def run(self, publish: PublishPath) -> None:
         """The owned task: one round for every stream, then a round whenever streams are due."""
@@ -92,19 +111,31 @@ class Compactor:
         if not created:
             return False
         loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
         try:
             removed, more = await loop.run_in_executor(
                 self.executor, self._compaction.round, created, self.min_files, self.max_file_bytes
             )
-        except RoundFailed:
+        except RoundFailed as exc:
             log.exception("compacting %s failed; trying again after the interval", sorted(created))
+            self._record(created, t0, 0, str(exc) or type(exc).__name__)
             self._due_again(created)
             return False
+        self._record(created, t0, removed, "")
         if removed:
             log.info("compaction merged %d files of %s", removed, sorted(created))
         if more:
             self._due_again(created)
         return more
+
+    def _record(self, names: Iterable[str], t0: float, removed: int, error: str) -> None:
+        record = RoundRecord(time.time_ns(), time.monotonic() - t0, removed, error)
+        self.rounds += 1
+        self.failed_rounds += bool(error)
+        self.files_merged += removed
+        for name in names:
+            if name in self.registry.streams:
+                self.last[name] = record
 
     def _due_again(self, names: Iterable[str]) -> None:
         for name in names:

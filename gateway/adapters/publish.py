@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,6 +29,7 @@ from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
+from storage_delta.commit.stats import PUBACK_SECONDS_BUCKETS, Histogram
 from storage_delta.commit.writer import (
     GroupCommitWriter,
     StoredMessage,
@@ -64,6 +66,8 @@ class _Run:
     #: Copies its stream's ``republish`` asks for, published once the run is durable.
     republish: list[Republished] = field(default_factory=list)
     settled: bool = False  # its commit landed or failed
+    #: When the read that began it was handed over (monotonic s): its PubAcks' latency counts from here.
+    opened: float = field(default_factory=time.monotonic)
 
 
 class PublishPath:
@@ -97,6 +101,10 @@ class PublishPath:
         self.batches = AtomicBatches()
         self.received = 0  # publishes to a stream subject (the monitor reads these)
         self.failed = 0  # publishes answered with an error
+        #: Messages made durable per stream name, mirrored and sourced copies included.
+        self.stored: dict[str, int] = {}
+        #: Seconds from the read that brought a publish to its PubAck leaving, one per PubAck.
+        self.puback_seconds = Histogram(PUBACK_SECONDS_BUCKETS)
 
     def on_publish(self, msg: Msg) -> None:
         """Check and accept one publish. What is accepted is submitted by the next ``flush``,
@@ -336,6 +344,9 @@ class PublishPath:
                 self.leaf.publish(subject, data, hdrs=hdrs)
             if run.acks:
                 self.leaf.publish_many(run.acks)
+                self.puback_seconds.observe(time.monotonic() - run.opened, len(run.acks))
+            name = run.stream.name
+            self.stored[name] = self.stored.get(name, 0) + len(run.msgs)
         else:
             err = _store_failed(exc)
             for reply, _body in run.acks:
@@ -349,6 +360,11 @@ class PublishPath:
                 self.files_added.emit(stream)
             if self.expiring and (stream.limits.max_age or stream.ttl.next_ns() is not None):
                 self.expiring.emit(stream, run.msgs[0].ts)
+
+    def forget_stream(self, stream: Stream) -> None:
+        """A deleted stream: its open batches and its count go (a stream of the name starts anew)."""
+        self.batches.forget_stream(stream.name)
+        self.stored.pop(stream.name, None)
 
     def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
         """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""

@@ -50,12 +50,14 @@ class Snapshots:
         """Recovery read a snapshot of the stream up to ``through`` (0: none)."""
         self._taken[stream.name] = (stream.created_ns, through)
 
-    def _new(self, stream: Stream) -> int:
+    def behind(self, stream: Stream) -> int:
+        """Committed messages of ``stream`` beyond its newest snapshot: what a restart after a crash
+        reads from the message files (the monitor shows it)."""
         created, through = self._taken.get(stream.name, (0, 0))
         return stream.durable_last_seq - (through if created == stream.created_ns else 0)
 
     def _due(self, stream: Stream) -> bool:
-        return self._new(stream) >= self.min_new
+        return self.behind(stream) >= self.min_new
 
     async def take(self, every_changed: bool = False) -> int:
         """Snapshot the streams that are due (every stream with something new, at a clean stop);
@@ -66,7 +68,7 @@ class Snapshots:
             copies = [
                 (stream.name, IndexSnapshot(stream.created_ns, *stream.stored_snapshot()))
                 for stream in streams
-                if (self._new(stream) > 0 if every_changed else self._due(stream))
+                if (self.behind(stream) > 0 if every_changed else self._due(stream))
             ]
             if not copies:
                 return 0

@@ -1,11 +1,14 @@
 """The HTTP monitor: a FastAPI app in the gateway's process that reads what the gateway already keeps.
 
 Endpoints: ``/healthz`` (the process answers), ``/readyz`` (leaf link up and store open), ``/jsz``
-(nats-server's shape), ``/metrics`` (Prometheus text), ``/`` (the dashboard page), ``/docs``
-(OpenAPI). Handlers are ``async`` so they run on the gateway's event loop and read its state between
-two of its steps, never from another thread. With ``monitor_token`` set, ``/jsz`` and ``/metrics``
-need ``Authorization: Bearer <token>``; the probes, the page (which holds no data and sends the
-token it is given in its URL fragment) and the API description stay open.
+(nats-server's shape), ``/metrics`` (Prometheus text), ``/history`` (the last minutes of rates, lag
+and PubAck latency, :mod:`gateway.monitor.history`), ``/lake`` (the tables' side of every stream,
+with warnings, :mod:`gateway.monitor.lake`), ``/`` (the dashboard page), ``/docs`` (OpenAPI).
+Handlers are ``async`` so they run on the gateway's event loop and read its state between two of
+its steps, never from another thread; table reads go to the gateway's executor. With
+``monitor_token`` set, ``/jsz``, ``/metrics``, ``/history`` and ``/lake`` need
+``Authorization: Bearer <token>``; the probes, the page (which holds no data and sends the token it
+is given in its URL fragment) and the API description stay open.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 from collections.abc import Iterator
 from email.utils import formatdate
 from importlib import resources
@@ -25,9 +29,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.monitor import metrics
+from gateway.monitor.history import History
 from gateway.monitor.jsz import JszOptions, Snapshot, render_jsz, take_snapshot
+from gateway.monitor.lake import Lake, render_lake
 from gateway.service.gateway import Core, Gateway
-from storage_delta.tables.jobruns import job_figures
 
 BEARER = HTTPBearer(auto_error=False, description="the gateway's monitor_token")
 
@@ -37,13 +42,17 @@ def _dashboard_html() -> str:
 
 
 def build_app(gateway: Gateway) -> FastAPI:
+    """The monitor's app; its history sampler becomes a task of the gateway's (call it on the
+    gateway's running loop)."""
     app = FastAPI(
         title="jetlake monitor",
         description="Health, JetStream state (nats-server's /jsz shape) and Prometheus metrics of a "
         "jetlake gateway.",
     )
     _add_probes(app, gateway)
-    _add_state(app, gateway)
+    history = History()
+    gateway.tasks.own(history.run(lambda: gateway.core), "monitor-history")
+    _add_state(app, gateway, history, Lake(gateway.root, gateway.executor, gateway.settings))
     page = _dashboard_html()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -79,8 +88,8 @@ def _add_probes(app: FastAPI, gateway: Gateway) -> None:
         return {"status": "ready" if ready else "unavailable", "leaf_connected": leaf, "store_open": store}
 
 
-def _add_state(app: FastAPI, gateway: Gateway) -> None:
-    """/jsz and /metrics: the API's own answers, behind the optional bearer token."""
+def _add_state(app: FastAPI, gateway: Gateway, history: History, lake: Lake) -> None:
+    """/jsz, /metrics, /history and /lake, behind the optional bearer token."""
     settings = gateway.settings
 
     def authorized(
@@ -127,13 +136,38 @@ def _add_state(app: FastAPI, gateway: Gateway) -> None:
     )
     async def prometheus() -> Response:
         snap = await snapshot()
-        loop = asyncio.get_running_loop()
-        jobs = await loop.run_in_executor(gateway.executor, job_figures, gateway.root)
-        return Response(metrics.render(snap, _counters(started()), jobs), media_type=metrics.CONTENT_TYPE)
+        report = await lake.report(started())
+        body = metrics.render(snap, _counters(started()), report)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
+
+    @app.get(
+        "/history",
+        summary="The last minutes, one sample a second: ingest and delivery rates per stream, lag "
+        "and ack-pending per consumer, PubAck latency percentiles",
+        dependencies=[Depends(authorized)],
+    )
+    async def history_json(
+        top: Annotated[
+            int, Query(ge=1, le=100, description="per metric, the series of the highest latest values")
+        ] = 20,
+    ) -> dict[str, Any]:
+        started()
+        return history.render(top)
+
+    @app.get(
+        "/lake",
+        summary="The tables' side of every stream: files, bytes, compaction and sealing backlog, "
+        "removed bytes not yet reclaimed, index snapshots, job runs, and warnings",
+        dependencies=[Depends(authorized)],
+    )
+    async def lake_json() -> dict[str, Any]:
+        report = await lake.report(started())
+        return render_lake(report, time.time_ns())
 
 
 def _counters(core: Core) -> metrics.Counters:
     w, leaf, acks = core.writer, core.leaf, core.acklog
+    reg = core.registry
     return metrics.Counters(
         publishes=core.publish.received,
         publish_errors=core.publish.failed,
@@ -149,6 +183,9 @@ def _counters(core: Core) -> metrics.Counters:
         leaf_connected=leaf.connected,
         leaf_reconnects=leaf.reconnects,
         leaf_dropped_writes=leaf.dropped_writes,
+        puback_seconds=core.publish.puback_seconds,
+        stored={name: core.publish.stored.get(name, 0) for name in reg.streams},
+        deliveries={(s, n): c.dseq for s, cs in reg.consumers.items() for n, c in cs.items()},
     )
 
 

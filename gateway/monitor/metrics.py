@@ -1,8 +1,10 @@
 """``/metrics``: the gateway's counters and the API's stream and consumer numbers in Prometheus text.
 
 Nothing here counts anything: the components keep their own counters (the writer its commit
-histograms, the publish path its publishes, the leaf its reconnects) and this module only reads them
-when scraped, together with a :class:`~gateway.jsz.Snapshot` of the API's answers.
+histograms, the publish path its publishes and PubAck latencies, the leaf its reconnects, the
+compactor its rounds) and this module only reads them when scraped, together with a
+:class:`~gateway.jsz.Snapshot` of the API's answers and the monitor's
+:class:`~gateway.monitor.lake.LakeReport` (the tables, read at most every few seconds).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from prometheus_client.core import (
 )
 
 from gateway.monitor.jsz import Snapshot
+from gateway.monitor.lake import LakeReport
 from storage_delta.commit.stats import Histogram
-from storage_delta.tables.jobruns import JobFigures
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,6 +45,9 @@ class Counters:
     leaf_connected: bool
     leaf_reconnects: int
     leaf_dropped_writes: int
+    puback_seconds: Histogram
+    stored: Mapping[str, int]  # stream -> messages made durable
+    deliveries: Mapping[tuple[str, str], int]  # (stream, consumer) -> deliveries so far
 
 
 def _histogram(name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
@@ -115,8 +120,9 @@ def consumer_lag(last_seq: int, consumer_info: dict[str, object]) -> int:
     return max(0, last_seq - int(floor["stream_seq"]))
 
 
-def _job_families(jobs: Mapping[str, JobFigures]) -> Iterator[Metric]:
+def _job_families(lake: LakeReport) -> Iterator[Metric]:
     """What the maintenance jobs left in the ``jobruns`` table (they run in their own process)."""
+    jobs = lake.jobs
     runs = CounterMetricFamily("jetlake_job_runs", "Finished runs of a maintenance job", labels=["job"])
     last = GaugeMetricFamily(
         "jetlake_job_last_run_timestamp_seconds", "When the job's newest run started", labels=["job"]
@@ -124,14 +130,97 @@ def _job_families(jobs: Mapping[str, JobFigures]) -> Iterator[Metric]:
     removed = CounterMetricFamily(
         "jetlake_job_rows_removed", "Message rows the job removed from storage", labels=["job"]
     )
+    took = GaugeMetricFamily(
+        "jetlake_job_last_run_duration_seconds", "How long the job's newest run took", labels=["job"]
+    )
     for job, f in sorted(jobs.items()):
         runs.add_metric([job], f.runs)
-        last.add_metric([job], f.last_started / 1e9)
+        last.add_metric([job], f.last.started / 1e9)
         removed.add_metric([job], f.rows_removed)
-    yield from (runs, last, removed)
+        took.add_metric([job], f.last.seconds)
+    yield from (runs, last, removed, took)
 
 
-def families(snap: Snapshot, c: Counters, jobs: Mapping[str, JobFigures]) -> Iterator[Metric]:
+# (metric, help, how to read it from a stream's lake figures)
+LAKE_STREAM_GAUGES = (
+    ("jetlake_lake_stream_files", "Live data files of the stream in the messages table", "files"),
+    ("jetlake_lake_stream_bytes", "Bytes of the stream's live data files", "bytes"),
+    (
+        "jetlake_lake_stream_compaction_pending_files",
+        "Small files of the stream the compaction's plan would merge",
+        "compaction_pending_files",
+    ),
+    (
+        "jetlake_lake_stream_active_block_files",
+        "Files of the stream's highest block, where new commits land",
+        "active_block_files",
+    ),
+    (
+        "jetlake_lake_stream_unsealed_full_blocks",
+        "Full blocks of the stream still made of several files (the seal job's work)",
+        "unsealed_full_blocks",
+    ),
+)
+
+
+def _lake_families(lake: LakeReport) -> Iterator[Metric]:
+    """The tables' side, as the monitor last read it (every few seconds at most)."""
+    yield _gauge("jetlake_lake_table_version", "Delta version of the messages table", lake.version)
+    for name, doc, attr in LAKE_STREAM_GAUGES:
+        fam = GaugeMetricFamily(name, doc, labels=["stream"])
+        for s in lake.streams:
+            fam.add_metric([s.name], float(getattr(s.files, attr)))
+        yield fam
+    reclaim = GaugeMetricFamily(
+        "jetlake_lake_stream_unreclaimed_bytes",
+        "Estimated bytes of removed messages the stream's files still hold (the retention job's work)",
+        labels=["stream"],
+    )
+    age = GaugeMetricFamily(
+        "jetlake_index_snapshot_age_seconds", "Age of the stream's index snapshot", labels=["stream"]
+    )
+    behind = GaugeMetricFamily(
+        "jetlake_index_snapshot_behind_messages",
+        "Committed messages beyond the stream's index snapshot (a restart after a crash reads them)",
+        labels=["stream"],
+    )
+    now = lake.read_ns
+    for s in lake.streams:
+        reclaim.add_metric([s.name], float(s.unreclaimed_bytes))
+        if s.snapshot_written_ns is not None:
+            age.add_metric([s.name], max(0.0, (now - s.snapshot_written_ns) / 1e9))
+        behind.add_metric([s.name], float(s.snapshot_behind))
+    yield from (reclaim, age, behind)
+    yield _counter("jetlake_compaction_rounds", "Compaction rounds the gateway ran", lake.compaction_rounds)
+    yield _counter(
+        "jetlake_compaction_failed_rounds", "Compaction rounds that failed", lake.compaction_failed_rounds
+    )
+    yield _counter(
+        "jetlake_compaction_files_merged", "Files compaction merged away", lake.compaction_files_merged
+    )
+    yield _gauge("jetlake_lake_warnings", "Warnings the monitor's lake view shows", len(lake.warnings))
+
+
+def _rate_families(c: Counters) -> Iterator[Metric]:
+    """The counters whose rates the dashboards draw: ingest per stream, deliveries per consumer."""
+    stored = CounterMetricFamily(
+        "jetlake_stream_stored_messages",
+        "Messages of the stream made durable (mirrored and sourced copies included)",
+        labels=["stream"],
+    )
+    for name, n in sorted(c.stored.items()):
+        stored.add_metric([name], n)
+    delivered = CounterMetricFamily(
+        "jetlake_consumer_deliveries",
+        "Messages delivered by the consumer, redeliveries included (its consumer sequence)",
+        labels=["stream", "consumer"],
+    )
+    for (stream, consumer), n in sorted(c.deliveries.items()):
+        delivered.add_metric([stream, consumer], n)
+    yield from (stored, delivered)
+
+
+def families(snap: Snapshot, c: Counters, lake: LakeReport) -> Iterator[Metric]:
     api = snap.account.get("api") or {"total": 0, "errors": 0}
     yield _counter("jetlake_publish_received", "Publishes to a stream subject", c.publishes)
     yield _counter("jetlake_publish_errors", "Publishes answered with an error", c.publish_errors)
@@ -142,6 +231,11 @@ def families(snap: Snapshot, c: Counters, jobs: Mapping[str, JobFigures]) -> Ite
     )
     yield _histogram("jetlake_commit_seconds", "Time of one group commit", c.commit_seconds)
     yield _histogram("jetlake_commit_batch_messages", "Messages per group commit", c.batch_messages)
+    yield _histogram(
+        "jetlake_puback_seconds",
+        "From the leaf-link read that brought a publish to its PubAck leaving",
+        c.puback_seconds,
+    )
     yield _counter("jetlake_acklog_commits", "Delta commits of the consumer ack log", c.acklog_commits)
     yield _counter("jetlake_acklog_rows_committed", "Ack log rows made durable", c.acklog_rows)
     yield _counter("jetlake_acklog_compactions", "Ack log compactions", c.acklog_compactions)
@@ -158,7 +252,9 @@ def families(snap: Snapshot, c: Counters, jobs: Mapping[str, JobFigures]) -> Ite
     )
     yield from _stream_families(snap)
     yield from _consumer_families(snap)
-    yield from _job_families(jobs)
+    yield from _rate_families(c)
+    yield from _job_families(lake)
+    yield from _lake_families(lake)
 
 
 class _Collector:
@@ -169,8 +265,8 @@ class _Collector:
         return self._metrics
 
 
-def render(snap: Snapshot, counters: Counters, jobs: Mapping[str, JobFigures]) -> bytes:
+def render(snap: Snapshot, counters: Counters, lake: LakeReport) -> bytes:
     """Prometheus text exposition (format 0.0.4) of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(families(snap, counters, jobs)))
+    registry.register(_Collector(families(snap, counters, lake)))
     return generate_latest(registry)

@@ -53,8 +53,13 @@ class Settings:
     monitor_port: int = setting(8222, "port of the HTTP monitor; 0 turns it off")
     monitor_token: str = setting(
         "",
-        "bearer token the monitor asks for on `/jsz` and `/metrics` (empty: none); "
+        "bearer token the monitor asks for on `/jsz`, `/metrics`, `/history` and `/lake` (empty: none); "
         "set it as the variable rather than in the file",
+    )
+    monitor_lake_refresh_ms: int = setting(
+        5000,
+        "the monitor reads the tables (files per stream, index snapshots, job runs) at most this often; "
+        "answers in between show the last reading (0: every answer reads them)",
     )
     max_pending_bytes: int = setting(
         64 * MiB, "bytes of publishes that may wait for a Delta commit before publishers get an error"

@@ -67,6 +67,7 @@ class Core:
     api: Api
     recorder: RemovalRecorder
     snapshots: Snapshots
+    compactor: Compactor | None  # None with compaction off (compact_min_files 0)
 
 
 class Gateway:
@@ -154,7 +155,7 @@ class Gateway:
         )
         registry.consumer_removed.connect(delivery.consumer_gone)
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream, settings.domain)
-        registry.stream_removed.connect(lambda stream: publish.batches.forget_stream(stream.name))
+        registry.stream_removed.connect(publish.forget_stream)
         sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks, leaf)
         api = Api(
             registry,
@@ -176,13 +177,7 @@ class Gateway:
         leaf.subscribe(dispatcher.api_prefix + ">")
         leaf.subscribe("$JS.ACK.>")
         leaf.subscribe("$JS.FC.>")
-        core = Core(leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots)
-        self.tasks.own(dispatcher.api_worker(), "api-worker")
-        self.tasks.own(delivery.ticker(), "consumer-timer")
-        self.tasks.own(recorder.run(publish), "removals")
-        self.tasks.own(snapshots.run(), "index-snapshots")
-        if self.flush_s is not None and self.root.unsynced is not None:
-            self.tasks.own(flush_every(self.flush_s, self.executor, self.root.unsynced), "sync-flusher")
+        compactor = None
         if settings.compact_min_files:
             compactor = Compactor(
                 registry,
@@ -192,6 +187,16 @@ class Gateway:
                 settings.compact_max_file_bytes,
                 settings.compact_interval_ms / 1000,
             )
+        core = Core(
+            leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots, compactor
+        )
+        self.tasks.own(dispatcher.api_worker(), "api-worker")
+        self.tasks.own(delivery.ticker(), "consumer-timer")
+        self.tasks.own(recorder.run(publish), "removals")
+        self.tasks.own(snapshots.run(), "index-snapshots")
+        if self.flush_s is not None and self.root.unsynced is not None:
+            self.tasks.own(flush_every(self.flush_s, self.executor, self.root.unsynced), "sync-flusher")
+        if compactor is not None:
             self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         self.sourcing = sourcing

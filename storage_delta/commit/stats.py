@@ -21,9 +21,10 @@ class Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * (len(self.bounds) + 1)  # the last bucket is +Inf
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
+    def observe(self, value: float, n: int = 1) -> None:
+        """``n`` observations of ``value`` (the PubAcks of one commit run share one latency)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.total += value * n
 
     @property
     def count(self) -> int:
@@ -39,6 +40,8 @@ class Histogram:
         return out
 
 
+# PubAck latency: a read of the leaf link to the PubAcks its commit releases (a commit and a hop).
+PUBACK_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 # Commit latency: a local-disk commit takes a few ms, an object-store one tens to hundreds.
 COMMIT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Messages per group commit: one under light load, thousands under heavy load.

@@ -169,6 +169,18 @@ def load_index(
     return (snapshot.index.after(tail) if snapshot is not None else tail), through
 
 
+def written_times(root: StoreRoot) -> dict[str, int]:
+    """When each stream's snapshot was last written (Unix ns, the file's modification time), by
+    stream name: the monitor shows their age. One listing; blocks: belongs on a worker thread."""
+    fs, folder, _ = _location(root, "")
+    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    return {
+        unquote(info.base_name[: -len(".parquet")]): int(info.mtime_ns or 0)
+        for info in infos
+        if info.base_name.endswith(".parquet")
+    }
+
+
 def remove_others(root: StoreRoot, live: set[str]) -> None:
     """Delete the snapshots of streams that no longer exist."""
     fs, folder, _ = _location(root, "")

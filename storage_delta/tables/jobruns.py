@@ -38,11 +38,12 @@ class JobRun:
 
 @dataclass(frozen=True, slots=True)
 class JobFigures:
-    """One job's runs so far: how many, when the newest started (Unix ns), rows removed in all."""
+    """One job's runs so far: how many, rows removed in all, and the newest run (what it took and
+    what it changed)."""
 
     runs: int
-    last_started: int
     rows_removed: int
+    last: JobRun
 
 
 def record_run(root: StoreRoot, run: JobRun) -> None:
@@ -64,11 +65,12 @@ def job_figures(root: StoreRoot) -> dict[str, JobFigures]:
     dt = open_existing(root, sch.JOBRUNS)
     if dt is None:
         return {}
-    table = dt.to_pyarrow_table(columns=["job", "started", "rows_removed"])
-    grouped = table.group_by("job").aggregate(
-        [("started", "count"), ("started", "max"), ("rows_removed", "sum")]
-    )
-    return {
-        row["job"]: JobFigures(row["started_count"], row["started_max"], row["rows_removed_sum"])
-        for row in grouped.to_pylist()
-    }
+    out: dict[str, JobFigures] = {}
+    # oldest first, so each job's newest run is the last one seen (runs are few: one row each)
+    for row in sorted(dt.to_pyarrow_table().to_pylist(), key=lambda r: r["started"]):
+        figures = RunFigures(**{name: row[name] for name in RunFigures.__dataclass_fields__})
+        run = JobRun(row["job"], row["started"], row["seconds"], figures)
+        before = out.get(run.job)
+        runs, removed = (before.runs, before.rows_removed) if before is not None else (0, 0)
+        out[run.job] = JobFigures(runs + 1, removed + figures.rows_removed, run)
+    return out
