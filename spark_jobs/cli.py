@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spark_jobs.settings import JobSettings
+    from storage_delta.commit.store import StoreRoot
 
 log = logging.getLogger("jetlake.jobs")
 
@@ -68,21 +69,36 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_job(spark: Any, job: str, settings: JobSettings) -> None:
-    """One job, recorded in the ``jobruns`` table once done; a job that rewrites ``messages`` is
-    followed by a vacuum that keeps the margin and a Delta checkpoint."""
+    """One job, recorded in the ``jobruns`` table once done, or in ``jobfailures`` with its error
+    when it fails (and the error raised again); a job that rewrites ``messages`` is followed by a
+    vacuum that keeps the margin and a Delta checkpoint."""
+    from storage_delta.commit.store import StoreRoot
+    from storage_delta.tables.jobruns import JobRun, record_run
+
+    root = StoreRoot(settings.data_root)
+    started_ns = time.time_ns()
+    started = time.monotonic()
+    log.info("%s: starting on %s", job, root.uri)
+    try:
+        _run_job(spark, job, settings, root, started_ns, started)
+    except Exception as exc:
+        record_run(
+            root, JobRun(job, started_ns, time.monotonic() - started, error=f"{type(exc).__name__}: {exc}")
+        )
+        raise
+
+
+def _run_job(
+    spark: Any, job: str, settings: JobSettings, root: StoreRoot, started_ns: int, started: float
+) -> None:
     from spark_jobs import compaction
     from spark_jobs.ackfloors import ackfloors
-    from storage_delta.commit.store import StoreRoot
     from storage_delta.format import schema as sch
     from storage_delta.maintenance import files as maintenance
     from storage_delta.maintenance.vacuum import MIN_RETENTION_HOURS, vacuum
     from storage_delta.tables.jobruns import JobRun, record_run
     from storage_delta.tables.removals import compact_removals, load_stream_states
 
-    root = StoreRoot(settings.data_root)
-    started_ns = time.time_ns()
-    started = time.monotonic()
-    log.info("%s: starting on %s", job, root.uri)
     if job == "ackfloors":
         run, rows = ackfloors(spark, root)
         record_run(root, JobRun(job, started_ns, time.monotonic() - started))

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 
 from gateway.monitor.jsz import stored_config
+from spark_jobs.cli import run_job
+from spark_jobs.settings import JobSettings
 from storage_delta.commit.store import StoreRoot
-from storage_delta.tables.jobruns import JobRun, RunFigures, record_run
+from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.jobruns import ERROR_CHARS, JobRun, RunFigures, job_figures, record_run
+from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import ReferenceJetStream, scrub, stop
 from tests.monitor_fixtures import (
     TOKEN,
@@ -194,6 +199,47 @@ async def test_metrics_report_the_job_runs(monitored: MonitoredJetlake) -> None:
     assert delta("jetlake_job_rows_removed_total", "seal") == 0
     retention_last = after[("jetlake_job_last_run_timestamp_seconds", frozenset({("job", "retention")}))]
     assert retention_last == (t0 + 2_000_000_000) / 1e9
+
+
+def test_a_failed_job_run_is_recorded_with_its_error(tmp_path: Path) -> None:
+    """``jetlake jobs run`` records a run that fails, with the error's words, in ``jobfailures`` and
+    raises the error again: here the removals job over a removal log whose file lost its tail."""
+    root = StoreRoot(str(tmp_path))
+    CatalogTable(root).put("stream", "S", "S", {"created": 1})
+    RemovalLog(root).append([Removal("S", 1, 1, 5)])
+    RemovalLog(root).append([Removal("S", 1, 9, 9)])
+    data = sorted((tmp_path / "removals").glob("*.parquet"))[0]
+    data.write_bytes(data.read_bytes()[:-20])
+    with pytest.raises(ValueError, match="Parquet magic bytes not found") as raised:
+        run_job(None, "removals", JobSettings(data_root=root.uri))
+    figures = job_figures(root)["removals"]
+    assert (figures.runs, figures.failures) == (1, 1)
+    assert figures.last.error == f"{type(raised.value).__name__}: {raised.value}"[:ERROR_CHARS]
+
+
+async def test_a_failing_job_shows_in_metrics_and_lake(monitored: MonitoredJetlake) -> None:
+    """A job whose newest run failed: /metrics counts the failure and flags the newest run, /lake
+    carries its error and a warning that says what to do; a later good run clears the flag."""
+    url = monitor_url(monitored)
+    root = StoreRoot(str(monitored.data_root))
+    t0 = 1_900_000_000_000_000_000
+    await asyncio.to_thread(record_run, root, JobRun("seal", t0, 0.2, error="OSError: disk full"))
+    after = samples(http_get(url + "/metrics")[1].decode())
+    seal = frozenset({("job", "seal")})
+    assert after[("jetlake_job_failures_total", seal)] >= 1
+    assert after[("jetlake_job_last_run_failed", seal)] == 1
+    lake = get_json(url + "/lake", TOKEN)
+    assert lake["jobs"]["seal"]["last"]["error"] == "OSError: disk full"
+    assert any(
+        w["stream"] is None
+        and w["text"].startswith("the last run of the seal job")
+        and "disk full" in w["text"]
+        for w in lake["warnings"]
+    )
+    await asyncio.to_thread(record_run, root, JobRun("seal", t0 + 10**9, 0.2))
+    again = samples(http_get(url + "/metrics")[1].decode())
+    assert again[("jetlake_job_last_run_failed", seal)] == 0
+    assert not any("seal job" in w["text"] for w in get_json(url + "/lake", TOKEN)["warnings"])
 
 
 async def test_openapi_describes_the_endpoints(monitored: MonitoredJetlake) -> None:

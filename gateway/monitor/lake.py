@@ -120,6 +120,16 @@ def warnings(
     """What an operator should act on, each with what to do."""
     out: list[LakeWarning] = []
     compaction_on = settings.compact_min_files > 0
+    for job, figures in sorted(jobs.items()):
+        if figures.last.error:
+            ago = human_age((now_ns - figures.last.started) / 1e9)
+            out.append(
+                LakeWarning(
+                    None,
+                    f"the last run of the {job} job, {ago} ago, failed: {figures.last.error}; see the "
+                    f"job's log (`jetlake jobs run {job}` prints it) and run it again",
+                )
+            )
     for s in streams:
         f, name = s.files, s.name
         if f.compaction_pending_files >= PENDING_FILES_WARN:
@@ -303,8 +313,10 @@ def render_lake(report: LakeReport, now_ns: int) -> dict[str, Any]:
         "jobs": {
             job: {
                 "runs": f.runs,
+                "failures": f.failures,
                 "rows_removed": f.rows_removed,
                 "last": {
+                    "error": f.last.error,
                     "started": rfc3339(f.last.started),
                     "age_s": age(f.last.started),
                     "seconds": round(f.last.seconds, 3),

@@ -133,12 +133,20 @@ def _job_families(lake: LakeReport) -> Iterator[Metric]:
     took = GaugeMetricFamily(
         "jetlake_job_last_run_duration_seconds", "How long the job's newest run took", labels=["job"]
     )
+    failures = CounterMetricFamily(
+        "jetlake_job_failures", "Runs of a maintenance job that ended with an error", labels=["job"]
+    )
+    failed = GaugeMetricFamily(
+        "jetlake_job_last_run_failed", "1 when the job's newest run ended with an error", labels=["job"]
+    )
     for job, f in sorted(jobs.items()):
         runs.add_metric([job], f.runs)
         last.add_metric([job], f.last.started / 1e9)
         removed.add_metric([job], f.rows_removed)
         took.add_metric([job], f.last.seconds)
-    yield from (runs, last, removed, took)
+        failures.add_metric([job], f.failures)
+        failed.add_metric([job], 1 if f.last.error else 0)
+    yield from (runs, last, removed, took, failures, failed)
 
 
 # (metric, help, how to read it from a stream's lake figures)

@@ -152,3 +152,15 @@ JOBRUNS_SCHEMA = pa.schema(
         pa.field("bytes_after", pa.int64(), nullable=False),
     ]
 )
+
+JOBFAILURES = "jobfailures"
+
+#: One row per run of a ``jetlake jobs`` job that ended with an error, and the error's words.
+JOBFAILURES_SCHEMA = pa.schema(
+    [
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("started", pa.int64(), nullable=False),
+        pa.field("seconds", pa.float64(), nullable=False),
+        pa.field("error", pa.string(), nullable=False),
+    ]
+)
