@@ -12,14 +12,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from gateway.adapters.publish import PublishPath
+from gateway.adapters.registry import Registry
 from gateway.api import errors
+from gateway.api.configs import StreamConfig
 from gateway.engine.fast_batch import FastBatches, FastRef, FlowAck, Refused, parse_reply
+from gateway.engine.stream import Stream
+from gateway.wire.leaf import LeafConnection
+from gateway.wire.protocol import Msg as LeafMsg
+from storage_delta.commit.writer import GroupCommitWriter, StoredMessage
 from tests.differential import api, assert_same
 
 # A publish: subject suffix, payload, headers, reply tail (after the inbox prefix).
@@ -301,3 +309,75 @@ def test_an_idle_batch_is_gone_after_10_s() -> None:
         Refused(errors.BATCH_PUBLISH_UNKNOWN_ID)
     ]
     assert fast.begin("S", first, None, False, 20 * s + 2).answers == [FlowAck(0, 10)]
+
+
+class _Writer:
+    """The group-commit writer's face to the publish path, with commits the test lands by hand."""
+
+    def __init__(self) -> None:
+        self.commits: list[asyncio.Future[None]] = []
+
+    def admit(self, size: int, count: int = 1) -> None:
+        pass
+
+    def unadmit(self, size: int) -> None:
+        pass
+
+    def submit(self, messages: list[StoredMessage], admitted: bool = False) -> asyncio.Future[None]:
+        self.commits.append(asyncio.get_running_loop().create_future())
+        return self.commits[-1]
+
+
+class _Leaf:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def publish(self, subject: str, data: bytes, hdrs: bytes | None = None) -> None:
+        self.sent.append(data.decode())
+
+    def publish_many(self, msgs: list[tuple[str, bytes]]) -> None:
+        self.sent += [data.decode() for _, data in msgs]
+
+
+async def test_no_answer_leaves_before_the_commit_it_speaks_for() -> None:
+    """Flow acks and the PubAck wait for the commit holding the messages; a ping that stores
+    nothing waits for the stream's commit in flight; a failed commit turns the answers into
+    errors and ends the batch."""
+    stream = Stream(StreamConfig("S", subjects=("s.>",), allow_batched=True), 1, 1 << 20)
+    writer, leaf = _Writer(), _Leaf()
+    registry = SimpleNamespace(route=lambda subject: stream)
+    parts = (cast(Registry, registry), cast(GroupCommitWriter, writer), cast(LeafConnection, leaf))
+    path = PublishPath(*parts, lambda stored: None, "")
+
+    def send(tail: str) -> None:
+        path.on_publish(LeafMsg("s.x", f"in.{tail}", None, b"m"))
+
+    async def land(commit: asyncio.Future[None], exc: BaseException | None = None) -> None:
+        if exc is None:
+            commit.set_result(None)
+        else:
+            commit.set_exception(exc)
+        await asyncio.sleep(0)  # its callbacks run
+
+    for seq in (1, 2, 3):
+        send(F("b", seq, 0 if seq == 1 else 1, flow=2))
+    path.flush()
+    assert leaf.sent == []
+    await land(writer.commits[0])
+    assert leaf.sent == ['{"type":"ack","seq":0,"msgs":2}', '{"type":"ack","seq":2,"msgs":2}']
+    send(F("b", 4, 1, flow=2))
+    path.flush()
+    send(F("b", 1, 4, flow=2))  # a ping: stores nothing, answers after commit 1
+    path.flush()
+    assert len(writer.commits) == 2
+    assert len(leaf.sent) == 2
+    await land(writer.commits[1])
+    assert leaf.sent[2:] == ['{"type":"ack","seq":4,"msgs":2}', '{"type":"ack","seq":4,"msgs":2}']
+    send(F("b", 5, 1, flow=2))
+    send(F("b", 6, 1, flow=2))
+    path.flush()
+    await land(writer.commits[2], OSError("disk gone"))
+    assert [json.loads(a)["error"]["err_code"] for a in leaf.sent[4:]] == [10077]
+    send(F("b", 7, 2, flow=2))
+    path.flush()
+    assert json.loads(leaf.sent[-1])["error"]["err_code"] == 10208
