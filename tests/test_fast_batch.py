@@ -381,3 +381,52 @@ async def test_no_answer_leaves_before_the_commit_it_speaks_for() -> None:
     send(F("b", 7, 2, flow=2))
     path.flush()
     assert json.loads(leaf.sent[-1])["error"]["err_code"] == 10208
+
+
+async def test_a_batch_idle_for_10_s_is_gone(targets: dict[str, str], unique: str) -> None:
+    """Ten seconds without a message end a batch (10208 after; its id can start again); a message
+    within them keeps it. Margins of several seconds either side of the limit."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{p}.>"], **A})
+        inbox = nc.new_inbox()
+        answers: list[str] = []
+        done = asyncio.Event()
+
+        async def on_answer(msg: Msg) -> None:
+            answers.append(f"{msg.subject[len(inbox) + 1 :]} {msg.data.decode()}")
+            if msg.subject.endswith(F("a", 1, 4)):
+                done.set()
+
+        await nc.subscribe(f"{inbox}.>", cb=on_answer)
+        for tail in (F("a", 1, 0), F("b", 1, 0)):
+            await nc.publish(f"{p}.x", b"", reply=f"{inbox}.{tail}")
+        await asyncio.sleep(6)
+        await nc.publish(f"{p}.x", b"", reply=f"{inbox}.{F('a', 2, 1)}")
+        await asyncio.sleep(6)
+        for tail in (F("b", 2, 1), F("b", 1, 0), F("a", 1, 4)):
+            await nc.publish(f"{p}.x", b"", reply=f"{inbox}.{tail}")
+        await asyncio.wait_for(done.wait(), 10)
+        return answers
+
+    await assert_same(targets, case, unique)
+
+
+async def test_a_sealed_stream_refuses_fast_batches(targets: dict[str, str], unique: str) -> None:
+    """400/10109, before anything else is looked at."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        req = {"name": name, "subjects": [f"{p}.>"], **A}
+        await api(nc, f"STREAM.CREATE.{name}", req)
+        await api(nc, f"STREAM.UPDATE.{name}", {**req, "sealed": True})
+        inbox = nc.new_inbox()
+        out = []
+        for tail in (F("s", 1, 0), "s.10.ok.1.9.$FI"):
+            sub = await nc.subscribe(f"{inbox}.{tail}", max_msgs=1)
+            await nc.publish(f"{p}.x", b"m", reply=f"{inbox}.{tail}")
+            out.append(json.loads((await sub.next_msg(5)).data))
+        return out
+
+    await assert_same(targets, case, unique)
