@@ -98,8 +98,11 @@ CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
     ("bad_gap", A, [("x", b"m", None, "b.10.maybe.1.0.$FI")]),
     ("bad_seq_sign", A, [("x", b"m", None, "b.10.ok.+1.0.$FI")]),
     ("bad_seq_max", A, [("x", b"m", None, "b.10.ok.18446744073709551615.1.$FI")]),
-    # leading zeros are numbers
+    # leading zeros are numbers; a flow past int64 wraps as Go's parser wraps it
     ("zeros", A, [("x", b"m", None, "b.10.ok.01.00.$FI")]),
+    ("many_zeros", A, [("x", b"m", None, f"b.10.ok.{'0' * 30}1.0.$FI")]),
+    ("flow_wraps", A, [("x", b"m", None, "b.18446744073709551916.ok.1.0.$FI")]),
+    ("flow_wraps_negative", A, [("x", b"m", None, f"b.{'9' * 99}.ok.1.0.$FI")]),
     # not the suffix (case, extra token): an ordinary publish
     ("not_fast", A, [("x", b"m", None, "b.10.ok.1.0.$fi"), ("x", b"m", None, "b.10.ok.1.0.$FI.x")]),
     # ids up to 64 characters (10207 above)

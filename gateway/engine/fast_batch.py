@@ -57,7 +57,8 @@ def _go_int64(text: str) -> int:
     """nats-server's ``parseInt64``: -1 unless every character is a digit, wrapping past int64."""
     if not text or not (text.isascii() and text.isdigit()):
         return -1
-    return (int(text) + 2**63) % _U64 - 2**63
+    # 10**64 is a multiple of 2**64: the last 64 digits decide the wrapped value
+    return (int(text[-64:]) + 2**63) % _U64 - 2**63
 
 
 def parse_reply(reply: str) -> FastRef | errors.ApiError | None:
@@ -73,7 +74,8 @@ def parse_reply(reply: str) -> FastRef | errors.ApiError | None:
         return errors.BATCH_PUBLISH_INVALID_PATTERN
     batch_id, flow_text, gap, seq_text, op_text = tokens[-5:]
     op = _go_int64(op_text)
-    seq = int(seq_text) if seq_text.isascii() and seq_text.isdigit() else 0
+    digits = seq_text.lstrip("0")
+    seq = int(digits or "0") if seq_text.isascii() and seq_text.isdigit() and len(digits) <= 20 else 0
     if not OP_START <= op <= OP_PING or not 0 < seq < _U64 - 1:
         return errors.BATCH_PUBLISH_INVALID_PATTERN
     if (seq == 1 and op == OP_COMMIT_EOB) or (op in (OP_START, OP_APPEND) and (op == OP_START) != (seq == 1)):
