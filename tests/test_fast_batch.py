@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -29,6 +31,7 @@ from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg as LeafMsg
 from storage_delta.commit.writer import GroupCommitWriter, StoredMessage
 from tests.differential import api, assert_same
+from tests.harness import Jetlake
 
 # A publish: subject suffix, payload, headers, reply tail (after the inbox prefix).
 Pub = tuple[str, bytes, dict[str, str] | None, str]
@@ -433,3 +436,62 @@ async def test_a_sealed_stream_refuses_fast_batches(targets: dict[str, str], uni
         return out
 
     await assert_same(targets, case, unique)
+
+
+async def _stream_until_killed(gw: Jetlake, kill_after_s: float) -> int:
+    """Stream one fast batch (gap ``fail``, flow 10, two acks outstanding) until the gateway is
+    killed; the highest batch sequence a flow ack vouched for."""
+    async with await nats.connect(gw.url) as nc:
+        await api(nc, "STREAM.CREATE.KILLED", {"name": "KILLED", "subjects": ["killed.>"], **A})
+        inbox = nc.new_inbox()
+        acked, step = 0, 10
+        moved = asyncio.Event()
+
+        async def on_answer(msg: Msg) -> None:
+            nonlocal acked, step
+            body = json.loads(msg.data)
+            assert body.get("type") == "ack", body
+            acked, step = max(acked, body["seq"]), body["msgs"]
+            moved.set()
+
+        await nc.subscribe(f"{inbox}.>", cb=on_answer)
+        killer = asyncio.get_running_loop().call_later(kill_after_s, gw.kill_gateway)
+        seq = 0
+        try:
+            while True:
+                seq += 1
+                await nc.publish(
+                    "killed.x", b"%d" % seq, reply=f"{inbox}.{F('k', seq, min(seq - 1, 1), 10, 'fail')}"
+                )
+                while (seq == 1 and not moved.is_set()) or acked + step * 2 <= seq:
+                    moved.clear()
+                    await asyncio.wait_for(moved.wait(), 2)
+        except TimeoutError:  # the gateway is gone
+            pass
+        finally:
+            killer.cancel()
+    return acked
+
+
+@pytest.mark.slow
+def test_kill_9_keeps_every_message_a_flow_ack_vouched_for(tmp_path: Path) -> None:
+    """A flow ack for batch sequence N means 1..N are durable: after ``kill -9`` they are all there."""
+    gw = Jetlake(tmp_path)
+    gw.start()
+    try:
+        acked = asyncio.run(_stream_until_killed(gw, 1.5))
+        assert acked > 10, "the batch made no progress before the kill"
+        gw.start_gateway()
+
+        async def read_back() -> list[Any]:
+            async with await nats.connect(gw.url) as nc:
+                state = (await api(nc, "STREAM.INFO.KILLED"))["state"]
+                got = []
+                for seq in sorted({1, acked // 2, acked}):
+                    m = (await api(nc, "STREAM.MSG.GET.KILLED", {"seq": seq}))["message"]
+                    got.append(base64.b64decode(m["data"]).decode())
+                return [state["first_seq"], state["messages"] >= acked, got]
+
+        assert asyncio.run(read_back()) == [1, True, [str(s) for s in sorted({1, acked // 2, acked})]]
+    finally:
+        gw.stop()
