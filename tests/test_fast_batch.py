@@ -251,6 +251,13 @@ async def test_a_config_with_allow_batched(targets: dict[str, str], unique: str)
     await assert_same(targets, case, unique)
 
 
+async def _answer_to(nc: Client, subject: str, reply: str) -> Any:
+    """Publish one message with ``reply`` and read the one answer it gets."""
+    sub = await nc.subscribe(reply, max_msgs=1)
+    await nc.publish(subject, b"m", reply=reply)
+    return json.loads((await sub.next_msg(5)).data)
+
+
 async def test_turning_allow_batched_off_ends_the_batches(targets: dict[str, str], unique: str) -> None:
     """Off: 10205; on again: the batch is gone (10208)."""
     p = unique.lower()
@@ -263,9 +270,7 @@ async def test_turning_allow_batched_off_ends_the_batches(targets: dict[str, str
         for step, tail in enumerate([F("t", 1, 0), F("t", 2, 1), F("t", 3, 1)]):
             if step:
                 await api(nc, f"STREAM.UPDATE.{name}", {**req, "allow_batched": step == 2})
-            sub = await nc.subscribe(f"{inbox}.{tail}", max_msgs=1)
-            await nc.publish(f"{p}.x", b"m", reply=f"{inbox}.{tail}")
-            answers.append(json.loads((await sub.next_msg(5)).data))
+            answers.append(await _answer_to(nc, f"{p}.x", f"{inbox}.{tail}"))
         return answers
 
     await assert_same(targets, case, unique)
@@ -428,12 +433,8 @@ async def test_a_sealed_stream_refuses_fast_batches(targets: dict[str, str], uni
         await api(nc, f"STREAM.CREATE.{name}", req)
         await api(nc, f"STREAM.UPDATE.{name}", {**req, "sealed": True})
         inbox = nc.new_inbox()
-        out = []
-        for tail in (F("s", 1, 0), "s.10.ok.1.9.$FI"):
-            sub = await nc.subscribe(f"{inbox}.{tail}", max_msgs=1)
-            await nc.publish(f"{p}.x", b"m", reply=f"{inbox}.{tail}")
-            out.append(json.loads((await sub.next_msg(5)).data))
-        return out
+        tails = (F("s", 1, 0), "s.10.ok.1.9.$FI")
+        return [await _answer_to(nc, f"{p}.x", f"{inbox}.{tail}") for tail in tails]
 
     await assert_same(targets, case, unique)
 
