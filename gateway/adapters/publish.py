@@ -7,6 +7,9 @@ a sequence that a failed commit could take back. ``no_ack`` streams answer nothi
 A ``Nats-TTL`` enters the stream's TTL schedule, a ``Nats-Rollup`` purges once the writer has the
 message, and the delete markers expiry asks for (ADR-43) are stored here by ``place_markers``, which
 the removal recorder calls as soon as expiry has asked (``gateway.adapters.removals``).
+An atomic batch is held until its commit and accepted whole; a fast batch's messages (reply
+ending in ``.$FI``) are stored one by one and its flow acks, reports and PubAck wait, like every
+PubAck, for the commit they speak for.
 """
 
 from __future__ import annotations
