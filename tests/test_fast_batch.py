@@ -496,3 +496,19 @@ def test_kill_9_keeps_every_message_a_flow_ack_vouched_for(tmp_path: Path) -> No
         assert asyncio.run(read_back()) == [1, True, [str(s) for s in sorted({1, acked // 2, acked})]]
     finally:
         gw.stop()
+
+
+def test_50000_fast_batches_in_all() -> None:
+    """Beyond a stream's 1,000, the gateway holds 50,000 fast batches in all (429/10211); an ended
+    batch frees its place."""
+    fast = FastBatches()
+    for i in range(50_000):
+        ref = parse_reply(f"in.b{i % 1000}.10.ok.1.0.$FI")
+        assert isinstance(ref, FastRef)
+        assert fast.begin(f"S{i // 1000}", ref, None, False, 0).store
+    one_more = parse_reply("in.x.10.ok.1.2.$FI")
+    assert isinstance(one_more, FastRef)
+    refused = fast.begin("T", one_more, None, False, 0)
+    assert refused.answers == [Refused(errors.BATCH_PUBLISH_TOO_MANY_INFLIGHT)]
+    fast.forget_stream("S7")
+    assert fast.begin("T", one_more, None, False, 0).store
