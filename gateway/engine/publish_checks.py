@@ -88,7 +88,7 @@ def check_in_batch(stream: StreamView, subject: str, hdrs: bytes | None, data: b
     batch, and it is stored with the headers it came with (a raised TTL rewritten there too)."""
     plain = without_header(hdrs, "Nats-Batch-Id")
     verdict = check_publish(stream, subject, plain, data, now_ns)
-    if type(verdict) is not Accepted:
+    if type(verdict) is not Accepted or plain is hdrs:  # refused, or no headers to put back
         return verdict
     kept = hdrs if verdict.hdrs is plain else set_header(hdrs, "Nats-TTL", str(verdict.ttl))
     return Accepted(kept, verdict.msg_id, verdict.ttl, verdict.rollup, verdict.is_marker)
