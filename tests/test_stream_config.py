@@ -166,7 +166,6 @@ UNSUPPORTED = [
     ),
     ("allow_msg_counter", {"allow_msg_counter": True}),
     ("allow_msg_schedules", {"allow_msg_schedules": True}),
-    ("allow_batched", {"allow_batched": True}),
 ]
 
 

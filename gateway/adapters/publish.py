@@ -7,6 +7,9 @@ a sequence that a failed commit could take back. ``no_ack`` streams answer nothi
 A ``Nats-TTL`` enters the stream's TTL schedule, a ``Nats-Rollup`` purges once the writer has the
 message, and the delete markers expiry asks for (ADR-43) are stored here by ``place_markers``, which
 the removal recorder calls as soon as expiry has asked (``gateway.adapters.removals``).
+An atomic batch is held until its commit and accepted whole; a fast batch's messages (reply
+ending in ``.$FI``) are stored one by one and its flow acks, reports and PubAck wait, like every
+PubAck, for the commit they speak for.
 """
 
 from __future__ import annotations
@@ -23,7 +26,27 @@ from gateway.api import errors
 from gateway.api.durations import go_duration
 from gateway.api.timefmt import now_ns
 from gateway.engine.atomic_batch import AtomicBatches, Commit, Held, check_batch
-from gateway.engine.publish_checks import Accepted, Batched, Duplicate, check_publish, size_limit
+from gateway.engine.fast_batch import (
+    SUFFIX,
+    Answer,
+    BatchDone,
+    FastBatches,
+    FastRef,
+    FlowAck,
+    FlowErr,
+    FlowGap,
+    Refused,
+    parse_reply,
+)
+from gateway.engine.publish_checks import (
+    Accepted,
+    Batched,
+    Duplicate,
+    check_in_batch,
+    check_publish,
+    exceeds_size,
+    size_limit,
+)
 from gateway.engine.republish import Republished, republished
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
@@ -65,6 +88,8 @@ class _Run:
     after: list[Callable[[BaseException | None], None]] = field(default_factory=list)
     #: Copies its stream's ``republish`` asks for, published once the run is durable.
     republish: list[Republished] = field(default_factory=list)
+    #: Fast batches with answers in ``acks``: dropped if the commit fails.
+    fast_batches: set[str] = field(default_factory=set)
     settled: bool = False  # its commit landed or failed
     #: When the read that began it was handed over (monotonic s): its PubAcks' latency counts from here.
     opened: float = field(default_factory=time.monotonic)
@@ -83,6 +108,7 @@ class PublishPath:
         self._pub_ack = pub_ack_format(domain) + b"}"
         self._batch_ack = pub_ack_format(domain) + b',"batch":%s,"count":%d}'
         self._duplicate_ack = pub_ack_format(domain) + b',"duplicate": true}'
+        self._batch_duplicate_ack = pub_ack_format(domain) + b',"duplicate": true,"batch":%s,"count":%d}'
         self.writer = writer
         self.leaf = leaf
         self._on_stored = on_stored
@@ -95,10 +121,15 @@ class PublishPath:
         self.files_added: Signal[[Stream]] = Signal()
         # Accepted but not yet submitted: one run per stream, until ``flush``.
         self._runs: dict[Stream, _Run] = {}
+        # Each stream's last submitted run while in flight: answers of a run that stored nothing
+        # (a fast batch's ping, or a refusal) wait for it, so they leave in the order decided.
+        self._tail: dict[Stream, _Run] = {}
         # Runs in flight holding a message with a msg id, for duplicates that arrive meanwhile.
         self._inflight_ids: dict[tuple[str, int], _Run] = {}
         #: Atomic batches waiting for their commit.
         self.batches = AtomicBatches()
+        #: Fast batches in progress.
+        self.fast = FastBatches()
         self.received = 0  # publishes to a stream subject (the monitor reads these)
         self.failed = 0  # publishes answered with an error
         #: Messages made durable per stream name, mirrored and sourced copies included.
@@ -119,12 +150,16 @@ class PublishPath:
             subject = stream.input_transform.match(subject) or subject
         reply = "" if stream.no_ack else msg.reply
         run = self._run_of(stream)
-        if msg.hdrs is None and stream.takes_runs:
+        fast = msg.reply.endswith(SUFFIX)
+        if msg.hdrs is None and stream.takes_runs and not fast:
             run.queued.append((subject, msg.data, reply))
             return
         if run.queued:  # what came before is accepted first: the checks below see it
             self._accept_queued(run)
         now = now_ns()
+        if fast and (ref := parse_reply(msg.reply)) is not None:
+            self._fast(run, subject, msg, ref, now)
+            return
         verdict = check_publish(stream, subject, msg.hdrs, msg.data, now)
         if type(verdict) is Accepted:
             self._store(run, subject, msg.data, verdict, reply, now)
@@ -168,6 +203,68 @@ class PublishPath:
             )
             run.acks.append((reply, ack))
 
+    def _fast(self, run: _Run, subject: str, msg: Msg, ref: FastRef | errors.ApiError, now: int) -> None:
+        """A message of a fast batch: checked and stored as an ordinary publish, while the batch
+        decides what to answer (``gateway.engine.fast_batch``). Every answer waits in the run for
+        its commit (or for the stream's last commit in flight), so none leaves before the
+        messages it speaks for are durable, and all leave in the order they were decided. The
+        answers go to the message's reply subject even on a ``no_ack`` stream, as the server's do,
+        but for the first message's flow ack and the refusals of a message the stream never took."""
+        stream, reply = run.stream, msg.reply
+        cfg = stream.config
+        refused = (
+            (errors.STREAM_SEALED if cfg.sealed else None)
+            or (errors.STREAM_MESSAGE_EXCEEDS_MAXIMUM if exceeds_size(cfg, msg.hdrs, msg.data) else None)
+            or (None if cfg.allow_batched else errors.BATCH_PUBLISH_DISABLED)
+        )
+        if refused is None and isinstance(ref, FastRef):
+            begun = self.fast.begin(stream.name, ref, msg.hdrs, stream.no_ack, now)
+            answers = [a for a in begun.answers if not (stream.no_ack and type(a) is Refused)]
+            if begun.store:
+                answers += self._fast_store(run, subject, begun.hdrs, msg.data, ref, now)
+            self._answer(run, reply, ref, answers)
+        elif not stream.no_ack:
+            self._answer(run, reply, ref, [Refused(refused or _as_error(ref))])
+
+    def _fast_store(
+        self, run: _Run, subject: str, hdrs: bytes | None, data: bytes, ref: FastRef, now: int
+    ) -> list[Answer]:
+        stream, name = run.stream, run.stream.name
+        verdict = check_in_batch(stream, subject, hdrs, data, now)
+        if type(verdict) is Duplicate:
+            return self.fast.refused(name, ref, None, verdict.seq)
+        if isinstance(verdict, errors.ApiError):
+            return self.fast.refused(name, ref, verdict)
+        assert type(verdict) is Accepted
+        stored = self._try_store(run, subject, data, verdict, "", now)
+        if isinstance(stored, errors.ApiError):
+            return self.fast.refused(name, ref, stored)
+        return self.fast.stored(name, ref, stored)
+
+    def _answer(self, run: _Run, reply: str, ref: FastRef | errors.ApiError, answers: list[Answer]) -> None:
+        """Queue a fast batch message's answers in the run, rendered as the server words them."""
+        if not answers:
+            return
+        name = run.stream.name_bytes
+        for a in answers:
+            if type(a) is FlowAck:
+                body = b'{"type":"ack","seq":%d,"msgs":%d}' % (a.seq, a.msgs)
+            elif type(a) is FlowGap:
+                body = b'{"type":"gap","last_seq":%d,"seq":%d}' % (a.last_seq, a.seq)
+            elif type(a) is FlowErr:
+                body = _compact({"type": "err", "seq": a.seq, "error": a.error.render()})
+            elif type(a) is BatchDone:
+                assert isinstance(ref, FastRef)
+                form = self._batch_duplicate_ack if a.duplicate else self._batch_ack
+                body = form % (name, a.stream_seq, json.dumps(ref.batch_id).encode(), a.count)
+            else:
+                assert type(a) is Refused
+                self.failed += 1
+                body = _error_body(run.stream, a.error)
+            run.acks.append((reply, body))
+        if isinstance(ref, FastRef):
+            run.fast_batches.add(ref.batch_id)
+
     def accept_queued(self) -> None:
         """Accept every queued publish now: before a message that is not a publish (an ack may
         remove a message), so streams change in the order the link delivered."""
@@ -206,6 +303,19 @@ class PublishPath:
         run.acks += [
             (reply, self._pub_ack % (name, m.seq)) for reply, m in zip(replies, stored, strict=True) if reply
         ]
+
+    def stream_removed(self, stream: Stream) -> None:
+        """A deleted stream: its batches, atomic and fast, and its count go (a stream of the name
+        starts anew)."""
+        self.batches.forget_stream(stream.name)
+        self.fast.forget_stream(stream.name)
+        self.stored.pop(stream.name, None)
+
+    def stream_updated(self, stream: Stream) -> None:
+        """Turning ``allow_batched`` off ends the stream's fast batches, as the server does: turned
+        on again, their next messages are of unknown batches (10208)."""
+        if not stream.config.allow_batched:
+            self.fast.forget_stream(stream.name)
 
     def on_kv_publish(self, msg: Msg) -> None:
         """A ``$KV`` publish, which reaches the gateway through the API domain mapping whether or
@@ -246,13 +356,23 @@ class PublishPath:
 
     def _store(self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int) -> int:
         """Accept one checked publish into ``run``; its sequence, 0 when a limit refused it."""
+        stored = self._try_store(run, subject, data, verdict, reply, now)
+        if isinstance(stored, errors.ApiError):
+            self._reply_error(reply, run.stream, stored)
+            return 0
+        return stored
+
+    def _try_store(
+        self, run: _Run, subject: str, data: bytes, verdict: Accepted, reply: str, now: int
+    ) -> int | errors.ApiError:
+        """Accept one checked publish into ``run``: its sequence, or the error a limit (or the
+        writer's room) refused it with."""
         stream, hdrs = run.stream, verdict.hdrs
         previous = stream.last_seq_for(subject) if stream.republish else 0
         try:
             stored = self._accept(stream, subject, hdrs, data, now)
         except errors.ApiError as err:
-            self._reply_error(reply, stream, err)
-            return 0
+            return err
         seq = stored.seq
         stream.dedup.record(verdict.msg_id, seq, stored.ts, now, stream.config.duplicate_window)
         self._enqueue(run, stored, reply)
@@ -281,8 +401,34 @@ class PublishPath:
             if run.queued:
                 self._accept_queued(run)
             if not run.msgs:
+                if run.acks:
+                    self._answer_after_tail(run)
                 continue
+            self._tail[run.stream] = run
             self.writer.submit(run.msgs, admitted=True).add_done_callback(partial(self._committed, run))
+
+    def _answer_after_tail(self, run: _Run) -> None:
+        """Answers of a run that stored nothing leave after the stream's last commit in flight."""
+        tail = self._tail.get(run.stream)
+        if tail is None or tail.settled:
+            self.leaf.publish_many(run.acks)
+            return
+        tail.after.append(partial(self._settle_answers, run))
+
+    def _settle_answers(self, run: _Run, exc: BaseException | None) -> None:
+        if exc is None:
+            self.leaf.publish_many(run.acks)
+        else:
+            self._fail_answers(run, exc)
+
+    def _fail_answers(self, run: _Run, exc: BaseException) -> None:
+        """Each answer becomes the store error, and the run's fast batches end: what their acks
+        would have vouched for is gone with the failed commit."""
+        err = _store_failed(exc)
+        for reply, _body in run.acks:
+            self._reply_error(reply, run.stream, err)
+        for batch_id in run.fast_batches:
+            self.fast.drop(run.stream.name, batch_id)
 
     def store_copies(self, stream: Stream, msgs: list[StoredMessage]) -> asyncio.Future[None]:
         """Submit what a mirror or a source accepted into ``stream`` (``gateway.adapters.sourcing``,
@@ -334,6 +480,8 @@ class PublishPath:
         """Answer a run's publishers (in sequence order) and the duplicates that waited on it."""
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         run.settled = True
+        if self._tail.get(run.stream) is run:
+            del self._tail[run.stream]
         if exc is None:
             run.stream.committed(run.msgs[-1].seq)
         for key in run.msg_ids:
@@ -348,9 +496,7 @@ class PublishPath:
             name = run.stream.name
             self.stored[name] = self.stored.get(name, 0) + len(run.msgs)
         else:
-            err = _store_failed(exc)
-            for reply, _body in run.acks:
-                self._reply_error(reply, run.stream, err)
+            self._fail_answers(run, exc)
         for answer in run.after:
             answer(exc)
         if exc is None:
@@ -361,17 +507,24 @@ class PublishPath:
             if self.expiring and (stream.limits.max_age or stream.ttl.next_ns() is not None):
                 self.expiring.emit(stream, run.msgs[0].ts)
 
-    def forget_stream(self, stream: Stream) -> None:
-        """A deleted stream: its open batches and its count go (a stream of the name starts anew)."""
-        self.batches.forget_stream(stream.name)
-        self.stored.pop(stream.name, None)
-
     def _reply_error(self, reply: str, stream: Stream, err: errors.ApiError) -> None:
         """An error PubAck as JetStream sends it: the error, the stream's name and sequence 0."""
         self.failed += 1
         if reply:
-            body = {"error": err.render(), "stream": stream.name, "seq": 0}
-            self.leaf.publish(reply, json.dumps(body, separators=(",", ":")).encode())
+            self.leaf.publish(reply, _error_body(stream, err))
+
+
+def _as_error(ref: FastRef | errors.ApiError) -> errors.ApiError:
+    assert isinstance(ref, errors.ApiError)
+    return ref
+
+
+def _compact(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _error_body(stream: Stream, err: errors.ApiError) -> bytes:
+    return _compact({"error": err.render(), "stream": stream.name, "seq": 0})
 
 
 def _store_failed(exc: BaseException) -> errors.ApiError:

@@ -73,6 +73,7 @@ class StreamConfig:
     subject_delete_marker_ttl: int = field(default=0, metadata=OMIT)
     allow_atomic: bool = field(default=False, metadata=OMIT)
     persist_mode: str = field(default="", metadata=OMIT)
+    allow_batched: bool = field(default=False, metadata=OMIT)
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 

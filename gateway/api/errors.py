@@ -157,6 +157,11 @@ MIRROR_WITH_SOURCES = ApiError(400, 10031, "stream mirrors can not also contain 
 MIRROR_WITH_COUNTERS = ApiError(400, 10173, "stream mirrors can not also calculate counters")
 MIRROR_WITH_MSG_SCHEDULES = ApiError(400, 10186, "stream mirrors can not also schedule messages")
 MIRROR_WITH_BATCH_PUBLISH = ApiError(400, 10209, "stream mirrors can not also use batch publishing")
+BATCH_PUBLISH_DISABLED = ApiError(400, 10205, "batch publish is disabled")
+BATCH_PUBLISH_INVALID_PATTERN = ApiError(400, 10206, "batch publish pattern is invalid")
+BATCH_PUBLISH_INVALID_ID = ApiError(400, 10207, "batch publish ID is invalid")
+BATCH_PUBLISH_UNKNOWN_ID = ApiError(400, 10208, "batch publish ID unknown")
+BATCH_PUBLISH_TOO_MANY_INFLIGHT = ApiError(429, 10211, "batch publish too many inflight")
 MIRROR_INVALID_STREAM_NAME = ApiError(400, 10142, "mirrored stream name is invalid")
 MIRROR_MULTIPLE_FILTERS = ApiError(
     400, 10150, "mirror with multiple subject transforms cannot also have a single subject filter"

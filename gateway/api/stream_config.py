@@ -103,7 +103,6 @@ REQUEST = Struct(
 UNSUPPORTED = (
     ("allow_msg_counter", "message counters"),
     ("allow_msg_schedules", "message schedules"),
-    ("allow_batched", "batch publish"),
 )
 
 
@@ -559,6 +558,7 @@ def _render(
         allow_rollup_hdrs=flags["allow_rollup_hdrs"],
         allow_msg_ttl=flags["allow_msg_ttl"],
         allow_atomic=bool(req.get("allow_atomic")),
+        allow_batched=bool(req.get("allow_batched")),
     )
 
 

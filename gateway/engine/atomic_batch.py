@@ -23,8 +23,7 @@ from gateway.engine.publish_checks import (
     Duplicate,
     StreamView,
     Verdict,
-    check_publish,
-    set_header,
+    check_in_batch,
 )
 from gateway.engine.stream import Publish
 from storage_delta.format.nats import parse_headers
@@ -205,21 +204,10 @@ def _check_one(
         if target in view.subjects:
             return errors.STREAM_WRONG_LAST_SEQUENCE_CONSTANT
     ids.add(msg_id)
-    plain = _without_batch_id(hdrs)
-    verdict: Verdict = check_publish(view, subject, plain, data, now_ns)
+    verdict: Verdict = check_in_batch(view, subject, hdrs, data, now_ns)
     if type(verdict) is Duplicate:
         return errors.ATOMIC_PUBLISH_DUPLICATE_ID
     if isinstance(verdict, errors.ApiError):
         return verdict
     assert type(verdict) is Accepted
-    # Stored with the batch's headers, as the server stores them; a raised TTL rewritten there too.
-    kept = hdrs if verdict.hdrs is plain else set_header(hdrs, "Nats-TTL", str(verdict.ttl))
-    return Accepted(kept, verdict.msg_id, verdict.ttl, verdict.rollup, verdict.is_marker)
-
-
-def _without_batch_id(hdrs: bytes | None) -> bytes | None:
-    """The headers as the ordinary checks should see them: without the batch id, which would send
-    the message back here."""
-    if not hdrs:
-        return hdrs
-    return b"\r\n".join(line for line in hdrs.split(b"\r\n") if not line.startswith(b"Nats-Batch-Id:"))
+    return verdict

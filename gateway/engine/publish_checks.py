@@ -82,11 +82,28 @@ def check_publish(stream: StreamView, subject: str, hdrs: bytes | None, data: by
     return _check_headers(stream, cfg, subject, hdrs, data, now_ns)
 
 
+def check_in_batch(stream: StreamView, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> Verdict:
+    """``check_publish`` for a message of a batch that is checked on its own (atomic batches at
+    their commit, fast batches as they come): its ``Nats-Batch-Id`` does not send it back to its
+    batch, and it is stored with the headers it came with (a raised TTL rewritten there too)."""
+    plain = without_header(hdrs, "Nats-Batch-Id")
+    verdict = check_publish(stream, subject, plain, data, now_ns)
+    if type(verdict) is not Accepted or plain is hdrs:  # refused, or no headers to put back
+        return verdict
+    kept = hdrs if verdict.hdrs is plain else set_header(hdrs, "Nats-TTL", str(verdict.ttl))
+    return Accepted(kept, verdict.msg_id, verdict.ttl, verdict.rollup, verdict.is_marker)
+
+
 def _check_size(cfg: StreamConfig, hdr_len: int, data: bytes) -> errors.ApiError | None:
     limit = size_limit(cfg)
     if limit >= 0 and (hdr_len > limit or len(data) > limit - hdr_len):
         return errors.STREAM_MESSAGE_EXCEEDS_MAXIMUM
     return None
+
+
+def exceeds_size(cfg: StreamConfig, hdrs: bytes | None, data: bytes) -> bool:
+    """Whether a message is over ``max_msg_size``, the first thing a fast batch message is held to."""
+    return _check_size(cfg, len(hdrs) if hdrs else 0, data) is not None
 
 
 def size_limit(cfg: StreamConfig) -> int:
@@ -273,3 +290,14 @@ def set_header(hdrs: bytes | None, key: str, value: str) -> bytes:
     prefix = key.encode() + b":"
     kept = [line for line in lines[:-2] if not line.startswith(prefix)]
     return b"\r\n".join([*kept, prefix + b" " + value.encode(), b"", b""])
+
+
+def without_header(hdrs: bytes | None, key: str) -> bytes | None:
+    """The header block with every ``key`` line removed; ``None`` when nothing but the status line
+    is left, as nats-server stores a message whose only header it removed. A batch's checks read
+    the block without its batch id, which would otherwise send the message back to its batch."""
+    if not hdrs:
+        return hdrs
+    prefix = key.encode() + b":"
+    lines = [line for line in hdrs.split(b"\r\n") if not line.startswith(prefix)]
+    return None if len(lines) <= 3 else b"\r\n".join(lines)

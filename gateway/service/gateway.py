@@ -155,7 +155,8 @@ class Gateway:
         )
         registry.consumer_removed.connect(delivery.consumer_gone)
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream, settings.domain)
-        registry.stream_removed.connect(publish.forget_stream)
+        registry.stream_removed.connect(publish.stream_removed)
+        registry.stream_updated.connect(publish.stream_updated)
         sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks, leaf)
         api = Api(
             registry,
