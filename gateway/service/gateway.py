@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway.adapters.ack_recorder import AckRecorder
+from gateway.adapters.archives import Archives
 from gateway.adapters.coldread import ColdReader
 from gateway.adapters.compactor import Compactor
 from gateway.adapters.delivery import Delivery
@@ -156,6 +157,17 @@ class Gateway:
         publish = PublishPath(registry, writer, leaf, delivery.kick_stream, settings.domain)
         registry.stream_removed.connect(lambda stream: publish.batches.forget_stream(stream.name))
         sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks, leaf)
+        archives = Archives(
+            registry,
+            publish,
+            recorder,
+            ack_recorder,
+            self.reader,
+            self.executor,
+            self.tasks,
+            leaf,
+            self._publish_event,
+        )
         api = Api(
             registry,
             StreamApi(
@@ -164,6 +176,7 @@ class Gateway:
                 recorder,
                 self._publish_event,
                 settings.domain,
+                archives,
                 lambda: writer.running,
                 sourcing.info,
             ),
@@ -172,7 +185,9 @@ class Gateway:
             leaf.interest,
             settings.domain,
         )
-        dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api, sourcing)
+        dispatcher = LinkDispatcher(
+            settings.domain, leaf, registry, publish, delivery, api, sourcing, archives
+        )
         leaf.subscribe(dispatcher.api_prefix + ">")
         leaf.subscribe("$JS.ACK.>")
         leaf.subscribe("$JS.FC.>")
