@@ -156,7 +156,8 @@ async def test_snapshot_delete_restore_gives_the_same_stream(targets: dict[str, 
 async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str], unique: str) -> None:
     """An archive shorter than one chunk goes out as one chunk without a reply subject, and the
     closing empty message then carries no status at all (the server sets 204 only once a full
-    chunk went out); it restores to the same empty stream, its sequences where they were."""
+    chunk went out); it restores to the same empty stream, its sequences where they were, and
+    without its consumer (``no_consumers``)."""
 
     async def case(nc: Client, name: str) -> dict[str, Any]:
         await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
@@ -164,6 +165,7 @@ async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str],
         for _ in range(3):
             await js.publish(f"{name}.a", b"")
         await api(nc, f"STREAM.PURGE.{name}")
+        await api(nc, f"CONSUMER.CREATE.{name}.D", {"stream_name": name, "config": {"durable_name": "D"}})
         taken = await snapshot(nc, name, {"no_consumers": True})
         await api(nc, f"STREAM.DELETE.{name}")
         restored = await restore(nc, name, taken.answer["config"], taken.archive)
@@ -172,6 +174,7 @@ async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str],
             "chunks": [reply for _, reply in taken.chunks],
             "closing": taken.closing,
             "restore": _restored(restored),
+            "consumers": (await api(nc, f"CONSUMER.NAMES.{name}"))["consumers"],
             "next seq": ack.seq,
         }
 
@@ -182,6 +185,7 @@ async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str],
     assert results["jetstream"]["chunks"] == [""]
     assert results["jetstream"]["closing"] == {}
     assert results["jetstream"]["next seq"] == 4
+    assert results["jetstream"]["consumers"] == []
 
 
 async def test_unacked_chunks_end_in_no_flow_response(targets: dict[str, str], unique: str) -> None:
@@ -204,6 +208,43 @@ async def test_unacked_chunks_end_in_no_flow_response(targets: dict[str, str], u
         == {
             "chunks": 1,
             "closing": {"Status": "408", "Description": "No Flow Response"},
+        }
+    )
+
+
+async def test_receiver_gone_ends_the_snapshot(targets: dict[str, str], unique: str) -> None:
+    """A receiver that unsubscribes with a chunk unacknowledged ends the snapshot at once with
+    ``408 No Interest`` (not the 5 s flow time-out): the snapshot's complete advisory says so."""
+
+    async def case(nc: Client, name: str) -> dict[str, Any]:
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
+        js = nc.jetstream()
+        rnd = random.Random(name)
+        for _ in range(8):
+            await js.publish(f"{name}.a", rnd.randbytes(1000))
+        adv = await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.SNAPSHOT_COMPLETE.{name}")
+        inbox = nc.new_inbox()
+        receiver = await nc.subscribe(inbox)
+        request = {"deliver_subject": inbox, "chunk_size": 1024, "window_size": 1024}
+        await api(nc, f"STREAM.SNAPSHOT.{name}", request)
+        first = await receiver.next_msg(timeout=2)
+        await receiver.unsubscribe()
+        started = asyncio.get_running_loop().time()
+        done = json.loads((await adv.next_msg(timeout=10)).data)
+        return {
+            "first chunk": (len(first.data), bool(first.reply)),
+            "error": done.get("error"),
+            "at once": asyncio.get_running_loop().time() - started < 2,
+        }
+
+    results = await run_case(targets, case, unique)
+    assert (
+        results["jetlake"]
+        == results["jetstream"]
+        == {
+            "first chunk": (1024, True),
+            "error": "no interest",
+            "at once": True,
         }
     )
 

@@ -55,6 +55,7 @@ PREFIX = "$JS.SNAPSHOT."
 CHUNK_SIZE = 128 * 1024
 WINDOW_SIZE = 8 * 1024 * 1024
 ACK_TIMEOUT_S = 5.0
+INTEREST_WAIT_S = 2.0
 #: A restore that hears nothing for this long is given up, silently (the server's ``is stalled``).
 RESTORE_IDLE_S = 5.0
 #: Chunks a restore holds before writing them: clients send one and wait for its ack.
@@ -207,26 +208,37 @@ class Archives:
         error = ""
         loop = asyncio.get_running_loop()
         pieces = self._pieces(stream, header, seqs)
+        listening = False
+
+        def interest_changed() -> None:
+            # the receiver went away: wake a wait for a slot, which then ends the snapshot
+            if listening and not self.leaf.interest.has(deliver) and not window.full():
+                window.put_nowait(None)
+
+        disconnect = self.leaf.interest.changed.connect(interest_changed)
         try:
-            buffered, index, ended = b"", 1, False
+            listening = await self._listener(deliver)
+            buffered, index, ended = bytearray(), 1, False
             while True:
+                # as the server: a free slot of the window before each chunk, the last one too
+                try:
+                    await asyncio.wait_for(window.get(), ACK_TIMEOUT_S)
+                except TimeoutError:
+                    error, status = "no flow response", b"NATS/1.0 408 No Flow Response\r\n\r\n"
+                    break
+                if listening and not self.leaf.interest.has(deliver):
+                    error, status = "no interest", b"NATS/1.0 408 No Interest\r\n\r\n"
+                    break
                 while len(buffered) < chunk and not ended:
                     piece = await loop.run_in_executor(self.executor, next, pieces, None)
                     ended = piece is None
                     buffered += piece or b""
                 if len(buffered) < chunk:  # the last, short chunk goes without a reply
                     if buffered:
-                        self.leaf.publish(deliver, buffered)
+                        self.leaf.publish(deliver, bytes(buffered))
                     break
-                try:
-                    await asyncio.wait_for(window.get(), ACK_TIMEOUT_S)
-                except TimeoutError:
-                    error, status = "no flow response", b"NATS/1.0 408 No Flow Response\r\n\r\n"
-                    break
-                if not self.leaf.interest.has(deliver):
-                    error, status = "no interest", b"NATS/1.0 408 No Interest\r\n\r\n"
-                    break
-                part, buffered = buffered[:chunk], buffered[chunk:]
+                part = bytes(buffered[:chunk])
+                del buffered[:chunk]
                 self.leaf.publish(deliver, part, f"{ack}.{len(part)}.{index}")
                 status = status or b"NATS/1.0 204\r\n\r\n"
                 index += 1
@@ -235,12 +247,34 @@ class Archives:
             error = str(exc)
             status = b"NATS/1.0 500 %s\r\n\r\n" % error.encode()
         finally:
+            disconnect()
             self.leaf.unsubscribe(ack + ".>")
             del self._windows[ack]
         self.leaf.publish(deliver, b"", hdrs=status)
         extra = {"error": error} if error else {}
         end = now_ns()
         self.events(advisories.archive_event("snapshot_complete", name, end, start=start, end=end, **extra))
+
+    async def _listener(self, deliver: str) -> bool:
+        """Whether someone listens on ``deliver``, given up to ``INTEREST_WAIT_S`` to come, as the
+        server waits (a snapshot to nobody goes on, and ends for want of acks)."""
+        interest = self.leaf.interest
+        if interest.has(deliver):
+            return True
+        came = asyncio.Event()
+
+        def changed() -> None:
+            if interest.has(deliver):
+                came.set()
+
+        disconnect = interest.changed.connect(changed)
+        try:
+            await asyncio.wait_for(came.wait(), INTEREST_WAIT_S)
+        except TimeoutError:
+            return False
+        finally:
+            disconnect()
+        return True
 
     # ---- restore ----------------------------------------------------------------------------------
 
@@ -312,9 +346,6 @@ class Archives:
         try:
             await self._messages(stream, archive.read_batches(spool))
             stream.skip_to(int(header["state"]["last_seq"]))
-            first_seq = int(header["state"]["first_seq"])
-            if stream.state.messages == 0 and first_seq > stream.state.last_seq + 1:
-                stream.skip_to(first_seq - 1)
             await self.recorder.flush()
             for entry in header.get("consumers") or []:
                 await self._consumer(stream, entry)

@@ -440,6 +440,8 @@ class StreamApi:
         req = load_request(body, SNAPSHOT_REQUEST)
         if not is_valid_subject(req.deliver_subject, allow_wildcards=False):
             raise errors.SNAPSHOT_DELIVER_SUBJECT_INVALID
+        if stream.durable_last_seq < stream.state.last_seq:  # the archive holds what it announces
+            await self._durable(stream, stream.state.last_seq)
         taken = self.archives.snapshot(
             stream, req.deliver_subject, req.no_consumers, req.chunk_size, req.window_size
         )
