@@ -15,7 +15,7 @@ import nats
 from nats.aio.client import Client
 
 from tests.archive_protocol import Restored, Snapshot, restore, snapshot
-from tests.differential import api, run_case
+from tests.differential import api, assert_same
 from tests.harness import Jetlake, scrub
 
 
@@ -79,6 +79,15 @@ async def _look(nc: Client, name: str) -> dict[str, Any]:
     }
 
 
+async def _random_messages(nc: Client, name: str) -> None:
+    """A stream of eight 1,000-byte messages that do not compress: an archive of several KiB."""
+    await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
+    js = nc.jetstream()
+    rnd = random.Random(name)
+    for _ in range(8):
+        await js.publish(f"{name}.a", rnd.randbytes(1000))
+
+
 def _restored(taken: Restored) -> dict[str, Any]:
     answer = dict(taken.answer)
     answer["deliver_subject"] = answer["deliver_subject"].rsplit(".", 1)[0]
@@ -135,11 +144,7 @@ async def test_snapshot_delete_restore_gives_the_same_stream(targets: dict[str, 
             "advisories": sorted(events),
         }
 
-    results = await run_case(targets, case, unique)
-    assert results["jetlake"] == results["jetstream"], (
-        f"jetlake:   {results['jetlake']!r}\njetstream: {results['jetstream']!r}"
-    )
-    out = results["jetstream"]
+    out = await assert_same(targets, case, unique)
     assert out["same state"]
     assert out["same messages"]
     assert out["same consumers"]
@@ -178,14 +183,11 @@ async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str],
             "next seq": ack.seq,
         }
 
-    results = await run_case(targets, case, unique)
-    assert results["jetlake"] == results["jetstream"], (
-        f"jetlake:   {results['jetlake']!r}\njetstream: {results['jetstream']!r}"
-    )
-    assert results["jetstream"]["chunks"] == [""]
-    assert results["jetstream"]["closing"] == {}
-    assert results["jetstream"]["next seq"] == 4
-    assert results["jetstream"]["consumers"] == []
+    out = await assert_same(targets, case, unique)
+    assert out["chunks"] == [""]
+    assert out["closing"] == {}
+    assert out["next seq"] == 4
+    assert out["consumers"] == []
 
 
 async def test_unacked_chunks_end_in_no_flow_response(targets: dict[str, str], unique: str) -> None:
@@ -193,19 +195,12 @@ async def test_unacked_chunks_end_in_no_flow_response(targets: dict[str, str], u
     and after 5 s the snapshot ends with ``408 No Flow Response``."""
 
     async def case(nc: Client, name: str) -> dict[str, Any]:
-        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
-        js = nc.jetstream()
-        rnd = random.Random(name)
-        for _ in range(8):
-            await js.publish(f"{name}.a", rnd.randbytes(1000))
+        await _random_messages(nc, name)
         taken = await snapshot(nc, name, {"chunk_size": 1024, "window_size": 1024}, ack=False)
         return {"chunks": len(taken.chunks), "closing": taken.closing}
 
-    results = await run_case(targets, case, unique)
-    assert (
-        results["jetlake"]
-        == results["jetstream"]
-        == {
+    assert await assert_same(targets, case, unique) == (
+        {
             "chunks": 1,
             "closing": {"Status": "408", "Description": "No Flow Response"},
         }
@@ -217,11 +212,7 @@ async def test_receiver_gone_ends_the_snapshot(targets: dict[str, str], unique: 
     ``408 No Interest`` (not the 5 s flow time-out): the snapshot's complete advisory says so."""
 
     async def case(nc: Client, name: str) -> dict[str, Any]:
-        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
-        js = nc.jetstream()
-        rnd = random.Random(name)
-        for _ in range(8):
-            await js.publish(f"{name}.a", rnd.randbytes(1000))
+        await _random_messages(nc, name)
         adv = await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.SNAPSHOT_COMPLETE.{name}")
         inbox = nc.new_inbox()
         receiver = await nc.subscribe(inbox)
@@ -237,11 +228,8 @@ async def test_receiver_gone_ends_the_snapshot(targets: dict[str, str], unique: 
             "at once": asyncio.get_running_loop().time() - started < 2,
         }
 
-    results = await run_case(targets, case, unique)
-    assert (
-        results["jetlake"]
-        == results["jetstream"]
-        == {
+    assert await assert_same(targets, case, unique) == (
+        {
             "first chunk": (1024, True),
             "error": "no interest",
             "at once": True,
@@ -270,11 +258,7 @@ async def test_restore_errors(targets: dict[str, str], unique: str) -> None:
             "streams made": names["streams"],
         }
 
-    results = await run_case(targets, case, unique)
-    assert results["jetlake"] == results["jetstream"], (
-        f"jetlake:   {results['jetlake']!r}\njetstream: {results['jetstream']!r}"
-    )
-    out = results["jetstream"]
+    out = await assert_same(targets, case, unique)
     assert out["existing"]["error"]["err_code"] == 10130
     assert out["garbage"] == ("io.nats.jetstream.api.v1.stream_create_response", 500, 10062)
     assert out["streams made"] is None
