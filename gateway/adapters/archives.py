@@ -83,6 +83,8 @@ class Restore:
     config: StreamConfig
     subject: str
     queue: asyncio.Queue[Msg] = field(default_factory=lambda: asyncio.Queue(RESTORE_QUEUE))
+    #: More chunks came than the queue holds: the restore failed (that chunk was told), it ends.
+    overrun: bool = False
 
 
 class Archives:
@@ -115,10 +117,16 @@ class Archives:
         """A chunk of a restore, or the ack of a snapshot's chunk (``$JS.SNAPSHOT.``)."""
         restore = self._restores.get(msg.subject)
         if restore is not None:
+            if restore.overrun:
+                return
             try:
                 restore.queue.put_nowait(msg)
             except asyncio.QueueFull:
-                log.warning("restore of %s: chunks arrive faster than they are written", restore.stream)
+                # a client that does not wait for its acks: the archive would have a hole
+                restore.overrun = True
+                if msg.reply:
+                    why = "chunks sent faster than they are acknowledged"
+                    self.leaf.publish(msg.reply, json.dumps(_restore_failed(why)).encode())
             return
         window = self._windows.get(msg.subject.rsplit(".", 2)[0])
         if window is not None and not window.full():
@@ -302,6 +310,9 @@ class Archives:
                     log.warning("restore of %s stalled: no chunk for %.0f s", name, RESTORE_IDLE_S)
                     return
                 reply = msg.reply
+                if restore.overrun:
+                    reply = ""
+                    break
                 if not reply:
                     log.warning("restore of %s: a chunk without a reply subject", name)
                     break
@@ -341,7 +352,11 @@ class Archives:
             return _restore_failed(str(exc))
         if config.name in self.reg.streams:
             return {"type": TYPE, "error": errors.STREAM_NAME_EXIST_RESTORE_FAILED.render()}
-        stream = await self.reg.add_stream(config, now_ns())
+        try:
+            stream = await self.reg.add_stream(config, now_ns())
+        except Exception as exc:  # the catalog's commit failed: nothing was created
+            log.exception("restore of %s failed", config.name)
+            return _restore_failed(str(exc))
         self.events(advisories.stream_action(config.name, "create", now_ns()))
         try:
             await self._messages(stream, archive.read_batches(spool))

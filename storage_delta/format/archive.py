@@ -91,8 +91,15 @@ def read_header(f: IO[bytes]) -> dict[str, Any]:
         header: dict[str, Any] = json.loads(raw)
     except ValueError as exc:
         raise NotAnArchive(f"the archive's header does not parse: {exc}") from None
+    if not isinstance(header, dict):
+        raise NotAnArchive("the archive's header is not an object")
     if header.get("version") != VERSION:
         raise NotAnArchive(f"archive version {header.get('version')!r} is not {VERSION}")
+    state, consumers = header.get("state"), header.get("consumers")
+    if not isinstance(header.get("config"), dict) or not isinstance(consumers, list):
+        raise NotAnArchive("the archive's header has no config or consumers")
+    if not isinstance(state, dict) or not isinstance(state.get("last_seq"), int):
+        raise NotAnArchive("the archive's header has no last sequence")
     return header
 
 
