@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 import nats
+import pytest
 from nats.aio.client import Client
 
 from tests.archive_protocol import Restored, Snapshot, restore, snapshot
@@ -158,6 +159,45 @@ async def test_snapshot_delete_restore_gives_the_same_stream(targets: dict[str, 
     assert out["consumers"]["C"]["num_redelivered"] == 1
 
 
+@pytest.mark.parametrize("retention", ["interest", "workqueue"])
+async def test_retention_streams_keep_what_their_consumers_hold(
+    targets: dict[str, str], unique: str, retention: str
+) -> None:
+    """An interest or work-queue stream restores with the messages its consumer had not acked
+    (an interest stream without consumers would keep nothing) and the consumer's state."""
+
+    async def case(nc: Client, name: str) -> dict[str, Any]:
+        await api(
+            nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"], "retention": retention}
+        )
+        config = {"durable_name": "C", "ack_policy": "explicit"}
+        await api(nc, f"CONSUMER.CREATE.{name}.C", {"stream_name": name, "config": config})
+        js = nc.jetstream()
+        for i in range(5):
+            await js.publish(f"{name}.a", b"m%d" % i)
+        sub = await js.pull_subscribe_bind("C", name)
+        got = await sub.fetch(2, timeout=2)
+        await got[0].ack_sync()
+        await sub.unsubscribe()
+        before = await api(nc, f"STREAM.INFO.{name}")
+        taken = await snapshot(nc, name)
+        await api(nc, f"STREAM.DELETE.{name}")
+        restored = await restore(nc, name, taken.answer["config"], taken.archive)
+        after = await api(nc, f"STREAM.INFO.{name}")
+        return {
+            "before": before["state"],
+            "after": after["state"],
+            "final": restored.final,
+            "consumer": await api(nc, f"CONSUMER.INFO.{name}.C"),
+            "messages": await _messages(nc, name, after["state"]["last_seq"]),
+        }
+
+    out = await assert_same(targets, case, unique)
+    assert out["after"] == out["before"]
+    assert out["after"]["messages"] == 4
+    assert out["consumer"]["num_pending"] == 3
+
+
 async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str], unique: str) -> None:
     """An archive shorter than one chunk goes out as one chunk without a reply subject, and the
     closing empty message then carries no status at all (the server sets 204 only once a full
@@ -262,6 +302,33 @@ async def test_restore_errors(targets: dict[str, str], unique: str) -> None:
     assert out["existing"]["error"]["err_code"] == 10130
     assert out["garbage"] == ("io.nats.jetstream.api.v1.stream_create_response", 500, 10062)
     assert out["streams made"] is None
+
+
+async def test_a_copy_is_not_restored(targets: dict[str, str], unique: str) -> None:
+    """Not the same as the server: a mirror or a stream with sources is refused at once (500/10062)
+    where the server takes its chunks; a copy's position lives in the commits that stored its
+    rows, which an archive does not carry."""
+    answers = {}
+    for target, url in targets.items():
+        nc = await nats.connect(url)
+        try:
+            await api(nc, f"STREAM.CREATE.{unique}", {"name": unique, "subjects": [f"{unique}.>"]})
+            for kind, config in (
+                ("mirror", {"mirror": {"name": unique}}),
+                ("sources", {"sources": [{"name": unique}]}),
+            ):
+                answers[target, kind] = await api(nc, f"STREAM.RESTORE.{kind}{unique}", {"config": config})
+        finally:
+            await nc.close()
+    for kind in ("mirror", "sources"):
+        assert answers["jetstream", kind]["deliver_subject"].startswith(
+            f"$JS.SNAPSHOT.RESTORE.{kind}{unique}."
+        )
+        assert answers["jetlake", kind]["error"] == {
+            "code": 500,
+            "err_code": 10062,
+            "description": "restore failed: jetlake does not restore a mirror or a stream with sources",
+        }
 
 
 async def test_another_servers_archive_is_refused_at_its_first_chunk(

@@ -39,6 +39,7 @@ from gateway.adapters.removals import RemovalRecorder
 from gateway.api import advisories, errors
 from gateway.api.configs import ConsumerConfig, StreamConfig, from_json, to_json
 from gateway.api.timefmt import now_ns, rfc3339
+from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
 from gateway.wire.leaf import LeafConnection
@@ -359,11 +360,16 @@ class Archives:
             return _restore_failed(str(exc))
         self.events(advisories.stream_action(config.name, "create", now_ns()))
         try:
+            # The consumers come first, so an interest stream keeps what they still want (with
+            # none, it would keep nothing); they take up their state again once the messages are
+            # there, which counts what they still have to deliver.
+            consumers = [await self._consumer(stream, entry) for entry in header["consumers"]]
             await self._messages(stream, archive.read_batches(spool))
             stream.skip_to(int(header["state"]["last_seq"]))
             await self.recorder.flush()
-            for entry in header.get("consumers") or []:
-                await self._consumer(stream, entry)
+            for consumer, state in consumers:
+                consumer.restore(state)
+                self.reg.consumer_changed.emit(consumer)
         except Exception as exc:
             log.exception("restore of %s failed", config.name)
             if config.name in self.reg.streams:
@@ -398,7 +404,7 @@ class Archives:
                 if copies:
                     await self.publish.store_copies(stream, copies)
 
-    async def _consumer(self, stream: Stream, entry: dict[str, Any]) -> None:
+    async def _consumer(self, stream: Stream, entry: dict[str, Any]) -> tuple[Consumer, ConsumerState]:
         """One consumer of the archive, durable (catalog and ack log) before it is installed
         with the state the ack log's reducer rebuilds from its rows, as at a restart."""
         config = from_json(ConsumerConfig, entry["config"])
@@ -422,7 +428,7 @@ class Archives:
         state.delivered_ns = state.floor_ns = 0  # the server keeps no last_active across a restore
         consumer = self.reg.install_consumer(stream, config, created, name, state.start_after, state.skip)
         consumer.restore(state)
-        self.reg.consumer_changed.emit(consumer)
+        return consumer, state
 
     def _info(self, stream: Stream) -> dict[str, Any]:
         """The restored stream as the server's restore answer shows it (no domain, no cluster)."""

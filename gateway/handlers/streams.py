@@ -147,6 +147,9 @@ RESTORE_REQUEST = Struct(
     },
 )
 
+#: What a restore of a mirror or a stream with sources is refused with, at once.
+NO_COPY_RESTORE = "jetlake does not restore a mirror or a stream with sources"
+
 NAMES_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamNamesRequest")
 LIST_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamListRequest")
 INFO_REQUEST = request_type(StreamInfoRequest, "server.JSApiStreamInfoRequest")
@@ -462,6 +465,10 @@ class StreamApi:
         if name in self.reg.streams:
             raise errors.STREAM_NAME_EXIST_RESTORE_FAILED
         self._check_overlap(cfg)
+        if cfg.mirror or cfg.sources:
+            # a copy's position lives in the commits that stored its rows (DESIGN); an archive
+            # has none, so the copy would start again from its origin's first message
+            raise errors.STREAM_RESTORE_FAILED.format(err=NO_COPY_RESTORE)
         return StreamRestoreResponse(deliver_subject=self.archives.restore(cfg))
 
     # ---- reading messages -----------------------------------------------------------------------
