@@ -50,6 +50,7 @@ async def snapshot(
     stream: str,
     request: dict[str, Any] | None = None,
     ack: bool = True,
+    wait_s: float = SNAPSHOT_WAIT_S,
 ) -> Snapshot:
     """Ask for a snapshot of ``stream`` delivered to a fresh inbox; acknowledge each chunk that
     has a reply (unless ``ack`` is False) and collect everything up to the closing empty message."""
@@ -75,7 +76,7 @@ async def snapshot(
             nc, f"STREAM.SNAPSHOT.{stream}", {"deliver_subject": inbox, **(request or {})}
         )
         if "error" not in taken.answer:
-            await asyncio.wait_for(done, SNAPSHOT_WAIT_S)
+            await asyncio.wait_for(done, wait_s)
     finally:
         await sub.unsubscribe()
     taken.archive = b"".join(parts)
@@ -92,7 +93,7 @@ class Restored:
 
 
 async def restore(
-    nc: Client, stream: str, config: dict[str, Any], archive: bytes, chunk: int = 4096
+    nc: Client, stream: str, config: dict[str, Any], archive: bytes, chunk: int = 4096, wait_s: float = 10.0
 ) -> Restored:
     """Restore ``archive`` as ``stream``: the request, each chunk sent as a request (an error
     answer to a chunk ends it), then the closing empty request and its answer."""
@@ -107,6 +108,6 @@ async def restore(
             out.chunk_replies.append(json.loads(reply.data))
             return out
         out.chunk_replies.append(b"")
-    final = await nc.request(subject, b"", timeout=10)
+    final = await nc.request(subject, b"", timeout=wait_s)
     out.final = json.loads(final.data)
     return out
