@@ -14,6 +14,7 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 
 from tests.archive_protocol import Restored, Snapshot, restore, snapshot
 from tests.differential import api, assert_same
@@ -302,6 +303,36 @@ async def test_restore_errors(targets: dict[str, str], unique: str) -> None:
     assert out["existing"]["error"]["err_code"] == 10130
     assert out["garbage"] == ("io.nats.jetstream.api.v1.stream_create_response", 500, 10062)
     assert out["streams made"] is None
+
+
+async def test_a_stalled_restore_is_given_up(targets: dict[str, str], unique: str) -> None:
+    """A restore that hears nothing for 5 s is given up: its subject is gone (a late chunk finds
+    no responders), nothing is created, no completion advisory is published."""
+
+    async def case(nc: Client, name: str) -> dict[str, Any]:
+        adv = await nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.RESTORE_COMPLETE.{name}")
+        answer = await api(nc, f"STREAM.RESTORE.{name}", {"config": {"subjects": [f"{name}.>"]}})
+        subject = answer["deliver_subject"]
+        first = await nc.request(subject, b"JLKARCH1", timeout=2)
+        await asyncio.sleep(6)
+        try:
+            late: Any = (await nc.request(subject, b"", timeout=2)).data
+        except NoRespondersError:
+            late = "no responders"
+        await nc.flush()
+        return {
+            "first": first.data,
+            "late": late,
+            "streams": (await api(nc, "STREAM.NAMES", {"subject": f"{name}.>"}))["streams"],
+            "advisories": adv.pending_msgs,
+        }
+
+    assert await assert_same(targets, case, unique) == {
+        "first": b"",
+        "late": "no responders",
+        "streams": None,
+        "advisories": 0,
+    }
 
 
 async def test_a_copy_is_not_restored(targets: dict[str, str], unique: str) -> None:

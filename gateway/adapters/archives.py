@@ -301,14 +301,15 @@ class Archives:
         start = now_ns()
         self.events(advisories.archive_event("restore_create", name, start))
         spool = tempfile.SpooledTemporaryFile(SPOOL_MEMORY)  # noqa: SIM115 (closed below)
-        total, reply, head = 0, "", b""
+        total, reply, head, stalled = 0, "", b"", False
         answer: dict[str, Any] | None = None
         try:
             while True:
                 try:
                     msg = await asyncio.wait_for(restore.queue.get(), RESTORE_IDLE_S)
-                except TimeoutError:
+                except TimeoutError:  # given up without an answer or advisory, as the server
                     log.warning("restore of %s stalled: no chunk for %.0f s", name, RESTORE_IDLE_S)
+                    stalled = True
                     return
                 reply = msg.reply
                 if restore.overrun:
@@ -327,7 +328,11 @@ class Archives:
                     except archive.NotAnArchive as exc:
                         answer = _restore_failed(str(exc))
                         break
-                await loop.run_in_executor(self.executor, spool.write, msg.data)
+                try:
+                    await loop.run_in_executor(self.executor, spool.write, msg.data)
+                except OSError as exc:  # the spool's disk is full or failing
+                    answer = _restore_failed(str(exc))
+                    break
                 total += len(msg.data)
                 self.leaf.publish(reply, b"")
         finally:
@@ -335,9 +340,10 @@ class Archives:
             self.leaf.unsubscribe(restore.subject)
             await loop.run_in_executor(self.executor, spool.close)
             end = now_ns()
-            self.events(
-                advisories.archive_event("restore_complete", name, end, start=start, end=end, bytes=total)
-            )
+            if not stalled:
+                self.events(
+                    advisories.archive_event("restore_complete", name, end, start=start, end=end, bytes=total)
+                )
         if answer is not None and reply:
             self.leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
 
