@@ -199,6 +199,32 @@ async def test_retention_streams_keep_what_their_consumers_hold(
     assert out["consumer"]["num_pending"] == 3
 
 
+async def test_restored_headers_still_count(targets: dict[str, str], unique: str) -> None:
+    """What stored headers ask after a restore: a ``Nats-TTL`` message still expires; the
+    duplicate window starts empty (a ``Nats-Msg-Id`` stored before is not a duplicate), as the
+    server's restore leaves it."""
+
+    async def case(nc: Client, name: str) -> dict[str, Any]:
+        config = {"name": name, "subjects": [f"{name}.>"], "allow_msg_ttl": True}
+        await api(nc, f"STREAM.CREATE.{name}", config)
+        js = nc.jetstream()
+        await js.publish(f"{name}.ttl", b"short", headers={"Nats-TTL": "2s"})
+        await js.publish(f"{name}.id", b"once", headers={"Nats-Msg-Id": "m1"})
+        taken = await snapshot(nc, name)
+        await api(nc, f"STREAM.DELETE.{name}")
+        await restore(nc, name, taken.answer["config"], taken.archive)
+        again = await js.publish(f"{name}.id", b"once", headers={"Nats-Msg-Id": "m1"})
+        await asyncio.sleep(3)
+        return {
+            "duplicate": (again.seq, again.duplicate),
+            "left": await _messages(nc, name, 2),
+        }
+
+    out = await assert_same(targets, case, unique)
+    assert out["duplicate"] == (3, None)
+    assert out["left"][0] == 10037  # expired: no message found
+
+
 async def test_small_archive_has_no_reply_and_no_status(targets: dict[str, str], unique: str) -> None:
     """An archive shorter than one chunk goes out as one chunk without a reply subject, and the
     closing empty message then carries no status at all (the server sets 204 only once a full

@@ -40,6 +40,7 @@ from gateway.api import advisories, errors
 from gateway.api.configs import ConsumerConfig, StreamConfig, from_json, to_json
 from gateway.api.timefmt import now_ns, rfc3339
 from gateway.engine.consumer import Consumer
+from gateway.engine.publish_state import replay_headers
 from gateway.engine.stream import Stream
 from gateway.runtime.tasks import TaskOwner
 from gateway.wire.leaf import LeafConnection
@@ -385,9 +386,12 @@ class Archives:
 
     async def _messages(self, stream: Stream, batches: Iterator[pa.RecordBatch]) -> None:
         """Commit the archive's messages at their sequences, a batch at a time, each durable
-        before the next is read (a mirror's path: the holes between them are removed messages)."""
+        before the next is read (a mirror's path: the holes between them are removed messages);
+        then what their headers ask (TTLs, delete markers) as at a restart, but the duplicate
+        window, which the server's restore leaves empty too."""
         loop = asyncio.get_running_loop()
         writer = self.publish.writer
+        headers: list[tuple[int, int, bytes | None]] = []
         while (batch := await loop.run_in_executor(self.executor, next, batches, None)) is not None:
             rows = batch.to_pylist()
             for i in range(0, len(rows), RESTORE_BATCH):
@@ -398,17 +402,19 @@ class Archives:
                         try:
                             writer.admit(message_bytes(subject, hdrs, data))
                             break
-                        except WriterOverloaded:
+                        except WriterOverloaded:  # others' messages wait too: ours first, then room
                             if copies:
                                 await self.publish.store_copies(stream, copies)
                                 copies = []
-                            else:
-                                await asyncio.sleep(0.05)
-                    copies.append(
-                        stream.accept_mirrored(int(row["seq"]), int(row["ts"]), subject, hdrs, data)
-                    )
+                            await writer.loop.flush()
+                    copy = stream.accept_mirrored(int(row["seq"]), int(row["ts"]), subject, hdrs, data)
+                    copies.append(copy)
+                    if hdrs:
+                        headers.append((copy.seq, copy.ts, hdrs))
                 if copies:
                     await self.publish.store_copies(stream, copies)
+        replay_headers(stream, headers, now_ns(), dedup=False)
+        self.recorder.changed(stream)  # the TTLs' expiry timed
 
     async def _consumer(self, stream: Stream, entry: dict[str, Any]) -> tuple[Consumer, ConsumerState]:
         """One consumer of the archive, durable (catalog and ack log) before it is installed
