@@ -392,8 +392,12 @@ class Archives:
         loop = asyncio.get_running_loop()
         writer = self.publish.writer
         headers: list[tuple[int, int, bytes | None]] = []
-        while (batch := await loop.run_in_executor(self.executor, next, batches, None)) is not None:
-            rows = batch.to_pylist()
+
+        def next_rows() -> list[dict[str, Any]] | None:
+            batch = next(batches, None)
+            return None if batch is None else batch.to_pylist()
+
+        while (rows := await loop.run_in_executor(self.executor, next_rows)) is not None:
             for i in range(0, len(rows), RESTORE_BATCH):
                 copies: list[StoredMessage] = []
                 for row in rows[i : i + RESTORE_BATCH]:
