@@ -306,7 +306,8 @@ async def test_receiver_gone_ends_the_snapshot(targets: dict[str, str], unique: 
 
 async def test_restore_errors(targets: dict[str, str], unique: str) -> None:
     """A restore refused: into an existing stream (10130, before any chunk), an archive that is
-    not the server's own (500/10062, and nothing is created), an empty archive (10062)."""
+    not the server's own (500/10062, and nothing is created), an empty archive (10062). (A memory
+    stream is snapshotted as a file one is, on the server too.)"""
 
     async def case(nc: Client, name: str) -> dict[str, Any]:
         await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{name}.>"]})
@@ -315,6 +316,12 @@ async def test_restore_errors(targets: dict[str, str], unique: str) -> None:
         garbage = await restore(nc, f"R{name}", config, b"garbage garbage garbage" * 10)
         empty = await restore(nc, f"R{name}", config, b"")
         names = await api(nc, "STREAM.NAMES", {"subject": f"R{name}.>"})
+        await api(
+            nc,
+            f"STREAM.CREATE.M{name}",
+            {"name": f"M{name}", "subjects": [f"M{name}.>"], "storage": "memory"},
+        )
+        memory = await snapshot(nc, f"M{name}")
         last = garbage.chunk_replies[-1] if isinstance(garbage.chunk_replies[-1], dict) else garbage.final
         assert last is not None
         assert empty.final is not None
@@ -323,12 +330,14 @@ async def test_restore_errors(targets: dict[str, str], unique: str) -> None:
             "garbage": (last["type"], last["error"]["code"], last["error"]["err_code"]),
             "empty": (empty.final["type"], empty.final["error"]["code"], empty.final["error"]["err_code"]),
             "streams made": names["streams"],
+            "memory snapshot": memory.answer,
         }
 
     out = await assert_same(targets, case, unique)
     assert out["existing"]["error"]["err_code"] == 10130
     assert out["garbage"] == ("io.nats.jetstream.api.v1.stream_create_response", 500, 10062)
     assert out["streams made"] is None
+    assert out["memory snapshot"]["config"]["storage"] == "memory"
 
 
 async def test_a_stalled_restore_is_given_up(targets: dict[str, str], unique: str) -> None:
