@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
@@ -139,7 +139,7 @@ class Archives:
     def snapshot(
         self, stream: Stream, deliver: str, no_consumers: bool, chunk_size: int, window_size: int
     ) -> dict[str, Any]:
-        """Capture the stream now and start sending its archive; the config and state to answer."""
+        """Capture the stream now and start sending its archive; the state to answer with."""
         through, stored = stream.stored_snapshot()
         state = stream.info_state(len(self.reg.listed_consumers(stream.name)))
         consumers = [] if no_consumers else self._consumers(stream)
@@ -149,14 +149,12 @@ class Archives:
             "state": {"first_seq": stream.state.first_seq, "last_seq": through},
             "consumers": consumers,
         }
-        meta = {k: v for k, v in stream.config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
-        config = replace(stream.config, metadata=meta)
         token = uuid.uuid4().hex
         self.tasks.own(
             self._send(stream, header, stored.seq, deliver, state, chunk_size, window_size, token),
             f"snapshot-{stream.name}-{token}",
         )
-        return {"config": config, "state": state}
+        return state
 
     def _consumers(self, stream: Stream) -> list[dict[str, Any]]:
         out = []

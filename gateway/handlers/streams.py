@@ -326,11 +326,8 @@ class StreamApi:
         return StreamsResponse(type=T + "stream_list_response", paged=paged, streams=listed)
 
     def _listed(self, stream: Stream) -> StreamInfo:
-        """A stream as STREAM.LIST shows it: the server's own metadata keys left out but the level
-        the request asked for."""
-        info = self._info(stream)
-        meta = {k: v for k, v in stream.config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
-        return replace(info, config=replace(stream.config, metadata=meta))
+        """A stream as STREAM.LIST shows it (its config as :func:`_as_listed`)."""
+        return replace(self._info(stream), config=_as_listed(stream.config))
 
     async def stream_info(self, name: str, body: bytes) -> StreamInfoResponse:
         req = load_optional_request(body, INFO_REQUEST)
@@ -445,10 +442,10 @@ class StreamApi:
             raise errors.SNAPSHOT_DELIVER_SUBJECT_INVALID
         if stream.durable_last_seq < stream.state.last_seq:  # the archive holds what it announces
             await self._durable(stream, stream.state.last_seq)
-        taken = self.archives.snapshot(
+        state = self.archives.snapshot(
             stream, req.deliver_subject, req.no_consumers, req.chunk_size, req.window_size
         )
-        return StreamSnapshotResponse(config=taken["config"], state=taken["state"])
+        return StreamSnapshotResponse(config=_as_listed(stream.config), state=state)
 
     async def stream_restore(self, name: str, body: bytes) -> StreamRestoreResponse:
         """``STREAM.RESTORE``: the server's checks in its order (the config as a create's), then
@@ -490,3 +487,10 @@ class StreamApi:
                 time=rfc3339(msg.ts),
             )
         )
+
+
+def _as_listed(config: StreamConfig) -> StreamConfig:
+    """A config as STREAM.LIST and STREAM.SNAPSHOT show it: the server's own metadata keys left
+    out but the level the request asked for."""
+    meta = {k: v for k, v in config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
+    return replace(config, metadata=meta)
