@@ -532,37 +532,3 @@ async def test_snapshot_and_restore_requests(targets: dict[str, str], unique: st
     out = await same(targets, case, unique)
     assert all("error" in answer for answer in out.values())
     assert out[f"STREAM.RESTORE.{unique} {{'config': {{'subjects': ['x.>']}}}}"]["error"]["err_code"] == 10130
-
-
-async def test_snapshot_and_restore_refused_at_once(targets: dict[str, str], unique: str) -> None:
-    """jetlake makes no stream archives: where the real server answers a valid SNAPSHOT with the
-    stream's config and state (then streams the archive) and a valid RESTORE with the subject for
-    the archive's chunks, jetlake answers at once with 500/10064 `snapshot failed: …` and
-    500/10062 `restore failed: …` (never a time-out), and creates nothing."""
-    answers = {}
-    for target, url in targets.items():
-        nc = await nats.connect(url)
-        try:
-            await api(nc, f"STREAM.CREATE.{unique}", {"name": unique, "subjects": [f"{unique}.>"]})
-            snapshot = await api(nc, f"STREAM.SNAPSHOT.{unique}", {"deliver_subject": f"_INBOX.{unique}"})
-            restore = await api(nc, f"STREAM.RESTORE.R{unique}", {"config": {"subjects": [f"R{unique}.>"]}})
-            names = await api(nc, "STREAM.NAMES", {"subject": f"R{unique}.>"})
-            answers[target] = (snapshot, restore, names["streams"])
-        finally:
-            await nc.close()
-    snapshot, restore, _ = answers["jetstream"]
-    assert snapshot["config"]["name"] == unique
-    assert "state" in snapshot
-    assert restore["deliver_subject"].startswith(f"$JS.SNAPSHOT.RESTORE.R{unique}.")
-    snapshot, restore, restored = answers["jetlake"]
-    assert snapshot["error"] == {
-        "code": 500,
-        "err_code": 10064,
-        "description": "snapshot failed: jetlake does not make or read stream archives",
-    }
-    assert restore["error"] == {
-        "code": 500,
-        "err_code": 10062,
-        "description": "restore failed: jetlake does not make or read stream archives",
-    }
-    assert restored is None

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 
+from gateway.adapters.archives import Archives
 from gateway.adapters.loader import MessageLoader
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
@@ -339,6 +340,7 @@ def stream_api(storing: Callable[[], bool] = lambda: True) -> StreamApi:
         cast(RemovalRecorder, None),
         lambda e: None,
         "",
+        cast(Archives, None),
         storing,
     )
 

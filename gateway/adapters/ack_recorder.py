@@ -17,6 +17,7 @@ from typing import Any
 from gateway.api.configs import to_json
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer, Delivered
+from storage_delta.read.consumer_log import ConsumerState
 from storage_delta.tables import acklog as al
 
 
@@ -67,6 +68,46 @@ class AckRecorder:
                 skip=skip,
             )
         )
+
+    async def restored(self, stream: str, name: str, state: ConsumerState) -> list[al.AckRecord]:
+        """A consumer restored from a stream archive: its create, a ``state`` row with its
+        positions and redelivered messages, and a delivery row per pending message (stamped with
+        the time its ack wait began), all durable on return. The rows are returned: the reducer
+        rebuilds the consumer from them, as recovery will from the log."""
+
+        def row(
+            kind: str, seq: int = 0, cseq: int = 0, deliveries: int = 0, ts: int = 0, **body: Any
+        ) -> al.AckRecord:
+            return al.AckRecord(
+                stream,
+                name,
+                kind,
+                seq,
+                cseq,
+                deliveries,
+                ts or now,
+                state.delivered_sseq,
+                state.delivered_cseq,
+                state.floor_sseq,
+                state.floor_cseq,
+                json.dumps(body, separators=(",", ":"), default=to_json) if body else None,
+            )
+
+        now = now_ns()
+        create: dict[str, Any] = {
+            "config": state.config,
+            "created": state.created_ns,
+            "start_after": state.start_after,
+            "skip": state.skip,
+        }
+        records = [row(al.CREATE, **create), row(al.STATE, redelivered=sorted(state.redelivered))]
+        records += [
+            row(al.DELIVER, s, p.cseq, p.deliveries, p.since_ns) for s, p in sorted(state.pending.items())
+        ]
+        for record in records[:-1]:
+            self.writer.submit(record)
+        await self._durable(records[-1])
+        return records
 
     async def config_changed(self, consumer: Consumer) -> None:
         await self._durable(self._row(consumer, al.CONFIG, config=consumer.config))

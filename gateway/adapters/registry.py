@@ -162,6 +162,14 @@ class Registry:
         self.consumer_changed.emit(consumer)
         return consumer
 
+    async def persist_consumer(
+        self, stream: Stream, config: ConsumerConfig, created_ns: int, name: str, start_after: int
+    ) -> None:
+        """The catalog entry of a consumer restored from an archive (its state goes to the ack log
+        before it is installed, as at a restart)."""
+        body = {"config": to_json(config), "created": created_ns, "start_after": start_after}
+        await self._persist("consumer", stream.name, name, body)
+
     async def update_consumer(self, consumer: Consumer, config: ConsumerConfig) -> None:
         body = {
             "config": to_json(config),

@@ -52,6 +52,19 @@ def stream_action(stream: str, action: str, now_ns: int) -> tuple[str, bytes]:
     )
 
 
+def archive_event(what: str, stream: str, now_ns: int, **fields: Any) -> tuple[str, bytes]:
+    """A snapshot or restore advisory (``what``: ``snapshot_create``, ``snapshot_complete``,
+    ``restore_create``, ``restore_complete``) on ``$JS.EVENT.ADVISORY.STREAM.<WHAT>.<stream>``.
+    The server adds the client that asked (``client``); the gateway does not know it, so it has
+    none. Times given as ``start``/``end`` (Unix ns) are rendered as the server renders them."""
+    for key in ("start", "end"):
+        if key in fields:
+            fields[key] = rfc3339(fields[key])
+    return _event(
+        f"$JS.EVENT.ADVISORY.STREAM.{what.upper()}.{stream}", _T + what, stream, None, now_ns, **fields
+    )
+
+
 def _consumer_event(
     what: str, kind: str, stream: str, consumer: str, now_ns: int, **fields: Any
 ) -> tuple[str, bytes]:

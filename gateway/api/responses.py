@@ -151,6 +151,24 @@ class StreamCreateResponse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StreamSnapshotResponse:
+    """STREAM.SNAPSHOT: the stream's config (without the server's own metadata keys but the
+    level asked for) and its state; the archive follows on the deliver subject."""
+
+    type: str = T + "stream_snapshot_response"
+    config: StreamConfig
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamRestoreResponse:
+    """STREAM.RESTORE: where the archive's chunks go."""
+
+    type: str = T + "stream_restore_response"
+    deliver_subject: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamsResponse:
     """A page of STREAM.NAMES (names; ``null`` for none) or STREAM.LIST (infos), by its type."""
 
@@ -224,6 +242,8 @@ Response = (
     AccountInfoResponse
     | StreamInfoResponse
     | StreamCreateResponse
+    | StreamSnapshotResponse
+    | StreamRestoreResponse
     | StreamsResponse
     | SuccessResponse
     | StreamPurgeResponse

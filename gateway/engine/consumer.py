@@ -29,7 +29,7 @@ from gateway.api.timefmt import rfc3339
 from gateway.engine.stream import Stream
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import subject_matches
-from storage_delta.read.consumer_log import ConsumerState
+from storage_delta.read.consumer_log import ConsumerState, PendingState
 
 
 @dataclass(slots=True)
@@ -697,6 +697,26 @@ class Consumer:
         self._cursor = self._scanned = 0
         self._counted = self.stream.state.last_seq
         self._npc = self.stream.count_matching_after(max(self.sseq, self._resume), self.filters)
+
+    def saved_state(self) -> ConsumerState:
+        """The state :meth:`restore` takes back (what a stream archive keeps of the consumer): its
+        positions, where it started, the pending messages with the time their ack wait began,
+        and the redelivered ones."""
+        return ConsumerState(
+            created_ns=self.created_ns,
+            config=None,
+            start_after=self._resume,
+            skip=list(self._skip),
+            delivered_cseq=self.dseq,
+            delivered_sseq=self.sseq,
+            floor_cseq=self.ack_floor_cseq,
+            floor_sseq=self.ack_floor_sseq,
+            pending={
+                seq: PendingState(p.cseq, p.deliveries, p.deadline_ns - self._ack_wait(p.deliveries))
+                for seq, p in self.pending.items()
+            },
+            redelivered=set(self._redelivered),
+        )
 
     # ---- info ---------------------------------------------------------------------------------
 

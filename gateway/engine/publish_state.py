@@ -31,10 +31,13 @@ def headers_since(config: StreamConfig, created_ns: int, now_ns: int) -> int:
     return max(created_ns, now_ns - config.duplicate_window)
 
 
-def replay_headers(stream: Stream, rows: Iterable[tuple[int, int, bytes | None]], now_ns: int) -> None:
+def replay_headers(
+    stream: Stream, rows: Iterable[tuple[int, int, bytes | None]], now_ns: int, dedup: bool = True
+) -> None:
     """Feed the (seq, stored time, header block) of the stream's stored messages that have a header
     block, in sequence order (a message without one changes nothing here but the last msg id, which
-    then is empty: the check at the end gives the same)."""
+    then is empty: the check at the end gives the same). Without ``dedup`` the duplicate window is
+    left empty: a restored stream's is, on the server too, until it is loaded again."""
     window = stream.config.duplicate_window
     since = now_ns - window
     last_id, last_seq = "", 0
@@ -42,7 +45,7 @@ def replay_headers(stream: Stream, rows: Iterable[tuple[int, int, bytes | None]]
         if not stream.is_live(seq):  # nats-server can no longer load a removed message either
             continue
         h = parse_headers(hdrs) if hdrs else {}
-        if ts >= since:  # as nats-server, which rebuilds both from the window's messages only
+        if dedup and ts >= since:  # as nats-server, which rebuilds both from the window's messages only
             last_id, last_seq = h.get("Nats-Msg-Id", ""), seq
             stream.dedup.record(last_id, seq, ts, now_ns, window)
         ttl = h.get("Nats-TTL")

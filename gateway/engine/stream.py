@@ -404,6 +404,17 @@ class Stream:
             if st.messages == 0:
                 st.first_seq = last_seq + 1
 
+    def skip_to(self, last_seq: int) -> None:
+        """A restored stream continues after ``last_seq``, as its archive's did: the sequences
+        above its last restored message were removed there, and are recorded as removed here (the
+        removal log keeps the last sequence across a restart). Only on a stream whose every
+        message is durable."""
+        st = self.state
+        if last_seq <= st.last_seq:
+            return
+        self._record(st.last_seq + 1, last_seq)
+        self.restore_last_seq(last_seq)
+
     def restore_lost(self, first: int, last: int) -> None:
         """A damaged data file held ``first..last``: they are removed (never served), reported as
         ``lost`` in the stream's info, as JetStream reports the records of a corrupt block, and the

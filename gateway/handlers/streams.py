@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from gateway.adapters.archives import Archives
 from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
@@ -39,6 +40,8 @@ from gateway.api.responses import (
     StreamInfo,
     StreamInfoResponse,
     StreamPurgeResponse,
+    StreamRestoreResponse,
+    StreamSnapshotResponse,
     StreamsResponse,
     SuccessResponse,
 )
@@ -143,9 +146,9 @@ RESTORE_REQUEST = Struct(
         ),
     },
 )
-#: Why jetlake refuses a snapshot or restore that the server would serve (#21 item 8): it makes
-#: no archives, neither the file store's nor one of its own, so it says so at once.
-NO_ARCHIVES = "jetlake does not make or read stream archives"
+
+#: What a restore of a mirror or a stream with sources is refused with, at once.
+NO_COPY_RESTORE = "jetlake does not restore a mirror or a stream with sources"
 
 NAMES_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamNamesRequest")
 LIST_REQUEST = request_type(StreamNamesRequest, "server.JSApiStreamListRequest")
@@ -163,6 +166,7 @@ class StreamApi:
         recorder: RemovalRecorder,
         publish: Publish,
         domain: str,
+        archives: Archives,
         storing: Callable[[], bool] = lambda: True,
         origins: Callable[[Stream], tuple[dict[str, Any] | None, list[dict[str, Any]] | None]] = lambda _: (
             None,
@@ -179,6 +183,7 @@ class StreamApi:
         self.recorder = recorder
         self.publish = publish
         self.domain = domain
+        self.archives = archives
         self.direct = DirectGet(registry, loader)
         self._waiting: dict[Stream, SeqWaiters] = {}  # removals waiting for a commit, by stream
         self._listening: dict[Stream, Callable[[], None]] = {}  # their durable_moved listeners
@@ -321,11 +326,8 @@ class StreamApi:
         return StreamsResponse(type=T + "stream_list_response", paged=paged, streams=listed)
 
     def _listed(self, stream: Stream) -> StreamInfo:
-        """A stream as STREAM.LIST shows it: the server's own metadata keys left out but the level
-        the request asked for."""
-        info = self._info(stream)
-        meta = {k: v for k, v in stream.config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
-        return replace(info, config=replace(stream.config, metadata=meta))
+        """A stream as STREAM.LIST shows it (its config as :func:`_as_listed`)."""
+        return replace(self._info(stream), config=_as_listed(stream.config))
 
     async def stream_info(self, name: str, body: bytes) -> StreamInfoResponse:
         req = load_optional_request(body, INFO_REQUEST)
@@ -428,20 +430,26 @@ class StreamApi:
 
     # ---- snapshot and restore ---------------------------------------------------------------------
 
-    async def stream_snapshot(self, name: str, body: bytes) -> Answer:
-        """``STREAM.SNAPSHOT``: the server's checks in its order, then a refusal where it would
-        answer with the stream's config and state and stream the archive to ``deliver_subject``."""
+    async def stream_snapshot(self, name: str, body: bytes) -> StreamSnapshotResponse:
+        """``STREAM.SNAPSHOT``: the server's checks in its order, then the stream's config and state;
+        its archive (jetlake's own, ``storage_delta.format.archive``) follows on ``deliver_subject``
+        (:class:`~gateway.adapters.archives.Archives`)."""
         if is_empty_request(body):
             raise errors.BAD_REQUEST
-        self._stream(name)
+        stream = self._stream(name)
         req = load_request(body, SNAPSHOT_REQUEST)
         if not is_valid_subject(req.deliver_subject, allow_wildcards=False):
             raise errors.SNAPSHOT_DELIVER_SUBJECT_INVALID
-        raise errors.STREAM_SNAPSHOT_FAILED.format(err=NO_ARCHIVES)
+        if stream.durable_last_seq < stream.state.last_seq:  # the archive holds what it announces
+            await self._durable(stream, stream.state.last_seq)
+        state = self.archives.snapshot(
+            stream, req.deliver_subject, req.no_consumers, req.chunk_size, req.window_size
+        )
+        return StreamSnapshotResponse(config=_as_listed(stream.config), state=state)
 
-    async def stream_restore(self, name: str, body: bytes) -> Answer:
-        """``STREAM.RESTORE``: the server's checks in its order (the config as a create's), then a
-        refusal where it would answer with the subject to send the archive's chunks to."""
+    async def stream_restore(self, name: str, body: bytes) -> StreamRestoreResponse:
+        """``STREAM.RESTORE``: the server's checks in its order (the config as a create's), then
+        the subject to send the archive's chunks to (:class:`~gateway.adapters.archives.Archives`)."""
         if is_empty_request(body):
             raise errors.BAD_REQUEST
         req = load_request(body, RESTORE_REQUEST).get("config", {})
@@ -450,10 +458,15 @@ class StreamApi:
             raise errors.STREAM_MISMATCH
         if "/" in name or "\\" in name:
             raise errors.STREAM_NAME_PATH_SEPARATORS
-        stream_config.normalize(req, self.reg.server_version)
+        cfg = self._with_origins(stream_config.normalize(req, self.reg.server_version))
         if name in self.reg.streams:
             raise errors.STREAM_NAME_EXIST_RESTORE_FAILED
-        raise errors.STREAM_RESTORE_FAILED.format(err=NO_ARCHIVES)
+        self._check_overlap(cfg)
+        if cfg.mirror or cfg.sources:
+            # a copy's position lives in the commits that stored its rows (DESIGN); an archive
+            # has none, so the copy would start again from its origin's first message
+            raise errors.STREAM_RESTORE_FAILED.format(err=NO_COPY_RESTORE)
+        return StreamRestoreResponse(deliver_subject=self.archives.restore(cfg))
 
     # ---- reading messages -----------------------------------------------------------------------
 
@@ -474,3 +487,10 @@ class StreamApi:
                 time=rfc3339(msg.ts),
             )
         )
+
+
+def _as_listed(config: StreamConfig) -> StreamConfig:
+    """A config as STREAM.LIST and STREAM.SNAPSHOT show it: the server's own metadata keys left
+    out but the level the request asked for."""
+    meta = {k: v for k, v in config.metadata.items() if k not in ("_nats.level", "_nats.ver")}
+    return replace(config, metadata=meta)

@@ -16,6 +16,8 @@ import asyncio
 import json
 import logging
 
+from gateway.adapters.archives import PREFIX as ARCHIVE_PREFIX
+from gateway.adapters.archives import Archives
 from gateway.adapters.delivery import Delivery
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
@@ -44,8 +46,10 @@ class LinkDispatcher:
         delivery: Delivery,
         api: Api,
         sourcing: Sourcing,
+        archives: Archives,
     ) -> None:
         self._sourcing = sourcing
+        self._archives = archives
         self.api_prefix = f"$JS.{domain}.API."
         self._kv_prefix = self.api_prefix + "$KV."
         self._leaf = leaf
@@ -84,6 +88,8 @@ class LinkDispatcher:
             delivery.on_flow_control(subject, msg.hdrs)
         elif subject.startswith(LINK_PREFIX):
             self._sourcing.on_link_msg(msg)
+        elif subject.startswith(ARCHIVE_PREFIX):
+            self._archives.on_msg(msg)
         else:
             self._publish.on_publish(msg)
 

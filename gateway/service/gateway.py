@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway.adapters.ack_recorder import AckRecorder
+from gateway.adapters.archives import Archives
 from gateway.adapters.coldread import ColdReader
 from gateway.adapters.compactor import Compactor
 from gateway.adapters.delivery import Delivery
@@ -158,6 +159,17 @@ class Gateway:
         registry.stream_removed.connect(publish.stream_removed)
         registry.stream_updated.connect(publish.stream_updated)
         sourcing = Sourcing(registry, publish, self.cold, table, self.executor, self.tasks, leaf)
+        archives = Archives(
+            registry,
+            publish,
+            recorder,
+            ack_recorder,
+            self.reader,
+            self.executor,
+            self.tasks,
+            leaf,
+            self._publish_event,
+        )
         api = Api(
             registry,
             StreamApi(
@@ -166,6 +178,7 @@ class Gateway:
                 recorder,
                 self._publish_event,
                 settings.domain,
+                archives,
                 lambda: writer.running,
                 sourcing.info,
             ),
@@ -174,7 +187,9 @@ class Gateway:
             leaf.interest,
             settings.domain,
         )
-        dispatcher = LinkDispatcher(settings.domain, leaf, registry, publish, delivery, api, sourcing)
+        dispatcher = LinkDispatcher(
+            settings.domain, leaf, registry, publish, delivery, api, sourcing, archives
+        )
         leaf.subscribe(dispatcher.api_prefix + ">")
         leaf.subscribe("$JS.ACK.>")
         leaf.subscribe("$JS.FC.>")
