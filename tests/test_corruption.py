@@ -2,8 +2,9 @@
 an index snapshot is detected, reported and never served; ``jetlake repair`` drops what is lost.
 
 One store is built once (stream ``BAD``: 120 messages, one commit each, so ``messages`` has a
-checkpoint at version 100 and a file per message; stream ``GOOD``: 10 messages; a clean stop, so both
-have an index snapshot). Each case damages a copy of it, starts the real gateway on it and checks
+checkpoint at version 100 and a file per message; stream ``GOOD``: 10 messages and a consumer;
+stream ``GONE``: 3 messages, the second deleted; a clean stop, so each has an index snapshot). Each
+case damages a copy of it, starts the real gateway on it and checks
 ``/healthz``, stream info, direct reads and a consumer; then runs ``jetlake repair`` (dry run, then
 ``--apply``) as a process, reads the tables with DuckDB and starts the gateway again.
 """
@@ -21,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format.integrity import DamagedFile
@@ -33,6 +36,8 @@ from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
 
 BAD, GOOD = "BAD", "GOOD"
+#: A third stream with a deleted message (its removal is the ``removals`` table's one row).
+GONE = "GONE"
 BAD_MSGS, GOOD_MSGS = 120, 10
 
 
@@ -61,6 +66,10 @@ async def _fill(url: str) -> None:
         sub = await js.pull_subscribe("good.>", durable="KEEP", stream=GOOD)
         for m in await sub.fetch(GOOD_MSGS, timeout=5):
             await m.ack_sync()
+        await api(nc, f"STREAM.CREATE.{GONE}", {"name": GONE, "subjects": ["gone.>"]})
+        for i in range(1, 4):
+            await js.publish("gone.x", f"gone-{i}".encode())
+        assert (await api(nc, f"STREAM.MSG.DELETE.{GONE}", {"seq": 2}))["success"]
 
 
 @pytest.fixture(scope="module")
@@ -295,14 +304,46 @@ def test_a_log_entry_with_a_cut_tail_is_rebuilt_from_its_data_file(store: Jetlak
         store.stop()
 
 
-def test_a_log_entry_cut_before_its_file_is_named_stops_the_gateway_until_repaired(store: Jetlake) -> None:
-    """Cut where nothing says which file the ``add`` named: the entry no longer parses, so delta-rs
-    refuses the table and the gateway says which file and does not start; repair drops the cut
-    line (its file's sequences become a gap: they cannot be told from the file, which no line names)."""
-    path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
-    entry = _entry_of(store.data_root, path)
+def cut_before_the_name(entry: Path, file: Path) -> bytes:
+    """Cut the entry where nothing says which file its ``add`` named; returns the original."""
     body = entry.read_bytes()
     entry.write_bytes(body[: body.index(b'{"add":{"path"') + len(b'{"add":{"pa')])
+    return body
+
+
+def test_a_log_entry_cut_before_its_file_is_named_is_made_again_from_its_digest(store: Jetlake) -> None:
+    """Cut where nothing says which file the ``add`` named: its digest in the surviving
+    ``commitInfo`` and the file no version names find the line again, byte for byte (the
+    ``modificationTime`` too); the gateway rewrites the entry and serves everything."""
+    path, _ = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    original = cut_before_the_name(entry, path)
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        log_text = (store.workdir / "gateway.log").read_text()
+        assert f"damaged log entry {entry}" in log_text
+        assert f"found again from its file {path}" in log_text
+        assert f"rewrote {entry}: damaged lines [3], of them dropped []" in log_text
+        (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
+        assert add in original.splitlines()
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert store.stop_gateway() == 0
+        assert repair(store.data_root)[0] == 0
+        assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 2))
+    finally:
+        store.stop()
+
+
+def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repair(store: Jetlake) -> None:
+    """Cut where nothing says which file the ``add`` named, and the file is gone too: nothing tells
+    which stream or sequences the line held. The entry no longer parses, so delta-rs refuses the
+    table and the gateway says which entry and does not start; repair drops the cut line (its
+    file's sequences become a gap)."""
+    path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    cut_before_the_name(entry, path)
+    path.unlink()
     store.start_server()
     try:
         with pytest.raises(RuntimeError, match="gateway exited"):
@@ -416,19 +457,128 @@ async def _consumer_info(url: str) -> None:
         assert info["config"]["durable_name"] == "KEEP"
 
 
-def test_a_damaged_catalog_file_stops_the_gateway_until_repaired(store: Jetlake) -> None:
-    """Without a catalog file a deleted stream could come back: the gateway names it and stops."""
-    catalog = sorted((store.data_root / "catalog").glob("*.parquet"))
-    flip(catalog[0], 0.5)
-    store.start_server()
+def _file_of(data_root: Path, table: str, stream: str) -> Path:
+    """The one data file of ``table`` whose rows are all of ``stream`` (by its add statistics)."""
+    dt = DeltaTable(str(data_root / table))
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    (path,) = (a["path"] for a in adds if a["min.stream"] == a["max.stream"] == stream)
+    return data_root / table / path
+
+
+async def _offline(url: str, stream: str, why: str) -> dict[str, Any]:
+    """What clients see of a quarantined stream and of the others."""
+    async with await nats.connect(url) as nc:
+        offline = {"code": 500, "err_code": 10194, "description": f"stream is offline: {why}"}
+        assert (await api(nc, f"STREAM.INFO.{stream}"))["error"] == offline
+        assert (await api(nc, f"STREAM.CREATE.{stream}", {"name": stream}))["error"] == offline
+        assert (await api(nc, f"STREAM.DELETE.{stream}"))["error"] == offline
+        assert (await api(nc, f"CONSUMER.INFO.{stream}.X"))["error"] == offline
+        with pytest.raises(nats.errors.TimeoutError):  # the server lets a read time out
+            await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", b'{"seq":1}', timeout=0.5)
+        with pytest.raises(nats.errors.NoRespondersError):  # no stream captures its subjects
+            await nc.request(f"{stream.lower()}.x", b"lost?", timeout=2)
+        names = await api(nc, "STREAM.NAMES")
+        assert names["streams"] == sorted([BAD, GOOD, GONE])
+        assert names["total"] == 3
+        listed = await api(nc, "STREAM.LIST")
+        assert listed["missing"] == [stream]
+        assert listed["offline"] == {stream: why}
+        assert sorted(s["config"]["name"] for s in listed["streams"]) == sorted({BAD, GOOD, GONE} - {stream})
+        infos = {s: await api(nc, f"STREAM.INFO.{s}") for s in {BAD, GOOD, GONE} - {stream}}
+        consumer = await api(nc, f"CONSUMER.INFO.{GOOD}.KEEP")
+        published = await nc.jetstream().publish("good.x", b"served")
+        return {"infos": infos, "consumer": consumer, "published": published.seq}
+
+
+def _catalog_streams(data_root: Path) -> list[str]:
+    rows = (
+        duckdb_connection()
+        .execute("SELECT DISTINCT stream FROM delta_scan(?) ORDER BY stream", [str(data_root / "catalog")])
+        .fetchall()
+    )
+    return [r[0] for r in rows]
+
+
+@pytest.mark.slow  # two gateway starts and three repair processes
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_catalog_file_takes_only_its_stream_offline(store: Jetlake, damage: str) -> None:
+    """The damaged file is stream ``BAD``'s creation: ``BAD`` answers as an offline stream (its
+    definition cannot be known), the others are served; repair drops the file, after which ``BAD``
+    is gone (its creation was the row lost) and the rest is as before."""
+    path = _file_of(store.data_root, "catalog", BAD)
+    DAMAGES[damage](path)
+    why = f"damaged catalog file {path.name}, see jetlake repair"
+    store.start()
     try:
-        with pytest.raises(RuntimeError, match="gateway exited"):
-            store.start_gateway()
-        said = (store.workdir / "gateway.log").read_text()
-        assert f"catalog/{catalog[0].name}" in said
-        assert "the gateway needs it whole" in said
+        status, health = healthz(store)
+        assert status == 503
+        assert f"stream {BAD} is offline: {why}" in health["problems"]
+        assert any(
+            f"damaged data file catalog/{path.name} (1 rows, stream {BAD})" in p for p in health["problems"]
+        )
+        seen = asyncio.run(_offline(store.url, BAD, why))
+        assert seen["infos"][GOOD]["state"]["messages"] == GOOD_MSGS
+        assert seen["infos"][GONE]["state"]["messages"] == 2
+        assert seen["consumer"]["num_ack_pending"] == 0
+        assert seen["consumer"]["ack_floor"]["stream_seq"] == GOOD_MSGS
+        assert seen["published"] == GOOD_MSGS + 1
+        assert store.stop_gateway() == 0
+        assert f"stream {BAD} is offline" in (store.workdir / "gateway.log").read_text()
+
         code, out = repair(store.data_root)
         assert code == 1
-        assert f"catalog/{catalog[0].name}: data file" in out
+        assert f"catalog/{path.name}: data file, 1 rows, stream {BAD};" in out
+        assert "a lost creation leaves its messages unreachable" in out
+        assert repair(store.data_root, "--apply")[0] == 0
+        assert _catalog_streams(store.data_root) == [GONE, GOOD]
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        asyncio.run(_after_catalog_repair(store.url))
     finally:
         store.stop()
+
+
+async def _after_catalog_repair(url: str) -> None:
+    async with await nats.connect(url) as nc:
+        assert (await api(nc, f"STREAM.INFO.{BAD}"))["error"]["err_code"] == 10059
+        assert (await api(nc, f"STREAM.INFO.{GOOD}"))["state"]["messages"] == GOOD_MSGS + 1
+
+
+@pytest.mark.slow  # two gateway starts and three repair processes
+def test_a_damaged_removals_file_takes_only_its_stream_offline(store: Jetlake) -> None:
+    """The damaged file records ``GONE``'s deleted message: ``GONE`` is offline (served, the
+    message would be live again), ``BAD`` and ``GOOD`` are served as before; repair drops the file
+    and says that the deleted message comes back, which it does."""
+    path = _file_of(store.data_root, "removals", GONE)
+    flip(path, 0.5)
+    why = f"damaged removals file {path.name}, see jetlake repair"
+    store.start()
+    try:
+        status, health = healthz(store)
+        assert status == 503
+        assert f"stream {GONE} is offline: {why}" in health["problems"]
+        seen = asyncio.run(_offline(store.url, GONE, why))
+        assert seen["infos"][BAD]["state"]["messages"] == BAD_MSGS
+        assert seen["infos"][GOOD]["state"]["messages"] == GOOD_MSGS
+        assert store.stop_gateway() == 0
+
+        code, out = repair(store.data_root)
+        assert code == 1
+        assert f"removals/{path.name}: data file, 1 rows, stream {GONE};" in out
+        assert "deleted messages that only it recorded become live again" in out
+        assert repair(store.data_root, "--apply")[0] == 0
+        removals = duckdb_connection().execute(
+            "SELECT count(*) FROM delta_scan(?)", [str(store.data_root / "removals")]
+        )
+        assert removals.fetchall() == [(0,)]
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        asyncio.run(_gone_served(store.url))
+    finally:
+        store.stop()
+
+
+async def _gone_served(url: str) -> None:
+    async with await nats.connect(url) as nc:
+        state = (await api(nc, f"STREAM.INFO.{GONE}"))["state"]
+        assert (state["messages"], state["last_seq"]) == (3, 3)

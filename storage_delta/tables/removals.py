@@ -27,6 +27,8 @@ from storage_delta.commit.store import (
     StoreRoot,
     checkpoint_table,
     open_existing,
+    read_checked,
+    read_whole,
     write_data_file,
 )
 from storage_delta.format import schema as sch
@@ -113,15 +115,24 @@ class RemovalLog:
         self._appender.append([({}, rows)], self._version)
 
 
-def live_streams(root: StoreRoot) -> dict[str, int]:
-    """Live stream name → created time, from the catalog (newest row per stream, not deleted)."""
+def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
+    """Live stream name → created time, from the catalog (newest row per stream, not deleted). A
+    damaged catalog file raises :class:`DamagedFile`: a job must not take a stream whose deletion
+    it cannot read for live, nor one whose creation it cannot read for gone. ``skip_damaged``
+    reads the whole files only (``jetlake repair``, which drops the damaged ones)."""
     dt = open_existing(root, sch.CATALOG)
     if dt is None:
         return {}
-    table = dt.to_pyarrow_table(columns=["rev", "kind", "name", "deleted", "body"])
+    if skip_damaged:
+        return live_of(read_checked(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA)[0])
+    return live_of(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
+
+
+def live_of(catalog: pa.Table) -> dict[str, int]:
+    """Live stream name → created time in catalog rows (newest row per stream, not deleted)."""
     newest: dict[str, tuple[int, bool, str]] = {}
     for rev, kind, name, deleted, body in zip(
-        *(table.column(c).to_pylist() for c in ("rev", "kind", "name", "deleted", "body")), strict=True
+        *(catalog.column(c).to_pylist() for c in ("rev", "kind", "name", "deleted", "body")), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
@@ -131,16 +142,22 @@ def live_streams(root: StoreRoot) -> dict[str, int]:
 
 
 def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
-    """The logical state of every live stream (streams with no removals included, with none)."""
+    """The logical state of every live stream (streams with no removals included, with none). A
+    damaged file of either table raises :class:`DamagedFile` (the jobs and the Spark source stop
+    until ``jetlake repair``: without a removal's row its messages would count as live)."""
     live = live_streams(root)
-    states = {name: StreamLogicalState(name, created) for name, created in live.items()}
     dt = open_existing(root, sch.REMOVALS)
     if dt is None:
-        return states
-    table = dt.to_pyarrow_table(columns=["stream", "created", "first", "last"])
+        return states_of(live, sch.REMOVALS_SCHEMA.empty_table())
+    return states_of(live, read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA))
+
+
+def states_of(live: Mapping[str, int], removals: pa.Table) -> dict[str, StreamLogicalState]:
+    """The logical state of the streams ``live`` (name → created) from ``removals`` rows."""
+    states = {name: StreamLogicalState(name, created) for name, created in live.items()}
     ranges: dict[str, list[tuple[int, int]]] = {}
     for stream, created, first, last in zip(
-        *(table.column(c).to_pylist() for c in ("stream", "created", "first", "last")), strict=True
+        *(removals.column(c).to_pylist() for c in ("stream", "created", "first", "last")), strict=True
     ):
         if live.get(stream) == created:
             ranges.setdefault(stream, []).append((first, last))
@@ -195,7 +212,7 @@ def compact_removals(root: StoreRoot) -> RemovalCompaction:
     if dt is None:
         return RemovalCompaction(0, 0, 0, 0)
     files = pa.table(dt.get_add_actions(flatten=True))
-    table = dt.to_pyarrow_table()
+    table = read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA)  # a damaged file stops it
     # The catalog is read after the snapshot, so it knows every incarnation with rows in it.
     folded = fold_removals(table, live_streams(root))
     unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)
