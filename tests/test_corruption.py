@@ -31,6 +31,9 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.format.integrity import DamagedFile
 from storage_delta.maintenance.files import rewrite_files
 from storage_delta.read.reader import MessageReader
+from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.removals import Removal, RemovalLog, live_streams, load_stream_states
+from storage_delta.tables.scope import Scope, load_store_state
 from tests.differential import api
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
@@ -582,3 +585,53 @@ async def _gone_served(url: str) -> None:
     async with await nats.connect(url) as nc:
         state = (await api(nc, f"STREAM.INFO.{GONE}"))["state"]
         assert (state["messages"], state["last_seq"]) == (3, 3)
+
+
+def _strip_stream_stats(table: Path) -> None:
+    """Rewrite every log entry of ``table`` as a writer before stream statistics made it: no
+    ``stream`` bounds in an ``add``'s statistics (only the gateway's start checks the digests)."""
+    for entry in (table / "_delta_log").glob("*.json"):
+        lines = []
+        for line in entry.read_bytes().splitlines():
+            obj = json.loads(line)
+            if "add" in obj and obj["add"].get("stats"):
+                stats = json.loads(obj["add"]["stats"])
+                for key in ("minValues", "maxValues"):
+                    stats[key].pop("stream", None)
+                obj["add"]["stats"] = json.dumps(stats)
+            lines.append(json.dumps(obj).encode())
+        entry.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_the_scope_of_a_damaged_file_is_what_its_statistics_bound(tmp_path: Path) -> None:
+    """Without the gateway: a damaged removals file of stream A quarantines A alone; a catalog file
+    whose statistics name no stream (written before they did) quarantines every name, unknown ones
+    too (the lost row may be a creation), and the jobs' readers refuse both tables."""
+    root = StoreRoot(str(tmp_path))
+    catalog = CatalogTable(root)
+    for name, created in (("A", 1), ("B", 2), ("C", 3)):
+        catalog.put("stream", name, name, {"config": {"name": name}, "created": created})
+    removals = RemovalLog(root)
+    for name, created in (("A", 1), ("B", 2)):
+        removals.append([Removal(name, created, 1, 5)])
+    flip(_file_of(tmp_path, "removals", "A"), 0.5)
+    state = load_store_state(root)
+    assert set(state.quarantine.streams) == {"A"}
+    assert sorted(e.name for e in state.entries) == ["B", "C"]
+    assert state.streams["B"].removed == [(1, 5)]
+    assert state.quarantine.reason("NEW") is None
+    with pytest.raises(DamagedFile, match="removals/"):
+        load_stream_states(root)
+
+    _strip_stream_stats(tmp_path / "catalog")
+    cut(next((tmp_path / "catalog").glob("*.parquet")))
+    state = load_store_state(root)
+    assert state.entries == []
+    # the streams whole rows still name are listed; the one whose row was lost cannot be, but is
+    # refused like any other name
+    assert len(state.quarantine.streams) == 2
+    why = next(iter(state.quarantine.streams.values()))
+    assert [state.quarantine.reason(n) for n in ("A", "B", "C", "NEW")] == [why] * 4
+    assert "every stream" in Scope.of({}).describe()
+    with pytest.raises(DamagedFile, match="catalog/"):
+        live_streams(root)
