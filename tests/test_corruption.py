@@ -26,13 +26,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format.integrity import DamagedFile
-from storage_delta.maintenance.files import rewrite_files
+from storage_delta.format.schema import MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS
+from storage_delta.maintenance.files import rewrite_files, swap_actions
 from storage_delta.read.reader import MessageReader
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog, live_streams, load_stream_states
+from storage_delta.tables.repair import check_at_start
 from storage_delta.tables.scope import Scope, load_store_state
 from tests.differential import api
 from tests.harness import ROOT, Jetlake, duckdb_connection
@@ -481,7 +484,7 @@ def _file_of(data_root: Path, table: str, stream: str) -> Path:
     """The one data file of ``table`` whose rows are all of ``stream`` (by its add statistics)."""
     dt = DeltaTable(str(data_root / table))
     adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
-    (path,) = (a["path"] for a in adds if a["min.stream"] == a["max.stream"] == stream)
+    (path,) = (str(a["path"]) for a in adds if a["min.stream"] == a["max.stream"] == stream)
     return data_root / table / path
 
 
@@ -652,3 +655,24 @@ def test_the_scope_of_a_damaged_file_is_what_its_statistics_bound(tmp_path: Path
     assert "every stream" in Scope.of({}).describe()
     with pytest.raises(DamagedFile, match="catalog/"):
         live_streams(root)
+
+
+def test_a_lost_add_line_is_found_again_when_compaction_removed_its_file_since(store: Jetlake) -> None:
+    """The file of the cut line was merged since (a later version removes it and adds the merged
+    file): it is still the only version that can have added it, so the start's check makes the
+    line again and the table reads as before, every sequence once."""
+    path, _ = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    root = StoreRoot(str(store.data_root))
+    rel = str(path.relative_to(store.data_root / "messages"))
+    _, merged = rewrite_files(root, BAD, 0, [rel])
+    assert merged is not None
+    gone = RemoveAction(
+        path=rel, data_change=False, deletion_timestamp=0, partition_values={"stream": BAD, "block": "0"}
+    )
+    assert swap_actions(root, "messages", MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS, [gone], [merged])
+    original = cut_before_the_name(entry, path)
+    assert check_at_start(root) == []
+    (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
+    assert add in original.splitlines()
+    assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 1))

@@ -6,9 +6,13 @@ What is damaged is found by :mod:`storage_delta.format.integrity`. What repair d
   when it names it), so readers replay the JSON log entries instead; nothing is lost while those
   entries are still there (they expire after ``delta.logRetentionDuration``, 30 days). The gateway
   does this by itself at start: a checkpoint is derived data, like an index snapshot;
-* a log entry: rewritten in place with its whole lines only (a version cannot be removed: readers
-  need every version after the last checkpoint). A dropped ``add`` line's file is no longer part of
+* a log entry: rewritten in place with its whole lines and the damaged lines that can be made
+  again exactly (:class:`EntryRewrite`: from what survives of them, or an ``add`` cut before it named
+  its file from its digest and the file no version names); a version cannot be removed, readers
+  need every version after the last checkpoint. A dropped ``add`` line's file is no longer part of
   the table: its rows are lost, and which they were is unknown unless the line's start survived;
+* a data file of ``catalog`` or ``removals``: removed like any other; the dry run says which
+  streams it concerned (``storage_delta.tables.scope``) and what dropping it does to them;
 * a data file: removed with a Delta commit (``remove`` actions, the jobs' swap), so every reader
   reads the table again; for ``messages`` the file's sequence range is recorded in ``removals``, so
   the stream shows it as deleted (interior deletes, or a first sequence that moved) and keeps its
@@ -354,8 +358,9 @@ def _find_lost_adds(
     digests: the entry's ``commitInfo`` holds each line's CRC-32, and a line is determined by its
     file (path, size, partition values, statistics: what :func:`_rebuild` reads from it) and its
     ``modificationTime``, which the writer took after the file was written and before the commit's
-    ``timestamp``. So every file that no version names (not live before this one, not named by a
-    line of it or of a later one) and was written within :data:`MATCH_WINDOW_MS` before the commit
+    ``timestamp``. So every file that no other version can have added (not live before this one,
+    not added by a line of it or of a later one) and was written within :data:`MATCH_WINDOW_MS`
+    before the commit
     is tried with every millisecond between its write and the commit; a line whose CRC-32 matches
     is the lost line, byte for byte. Returns line position → line."""
     digests, commit_ms = info[LINES_KEY], info.get("timestamp")
@@ -387,8 +392,10 @@ def _find_lost_adds(
 
 
 def _named_files(table_path: str, version: int, kept: list[bytes]) -> set[str] | None:
-    """The names of the data files live at ``version - 1``, named by ``kept`` lines and named by
-    every later log entry (None when the version before cannot be loaded)."""
+    """The names of the data files live at ``version - 1`` or added by the ``kept`` lines or by a
+    later log entry (None when the version before cannot be loaded). A file only a later entry
+    removes stays a candidate: compaction may have merged the lost line's file since, and no
+    version but this one can have added it."""
     try:
         before = DeltaTable(table_path, version=version - 1)
     except (DeltaError, OSError):
@@ -401,7 +408,7 @@ def _named_files(table_path: str, version: int, kept: list[bytes]) -> set[str] |
     later = [n for n in os.listdir(log_dir) if n.endswith(".json") and int(n[:20]) > version]
     for raw in [*kept, *(line for n in later for line in _lines(os.path.join(log_dir, n)))]:
         action = _ACTION.match(raw)
-        if action is not None:
+        if action is not None and action.group(1) == b"add":
             named.add(action.group(2).decode().rsplit("/", 1)[-1])
     return named
 
@@ -554,9 +561,9 @@ def check_at_start(root: StoreRoot) -> list[str]:
     whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
     either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
     files of the tables other than ``messages`` (small: the catalog, the compacted ack and removal
-    logs), which the gateway reads through delta-rs without checks of its own: reported
-    (``messages`` files are checked by the reader, :meth:`MessageReader.verify`). Returns the
-    problems, one line each."""
+    logs): reported; their readers leave them out (the ack log) or take the streams they concern
+    offline (``storage_delta.tables.scope``); ``messages`` files are checked by the reader
+    (:meth:`MessageReader.verify`). Returns the problems, one line each."""
     local = root.local_path()
     if local is None:
         return []
