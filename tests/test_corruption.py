@@ -217,6 +217,18 @@ def test_a_damaged_data_file_is_reported_never_served_and_repaired(store: Jetlak
         store.stop()
 
 
+def repair_as_it_says(store: Jetlake, *says: str) -> None:
+    """With the gateway stopped: the dry run finds damage and says each of ``says``; ``--apply``
+    leaves none (the caller checks the tables, then starts the gateway again)."""
+    assert store.stop_gateway() == 0
+    code, out = repair(store.data_root)
+    assert code == 1
+    for text in says:
+        assert text in out
+    code, out = repair(store.data_root, "--apply")
+    assert code == 0, out
+
+
 def _apply_repair_and_serve(store: Jetlake, lost: range) -> None:
     """``jetlake repair --apply`` leaves nothing to repair; DuckDB reads the table again (everything
     but the lost range and the publish after it); the gateway starts healthy and serves."""
@@ -462,11 +474,7 @@ def test_a_damaged_ack_log_file_is_reported_and_repaired(store: Jetlake, damage:
         assert status == 503
         assert any(f"damaged data file acks/{acks[len(acks) // 2].name}" in p for p in health["problems"])
         _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
-        assert store.stop_gateway() == 0
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"acks/{acks[len(acks) // 2].name}: data file" in out
-        assert repair(store.data_root, "--apply")[0] == 0
+        repair_as_it_says(store, f"acks/{acks[len(acks) // 2].name}: data file")
         store.start_gateway()
         assert healthz(store) == (200, {"status": "ok"})
         asyncio.run(_consumer_info(store.url))
@@ -545,14 +553,12 @@ def test_a_damaged_catalog_file_takes_only_its_stream_offline(store: Jetlake, da
         assert seen["consumer"]["num_ack_pending"] == 0
         assert seen["consumer"]["ack_floor"]["stream_seq"] == GOOD_MSGS
         assert seen["published"] == GOOD_MSGS + 1
-        assert store.stop_gateway() == 0
+        repair_as_it_says(
+            store,
+            f"catalog/{path.name}: data file, 1 rows, stream {BAD};",
+            "a lost creation leaves its messages unreachable",
+        )
         assert f"stream {BAD} is offline" in (store.workdir / "gateway.log").read_text()
-
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"catalog/{path.name}: data file, 1 rows, stream {BAD};" in out
-        assert "a lost creation leaves its messages unreachable" in out
-        assert repair(store.data_root, "--apply")[0] == 0
         assert _catalog_streams(store.data_root) == [GONE, GOOD]
         store.start_gateway()
         assert healthz(store) == (200, {"status": "ok"})
@@ -583,13 +589,11 @@ def test_a_damaged_removals_file_takes_only_its_stream_offline(store: Jetlake) -
         seen = asyncio.run(_offline(store.url, GONE, why))
         assert seen["infos"][BAD]["state"]["messages"] == BAD_MSGS
         assert seen["infos"][GOOD]["state"]["messages"] == GOOD_MSGS
-        assert store.stop_gateway() == 0
-
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"removals/{path.name}: data file, 1 rows, stream {GONE};" in out
-        assert "deleted messages that only it recorded become live again" in out
-        assert repair(store.data_root, "--apply")[0] == 0
+        repair_as_it_says(
+            store,
+            f"removals/{path.name}: data file, 1 rows, stream {GONE};",
+            "deleted messages that only it recorded become live again",
+        )
         removals = duckdb_connection().execute(
             "SELECT count(*) FROM delta_scan(?)", [str(store.data_root / "removals")]
         )
