@@ -208,6 +208,9 @@ class Gateway:
         loop = asyncio.get_running_loop()
         recovered = await loop.run_in_executor(self.executor, load_store_state, self.root)
         registry.quarantine = recovered.quarantine
+        self.store_damage += recovered.problems
+        for problem in recovered.problems:
+            log.error("%s", problem)
         for name, why in sorted(recovered.quarantine.streams.items()):
             log.error("stream %s is offline: %s", name, why)
         logical = recovered.streams

@@ -554,6 +554,11 @@ def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None
     log.warning("removed %d damaged files from %s", len(removes), spec.name)
 
 
+#: Tables whose data files the gateway's reads check themselves: ``messages`` (the reader), the
+#: catalog and the removal log (``storage_delta.tables.scope``, which reports them).
+_READ_CHECKED = {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}
+
+
 def check_at_start(root: StoreRoot) -> list[str]:
     """The gateway's look at the store before it opens the tables. Every table's log, as far as a
     load of the newest version reads it (``scan_log(newest_only=True)``): a damaged
@@ -561,8 +566,9 @@ def check_at_start(root: StoreRoot) -> list[str]:
     whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
     either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
     files of the tables other than ``messages`` (small: the catalog, the compacted ack and removal
-    logs): reported; their readers leave them out (the ack log) or take the streams they concern
-    offline (``storage_delta.tables.scope``); ``messages`` files are checked by the reader
+    logs): the ack log's and the others' reported here (the ack log leaves them out); the catalog's
+    and the removal log's are checked and reported by their read at start, which takes the streams
+    they concern offline (``storage_delta.tables.scope``); ``messages`` files by the reader
     (:meth:`MessageReader.verify`). Returns the problems, one line each."""
     local = root.local_path()
     if local is None:
@@ -584,7 +590,7 @@ def check_at_start(root: StoreRoot) -> list[str]:
                 continue
             entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
-        if spec.name != sch.MESSAGES and entries_whole:
+        if spec.name not in _READ_CHECKED and entries_whole:
             for f in _data_damage(root, spec):
                 log.error("damaged data file %s/%s: %s", spec.name, f.path, f.reason)
                 problems.append(

@@ -98,6 +98,8 @@ class StoreState:
     entries: list[CatalogEntry]
     streams: dict[str, StreamLogicalState]
     quarantine: Quarantine
+    #: The damaged files, one line each (``/healthz``): this read is their check at start.
+    problems: list[str]
 
 
 def load_store_state(root: StoreRoot) -> StoreState:
@@ -120,10 +122,17 @@ def load_store_state(root: StoreRoot) -> StoreState:
             if scope.concerns(name, created):
                 quarantine.streams.setdefault(name, why)
     served = {name: created for name, created in live.items() if quarantine.reason(name) is None}
+    problems = [
+        f"damaged data file {table}/{bad.path} ({bad.add.get('num_records')} rows, "
+        f"{Scope.of(bad.add).describe()}): {bad.reason}; see jetlake repair"
+        for table, damage in ((sch.CATALOG, catalog_damage), (sch.REMOVALS, removals_damage))
+        for bad in damage
+    ]
     return StoreState(
         [e for e in entries_of(catalog) if e.stream in served],
         states_of(served, removals),
         quarantine,
+        problems,
     )
 
 
