@@ -403,6 +403,48 @@ def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repai
         store.stop()
 
 
+@pytest.mark.slow  # two gateway starts and three repair processes
+@pytest.mark.parametrize("where", ["to nothing", "inside its commitInfo"])
+def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commit(
+    store: Jetlake, where: str
+) -> None:
+    """Cut within its first line, the entry lost the count of its lines with its digests: what it
+    held is unknown (it was rewritten as an empty commit before: its messages were gone without a
+    word, and a stream's last ones would have been numbered again). Cut to nothing, Delta readers
+    take it for an empty commit: the gateway starts with every stream offline; cut inside, delta-rs
+    refuses the table and the gateway does not start. Repair drops it; its file's sequences become
+    a gap."""
+    path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    entry.write_bytes(b"" if where == "to nothing" else entry.read_bytes()[:30])
+    store.start_server()
+    try:
+        if where == "to nothing":
+            store.start_gateway()
+            status, health = healthz(store)
+            assert status == 503
+            assert any(f"damaged log entry messages/_delta_log/{entry.name}" in p for p in health["problems"])
+            why = "a damaged messages log entry whose content is unknown, see jetlake repair"
+            assert f"stream {GOOD} is offline: {why}" in health["problems"]
+            asyncio.run(_offline(store.url, GOOD, why, also=(BAD, GONE)))
+            assert store.stop_gateway() == 0
+        else:
+            with pytest.raises(RuntimeError, match="gateway exited"):
+                store.start_gateway()
+        code, out = repair(store.data_root)
+        assert code == 1
+        assert f"{entry.name}: log entry, version {int(entry.stem)}" in out
+        assert "its commitInfo is lost, and with it what the commit held: unknown" in out
+        assert repair(store.data_root, "--apply")[0] == 0
+        assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        seen = asyncio.run(_observe(store.url, lost))
+        assert (seen["bad"]["messages"], seen["bad"]["last_seq"]) == (BAD_MSGS - len(lost), BAD_MSGS)
+    finally:
+        store.stop()
+
+
 #: A checkpoint also comes out empty after a power cut that caught a Spark job between its checkpoint
 #: and the job's sync of it, when a gateway commit's sync of ``_delta_log`` made the name durable.
 def empty(path: Path) -> None:
@@ -496,8 +538,10 @@ def _file_of(data_root: Path, table: str, stream: str) -> Path:
     return data_root / table / path
 
 
-async def _offline(url: str, stream: str, why: str) -> dict[str, Any]:
-    """What clients see of a quarantined stream and of the others."""
+async def _offline(url: str, stream: str, why: str, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What clients see of a quarantined stream (and of ``also``, offline too) and of the others."""
+    offline_ones = sorted({stream, *also})
+    served = sorted({BAD, GOOD, GONE} - set(offline_ones))
     async with await nats.connect(url) as nc:
         offline = {"code": 500, "err_code": 10194, "description": f"stream is offline: {why}"}
         assert (await api(nc, f"STREAM.INFO.{stream}"))["error"] == offline
@@ -512,10 +556,12 @@ async def _offline(url: str, stream: str, why: str) -> dict[str, Any]:
         assert names["streams"] == sorted([BAD, GOOD, GONE])
         assert names["total"] == 3
         listed = await api(nc, "STREAM.LIST")
-        assert listed["missing"] == [stream]
-        assert listed["offline"] == {stream: why}
-        assert sorted(s["config"]["name"] for s in listed["streams"]) == sorted({BAD, GOOD, GONE} - {stream})
-        infos = {s: await api(nc, f"STREAM.INFO.{s}") for s in {BAD, GOOD, GONE} - {stream}}
+        assert listed["missing"] == offline_ones
+        assert listed["offline"] == dict.fromkeys(offline_ones, why)
+        assert sorted(s["config"]["name"] for s in listed["streams"]) == served
+        infos = {s: await api(nc, f"STREAM.INFO.{s}") for s in served}
+        if GOOD not in served:
+            return {"infos": infos}
         consumer = await api(nc, f"CONSUMER.INFO.{GOOD}.KEEP")
         published = await nc.jetstream().publish("good.x", b"served")
         return {"infos": infos, "consumer": consumer, "published": published.seq}
@@ -678,7 +724,7 @@ def test_a_lost_add_line_is_found_again_when_compaction_removed_its_file_since(s
     )
     assert swap_actions(root, "messages", MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS, [gone], [merged])
     original = cut_before_the_name(entry, path)
-    assert check_at_start(root) == []
+    assert check_at_start(root).problems == []
     (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
     assert add in original.splitlines()
     assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 1))

@@ -102,7 +102,8 @@ class Gateway:
         the dispatcher), then start the link: nothing is read before everything can answer."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        self.store_damage = await loop.run_in_executor(self.executor, check_at_start, self.root)
+        check = await loop.run_in_executor(self.executor, check_at_start, self.root)
+        self.store_damage = check.problems
         try:
             table, catalog, removal_log, acks = await loop.run_in_executor(
                 self.executor,
@@ -146,7 +147,7 @@ class Gateway:
         )
         await acklog.start()
         t0 = time.monotonic()
-        await self._recover(registry, snapshots, history)
+        await self._recover(registry, snapshots, history, check.unknown)
         log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
@@ -199,14 +200,16 @@ class Gateway:
         sourcing.start()
         await leaf.start(dispatcher)
 
-    async def _recover(self, registry: Registry, snapshots: Snapshots, history: AckLog) -> None:
+    async def _recover(
+        self, registry: Registry, snapshots: Snapshots, history: AckLog, unknown: frozenset[str]
+    ) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
         that came before the removal was recorded). Consumers' state comes from the ack log,
         ephemeral ones' too: as on the real server with file storage, they come back and go after
         their ``inactive_threshold`` unless someone uses them."""
         loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(self.executor, load_store_state, self.root)
+        recovered = await loop.run_in_executor(self.executor, load_store_state, self.root, unknown)
         registry.quarantine = recovered.quarantine
         self.store_damage += recovered.problems
         for problem in recovered.problems:

@@ -130,8 +130,9 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
     action = "rewrite: " + ", ".join(
         part
         for part in (
-            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt else "",
+            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt > 0 else "",
             f"{len(plan.dropped)} damaged line(s) dropped" if plan.dropped else "",
+            "its commitInfo is lost, and with it what the commit held: unknown" if 0 in plan.dropped else "",
         )
         if part
     )
@@ -301,7 +302,9 @@ class EntryRewrite:
         expected = len(info.get(LINES_KEY, raw[1:])) if info is not None else len(raw) - 1
         operation = str(info.get("operation", "")) if info is not None else None
         lines: list[bytes] = []
-        dropped: list[int] = []
+        # A lost commitInfo (a cut inside it, or to nothing) took with it how many lines followed:
+        # what the entry held is unknown, never "nothing" (version 0 is delta-rs's creation).
+        dropped: list[int] = [0] if info is None and int(os.path.basename(rel)[:20]) > 0 else []
         for i in range(1, max(len(raw), expected + 1)):
             line = raw[i] if i < len(raw) else b""
             if i not in bad_lines:
@@ -559,7 +562,16 @@ def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None
 _READ_CHECKED = {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}
 
 
-def check_at_start(root: StoreRoot) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class StartCheck:
+    """What the start's look found: the problems, one line each, and the tables with a log entry
+    whose content is unknown (its ``commitInfo`` was lost with the count of its lines)."""
+
+    problems: list[str]
+    unknown: frozenset[str]
+
+
+def check_at_start(root: StoreRoot) -> StartCheck:
     """The gateway's look at the store before it opens the tables. Every table's log, as far as a
     load of the newest version reads it (``scan_log(newest_only=True)``): a damaged
     checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
@@ -572,8 +584,9 @@ def check_at_start(root: StoreRoot) -> list[str]:
     (:meth:`MessageReader.verify`). Returns the problems, one line each."""
     local = root.local_path()
     if local is None:
-        return []
+        return StartCheck([], frozenset())
     problems = []
+    unknown = set()
     for spec in TABLES:
         table_path = os.path.join(local, spec.name)
         entries_whole = True
@@ -588,6 +601,8 @@ def check_at_start(root: StoreRoot) -> list[str]:
             ):
                 plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
                 continue
+            if d.kind == "log entry" and 0 in plan.dropped:
+                unknown.add(spec.name)
             entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
         if spec.name not in _READ_CHECKED and entries_whole:
@@ -596,4 +611,4 @@ def check_at_start(root: StoreRoot) -> list[str]:
                 problems.append(
                     f"damaged data file {spec.name}/{f.path} ({f.holds}): {f.reason}; see jetlake repair"
                 )
-    return problems
+    return StartCheck(problems, frozenset(unknown))

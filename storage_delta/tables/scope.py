@@ -27,6 +27,7 @@ for removals every live stream created in its ``created`` range.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,14 +103,22 @@ class StoreState:
     problems: list[str]
 
 
-def load_store_state(root: StoreRoot) -> StoreState:
+def load_store_state(root: StoreRoot, unknown: Collection[str] = ()) -> StoreState:
     """Read ``catalog`` and ``removals`` with every file checked; the streams a damaged file may
-    concern are quarantined and left out, the others come back exactly. Blocking."""
+    concern are quarantined and left out, the others come back exactly. ``unknown`` names tables
+    with a log entry whose content is unknown (``repair.check_at_start``): one of ``messages``,
+    ``catalog`` or ``removals`` may have held rows of any stream, so every stream is quarantined.
+    Blocking."""
     catalog, catalog_damage = _read(root, sch.CATALOG, sch.CATALOG_SCHEMA)
     removals, removals_damage = _read(root, sch.REMOVALS, sch.REMOVALS_SCHEMA)
     live = live_of(catalog)
     known = set(catalog.column("stream").to_pylist())
     quarantine = Quarantine()
+    for table in sorted(set(unknown) & {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}):
+        why = f"a damaged {table} log entry whose content is unknown, see jetlake repair"
+        quarantine.ranges.append((Scope("", None, None), why))
+        for name in sorted(known):
+            quarantine.streams.setdefault(name, why)
     for bad in catalog_damage:
         scope, why = Scope.of(bad.add), _why(sch.CATALOG, bad)
         quarantine.ranges.append((scope, why))
