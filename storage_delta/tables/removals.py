@@ -124,11 +124,11 @@ def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
     if dt is None:
         return {}
     if skip_damaged:
-        return live_of(read_checked(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA)[0])
-    return live_of(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
+        return live_streams_of(read_checked(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA)[0])
+    return live_streams_of(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
 
 
-def live_of(catalog: pa.Table) -> dict[str, int]:
+def live_streams_of(catalog: pa.Table) -> dict[str, int]:
     """Live stream name → created time in catalog rows (newest row per stream, not deleted)."""
     newest: dict[str, tuple[int, bool, str]] = {}
     for rev, kind, name, deleted, body in zip(
@@ -147,14 +147,17 @@ def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
     until ``jetlake repair``: without a removal's row its messages would count as live)."""
     live = live_streams(root)
     dt = open_existing(root, sch.REMOVALS)
-    if dt is None:
-        return states_of(live, sch.REMOVALS_SCHEMA.empty_table())
-    return states_of(live, read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA))
+    return stream_states_of(
+        live, None if dt is None else read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA)
+    )
 
 
-def states_of(live: Mapping[str, int], removals: pa.Table) -> dict[str, StreamLogicalState]:
-    """The logical state of the streams ``live`` (name → created) from ``removals`` rows."""
+def stream_states_of(live: Mapping[str, int], removals: pa.Table | None) -> dict[str, StreamLogicalState]:
+    """The logical state of the streams ``live`` (name → created) from the removal log's rows
+    (None: no removal log yet)."""
     states = {name: StreamLogicalState(name, created) for name, created in live.items()}
+    if removals is None:
+        return states
     ranges: dict[str, list[tuple[int, int]]] = {}
     for stream, created, first, last in zip(
         *(removals.column(c).to_pylist() for c in ("stream", "created", "first", "last")), strict=True

@@ -36,7 +36,7 @@ import pyarrow as pa
 from storage_delta.commit.store import DamagedAdd, StoreRoot, open_existing, read_checked
 from storage_delta.format import schema as sch
 from storage_delta.tables.catalog import CatalogEntry, entries_of
-from storage_delta.tables.removals import StreamLogicalState, live_of, states_of
+from storage_delta.tables.removals import StreamLogicalState, live_streams_of, stream_states_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ def load_store_state(root: StoreRoot, unknown: Collection[str] = ()) -> StoreSta
     Blocking."""
     catalog, catalog_damage = _read(root, sch.CATALOG, sch.CATALOG_SCHEMA)
     removals, removals_damage = _read(root, sch.REMOVALS, sch.REMOVALS_SCHEMA)
-    live = live_of(catalog)
+    live = live_streams_of(catalog)
     known = set(catalog.column("stream").to_pylist())
     quarantine = Quarantine()
     for table in sorted(set(unknown) & {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}):
@@ -139,7 +139,7 @@ def load_store_state(root: StoreRoot, unknown: Collection[str] = ()) -> StoreSta
     ]
     return StoreState(
         [e for e in entries_of(catalog) if e.stream in served],
-        states_of(served, removals),
+        stream_states_of(served, removals),
         quarantine,
         problems,
     )
