@@ -115,6 +115,11 @@ class RemovalLog:
         self._appender.append([({}, rows)], self._version)
 
 
+#: The columns of the catalog and of the removal log that the logical view is made from.
+CATALOG_COLUMNS = ["rev", "kind", "name", "deleted", "body"]
+REMOVAL_COLUMNS = ["stream", "created", "first", "last"]
+
+
 def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
     """Live stream name → created time, from the catalog (newest row per stream, not deleted). A
     damaged catalog file raises :class:`DamagedFile`: a job must not take a stream whose deletion
@@ -129,10 +134,10 @@ def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
 
 
 def live_streams_of(catalog: pa.Table) -> dict[str, int]:
-    """Live stream name → created time in catalog rows (newest row per stream, not deleted)."""
+    """:func:`live_streams` of the catalog's rows (:data:`CATALOG_COLUMNS`)."""
     newest: dict[str, tuple[int, bool, str]] = {}
     for rev, kind, name, deleted, body in zip(
-        *(catalog.column(c).to_pylist() for c in ("rev", "kind", "name", "deleted", "body")), strict=True
+        *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
@@ -153,14 +158,14 @@ def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
 
 
 def stream_states_of(live: Mapping[str, int], removals: pa.Table | None) -> dict[str, StreamLogicalState]:
-    """The logical state of the streams ``live`` (name → created) from the removal log's rows
-    (None: no removal log yet)."""
+    """:func:`load_stream_states` of the live streams and the removal log's rows
+    (:data:`REMOVAL_COLUMNS`; None: no removal log yet)."""
     states = {name: StreamLogicalState(name, created) for name, created in live.items()}
     if removals is None:
         return states
     ranges: dict[str, list[tuple[int, int]]] = {}
     for stream, created, first, last in zip(
-        *(removals.column(c).to_pylist() for c in ("stream", "created", "first", "last")), strict=True
+        *(removals.column(c).to_pylist() for c in REMOVAL_COLUMNS), strict=True
     ):
         if live.get(stream) == created:
             ranges.setdefault(stream, []).append((first, last))
