@@ -552,6 +552,7 @@ async def _offline(url: str, stream: str, why: str, also: tuple[str, ...] = ()) 
             await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", b'{"seq":1}', timeout=0.5)
         with pytest.raises(nats.errors.NoRespondersError):  # no stream captures its subjects
             await nc.request(f"{stream.lower()}.x", b"lost?", timeout=2)
+        assert (await api(nc, "INFO"))["streams"] == 3  # offline ones count, as on the server
         names = await api(nc, "STREAM.NAMES")
         assert names["streams"] == sorted([BAD, GOOD, GONE])
         assert names["total"] == 3

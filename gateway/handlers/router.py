@@ -101,7 +101,7 @@ class Api:
             # what the streams' max_bytes reserve of the account, as the server reserves it
             reserved_memory=sum(max(s.config.max_bytes, 0) for s in memory),
             reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
-            streams=len(self.reg.streams),
+            streams=len(self.reg.streams) + len(self.reg.quarantine.streams),  # offline ones count
             consumers=sum(len(c) for c in self.reg.consumers.values()),
             domain=self.domain,
             api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
