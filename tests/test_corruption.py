@@ -2,8 +2,9 @@
 an index snapshot is detected, reported and never served; ``jetlake repair`` drops what is lost.
 
 One store is built once (stream ``BAD``: 120 messages, one commit each, so ``messages`` has a
-checkpoint at version 100 and a file per message; stream ``GOOD``: 10 messages; a clean stop, so both
-have an index snapshot). Each case damages a copy of it, starts the real gateway on it and checks
+checkpoint at version 100 and a file per message; stream ``GOOD``: 10 messages and a consumer;
+stream ``GONE``: 3 messages, the second deleted; a clean stop, so each has an index snapshot). Each
+case damages a copy of it, starts the real gateway on it and checks
 ``/healthz``, stream info, direct reads and a consumer; then runs ``jetlake repair`` (dry run, then
 ``--apply``) as a process, reads the tables with DuckDB and starts the gateway again.
 """
@@ -21,18 +22,28 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
+from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format.integrity import DamagedFile
-from storage_delta.maintenance.files import rewrite_files
+from storage_delta.format.schema import MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS
+from storage_delta.maintenance.files import rewrite_files, swap_actions
 from storage_delta.read.reader import MessageReader
+from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.removals import Removal, RemovalLog, live_streams, load_stream_states
+from storage_delta.tables.repair import check_at_start
+from storage_delta.tables.scope import Scope, load_store_state
 from tests.differential import api
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
 
 BAD, GOOD = "BAD", "GOOD"
+#: A third stream with a deleted message (its removal is the ``removals`` table's one row).
+GONE = "GONE"
 BAD_MSGS, GOOD_MSGS = 120, 10
 
 
@@ -61,6 +72,10 @@ async def _fill(url: str) -> None:
         sub = await js.pull_subscribe("good.>", durable="KEEP", stream=GOOD)
         for m in await sub.fetch(GOOD_MSGS, timeout=5):
             await m.ack_sync()
+        await api(nc, f"STREAM.CREATE.{GONE}", {"name": GONE, "subjects": ["gone.>"]})
+        for i in range(1, 4):
+            await js.publish("gone.x", f"gone-{i}".encode())
+        assert (await api(nc, f"STREAM.MSG.DELETE.{GONE}", {"seq": 2}))["success"]
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +217,18 @@ def test_a_damaged_data_file_is_reported_never_served_and_repaired(store: Jetlak
         store.stop()
 
 
+def repair_as_it_says(store: Jetlake, *says: str) -> None:
+    """With the gateway stopped: the dry run finds damage and says each of ``says``; ``--apply``
+    leaves none (the caller checks the tables, then starts the gateway again)."""
+    assert store.stop_gateway() == 0
+    code, out = repair(store.data_root)
+    assert code == 1
+    for text in says:
+        assert text in out
+    code, out = repair(store.data_root, "--apply")
+    assert code == 0, out
+
+
 def _apply_repair_and_serve(store: Jetlake, lost: range) -> None:
     """``jetlake repair --apply`` leaves nothing to repair; DuckDB reads the table again (everything
     but the lost range and the publish after it); the gateway starts healthy and serves."""
@@ -245,6 +272,7 @@ def test_a_log_entry_with_a_flipped_bit_is_reported_and_repaired(store: Jetlake)
     entry = _entry_of(store.data_root, path)
     assert int(entry.stem) > int(_checkpoint(store.data_root).name[:20])
     flip_in_path(entry, path)
+    path.unlink()  # with the file there, its digest finds the line again (the next test)
     store.start()
     try:
         status, health = healthz(store)
@@ -261,7 +289,23 @@ def test_a_log_entry_with_a_flipped_bit_is_reported_and_repaired(store: Jetlake)
         store.stop()
 
 
-@pytest.mark.slow  # as above
+def test_a_log_entry_with_a_flipped_bit_in_a_file_name_is_made_again_from_its_digest(store: Jetlake) -> None:
+    """The damaged line names a file that does not exist; the file it named, which no version
+    names now, matches the line's digest: the gateway rewrites the line as it was and serves all."""
+    path, _ = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    original = entry.read_bytes()
+    flip_in_path(entry, path)
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        assert f"found again from its file {path}" in (store.workdir / "gateway.log").read_text()
+        assert _add_of(entry.read_bytes()) == _add_of(original)
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+    finally:
+        store.stop()
+
+
 def _add_of(entry_body: bytes) -> dict[str, Any]:
     """The ``add`` action of a one-file entry, without its modification time (a rebuilt line takes
     the file's)."""
@@ -295,14 +339,46 @@ def test_a_log_entry_with_a_cut_tail_is_rebuilt_from_its_data_file(store: Jetlak
         store.stop()
 
 
-def test_a_log_entry_cut_before_its_file_is_named_stops_the_gateway_until_repaired(store: Jetlake) -> None:
-    """Cut where nothing says which file the ``add`` named: the entry no longer parses, so delta-rs
-    refuses the table and the gateway says which file and does not start; repair drops the cut
-    line (its file's sequences become a gap: they cannot be told from the file, which no line names)."""
-    path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
-    entry = _entry_of(store.data_root, path)
+def cut_before_the_name(entry: Path, file: Path) -> bytes:
+    """Cut the entry where nothing says which file its ``add`` named; returns the original."""
     body = entry.read_bytes()
     entry.write_bytes(body[: body.index(b'{"add":{"path"') + len(b'{"add":{"pa')])
+    return body
+
+
+def test_a_log_entry_cut_before_its_file_is_named_is_made_again_from_its_digest(store: Jetlake) -> None:
+    """Cut where nothing says which file the ``add`` named: its digest in the surviving
+    ``commitInfo`` and the file no version names find the line again, byte for byte (the
+    ``modificationTime`` too); the gateway rewrites the entry and serves everything."""
+    path, _ = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    original = cut_before_the_name(entry, path)
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        log_text = (store.workdir / "gateway.log").read_text()
+        assert f"damaged log entry {entry}" in log_text
+        assert f"found again from its file {path}" in log_text
+        assert f"rewrote {entry}: damaged lines [3], of them dropped []" in log_text
+        (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
+        assert add in original.splitlines()
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert store.stop_gateway() == 0
+        assert repair(store.data_root)[0] == 0
+        assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 2))
+    finally:
+        store.stop()
+
+
+def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repair(store: Jetlake) -> None:
+    """Cut where nothing says which file the ``add`` named, and the file is gone too: nothing tells
+    which stream or sequences the line held. The entry no longer parses, so delta-rs refuses the
+    table and the gateway says which entry and does not start; repair drops the cut line (its
+    file's sequences become a gap)."""
+    path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    cut_before_the_name(entry, path)
+    path.unlink()
     store.start_server()
     try:
         with pytest.raises(RuntimeError, match="gateway exited"):
@@ -323,6 +399,48 @@ def test_a_log_entry_cut_before_its_file_is_named_stops_the_gateway_until_repair
         assert seen["bad"]["messages"] == BAD_MSGS - len(lost)
         assert seen["bad"]["last_seq"] == BAD_MSGS
         assert seen["next"] == BAD_MSGS + 1
+    finally:
+        store.stop()
+
+
+@pytest.mark.slow  # two gateway starts and three repair processes
+@pytest.mark.parametrize("where", ["to nothing", "inside its commitInfo"])
+def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commit(
+    store: Jetlake, where: str
+) -> None:
+    """Cut within its first line, the entry lost the count of its lines with its digests: what it
+    held is unknown (it was rewritten as an empty commit before: its messages were gone without a
+    word, and a stream's last ones would have been numbered again). Cut to nothing, Delta readers
+    take it for an empty commit: the gateway starts with every stream offline; cut inside, delta-rs
+    refuses the table and the gateway does not start. Repair drops it; its file's sequences become
+    a gap."""
+    path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    entry.write_bytes(b"" if where == "to nothing" else entry.read_bytes()[:30])
+    store.start_server()
+    try:
+        if where == "to nothing":
+            store.start_gateway()
+            status, health = healthz(store)
+            assert status == 503
+            assert any(f"damaged log entry messages/_delta_log/{entry.name}" in p for p in health["problems"])
+            why = "a damaged messages log entry whose content is unknown, see jetlake repair"
+            assert f"stream {GOOD} is offline: {why}" in health["problems"]
+            asyncio.run(_offline(store.url, GOOD, why, also=(BAD, GONE)))
+            assert store.stop_gateway() == 0
+        else:
+            with pytest.raises(RuntimeError, match="gateway exited"):
+                store.start_gateway()
+        code, out = repair(store.data_root)
+        assert code == 1
+        assert f"{entry.name}: log entry, version {int(entry.stem)}" in out
+        assert "its commitInfo is lost, and with it what the commit held: unknown" in out
+        assert repair(store.data_root, "--apply")[0] == 0
+        assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        seen = asyncio.run(_observe(store.url, lost))
+        assert (seen["bad"]["messages"], seen["bad"]["last_seq"]) == (BAD_MSGS - len(lost), BAD_MSGS)
     finally:
         store.stop()
 
@@ -398,11 +516,7 @@ def test_a_damaged_ack_log_file_is_reported_and_repaired(store: Jetlake, damage:
         assert status == 503
         assert any(f"damaged data file acks/{acks[len(acks) // 2].name}" in p for p in health["problems"])
         _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
-        assert store.stop_gateway() == 0
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"acks/{acks[len(acks) // 2].name}: data file" in out
-        assert repair(store.data_root, "--apply")[0] == 0
+        repair_as_it_says(store, f"acks/{acks[len(acks) // 2].name}: data file")
         store.start_gateway()
         assert healthz(store) == (200, {"status": "ok"})
         asyncio.run(_consumer_info(store.url))
@@ -416,19 +530,202 @@ async def _consumer_info(url: str) -> None:
         assert info["config"]["durable_name"] == "KEEP"
 
 
-def test_a_damaged_catalog_file_stops_the_gateway_until_repaired(store: Jetlake) -> None:
-    """Without a catalog file a deleted stream could come back: the gateway names it and stops."""
-    catalog = sorted((store.data_root / "catalog").glob("*.parquet"))
-    flip(catalog[0], 0.5)
-    store.start_server()
+def _file_of(data_root: Path, table: str, stream: str) -> Path:
+    """The one data file of ``table`` whose rows are all of ``stream`` (by its add statistics)."""
+    dt = DeltaTable(str(data_root / table))
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    (path,) = (str(a["path"]) for a in adds if a["min.stream"] == a["max.stream"] == stream)
+    return data_root / table / path
+
+
+async def _offline(url: str, stream: str, why: str, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What clients see of a quarantined stream (and of ``also``, offline too) and of the others."""
+    offline_ones = sorted({stream, *also})
+    served = sorted({BAD, GOOD, GONE} - set(offline_ones))
+    async with await nats.connect(url) as nc:
+        offline = {"code": 500, "err_code": 10194, "description": f"stream is offline: {why}"}
+        assert (await api(nc, f"STREAM.INFO.{stream}"))["error"] == offline
+        assert (await api(nc, f"STREAM.CREATE.{stream}", {"name": stream}))["error"] == offline
+        assert (await api(nc, f"STREAM.DELETE.{stream}"))["error"] == offline
+        assert (await api(nc, f"CONSUMER.INFO.{stream}.X"))["error"] == offline
+        with pytest.raises(nats.errors.TimeoutError):  # the server lets a read time out
+            await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", b'{"seq":1}', timeout=0.5)
+        with pytest.raises(nats.errors.NoRespondersError):  # no stream captures its subjects
+            await nc.request(f"{stream.lower()}.x", b"lost?", timeout=2)
+        assert (await api(nc, "INFO"))["streams"] == 3  # offline ones count, as on the server
+        names = await api(nc, "STREAM.NAMES")
+        assert names["streams"] == sorted([BAD, GOOD, GONE])
+        assert names["total"] == 3
+        listed = await api(nc, "STREAM.LIST")
+        assert listed["missing"] == offline_ones
+        assert listed["offline"] == dict.fromkeys(offline_ones, why)
+        assert sorted(s["config"]["name"] for s in listed["streams"]) == served
+        infos = {s: await api(nc, f"STREAM.INFO.{s}") for s in served}
+        if GOOD not in served:
+            return {"infos": infos}
+        consumer = await api(nc, f"CONSUMER.INFO.{GOOD}.KEEP")
+        published = await nc.jetstream().publish("good.x", b"served")
+        return {"infos": infos, "consumer": consumer, "published": published.seq}
+
+
+def _catalog_streams(data_root: Path) -> list[str]:
+    rows = (
+        duckdb_connection()
+        .execute("SELECT DISTINCT stream FROM delta_scan(?) ORDER BY stream", [str(data_root / "catalog")])
+        .fetchall()
+    )
+    return [r[0] for r in rows]
+
+
+@pytest.mark.slow  # two gateway starts and three repair processes
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_catalog_file_takes_only_its_stream_offline(store: Jetlake, damage: str) -> None:
+    """The damaged file is stream ``BAD``'s creation: ``BAD`` answers as an offline stream (its
+    definition cannot be known), the others are served; repair drops the file, after which ``BAD``
+    is gone (its creation was the row lost) and the rest is as before."""
+    path = _file_of(store.data_root, "catalog", BAD)
+    DAMAGES[damage](path)
+    why = f"damaged catalog file {path.name}, see jetlake repair"
+    store.start()
     try:
-        with pytest.raises(RuntimeError, match="gateway exited"):
-            store.start_gateway()
-        said = (store.workdir / "gateway.log").read_text()
-        assert f"catalog/{catalog[0].name}" in said
-        assert "the gateway needs it whole" in said
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"catalog/{catalog[0].name}: data file" in out
+        status, health = healthz(store)
+        assert status == 503
+        assert f"stream {BAD} is offline: {why}" in health["problems"]
+        assert any(
+            f"damaged data file catalog/{path.name} (1 rows, stream {BAD})" in p for p in health["problems"]
+        )
+        seen = asyncio.run(_offline(store.url, BAD, why))
+        assert seen["infos"][GOOD]["state"]["messages"] == GOOD_MSGS
+        assert seen["infos"][GONE]["state"]["messages"] == 2
+        assert seen["consumer"]["num_ack_pending"] == 0
+        assert seen["consumer"]["ack_floor"]["stream_seq"] == GOOD_MSGS
+        assert seen["published"] == GOOD_MSGS + 1
+        repair_as_it_says(
+            store,
+            f"catalog/{path.name}: data file, 1 rows, stream {BAD};",
+            "a lost creation leaves its messages unreachable",
+        )
+        assert f"stream {BAD} is offline" in (store.workdir / "gateway.log").read_text()
+        assert _catalog_streams(store.data_root) == [GONE, GOOD]
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        asyncio.run(_after_catalog_repair(store.url))
     finally:
         store.stop()
+
+
+async def _after_catalog_repair(url: str) -> None:
+    async with await nats.connect(url) as nc:
+        assert (await api(nc, f"STREAM.INFO.{BAD}"))["error"]["err_code"] == 10059
+        assert (await api(nc, f"STREAM.INFO.{GOOD}"))["state"]["messages"] == GOOD_MSGS + 1
+
+
+@pytest.mark.slow  # two gateway starts and three repair processes
+def test_a_damaged_removals_file_takes_only_its_stream_offline(store: Jetlake) -> None:
+    """The damaged file records ``GONE``'s deleted message: ``GONE`` is offline (served, the
+    message would be live again), ``BAD`` and ``GOOD`` are served as before; repair drops the file
+    and says that the deleted message comes back, which it does."""
+    path = _file_of(store.data_root, "removals", GONE)
+    flip(path, 0.5)
+    why = f"damaged removals file {path.name}, see jetlake repair"
+    store.start()
+    try:
+        status, health = healthz(store)
+        assert status == 503
+        assert f"stream {GONE} is offline: {why}" in health["problems"]
+        seen = asyncio.run(_offline(store.url, GONE, why))
+        assert seen["infos"][BAD]["state"]["messages"] == BAD_MSGS
+        assert seen["infos"][GOOD]["state"]["messages"] == GOOD_MSGS
+        repair_as_it_says(
+            store,
+            f"removals/{path.name}: data file, 1 rows, stream {GONE};",
+            "deleted messages that only it recorded become live again",
+        )
+        removals = duckdb_connection().execute(
+            "SELECT count(*) FROM delta_scan(?)", [str(store.data_root / "removals")]
+        )
+        assert removals.fetchall() == [(0,)]
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        asyncio.run(_gone_served(store.url))
+    finally:
+        store.stop()
+
+
+async def _gone_served(url: str) -> None:
+    async with await nats.connect(url) as nc:
+        state = (await api(nc, f"STREAM.INFO.{GONE}"))["state"]
+        assert (state["messages"], state["last_seq"]) == (3, 3)
+
+
+def _strip_stream_stats(table: Path) -> None:
+    """Rewrite every log entry of ``table`` as a writer before stream statistics made it: no
+    ``stream`` bounds in an ``add``'s statistics (only the gateway's start checks the digests)."""
+    for entry in (table / "_delta_log").glob("*.json"):
+        lines = []
+        for line in entry.read_bytes().splitlines():
+            obj = json.loads(line)
+            if "add" in obj and obj["add"].get("stats"):
+                stats = json.loads(obj["add"]["stats"])
+                for key in ("minValues", "maxValues"):
+                    stats[key].pop("stream", None)
+                obj["add"]["stats"] = json.dumps(stats)
+            lines.append(json.dumps(obj).encode())
+        entry.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_the_scope_of_a_damaged_file_is_what_its_statistics_bound(tmp_path: Path) -> None:
+    """Without the gateway: a damaged removals file of stream A quarantines A alone; a catalog file
+    whose statistics name no stream (written before they did) quarantines every name, unknown ones
+    too (the lost row may be a creation), and the jobs' readers refuse both tables."""
+    root = StoreRoot(str(tmp_path))
+    catalog = CatalogTable(root)
+    for name, created in (("A", 1), ("B", 2), ("C", 3)):
+        catalog.put("stream", name, name, {"config": {"name": name}, "created": created})
+    removals = RemovalLog(root)
+    for name, created in (("A", 1), ("B", 2)):
+        removals.append([Removal(name, created, 1, 5)])
+    flip(_file_of(tmp_path, "removals", "A"), 0.5)
+    state = load_store_state(root)
+    assert set(state.quarantine.streams) == {"A"}
+    assert sorted(e.name for e in state.entries) == ["B", "C"]
+    assert state.streams["B"].removed == [(1, 5)]
+    assert state.quarantine.reason("NEW") is None
+    with pytest.raises(DamagedFile, match="removals/"):
+        load_stream_states(root)
+    _strip_stream_stats(tmp_path / "removals")  # a file written before: its incarnations bound it
+    assert set(load_store_state(root).quarantine.streams) == {"A"}
+
+    _strip_stream_stats(tmp_path / "catalog")
+    cut(next((tmp_path / "catalog").glob("*.parquet")))
+    state = load_store_state(root)
+    assert state.entries == []
+    # the streams whole rows still name are listed; the one whose row was lost cannot be, but is
+    # refused like any other name
+    assert len(state.quarantine.streams) == 2
+    why = next(iter(state.quarantine.streams.values()))
+    assert [state.quarantine.reason(n) for n in ("A", "B", "C", "NEW")] == [why] * 4
+    assert "every stream" in Scope.of({}).describe()
+    with pytest.raises(DamagedFile, match="catalog/"):
+        live_streams(root)
+
+
+def test_a_lost_add_line_is_found_again_when_compaction_removed_its_file_since(store: Jetlake) -> None:
+    """The file of the cut line was merged since (a later version removes it and adds the merged
+    file): it is still the only version that can have added it, so the start's check makes the
+    line again and the table reads as before, every sequence once."""
+    path, _ = _messages_file(store.data_root, BAD_MSGS - 10)
+    entry = _entry_of(store.data_root, path)
+    root = StoreRoot(str(store.data_root))
+    rel = str(path.relative_to(store.data_root / "messages"))
+    _, merged = rewrite_files(root, BAD, 0, [rel])
+    assert merged is not None
+    gone = RemoveAction(
+        path=rel, data_change=False, deletion_timestamp=0, partition_values={"stream": BAD, "block": "0"}
+    )
+    assert swap_actions(root, "messages", MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS, [gone], [merged])
+    original = cut_before_the_name(entry, path)
+    assert check_at_start(root).problems == []
+    (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
+    assert add in original.splitlines()
+    assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 1))

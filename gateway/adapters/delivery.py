@@ -138,8 +138,8 @@ class Delivery:
         self, stream: str, name: str, reply: str, body: bytes, hdrs: bytes | None = None
     ) -> None:
         consumer = self._consumer(stream, name)
-        if not reply:
-            return
+        if not reply or self.registry.quarantine.reason(stream) is not None:
+            return  # an offline stream's pulls time out, as on the server
         if consumer is None:
             self._send_status(no_consumer(reply, stream, name))
             return

@@ -18,6 +18,7 @@ from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
 from storage_delta.tables.catalog import CatalogTable
+from storage_delta.tables.scope import Quarantine
 
 #: Subjects whose stream is remembered; past it the memory starts over (publishers to many
 #: distinct subjects, most of them captured by no stream).
@@ -51,6 +52,9 @@ class Registry:
         self._subscriptions = subscriptions
         self._route_cache: dict[str, Stream | None] = {}
         self.streams: dict[str, Stream] = {}
+        #: Streams set aside at start because a damaged catalog or removals file may hold rows of
+        #: theirs (``storage_delta.tables.scope``): not installed, answered as offline streams.
+        self.quarantine = Quarantine()
         self.consumers: dict[str, dict[str, Consumer]] = {}
         self.server_version = "2.15.1"
         self.api_total = 0

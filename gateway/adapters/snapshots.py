@@ -76,7 +76,7 @@ class Snapshots:
             for name, snapshot in copies:
                 await loop.run_in_executor(self.executor, index_snapshot.write, self.root, name, snapshot)
                 self._taken[name] = (snapshot.created, snapshot.through)
-            live = {s.name for s in streams}
+            live = {s.name for s in streams} | set(self.registry.quarantine.streams)  # offline: kept
             self._taken = {name: taken for name, taken in self._taken.items() if name in live}
             await loop.run_in_executor(self.executor, index_snapshot.remove_others, self.root, live)
             return len(copies)

@@ -32,6 +32,9 @@ CLUSTER_REQUIRED = ApiError(503, 10010, "JetStream clustering support required")
 REQUIRED_API_LEVEL = ApiError(412, 10185, "JetStream minimum api level required")
 NOT_EMPTY_REQUEST = ApiError(400, 10038, "expected an empty request payload")
 STREAM_NOT_FOUND = ApiError(404, 10059, "stream not found")
+#: A stream the server loaded but cannot serve (its config is unsupported or undecodable); jetlake
+#: answers so for a stream a damaged catalog or removals file may hold rows of.
+STREAM_OFFLINE = ApiError(500, 10194, "stream is offline: {err}")
 STREAM_NAME_EXISTS = ApiError(400, 10058, "stream name already in use with a different configuration")
 STREAM_MISMATCH = ApiError(400, 10056, "stream name in subject does not match request")
 STREAM_SUBJECT_OVERLAP = ApiError(400, 10065, "subjects overlap with an existing stream")

@@ -175,6 +175,9 @@ class StreamsResponse:
     type: str
     paged: Paged = field(metadata=EMBED)
     streams: tuple[str, ...] | tuple[StreamInfo, ...] | None
+    #: STREAM.LIST: the offline streams of the page, by name and with why (``JSApiStreamListResponse``).
+    missing: tuple[str, ...] = field(default=(), metadata=OMIT)
+    offline: dict[str, str] = field(default_factory=dict, metadata=OMIT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

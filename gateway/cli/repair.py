@@ -3,8 +3,10 @@
 
 Why a command of its own and not something the gateway does at start: dropping a damaged data file
 or log line loses its messages for good, which an operator decides (a backup may still hold them).
-The gateway only sets damaged checkpoints aside (they are derived data) and ignores damaged index
-snapshots; everything else it reports (``/healthz``) and does not serve."""
+The gateway only sets damaged checkpoints aside (they are derived data), ignores damaged index
+snapshots and rewrites a log entry whose damaged lines it can make again exactly (nothing is lost);
+everything else it reports (``/healthz``) and does not serve: a damaged data file's messages, the
+streams a damaged ``catalog`` or ``removals`` file concerns (offline until repaired)."""
 
 from __future__ import annotations
 

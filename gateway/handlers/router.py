@@ -60,6 +60,10 @@ class Api:
                 return None
             if toks[0] != "DIRECT" and above_api_level(hdrs):
                 raise errors.REQUIRED_API_LEVEL
+            if (why := self._offline(toks)) is not None:
+                if _operation(toks) in SILENT_WHEN_OFFLINE:
+                    return None  # the server lets these time out on an offline stream
+                raise errors.STREAM_OFFLINE.format(err=why)
             answer = route(body)
             if isawaitable(answer):
                 answer = await answer
@@ -80,6 +84,13 @@ class Api:
             return self.consumers.route(toks)
         return None
 
+    def _offline(self, toks: list[str]) -> str | None:
+        """Why the stream a request names is offline (``Registry.quarantine``), None if it is not."""
+        at = STREAM_TOKEN.get(".".join(toks[:2]))
+        if at is None or len(toks) <= at or not self.reg.quarantine:
+            return None
+        return self.reg.quarantine.reason(toks[at])
+
     def account_info(self, _body: bytes) -> AccountInfoResponse:
         """``$JS.API.INFO`` (its body is not read, as on the server)."""
         memory = [s for s in self.reg.streams.values() if s.config.storage == "memory"]
@@ -90,7 +101,7 @@ class Api:
             # what the streams' max_bytes reserve of the account, as the server reserves it
             reserved_memory=sum(max(s.config.max_bytes, 0) for s in memory),
             reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
-            streams=len(self.reg.streams),
+            streams=len(self.reg.streams) + len(self.reg.quarantine.streams),  # offline ones count
             consumers=sum(len(c) for c in self.reg.consumers.values()),
             domain=self.domain,
             api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
@@ -106,6 +117,30 @@ CLUSTERED_ONLY = {
     "STREAM.PEER.EVACUATE": 4,
     "STREAM.CANCEL_MOVE": 3,
 }
+
+#: Where a request's subject names its stream, by its first two tokens.
+STREAM_TOKEN = {
+    **dict.fromkeys(("STREAM.CREATE", "STREAM.UPDATE", "STREAM.INFO", "STREAM.DELETE", "STREAM.PURGE"), 2),
+    **dict.fromkeys(("STREAM.SNAPSHOT", "STREAM.RESTORE", "DIRECT.GET", "CONSUMER.CREATE"), 2),
+    **dict.fromkeys(("CONSUMER.INFO", "CONSUMER.DELETE", "CONSUMER.NAMES", "CONSUMER.LIST"), 2),
+    **dict.fromkeys(("CONSUMER.PAUSE", "CONSUMER.RESET", "CONSUMER.UNPIN"), 2),
+    **dict.fromkeys(("STREAM.MSG", "CONSUMER.DURABLE", "CONSUMER.MSG"), 3),
+}
+
+#: What the server lets time out on an offline stream (a read of a message, a pull, a pause or
+#: unpin); every other request naming it is answered 500/10194 ``stream is offline: <why>``.
+SILENT_WHEN_OFFLINE = {
+    "DIRECT.GET",
+    "STREAM.MSG.GET",
+    "CONSUMER.MSG.NEXT",
+    "CONSUMER.PAUSE",
+    "CONSUMER.UNPIN",
+}
+
+
+def _operation(toks: list[str]) -> str:
+    return ".".join(toks[:3]) if toks[:2] in (["STREAM", "MSG"], ["CONSUMER", "MSG"]) else ".".join(toks[:2])
+
 
 _RESPONSE_TYPES = {
     "INFO": "account_info_response",

@@ -306,24 +306,34 @@ class StreamApi:
         return SuccessResponse(type=T + "stream_delete_response")
 
     def stream_list(self, body: bytes, names_only: bool) -> StreamsResponse:
+        """Streams by name; an offline stream (``Registry.quarantine``) is named by NAMES and, in
+        LIST, counted and named under ``missing`` and ``offline`` as the server lists its offline
+        streams. Its config is not known, so a subject filter leaves it out."""
         req = load_optional_request(body, NAMES_REQUEST if names_only else LIST_REQUEST)
         subject = req.subject
-        streams = sorted(
-            (
-                s
-                for s in self.reg.streams.values()
-                if not subject or any(subjects_overlap(subject, x) for x in s.subjects)
-            ),
-            key=lambda s: s.name,
-        )
-        offset = min(max(0, req.offset), len(streams))
+        served = [
+            s.name
+            for s in self.reg.streams.values()
+            if not subject or any(subjects_overlap(subject, x) for x in s.subjects)
+        ]
+        offline = {} if subject else self.reg.quarantine.streams
+        names = sorted([*served, *offline])
+        offset = min(max(0, req.offset), len(names))
         if names_only:
-            page = tuple(s.name for s in streams[offset : offset + NAMES_PAGE])
-            paged = Paged(len(streams), offset, NAMES_PAGE)
+            page = tuple(names[offset : offset + NAMES_PAGE])
+            paged = Paged(len(names), offset, NAMES_PAGE)
             return StreamsResponse(type=T + "stream_names_response", paged=paged, streams=page or None)
-        listed = tuple(self._listed(s) for s in streams[offset : offset + LIST_PAGE])
-        paged = Paged(len(streams), offset, LIST_PAGE)
-        return StreamsResponse(type=T + "stream_list_response", paged=paged, streams=listed)
+        rest = names[offset:]
+        missing = tuple(n for n in rest if n in offline)
+        listed = tuple(self._listed(self.reg.streams[n]) for n in rest if n not in offline)[:LIST_PAGE]
+        paged = Paged(len(names), offset, LIST_PAGE)
+        return StreamsResponse(
+            type=T + "stream_list_response",
+            paged=paged,
+            streams=listed,
+            missing=missing,
+            offline={n: offline[n] for n in missing},
+        )
 
     def _listed(self, stream: Stream) -> StreamInfo:
         """A stream as STREAM.LIST shows it (its config as :func:`_as_listed`)."""

@@ -48,8 +48,9 @@ from storage_delta.read.consumer_log import reduce
 from storage_delta.read.reader import MessageReader
 from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
-from storage_delta.tables.removals import RemovalLog, load_stream_states
+from storage_delta.tables.removals import RemovalLog
 from storage_delta.tables.repair import check_at_start
+from storage_delta.tables.scope import load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ class Gateway:
         the dispatcher), then start the link: nothing is read before everything can answer."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        self.store_damage = await loop.run_in_executor(self.executor, check_at_start, self.root)
+        check = await loop.run_in_executor(self.executor, check_at_start, self.root)
+        self.store_damage = check.problems
         try:
             table, catalog, removal_log, acks = await loop.run_in_executor(
                 self.executor,
@@ -147,7 +149,7 @@ class Gateway:
         )
         await acklog.start()
         t0 = time.monotonic()
-        await self._recover(registry, snapshots, catalog, history)
+        await self._recover(registry, snapshots, history, check.unknown)
         log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
@@ -220,7 +222,7 @@ class Gateway:
         await leaf.start(dispatcher)
 
     async def _recover(
-        self, registry: Registry, snapshots: Snapshots, catalog: CatalogTable, history: AckLog
+        self, registry: Registry, snapshots: Snapshots, history: AckLog, unknown: frozenset[str]
     ) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
@@ -228,9 +230,15 @@ class Gateway:
         ephemeral ones' too: as on the real server with file storage, they come back and go after
         their ``inactive_threshold`` unless someone uses them."""
         loop = asyncio.get_running_loop()
-        entries = await loop.run_in_executor(self.executor, catalog.load)
-        logical = await loop.run_in_executor(self.executor, load_stream_states, self.root)
-        for entry in entries:
+        recovered = await loop.run_in_executor(self.executor, load_store_state, self.root, unknown)
+        registry.quarantine = recovered.quarantine
+        self.store_damage += recovered.problems
+        for problem in recovered.problems:
+            log.error("%s", problem)
+        for name, why in sorted(recovered.quarantine.streams.items()):
+            log.error("stream %s is offline: %s", name, why)
+        logical = recovered.streams
+        for entry in recovered.entries:
             if entry.kind == "stream":
                 config = from_json(StreamConfig, entry.body["config"])
                 stream = registry.install_stream(config, int(entry.body["created"]))
@@ -317,6 +325,10 @@ class Gateway:
         ]
         problems += self.store_damage
         if self.core is not None:
+            problems += [
+                f"stream {name} is offline: {why}"
+                for name, why in sorted(self.core.registry.quarantine.streams.items())
+            ]
             for loop in (self.core.writer.loop, self.core.acklog.loop):
                 if not loop.running:
                     problems.append(f"the {loop.name} commit loop has stopped")

@@ -272,14 +272,17 @@ def open_version(root: StoreRoot, name: str, version: int) -> DeltaTable | None:
 
 
 def file_stats(table: pa.Table) -> str:
-    """Delta file statistics (min/max/nulls of the numeric columns) so readers prune by sequence."""
+    """Delta file statistics (min/max/nulls of the numeric columns) so readers prune by sequence,
+    and of a ``stream`` column held in the file (``catalog``, ``removals``, the ack tables): the
+    names of the streams its rows concern lie in that range, which is what the gateway quarantines
+    when the file is damaged (``storage_delta.tables.scope``) instead of refusing to start."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     for name in table.column_names:
         col = table.column(name)
         nulls[name] = col.null_count
-        if pa.types.is_integer(col.type) and len(col):
+        if (pa.types.is_integer(col.type) or name == "stream") and len(col) > col.null_count:
             mm = pc.min_max(col)
             mins[name] = mm["min"].as_py()
             maxs[name] = mm["max"].as_py()
@@ -374,16 +377,39 @@ def commit_adds(
         raise CommitConflict(str(exc)) from exc
 
 
-def read_checked(root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema) -> tuple[pa.Table, list[str]]:
+@dataclass(frozen=True, slots=True)
+class DamagedAdd:
+    """A file of a snapshot that failed its checks: its path, why, and its ``add`` action as
+    ``get_add_actions(flatten=True)`` gives it (its statistics say what its rows concerned)."""
+
+    path: str
+    reason: str
+    add: dict[str, Any]
+
+
+def read_checked(
+    root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema
+) -> tuple[pa.Table, list[DamagedAdd]]:
     """Every row of an unpartitioned table's snapshot ``dt``, each file checked first (its CRC-32,
-    its pages): the rows of the files that pass, and the paths of those that do not. Where
+    its pages): the rows of the files that pass, and those that do not. Where
     ``dt.to_pyarrow_table`` would fail on a damaged file, or hand its garbage on."""
     fs, base = root.filesystem()
-    paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
     tables, damaged = [schema.empty_table()], []
-    for path in paths:
+    for add in adds:
+        path = str(add["path"])
         try:
             tables.append(read_verified(fs, f"{base}/{name}/{path}", schema.names, schema))
-        except DamagedFile:
-            damaged.append(path)
+        except DamagedFile as exc:
+            damaged.append(DamagedAdd(path, exc.reason, add))
     return pa.concat_tables(tables), damaged
+
+
+def read_whole(root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema) -> pa.Table:
+    """Every row of an unpartitioned table's snapshot, each file checked; a damaged file raises
+    :class:`DamagedFile`: for the jobs, which must not act on a table missing rows (a catalog
+    without a stream's deletion, a removal log without a stream's deletes)."""
+    table, damaged = read_checked(root, dt, name, schema)
+    if damaged:
+        raise DamagedFile(f"{name}/{damaged[0].path}", f"{damaged[0].reason}; see jetlake repair")
+    return table

@@ -108,6 +108,8 @@ def check_log_entry(body: bytes) -> list[int]:
     raw = body.split(b"\n")
     if raw and raw[-1] == b"":
         raw.pop()
+    if not raw:
+        return [0]  # no commitInfo at all (cut to nothing): every Delta reader takes it for an empty commit
     parsed = [_json(line) for line in raw]
     bad = [i for i, obj in enumerate(parsed) if obj is None]
     first = parsed[0] if parsed else None

@@ -13,16 +13,10 @@ from __future__ import annotations
 
 from deltalake import DeltaTable
 
-from storage_delta.commit.store import StoreRoot, catch_up, open_existing
+from storage_delta.commit.store import StoreRoot, catch_up, open_existing, read_whole
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import LiveFile, live_files_of
-from storage_delta.tables.removals import (
-    CATALOG_COLUMNS,
-    REMOVAL_COLUMNS,
-    StreamLogicalState,
-    live_streams_of,
-    stream_states_of,
-)
+from storage_delta.tables.removals import StreamLogicalState, live_streams_of, stream_states_of
 
 
 class StoreFollower:
@@ -72,8 +66,11 @@ class StoreFollower:
         removals = self._newest(sch.REMOVALS)
         key = (-1 if catalog is None else catalog.version(), -1 if removals is None else removals.version())
         if self._states is None or self._states[0] != key:
-            names = None if catalog is None else catalog.to_pyarrow_table(columns=CATALOG_COLUMNS)
+            # Every file checked, as a job reads them: a damaged one raises DamagedFile rather than
+            # let a deleted stream or removed messages show again.
+            root = self.root
+            names = None if catalog is None else read_whole(root, catalog, sch.CATALOG, sch.CATALOG_SCHEMA)
             live = {} if names is None else live_streams_of(names)
-            rows = None if removals is None else removals.to_pyarrow_table(columns=REMOVAL_COLUMNS)
+            rows = None if removals is None else read_whole(root, removals, sch.REMOVALS, sch.REMOVALS_SCHEMA)
             self._states = (key, stream_states_of(live, rows))
         return self._states[1]

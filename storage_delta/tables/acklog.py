@@ -357,8 +357,12 @@ class AckLogTable:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
         same state, and keeps a restart fast however long the log grew since its last compaction)."""
         table, damaged = read_checked(self.root, self.dt, sch.ACKS, sch.ACK_SCHEMA)
-        for path in damaged:  # its rows are lost: consumers restart from what the others say
-            log.error("damaged data file %s/%s left out of the ack log; see jetlake repair", sch.ACKS, path)
+        for bad in damaged:  # its rows are lost: consumers restart from what the others say
+            log.error(
+                "damaged data file %s/%s left out of the ack log; see jetlake repair",
+                sch.ACKS,
+                bad.path,
+            )
         max_lsn = int(pc.max(table["lsn"]).as_py() or 0) if table.num_rows else 0
         return AckLog(group(fold_table(table)), max_lsn, table.num_rows)
 
@@ -378,7 +382,7 @@ class AckLogTable:
         table, damaged = read_checked(self.root, dt, sch.ACKS, sch.ACK_SCHEMA)
         if damaged:  # folding around them would drop them for good: that is jetlake repair's call
             raise DamagedFile(
-                f"{sch.ACKS}/{damaged[0]}", "damaged; the ack log is not compacted until repaired"
+                f"{sch.ACKS}/{damaged[0].path}", "damaged; the ack log is not compacted until repaired"
             )
         out = fold_table(table)
         if live is not None:

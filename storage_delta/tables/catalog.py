@@ -16,7 +16,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from storage_delta.commit.append import TableAppender, TableSpec
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.store import StoreRoot, read_whole
 from storage_delta.format import schema as sch
 
 APP_ID = "jetlake-catalog"
@@ -61,20 +61,27 @@ class CatalogTable:
         self._appender.append([({}, row)], self._rev)
 
     def load(self) -> list[CatalogEntry]:
-        """The live entities, streams before their consumers, in the order they were defined."""
-        table = self.dt.to_pyarrow_table()
-        latest: dict[tuple[str, str, str], tuple[int, bool, str]] = {}
-        for rev, kind, stream, name, deleted, body in zip(
-            *(table.column(c).to_pylist() for c in ("rev", "kind", "stream", "name", "deleted", "body")),
-            strict=True,
-        ):
-            key = (kind, stream, name)
-            if key not in latest or latest[key][0] < rev:
-                latest[key] = (rev, deleted, body)
-        live = [
-            (rev, CatalogEntry(k[0], k[1], k[2], json.loads(body)))
-            for k, (rev, deleted, body) in latest.items()
-            if not deleted
-        ]
-        live.sort(key=lambda item: (item[1].kind != "stream", item[0]))
-        return [entry for _, entry in live]
+        """The live entities, streams before their consumers, in the order they were defined. A
+        damaged file raises :class:`DamagedFile` (the jobs stop); the gateway reads the catalog
+        through :mod:`storage_delta.tables.scope`, which sets the streams it concerns aside."""
+        return entries_of(read_whole(self.root, self.dt, sch.CATALOG, sch.CATALOG_SCHEMA))
+
+
+def entries_of(table: pa.Table) -> list[CatalogEntry]:
+    """The live entities the catalog rows ``table`` define: the newest row per (kind, stream,
+    name) unless it ends the entity; streams before their consumers, in the order they were defined."""
+    latest: dict[tuple[str, str, str], tuple[int, bool, str]] = {}
+    for rev, kind, stream, name, deleted, body in zip(
+        *(table.column(c).to_pylist() for c in ("rev", "kind", "stream", "name", "deleted", "body")),
+        strict=True,
+    ):
+        key = (kind, stream, name)
+        if key not in latest or latest[key][0] < rev:
+            latest[key] = (rev, deleted, body)
+    live = [
+        (rev, CatalogEntry(k[0], k[1], k[2], json.loads(body)))
+        for k, (rev, deleted, body) in latest.items()
+        if not deleted
+    ]
+    live.sort(key=lambda item: (item[1].kind != "stream", item[0]))
+    return [entry for _, entry in live]

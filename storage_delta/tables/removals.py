@@ -31,6 +31,8 @@ from storage_delta.commit.store import (
     checkpoint_table,
     open_existing,
     open_version,
+    read_checked,
+    read_whole,
     write_data_file,
 )
 from storage_delta.format import schema as sch
@@ -123,10 +125,17 @@ CATALOG_COLUMNS = ["rev", "kind", "name", "deleted", "body"]
 REMOVAL_COLUMNS = ["stream", "created", "first", "last"]
 
 
-def live_streams(root: StoreRoot) -> dict[str, int]:
-    """Live stream name → created time, from the catalog (newest row per stream, not deleted)."""
+def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
+    """Live stream name → created time, from the catalog (newest row per stream, not deleted). A
+    damaged catalog file raises :class:`DamagedFile`: a job must not take a stream whose deletion
+    it cannot read for live, nor one whose creation it cannot read for gone. ``skip_damaged``
+    reads the whole files only (``jetlake repair``, which drops the damaged ones)."""
     dt = open_existing(root, sch.CATALOG)
-    return {} if dt is None else live_streams_of(dt.to_pyarrow_table(columns=CATALOG_COLUMNS))
+    if dt is None:
+        return {}
+    if skip_damaged:
+        return live_streams_of(read_checked(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA)[0])
+    return live_streams_of(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
 
 
 def live_streams_of(catalog: pa.Table) -> dict[str, int]:
@@ -143,10 +152,14 @@ def live_streams_of(catalog: pa.Table) -> dict[str, int]:
 
 
 def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:
-    """The logical state of every live stream (streams with no removals included, with none)."""
+    """The logical state of every live stream (streams with no removals included, with none). A
+    damaged file of either table raises :class:`DamagedFile` (the jobs and the Spark source stop
+    until ``jetlake repair``: without a removal's row its messages would count as live)."""
     live = live_streams(root)
     dt = open_existing(root, sch.REMOVALS)
-    return stream_states_of(live, None if dt is None else dt.to_pyarrow_table(columns=REMOVAL_COLUMNS))
+    return stream_states_of(
+        live, None if dt is None else read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA)
+    )
 
 
 def stream_states_of(live: Mapping[str, int], removals: pa.Table | None) -> dict[str, StreamLogicalState]:
@@ -175,7 +188,11 @@ def removals_version(root: StoreRoot) -> int:
 def recorded_at(root: StoreRoot, version: int) -> pa.Table:
     """Every row of the removal log's ``version`` (none for -1)."""
     dt = None if version < 0 else open_version(root, sch.REMOVALS, version)
-    return sch.REMOVALS_SCHEMA.empty_table() if dt is None else dt.to_pyarrow_table()
+    return (
+        sch.REMOVALS_SCHEMA.empty_table()
+        if dt is None
+        else read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA)
+    )
 
 
 def recorded_between(root: StoreRoot, after: int, through: int) -> pa.Table:
@@ -242,7 +259,7 @@ def compact_removals(root: StoreRoot) -> RemovalCompaction:
     if dt is None:
         return RemovalCompaction(0, 0, 0, 0)
     files = pa.table(dt.get_add_actions(flatten=True))
-    table = dt.to_pyarrow_table()
+    table = read_whole(root, dt, sch.REMOVALS, sch.REMOVALS_SCHEMA)  # a damaged file stops it
     # The catalog is read after the snapshot, so it knows every incarnation with rows in it.
     folded = fold_removals(table, live_streams(root))
     unchanged = RemovalCompaction(files.num_rows, files.num_rows, table.num_rows, table.num_rows)

@@ -6,9 +6,13 @@ What is damaged is found by :mod:`storage_delta.format.integrity`. What repair d
   when it names it), so readers replay the JSON log entries instead; nothing is lost while those
   entries are still there (they expire after ``delta.logRetentionDuration``, 30 days). The gateway
   does this by itself at start: a checkpoint is derived data, like an index snapshot;
-* a log entry: rewritten in place with its whole lines only (a version cannot be removed: readers
-  need every version after the last checkpoint). A dropped ``add`` line's file is no longer part of
+* a log entry: rewritten in place with its whole lines and the damaged lines that can be made
+  again exactly (:class:`EntryRewrite`: from what survives of them, or an ``add`` cut before it named
+  its file from its digest and the file no version names); a version cannot be removed, readers
+  need every version after the last checkpoint. A dropped ``add`` line's file is no longer part of
   the table: its rows are lost, and which they were is unknown unless the line's start survived;
+* a data file of ``catalog`` or ``removals``: removed like any other; the dry run says which
+  streams it concerned (``storage_delta.tables.scope``) and what dropping it does to them;
 * a data file: removed with a Delta commit (``remove`` actions, the jobs' swap), so every reader
   reads the table again; for ``messages`` the file's sequence range is recorded in ``removals``, so
   the stream shows it as deleted (interior deletes, or a first sequence that moved) and keeps its
@@ -26,6 +30,7 @@ import os
 import re
 import shutil
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +38,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.append import TableSpec
@@ -55,6 +62,7 @@ from storage_delta.tables.acklog import ACKS_TABLE
 from storage_delta.tables.catalog import CATALOG_TABLE
 from storage_delta.tables.jobruns import JOBRUNS_TABLE
 from storage_delta.tables.removals import REMOVALS_TABLE, Removal, RemovalLog, live_streams
+from storage_delta.tables.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +130,9 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
     action = "rewrite: " + ", ".join(
         part
         for part in (
-            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt else "",
+            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt > 0 else "",
             f"{len(plan.dropped)} damaged line(s) dropped" if plan.dropped else "",
+            "its commitInfo is lost, and with it what the commit held: unknown" if 0 in plan.dropped else "",
         )
         if part
     )
@@ -192,6 +201,9 @@ def _data_finding(table: str, path: str, add: dict[str, object], reason: str) ->
     partition = tuple(
         (k.removeprefix("partition."), str(v)) for k, v in add.items() if k.startswith("partition.")
     )
+    if table in _SCOPED:
+        holds = f"{rows} rows, {Scope.of(add).describe()}"
+        return Finding(table, "data file", path, holds, reason, _SCOPED[table], partition=partition)
     if table != sch.MESSAGES:
         return Finding(table, "data file", path, f"{rows} rows", reason, "remove", partition=partition)
     stream = str(add.get("partition.stream"))
@@ -206,6 +218,17 @@ def _data_finding(table: str, path: str, add: dict[str, object], reason: str) ->
         lost=((stream, first, last, newest),),
         partition=partition,
     )
+
+
+#: What dropping a damaged file of these tables does to the streams it concerns (the gateway serves
+#: them again after it, from the other rows, so the operator should know).
+_SCOPED = {
+    sch.CATALOG: (
+        "remove; its streams come back from their other rows (a lost deletion brings a deleted "
+        "stream back, a lost creation leaves its messages unreachable, a lost change undoes it)"
+    ),
+    sch.REMOVALS: "remove; its streams' deleted messages that only it recorded become live again",
+}
 
 
 def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
@@ -232,7 +255,9 @@ def record_lost(root: StoreRoot, findings: list[Finding]) -> None:
     """Append the live streams' lost ranges the findings know of to ``removals``, before anything is
     dropped (a crash between leaves them removed twice, which is harmless; the other order could
     let a stream number its last sequences again)."""
-    created = live_streams(root)
+    if not any(f.lost for f in findings):
+        return
+    created = live_streams(root, skip_damaged=True)
     removals = [
         Removal(stream, created[stream], first, last)
         for f in findings
@@ -277,7 +302,9 @@ class EntryRewrite:
         expected = len(info.get(LINES_KEY, raw[1:])) if info is not None else len(raw) - 1
         operation = str(info.get("operation", "")) if info is not None else None
         lines: list[bytes] = []
-        dropped: list[int] = []
+        # A lost commitInfo (a cut inside it, or to nothing) took with it how many lines followed:
+        # what the entry held is unknown, never "nothing" (version 0 is delta-rs's creation).
+        dropped: list[int] = [0] if info is None and int(os.path.basename(rel)[:20]) > 0 else []
         for i in range(1, max(len(raw), expected + 1)):
             line = raw[i] if i < len(raw) else b""
             if i not in bad_lines:
@@ -286,6 +313,11 @@ class EntryRewrite:
                 lines.append(again)
             elif i <= expected:  # a line nobody wrote (past the digests) is no loss
                 dropped.append(i)
+        if dropped and info is not None and isinstance(info.get(LINES_KEY), list):
+            found = _find_lost_adds(table_path, rel, info, dropped, lines)
+            dropped = [i for i in dropped if i not in found]
+            for i in sorted(found):  # at its place among the lines kept
+                lines.insert(i - 1 - sum(1 for d in dropped if d < i), found[i])
         return cls(table_path, rel, raw, bad_lines, lines, tuple(dropped))
 
     def write(self) -> None:
@@ -315,6 +347,110 @@ class EntryRewrite:
             [i + 1 for i in self.dropped],
             kept,
         )
+
+
+#: How long before its commit a lost ``add`` line's file may have been written and still be looked
+#: for (a commit writes its files, syncs them and then commits: milliseconds, seconds under load).
+MATCH_WINDOW_MS = 60_000
+
+
+def _find_lost_adds(
+    table_path: str, rel: str, info: dict[str, Any], lost: list[int], kept: list[bytes]
+) -> dict[int, bytes]:
+    """The ``add`` lines of a log entry cut before they named their files, found again by their
+    digests: the entry's ``commitInfo`` holds each line's CRC-32, and a line is determined by its
+    file (path, size, partition values, statistics: what :func:`_rebuild` reads from it) and its
+    ``modificationTime``, which the writer took after the file was written and before the commit's
+    ``timestamp``. So every file that no other version can have added (not live before this one,
+    not added by a line of it or of a later one) and was written within :data:`MATCH_WINDOW_MS`
+    before the commit
+    is tried with every millisecond between its write and the commit; a line whose CRC-32 matches
+    is the lost line, byte for byte. Returns line position → line."""
+    digests, commit_ms = info[LINES_KEY], info.get("timestamp")
+    version = int(os.path.basename(rel)[:20])
+    if not isinstance(commit_ms, int) or version == 0:
+        return {}
+    named = _named_files(table_path, version, kept)
+    if named is None:
+        return {}
+    want = {str(digests[i - 1]): i for i in lost if i - 1 < len(digests)}
+    data_change = str(info.get("operation", "")) not in _REARRANGING
+    found: dict[int, bytes] = {}
+    for full, written_ms in _orphans(table_path, named, commit_ms):
+        if len(found) == len(want):
+            break
+        line = _add_template(table_path, full, data_change)
+        if line is None:
+            continue
+        head, tail = line
+        head_crc = zlib.crc32(head)
+        for ms in range(written_ms, commit_ms + 1):
+            body = b"%d" % ms + tail
+            i = want.get(f"{zlib.crc32(body, head_crc) & 0xFFFFFFFF:08x}")
+            if i is not None and i not in found:
+                found[i] = head + body
+                log.warning("lost add line %d of %s found again from its file %s", i + 1, rel, full)
+                break
+    return found
+
+
+def _named_files(table_path: str, version: int, kept: list[bytes]) -> set[str] | None:
+    """The names of the data files live at ``version - 1`` or added by the ``kept`` lines or by a
+    later log entry (None when the version before cannot be loaded). A file only a later entry
+    removes stays a candidate: compaction may have merged the lost line's file since, and no
+    version but this one can have added it."""
+    try:
+        before = DeltaTable(table_path, version=version - 1)
+    except (DeltaError, OSError):
+        return None
+    named = {
+        p.rsplit("/", 1)[-1]
+        for p in pa.table(before.get_add_actions(flatten=True)).column("path").to_pylist()
+    }
+    log_dir = os.path.join(table_path, "_delta_log")
+    later = [n for n in os.listdir(log_dir) if n.endswith(".json") and int(n[:20]) > version]
+    for raw in [*kept, *(line for n in later for line in _lines(os.path.join(log_dir, n)))]:
+        action = _ACTION.match(raw)
+        if action is not None and action.group(1) == b"add":
+            named.add(action.group(2).decode().rsplit("/", 1)[-1])
+    return named
+
+
+def _lines(path: str) -> list[bytes]:
+    with open(path, "rb") as fh:
+        return fh.read().split(b"\n")
+
+
+def _orphans(table_path: str, named: set[str], commit_ms: int) -> Iterator[tuple[str, int]]:
+    """Data files of a table that no version names, written in the window before ``commit_ms``,
+    newest first, with their write time (ms)."""
+    found = []
+    for folder, dirs, files in os.walk(table_path):
+        dirs[:] = [d for d in dirs if not d.startswith("_")]
+        for name in files:
+            if name.endswith(".parquet") and name not in named:
+                written_ms = os.stat(os.path.join(folder, name)).st_mtime_ns // 1_000_000
+                if commit_ms - MATCH_WINDOW_MS <= written_ms <= commit_ms:
+                    found.append((os.path.join(folder, name), written_ms))
+    yield from sorted(found, key=lambda f: -f[1])
+
+
+#: Stands in for the ``modificationTime`` of a line being matched (no file's size or statistics
+#: hold it, being longer than any of them).
+_SENTINEL = 987654321987654321987
+
+
+def _add_template(table_path: str, full: str, data_change: bool) -> tuple[bytes, bytes] | None:
+    """The ``add`` line of a whole file, split around its ``modificationTime``."""
+    path = os.path.relpath(full, table_path)
+    raw = f'{{"add":{{"path":"{path}","dataChange":{str(data_change).lower()}}}}}'.encode()
+    line = _rebuild(table_path, raw, None)
+    if line is None:
+        return None
+    obj = json.loads(line)
+    obj["add"]["modificationTime"] = _SENTINEL
+    head, _, tail = json.dumps(obj, separators=(",", ":")).encode().partition(b"%d" % _SENTINEL)
+    return head, tail
 
 
 def _json_line(raw: bytes) -> dict[str, Any]:
@@ -421,20 +557,36 @@ def drop_files(root: StoreRoot, spec: TableSpec, damaged: list[Finding]) -> None
     log.warning("removed %d damaged files from %s", len(removes), spec.name)
 
 
-def check_at_start(root: StoreRoot) -> list[str]:
+#: Tables whose data files the gateway's reads check themselves: ``messages`` (the reader), the
+#: catalog and the removal log (``storage_delta.tables.scope``, which reports them).
+_READ_CHECKED = {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}
+
+
+@dataclass(frozen=True, slots=True)
+class StartCheck:
+    """What the start's look found: the problems, one line each, and the tables with a log entry
+    whose content is unknown (its ``commitInfo`` was lost with the count of its lines)."""
+
+    problems: list[str]
+    unknown: frozenset[str]
+
+
+def check_at_start(root: StoreRoot) -> StartCheck:
     """The gateway's look at the store before it opens the tables. Every table's log, as far as a
     load of the newest version reads it (``scan_log(newest_only=True)``): a damaged
     checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
     whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
     either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
     files of the tables other than ``messages`` (small: the catalog, the compacted ack and removal
-    logs), which the gateway reads through delta-rs without checks of its own: reported
-    (``messages`` files are checked by the reader, :meth:`MessageReader.verify`). Returns the
-    problems, one line each."""
+    logs): the ack log's and the others' reported here (the ack log leaves them out); the catalog's
+    and the removal log's are checked and reported by their read at start, which takes the streams
+    they concern offline (``storage_delta.tables.scope``); ``messages`` files by the reader
+    (:meth:`MessageReader.verify`). Returns the problems, one line each."""
     local = root.local_path()
     if local is None:
-        return []
+        return StartCheck([], frozenset())
     problems = []
+    unknown = set()
     for spec in TABLES:
         table_path = os.path.join(local, spec.name)
         entries_whole = True
@@ -449,14 +601,14 @@ def check_at_start(root: StoreRoot) -> list[str]:
             ):
                 plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
                 continue
+            if d.kind == "log entry" and 0 in plan.dropped:
+                unknown.add(spec.name)
             entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
-        if spec.name != sch.MESSAGES and entries_whole:
+        if spec.name not in _READ_CHECKED and entries_whole:
             for f in _data_damage(root, spec):
                 log.error("damaged data file %s/%s: %s", spec.name, f.path, f.reason)
                 problems.append(
                     f"damaged data file {spec.name}/{f.path} ({f.holds}): {f.reason}; see jetlake repair"
                 )
-                if spec.name in (sch.CATALOG, sch.REMOVALS):
-                    raise DamagedFile(f"{spec.name}/{f.path}", f"{f.reason}; the gateway needs it whole")
-    return problems
+    return StartCheck(problems, frozenset(unknown))
