@@ -15,6 +15,7 @@ from gateway.monitor.jsz import stored_config
 from spark_jobs.cli import run_job
 from spark_jobs.settings import JobSettings
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format.integrity import DamagedFile
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.jobruns import ERROR_CHARS, JobRun, RunFigures, job_figures, record_run
 from storage_delta.tables.removals import Removal, RemovalLog
@@ -210,7 +211,7 @@ def test_a_failed_job_run_is_recorded_with_its_error(tmp_path: Path) -> None:
     RemovalLog(root).append([Removal("S", 1, 9, 9)])
     data = sorted((tmp_path / "removals").glob("*.parquet"))[0]
     data.write_bytes(data.read_bytes()[:-20])
-    with pytest.raises(ValueError, match="Parquet magic bytes not found") as raised:
+    with pytest.raises(DamagedFile, match="see jetlake repair") as raised:
         run_job(None, "removals", JobSettings(data_root=root.uri))
     figures = job_figures(root)["removals"]
     assert (figures.runs, figures.failures) == (1, 1)
