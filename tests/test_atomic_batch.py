@@ -1,16 +1,20 @@
 """Atomic batch publish (``allow_atomic``) on the real JetStream and on jetlake: the same publishes,
 the same replies (the empty reply of a held message, the commit's PubAck with ``batch`` and
-``count``, every refusal), the same stream state while a batch is held and after, and the same
-stored messages (subjects, headers, payloads)."""
+``count``, every refusal), the same stream state while a batch is held and after, the same stored
+messages (subjects, headers, payloads) and the same BATCH_ABANDONED advisories (fields in the
+server's order, ids and times left out)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from tests.differential import api, assert_same
 
@@ -104,6 +108,16 @@ CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
         ],
     ),
     ("plain_between", {}, [("x", b"a1", B("a", 1)), ("p", b"plain", {}), ("x", b"a2", B("a", 2, "1"))]),
+    ("resent_first", {}, [("x", b"1", B("r", 1)), ("x", b"1", B("r", 1))]),
+    ("eob_after_gap", {}, [("x", b"1", B("g", 1)), ("x", b"", B("g", 3, "eob"))]),
+    ("bad_commit_first", {}, [("x", b"1", B("c", 1, "yes"))]),
+    ("api_level_above", {}, [("x", b"1", B("a", 1)), ("x", b"2", B("a", 2, Nats_Required_Api_Level="99"))]),
+    ("api_level_above_first", {}, [("x", b"1", B("a", 1, "1", Nats_Required_Api_Level="x"))]),
+    (
+        "api_level_met",
+        {},
+        [("x", b"1", B("a", 1, Nats_Required_Api_Level="1")), ("x", b"2", B("a", 2, "1"))],
+    ),
 ]
 
 
@@ -114,6 +128,7 @@ async def test_atomic_batches(
     p = unique.lower()
 
     async def case(nc: Client, name: str) -> Any:
+        abandoned = await nc.subscribe(f"{ABANDONED}.{name}")
         created = await api(
             nc,
             f"STREAM.CREATE.{name}",
@@ -133,9 +148,24 @@ async def test_atomic_batches(
                 m = got["message"]
                 hdrs = base64.b64decode(m["hdrs"]).decode() if m.get("hdrs") else ""
                 stored.append([m["subject"], hdrs, m.get("data", "")])
-        return [seen, stored]
+        return [seen, stored, await _advisories(abandoned)]
 
     await assert_same(targets, case, unique)
+
+
+ABANDONED = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED"
+
+
+def _advisory(msg: Msg) -> list[Any]:
+    """An advisory's subject, its fields in order, and their values but the id and time."""
+    body = json.loads(msg.data)
+    return [msg.subject, list(body), {k: v for k, v in body.items() if k not in ("id", "timestamp")}]
+
+
+async def _advisories(sub: Subscription) -> list[Any]:
+    """The advisories ``sub`` has received: both servers send one before the answer to the
+    publish that caused it, and an API answer after it, so those received by now are all."""
+    return [_advisory(await sub.next_msg(1)) for _ in range(sub.pending_msgs)]
 
 
 async def test_a_stream_without_allow_atomic_refuses_batches(targets: dict[str, str], unique: str) -> None:
@@ -169,5 +199,71 @@ async def test_allow_atomic_configs(
         created = await api(nc, f"STREAM.CREATE.{name}", req)
         turned_off = await api(nc, f"STREAM.UPDATE.{name}", {**req, "allow_atomic": False})
         return [created, turned_off if "error" not in created else None]
+
+    await assert_same(targets, case, unique)
+
+
+async def test_an_idle_batch_times_out(targets: dict[str, str], unique: str) -> None:
+    """Ten seconds after its last message a held batch is abandoned (advisory ``timeout``, sent by
+    the clock, not by the next message); its next message is of an unknown batch (10176)."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        abandoned = await nc.subscribe(f"{ABANDONED}.{name}")
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{p}.>"], "allow_atomic": True})
+        replies = [(await nc.request(f"{p}.x", b"1", headers=B("t", 1), timeout=5)).data.decode()]
+        replies.append((await nc.request(f"{p}.x", b"1", headers=B("k", 1), timeout=5)).data.decode())
+        await asyncio.sleep(6)
+        replies.append((await nc.request(f"{p}.x", b"2", headers=B("k", 2), timeout=5)).data.decode())
+        timed_out = _advisory(await abandoned.next_msg(10))  # "t", about 10 s after its message
+        replies.append((await nc.request(f"{p}.x", b"2", headers=B("t", 2, "1"), timeout=5)).data.decode())
+        replies.append((await nc.request(f"{p}.x", b"3", headers=B("k", 3, "1"), timeout=5)).data.decode())
+        state = (await api(nc, f"STREAM.INFO.{name}"))["state"]
+        return [replies, timed_out, await _advisories(abandoned), state["messages"]]
+
+    await assert_same(targets, case, unique)
+
+
+async def test_a_batch_past_1000_messages_is_abandoned(targets: dict[str, str], unique: str) -> None:
+    """The 1,001st message abandons its batch (10199, advisory ``large``); 1,000 and an ``eob``
+    commit."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        abandoned = await nc.subscribe(f"{ABANDONED}.{name}")
+        await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [f"{p}.>"], "allow_atomic": True})
+        replies = []
+        for batch, commit in (("big", "1"), ("fits", "eob")):
+            for seq in range(1, 1001):
+                await nc.publish(f"{p}.x", b"m", headers=B(batch, seq))
+            last = await nc.request(f"{p}.x", b"m", headers=B(batch, 1001, commit), timeout=5)
+            replies.append(last.data.decode())
+        state = (await api(nc, f"STREAM.INFO.{name}"))["state"]
+        return [replies, await _advisories(abandoned), state["messages"]]
+
+    await assert_same(targets, case, unique)
+
+
+async def test_turning_allow_atomic_off_drops_held_batches(targets: dict[str, str], unique: str) -> None:
+    """Off: the stream's held batches go, without an advisory, and its batch messages are refused
+    (10174); on again, the next message of a batch held before is of an unknown batch (10176). A
+    deleted stream's batches go without an advisory too."""
+    p = unique.lower()
+
+    async def case(nc: Client, name: str) -> Any:
+        abandoned = await nc.subscribe(f"{ABANDONED}.{name}")
+        req = {"name": name, "subjects": [f"{p}.>"], "allow_atomic": True}
+        await api(nc, f"STREAM.CREATE.{name}", req)
+        replies = [(await nc.request(f"{p}.x", b"1", headers=B("o", 1), timeout=5)).data.decode()]
+        await api(nc, f"STREAM.UPDATE.{name}", {**req, "allow_atomic": False})
+        replies.append((await nc.request(f"{p}.x", b"1", headers=B("n", 1), timeout=5)).data.decode())
+        await api(nc, f"STREAM.UPDATE.{name}", req)
+        replies.append((await nc.request(f"{p}.x", b"2", headers=B("o", 2, "1"), timeout=5)).data.decode())
+        replies.append((await nc.request(f"{p}.x", b"1", headers=B("d", 1), timeout=5)).data.decode())
+        await api(nc, f"STREAM.DELETE.{name}")
+        await api(nc, f"STREAM.CREATE.{name}", req)
+        replies.append((await nc.request(f"{p}.x", b"2", headers=B("d", 2, "1"), timeout=5)).data.decode())
+        state = (await api(nc, f"STREAM.INFO.{name}"))["state"]
+        return [replies, await _advisories(abandoned), state["messages"]]
 
     await assert_same(targets, case, unique)
