@@ -30,6 +30,13 @@ def B(batch: str, seq: int, commit: str | None = None, **extra: str) -> dict[str
     return h
 
 
+PER_SUBJECT = {
+    "max_msgs_per_subject": 1,
+    "discard": "new",
+    "discard_new_per_subject": True,
+    "allow_rollup_hdrs": True,
+}
+
 CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
     ("commit", {}, [("x", b"1", B("a", 1)), ("y", b"2", B("a", 2)), ("x", b"3", B("a", 3, "1"))]),
     ("commit_alone", {}, [("x", b"1", B("a", 1, "1"))]),
@@ -108,6 +115,112 @@ CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
         ],
     ),
     ("plain_between", {}, [("x", b"a1", B("a", 1)), ("p", b"plain", {}), ("x", b"a2", B("a", 2, "1"))]),
+    *[
+        (
+            f"discard_new_bytes_{n}",
+            {"max_bytes": n, "discard": "new"},
+            [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1"))],
+        )
+        for n in (150, 160, 200, 220)
+    ],
+    (
+        "discard_new_with_stored",
+        {"max_msgs": 2, "discard": "new"},
+        [("x", b"0", {}), ("x", b"1", B("f", 1)), ("y", b"2", B("f", 2, "1"))],
+    ),
+    (
+        "discard_new_eob",
+        {"max_msgs": 2, "discard": "new"},
+        [("x", b"1", B("f", 1)), ("y", b"2", B("f", 2)), ("y", b"", B("f", 3, "eob"))],
+    ),
+    (
+        "discard_new_memory",
+        {"max_msgs": 1, "discard": "new", "storage": "memory"},
+        [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1"))],
+    ),
+    # each message is checked in turn, the limit last: a later message's error does not come first
+    *[
+        (
+            f"discard_new_before_{label}",
+            {"max_msgs": 1, "discard": "new"},
+            [("x", b"1", B("f", 1, **first)), ("x", b"2", B("f", 2)), ("x", b"3", B("f", 3, "1", **last))],
+        )
+        for label, first, last in (
+            ("expected_seq", {}, {"Nats_Expected_Last_Sequence": "9"}),
+            ("expected_msg_id", {}, {"Nats_Expected_Last_Msg_Id": "z"}),
+            ("dup_id", {"Nats_Msg_Id": "a"}, {"Nats_Msg_Id": "a"}),
+            ("ttl", {}, {"Nats_TTL": "5s"}),
+            ("after_expected_seq", {"Nats_Expected_Last_Sequence": "9"}, {}),
+        )
+    ],
+    (
+        "discard_new_bytes_before_expected_seq",
+        {"max_bytes": 120, "discard": "new"},
+        [
+            ("x", b"1", B("f", 1)),
+            ("x", b"2", B("f", 2)),
+            ("x", b"3", B("f", 3, "1", Nats_Expected_Last_Sequence="9")),
+        ],
+    ),
+    *[
+        (f"per_subject_{label}", {**PER_SUBJECT, **extra}, pubs)
+        for label, extra, pubs in (
+            ("new", {}, [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1"))]),
+            ("stored", {}, [("x", b"0", {}), ("x", b"2", B("f", 1, "1"))]),
+            ("other", {}, [("x", b"1", B("f", 1)), ("y", b"2", B("f", 2, "1"))]),
+            (
+                "replaces",
+                {"discard_new_per_subject": False},
+                [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1"))],
+            ),
+            (
+                "before_expected_seq",
+                {},
+                [
+                    ("x", b"1", B("f", 1)),
+                    ("x", b"2", B("f", 2)),
+                    ("y", b"3", B("f", 3, "1", Nats_Expected_Last_Subject_Sequence="5")),
+                ],
+            ),
+            # a rollup is not held to its subject's limit, but counts for the messages after it
+            (
+                "rollup_full",
+                {},
+                [("x", b"0", {}), ("x", b"1", B("f", 1, Nats_Rollup="sub")), ("y", b"2", B("f", 2, "1"))],
+            ),
+            (
+                "rollup_then_same",
+                {},
+                [("x", b"1", B("f", 1, Nats_Rollup="sub")), ("x", b"2", B("f", 2, "1"))],
+            ),
+            ("rollup_second", {}, [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1", Nats_Rollup="sub"))]),
+            ("rollup_plain", {}, [("x", b"0", {}), ("x", b"1", {"Nats-Rollup": "sub"})]),
+        )
+    ],
+    (
+        "discard_new_rollup_full",
+        {"max_msgs": 1, "discard": "new", "allow_rollup_hdrs": True},
+        [("x", b"0", {}), ("x", b"1", B("f", 1, "1", Nats_Rollup="sub"))],
+    ),
+    *[
+        (f"rollup_{label}", {"allow_rollup_hdrs": True}, pubs)
+        for label, pubs in (
+            ("all_second", [("x", b"1", B("f", 1)), ("y", b"2", B("f", 2, "1", Nats_Rollup="all"))]),
+            (
+                "all_first",
+                [("z", b"0", {}), ("x", b"1", B("f", 1, Nats_Rollup="all")), ("y", b"2", B("f", 2, "1"))],
+            ),
+            (
+                "sub_first",
+                [("x", b"0", {}), ("x", b"1", B("f", 1, Nats_Rollup="sub")), ("y", b"2", B("f", 2, "1"))],
+            ),
+            (
+                "sub_other",
+                [("x", b"0", {}), ("y", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1", Nats_Rollup="sub"))],
+            ),
+            ("sub_again", [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1", Nats_Rollup="sub"))]),
+        )
+    ],
     ("resent_first", {}, [("x", b"1", B("r", 1)), ("x", b"1", B("r", 1))]),
     ("eob_after_gap", {}, [("x", b"1", B("g", 1)), ("x", b"", B("g", 3, "eob"))]),
     ("bad_commit_first", {}, [("x", b"1", B("c", 1, "yes"))]),

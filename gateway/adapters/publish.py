@@ -199,12 +199,10 @@ class PublishPath:
         assert type(decided) is Commit
         if self._batch_idle is not None:
             self._batch_idle.cancel((stream.name, decided.batch_id))
-        checked = check_batch(stream, decided.msgs, now)
-        refused = checked if isinstance(checked, errors.ApiError) else stream.room_for(decided.msgs)
-        if refused is not None:
-            self._reply_error(reply, stream, refused)
+        checked = check_batch(stream, decided.msgs, now, stream.room_for(decided.msgs))
+        if isinstance(checked, errors.ApiError):
+            self._reply_error(reply, stream, checked)
             return
-        assert not isinstance(checked, errors.ApiError)
         last = 0
         for (msg_subject, _, msg_data), verdict in zip(decided.msgs, checked, strict=True):
             last = self._store(run, msg_subject, msg_data, verdict, "", now) or last
@@ -360,7 +358,7 @@ class PublishPath:
         self.on_publish(msg)
 
     def _accept(
-        self, stream: Stream, subject: str, hdrs: bytes | None, data: bytes, now: int
+        self, stream: Stream, subject: str, hdrs: bytes | None, data: bytes, now: int, rollup: bool = False
     ) -> StoredMessage:
         """Room in the writer first, then a sequence, so a refusal (overload, or a limit with
         ``discard: new``, raised as the error to answer) leaves nothing to take back."""
@@ -370,7 +368,7 @@ class PublishPath:
         except (WriterOverloaded, WriterClosed) as exc:
             raise _store_failed(exc) from None
         try:
-            return stream.accept(subject, hdrs, data, now)
+            return stream.accept(subject, hdrs, data, now, rollup)
         except errors.ApiError:
             self.writer.unadmit(size)
             raise
@@ -402,7 +400,7 @@ class PublishPath:
         stream, hdrs = run.stream, verdict.hdrs
         previous = stream.last_seq_for(subject) if stream.republish else 0
         try:
-            stored = self._accept(stream, subject, hdrs, data, now)
+            stored = self._accept(stream, subject, hdrs, data, now, bool(verdict.rollup))
         except errors.ApiError as err:
             return err
         seq = stored.seq

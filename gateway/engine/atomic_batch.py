@@ -217,19 +217,25 @@ class _StagedView:
         return self.stream.last_seq_matching(subject)
 
 
-def check_batch(stream: StreamView, msgs: list[Publish], now_ns: int) -> list[Accepted] | errors.ApiError:
+def check_batch(
+    stream: StreamView, msgs: list[Publish], now_ns: int, full: tuple[int, errors.ApiError] | None
+) -> list[Accepted] | errors.ApiError:
     """Every message of a complete batch, checked in order as the server checks a batch: a
     ``Nats-Expected-Last-Msg-Id`` is refused, a message id seen before (in the window or earlier in
-    the batch) refuses the batch, an expected last sequence only holds on the first message, and an
-    expected subject sequence not for a subject the batch already wrote. The first refusal is the
-    answer for the whole batch."""
+    the batch) refuses the batch, an expected last sequence only holds on the first message, an
+    expected subject sequence not for a subject the batch already wrote, a subject rollup only on
+    a subject's first message and a stream rollup only on the first; then whether it still fits
+    (``full``: the first message a ``discard: new`` stream has no room for, and the error). The
+    first refusal is the answer for the whole batch."""
     view = _StagedView(stream)
     ids: set[str] = set()
     out: list[Accepted] = []
-    for subject, hdrs, data in msgs:
+    for i, (subject, hdrs, data) in enumerate(msgs):
         verdict = _check_one(view, ids, subject, hdrs, data, now_ns)
         if isinstance(verdict, errors.ApiError):
             return verdict
+        if full is not None and full[0] == i:
+            return full[1]
         out.append(verdict)
         view.staged += 1
         view.subjects.add(subject)
@@ -264,4 +270,8 @@ def _check_one(
     if isinstance(verdict, errors.ApiError):
         return verdict
     assert type(verdict) is Accepted
+    if verdict.rollup == "sub" and subject in view.subjects:
+        return errors.STREAM_ROLLUP_FAILED.format(err="batch rollup sub invalid")
+    if verdict.rollup == "all" and view.staged:
+        return errors.STREAM_ROLLUP_FAILED.format(err="batch rollup all invalid")
     return verdict
