@@ -16,6 +16,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from gateway.api import errors
+from gateway.engine.atomic_batch import IDLE_TIMEOUT_NS, Abandoned, AtomicBatches, Dropped, Held
 from tests.differential import api, assert_same
 
 # A publish: subject suffix, payload, headers. ``B(id, seq)`` makes a batch message's headers.
@@ -380,3 +382,20 @@ async def test_turning_allow_atomic_off_drops_held_batches(targets: dict[str, st
         return [replies, await _advisories(abandoned), state["messages"]]
 
     await assert_same(targets, case, unique)
+
+
+def test_a_batch_past_its_idle_time_is_abandoned_whoever_finds_it() -> None:
+    """The timer's ``expire`` abandons an idle batch (``timeout``) and leaves a batch that is not
+    idle yet; a message that finds its batch past the idle time before the timer did abandons it
+    as the server does when its timer could not be reset (``incomplete``)."""
+    batches = AtomicBatches()
+    hdrs = b"NATS/1.0\r\nNats-Batch-Id: %s\r\nNats-Batch-Sequence: %d\r\n\r\n"
+    first = batches.hold("S", "s.x", hdrs % (b"a", 1), b"", 0)
+    assert first == Held("a", IDLE_TIMEOUT_NS)
+    assert batches.hold("S", "s.x", hdrs % (b"b", 1), b"", 0) == Held("b", IDLE_TIMEOUT_NS)
+    assert batches.expire("S", "a", IDLE_TIMEOUT_NS) is None  # not idle for longer yet
+    assert batches.expire("S", "a", IDLE_TIMEOUT_NS + 1) == Abandoned("S", "a", "timeout")
+    assert batches.expire("S", "a", IDLE_TIMEOUT_NS + 2) is None  # gone: announced once
+    late = batches.hold("S", "s.x", hdrs % (b"b", 2), b"", IDLE_TIMEOUT_NS + 1)
+    assert late == Dropped(errors.ATOMIC_PUBLISH_INCOMPLETE, Abandoned("S", "b", "incomplete"))
+    assert batches.expire("S", "b", IDLE_TIMEOUT_NS + 2) is None
