@@ -224,6 +224,29 @@ CASES: list[tuple[str, dict[str, Any], list[Pub]]] = [
             ("sub_again", [("x", b"1", B("f", 1)), ("x", b"2", B("f", 2, "1", Nats_Rollup="sub"))]),
         )
     ],
+    # one message's checks in the server's order: the expected stream and TTL before the msg id,
+    # the msg id before the expected sequences
+    *[
+        (
+            f"order_{label}",
+            config,
+            [("x", b"1", B("f", 1, Nats_Msg_Id="a")), ("x", b"2", B("f", 2, "1", **last))],
+        )
+        for label, config, last in (
+            ("ttl_then_dup_id", {}, {"Nats_Msg_Id": "a", "Nats_TTL": "5s"}),
+            ("bad_ttl_then_dup_id", {"allow_msg_ttl": True}, {"Nats_Msg_Id": "a", "Nats_TTL": "x"}),
+            ("stream_then_dup_id", {}, {"Nats_Msg_Id": "a", "Nats_Expected_Stream": "zz"}),
+            ("ttl_then_expected_seq", {}, {"Nats_Expected_Last_Sequence": "1", "Nats_TTL": "5s"}),
+        )
+    ],
+    (
+        "order_stored_dup_then_expected_seq",
+        {},
+        [
+            ("x", b"0", {"Nats-Msg-Id": "old"}),
+            ("x", b"1", B("d", 1, "1", Nats_Msg_Id="old", Nats_Expected_Last_Sequence="9")),
+        ],
+    ),
     ("resent_first", {}, [("x", b"1", B("r", 1)), ("x", b"1", B("r", 1))]),
     ("eob_after_gap", {}, [("x", b"1", B("g", 1)), ("x", b"", B("g", 3, "eob"))]),
     ("bad_commit_first", {}, [("x", b"1", B("c", 1, "yes"))]),

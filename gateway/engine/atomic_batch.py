@@ -32,6 +32,7 @@ from gateway.engine.publish_checks import (
     Duplicate,
     StreamView,
     Verdict,
+    check_before_msg_id,
     check_in_batch,
     without_header,
 )
@@ -245,11 +246,17 @@ def check_batch(
 def _check_one(
     view: _StagedView, ids: set[str], subject: str, hdrs: bytes | None, data: bytes, now_ns: int
 ) -> Accepted | errors.ApiError:
+    """One message of a batch, in the server's order for one (``checkMsgHeadersPreClusteredProposal``):
+    the headers a batch refuses, those checked before the msg id, the msg id, then the rest."""
     h = parse_headers(hdrs)
     if h.get("Nats-Expected-Last-Msg-Id"):
         return errors.ATOMIC_PUBLISH_UNSUPPORTED_HEADER.format(header="Nats-Expected-Last-Msg-Id")
+    refused = check_before_msg_id(view.config, h, hdrs)
+    if refused is not None:
+        return refused
     msg_id = h.get("Nats-Msg-Id", "")
-    if msg_id and msg_id in ids:
+    cfg = view.config
+    if msg_id and (msg_id in ids or view.dedup.lookup(msg_id, now_ns, cfg.duplicate_window) is not None):
         return errors.ATOMIC_PUBLISH_DUPLICATE_ID
     if view.staged and "Nats-Expected-Last-Sequence" in h:
         last = view.last_seq

@@ -94,6 +94,25 @@ def check_in_batch(stream: StreamView, subject: str, hdrs: bytes | None, data: b
     return Accepted(kept, verdict.msg_id, verdict.ttl, verdict.rollup, verdict.is_marker)
 
 
+def check_before_msg_id(cfg: StreamConfig, h: dict[str, str], hdrs: bytes | None) -> errors.ApiError | None:
+    """What nats-server checks of an atomic batch message before its msg id, in its order
+    (``checkMsgHeadersPreClusteredProposal``): the header size, a counter increment, the expected
+    stream, and a TTL (allowed, then valid). A batch's expected sequences come after its msg id."""
+    if hdrs and len(hdrs) > MAX_HEADER_BYTES:
+        return errors.STREAM_HEADER_EXCEEDS_MAXIMUM
+    incr = h.get("Nats-Incr")
+    if incr:
+        return _incr_error(incr)
+    expected_stream = h.get("Nats-Expected-Stream")
+    if expected_stream and expected_stream != cfg.name:
+        return errors.STREAM_NOT_MATCH
+    ttl_text = h.get("Nats-TTL")
+    ttl, ttl_error = _read_ttl(ttl_text) if ttl_text else (0, False)
+    if (ttl or ttl_error) and not cfg.allow_msg_ttl:
+        return errors.MESSAGE_TTL_DISABLED
+    return errors.MESSAGE_TTL_INVALID if ttl_error else None
+
+
 def _check_size(cfg: StreamConfig, hdr_len: int, data: bytes) -> errors.ApiError | None:
     limit = size_limit(cfg)
     if limit >= 0 and (hdr_len > limit or len(data) > limit - hdr_len):
