@@ -23,9 +23,10 @@ from functools import partial
 
 from gateway.adapters.registry import Registry
 from gateway.api import errors
+from gateway.api.advisories import batch_abandoned
 from gateway.api.durations import go_duration
 from gateway.api.timefmt import now_ns
-from gateway.engine.atomic_batch import AtomicBatches, Commit, Held, check_batch
+from gateway.engine.atomic_batch import Abandoned, AtomicBatches, Commit, Dropped, Held, check_batch
 from gateway.engine.fast_batch import (
     SUFFIX,
     Answer,
@@ -50,6 +51,7 @@ from gateway.engine.publish_checks import (
 from gateway.engine.republish import Republished, republished
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
+from gateway.runtime.timers import Timers
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
 from storage_delta.commit.stats import PUBACK_SECONDS_BUCKETS, Histogram
@@ -105,6 +107,7 @@ class PublishPath:
         domain: str,
     ) -> None:
         self.registry = registry
+        self._domain = domain
         self._pub_ack = pub_ack_format(domain) + b"}"
         self._batch_ack = pub_ack_format(domain) + b',"batch":%s,"count":%d}'
         self._duplicate_ack = pub_ack_format(domain) + b',"duplicate": true}'
@@ -128,6 +131,8 @@ class PublishPath:
         self._inflight_ids: dict[tuple[str, int], _Run] = {}
         #: Atomic batches waiting for their commit.
         self.batches = AtomicBatches()
+        #: When each held batch (stream, batch id) times out, made on the first one held.
+        self._batch_idle: Timers[tuple[str, str]] | None = None
         #: Fast batches in progress.
         self.fast = FastBatches()
         self.received = 0  # publishes to a stream subject (the monitor reads these)
@@ -178,19 +183,26 @@ class PublishPath:
         stream = run.stream
         decided = self.batches.hold(stream.name, subject, hdrs, data, now)
         if type(decided) is Held:
+            if self._batch_idle is None:
+                self._batch_idle = Timers(self._batch_timed_out)
+            self._batch_idle.set((stream.name, decided.batch_id), decided.idle_until_ns + 1)
             if reply:
                 self.leaf.publish(reply, b"")
+            return
+        if type(decided) is Dropped:
+            self._announce(decided.abandoned)
+            self._reply_error(reply, stream, decided.error)
             return
         if isinstance(decided, errors.ApiError):
             self._reply_error(reply, stream, decided)
             return
         assert type(decided) is Commit
-        checked = check_batch(stream, decided.msgs, now)
-        refused = checked if isinstance(checked, errors.ApiError) else stream.room_for(decided.msgs)
-        if refused is not None:
-            self._reply_error(reply, stream, refused)
+        if self._batch_idle is not None:
+            self._batch_idle.cancel((stream.name, decided.batch_id))
+        checked = check_batch(stream, decided.msgs, now, stream.room_for(decided.msgs))
+        if isinstance(checked, errors.ApiError):
+            self._reply_error(reply, stream, checked)
             return
-        assert not isinstance(checked, errors.ApiError)
         last = 0
         for (msg_subject, _, msg_data), verdict in zip(decided.msgs, checked, strict=True):
             last = self._store(run, msg_subject, msg_data, verdict, "", now) or last
@@ -202,6 +214,21 @@ class PublishPath:
                 len(decided.msgs),
             )
             run.acks.append((reply, ack))
+
+    def _batch_timed_out(self, key: tuple[str, str]) -> None:
+        abandoned = self.batches.expire(*key, now_ns())
+        if abandoned is not None:
+            self._announce(abandoned)
+
+    def _announce(self, abandoned: Abandoned) -> None:
+        """The BATCH_ABANDONED advisory, at once: it speaks of nothing stored."""
+        body = batch_abandoned(abandoned.stream, abandoned.batch_id, abandoned.reason, self._domain, now_ns())
+        self.leaf.publish(*body)
+
+    def close(self) -> None:
+        """No batch times out after this."""
+        if self._batch_idle is not None:
+            self._batch_idle.close()
 
     def _fast(self, run: _Run, subject: str, msg: Msg, ref: FastRef | errors.ApiError, now: int) -> None:
         """A message of a fast batch: checked and stored as an ordinary publish, while the batch
@@ -312,10 +339,13 @@ class PublishPath:
         self.stored.pop(stream.name, None)
 
     def stream_updated(self, stream: Stream) -> None:
-        """Turning ``allow_batched`` off ends the stream's fast batches, as the server does: turned
-        on again, their next messages are of unknown batches (10208)."""
+        """Turning ``allow_batched`` off ends the stream's fast batches, and ``allow_atomic`` its
+        held atomic batches, as the server does: turned on again, their next messages are of
+        unknown batches (10208, 10176)."""
         if not stream.config.allow_batched:
             self.fast.forget_stream(stream.name)
+        if not stream.config.allow_atomic:
+            self.batches.forget_stream(stream.name)
 
     def on_kv_publish(self, msg: Msg) -> None:
         """A ``$KV`` publish, which reaches the gateway through the API domain mapping whether or
@@ -328,7 +358,7 @@ class PublishPath:
         self.on_publish(msg)
 
     def _accept(
-        self, stream: Stream, subject: str, hdrs: bytes | None, data: bytes, now: int
+        self, stream: Stream, subject: str, hdrs: bytes | None, data: bytes, now: int, rollup: bool = False
     ) -> StoredMessage:
         """Room in the writer first, then a sequence, so a refusal (overload, or a limit with
         ``discard: new``, raised as the error to answer) leaves nothing to take back."""
@@ -338,7 +368,7 @@ class PublishPath:
         except (WriterOverloaded, WriterClosed) as exc:
             raise _store_failed(exc) from None
         try:
-            return stream.accept(subject, hdrs, data, now)
+            return stream.accept(subject, hdrs, data, now, rollup)
         except errors.ApiError:
             self.writer.unadmit(size)
             raise
@@ -370,7 +400,7 @@ class PublishPath:
         stream, hdrs = run.stream, verdict.hdrs
         previous = stream.last_seq_for(subject) if stream.republish else 0
         try:
-            stored = self._accept(stream, subject, hdrs, data, now)
+            stored = self._accept(stream, subject, hdrs, data, now, bool(verdict.rollup))
         except errors.ApiError as err:
             return err
         seq = stored.seq

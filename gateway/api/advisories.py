@@ -65,6 +65,23 @@ def archive_event(what: str, stream: str, now_ns: int, **fields: Any) -> tuple[s
     )
 
 
+def batch_abandoned(stream: str, batch_id: str, reason: str, domain: str, now_ns: int) -> tuple[str, bytes]:
+    """An atomic batch was abandoned (``reason``: ``timeout``, ``large``, ``incomplete`` or
+    ``unsupported``). Unlike the other advisories its struct names the domain (omitempty) between
+    the stream and the batch, so it comes complete, not through :func:`in_domain`."""
+    named = {"domain": domain} if domain else {}
+    return _event(
+        f"$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.{stream}",
+        _T + "stream_batch_abandoned",
+        stream,
+        None,
+        now_ns,
+        **named,
+        batch=batch_id,
+        reason=reason,
+    )
+
+
 def _consumer_event(
     what: str, kind: str, stream: str, consumer: str, now_ns: int, **fields: Any
 ) -> tuple[str, bytes]:

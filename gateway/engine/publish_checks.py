@@ -94,6 +94,32 @@ def check_in_batch(stream: StreamView, subject: str, hdrs: bytes | None, data: b
     return Accepted(kept, verdict.msg_id, verdict.ttl, verdict.rollup, verdict.is_marker)
 
 
+def check_before_msg_id(cfg: StreamConfig, h: dict[str, str], hdrs: bytes | None) -> errors.ApiError | None:
+    """What nats-server checks of an atomic batch message before its msg id, in its order
+    (``checkMsgHeadersPreClusteredProposal``): the header size, a counter increment, the expected
+    stream, and a TTL (allowed, then valid). A batch's expected sequences come after its msg id."""
+    if hdrs and len(hdrs) > MAX_HEADER_BYTES:
+        return errors.STREAM_HEADER_EXCEEDS_MAXIMUM
+    refused, _, ttl_error = _check_first(cfg, h)
+    if refused or not ttl_error:
+        return refused
+    return errors.MESSAGE_TTL_INVALID if cfg.allow_msg_ttl else errors.MESSAGE_TTL_DISABLED
+
+
+def _check_first(cfg: StreamConfig, h: dict[str, str]) -> tuple[errors.ApiError | None, int, bool]:
+    """The first header checks of any publish: a counter increment, the expected stream, a TTL
+    where TTLs are off. The refusal, if any, the TTL, and whether it was invalid (refused later)."""
+    incr = h.get("Nats-Incr")
+    if incr:
+        return _incr_error(incr), 0, False
+    expected_stream = h.get("Nats-Expected-Stream")
+    if expected_stream and expected_stream != cfg.name:
+        return errors.STREAM_NOT_MATCH, 0, False
+    ttl_text = h.get("Nats-TTL")
+    ttl, ttl_error = _read_ttl(ttl_text) if ttl_text else (0, False)
+    return (errors.MESSAGE_TTL_DISABLED if ttl and not cfg.allow_msg_ttl else None), ttl, ttl_error
+
+
 def _check_size(cfg: StreamConfig, hdr_len: int, data: bytes) -> errors.ApiError | None:
     limit = size_limit(cfg)
     if limit >= 0 and (hdr_len > limit or len(data) > limit - hdr_len):
@@ -180,17 +206,8 @@ def _check_special(
 ) -> Verdict:
     """Headers that ask something of the stream, in the server's order: the first that fails is
     the answer, though an invalid TTL only counts once the message is known to fit."""
-    incr = h.get("Nats-Incr")
-    if incr:
-        return _incr_error(incr)
-    expected_stream = h.get("Nats-Expected-Stream")
-    if expected_stream and expected_stream != cfg.name:
-        return errors.STREAM_NOT_MATCH
-    ttl_text = h.get("Nats-TTL")
-    ttl, ttl_error = _read_ttl(ttl_text) if ttl_text else (0, False)
-    if ttl and not cfg.allow_msg_ttl:
-        return errors.MESSAGE_TTL_DISABLED
-    refused = _check_expected_seqs(stream, subject, h) or _check_schedules_and_sources(subject, h)
+    refused, ttl, ttl_error = _check_first(cfg, h)
+    refused = refused or _check_expected_seqs(stream, subject, h) or _check_schedules_and_sources(subject, h)
     if refused:
         return refused
     msg_id = h.get("Nats-Msg-Id", "")

@@ -195,10 +195,11 @@ class Stream:
         st.last_seq, st.last_ts = seq, ts
         return sid
 
-    def _check_discard_new(self, subject: str, size: int) -> None:
+    def _check_discard_new(self, subject: str, size: int, rollup: bool) -> None:
         """Refuse a message a ``discard: new`` stream has no room for, as JetStream's store does:
         a message that will replace its subject's oldest (per-subject limit) is not refused for
-        MaxMsgs, and for MaxBytes only when it is larger than that oldest message."""
+        MaxMsgs, and for MaxBytes only when it is larger than that oldest message. A rollup is
+        never refused for its subject's limit, as it purges the subject once stored."""
         lim = self.limits
         if not lim.discard_new:
             return
@@ -206,7 +207,7 @@ class Stream:
         sid = self._subject_ids.get(subject, 0)
         replaces = 0
         if per_subject and self._subject_counts.get(sid, 0) >= per_subject:
-            if lim.discard_new_per_subject:
+            if lim.discard_new_per_subject and not rollup:
                 raise MAX_MSGS_PER_SUBJECT
             replaces = self._oldest_of(sid)
         st = self.state
@@ -217,14 +218,57 @@ class Stream:
         if too_big and (not replaces or self._size_of(replaces) <= size):
             raise MAX_BYTES
 
-    def accept(self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int) -> StoredMessage:
+    def room_for(self, items: Sequence[Publish]) -> tuple[int, errors.ApiError] | None:
+        """Where ``discard: new`` refuses an atomic batch: the index of the first of ``items`` that
+        would not fit, those before it counted as stored and none replacing an older message, and
+        the error, as the server checks each message of a batch in turn (a rollup is not held to
+        its subject's limit, but counts for the messages after it), so no ``accept`` of them can
+        then be refused halfway."""
+        lim = self.limits
+        if not lim.discard_new:
+            return None
+        st = self.state
+        messages, size = st.messages, st.bytes
+        per_subject = lim.per_subject if lim.discard_new_per_subject else 0
+        added: dict[str, int] = {}
+        for i, (subject, hdrs, data) in enumerate(items):
+            messages += 1
+            size += stored_size(subject, hdrs, data, self.record_overhead)
+            if lim.max_msgs and messages > lim.max_msgs:
+                return i, MAX_MSGS
+            if lim.max_bytes and size > lim.max_bytes:
+                return i, MAX_BYTES
+            if per_subject:
+                n = added[subject] = added.get(subject, 0) + 1
+                stored = self._subject_counts.get(self._subject_ids.get(subject, 0), 0)
+                if stored + n > per_subject and not (hdrs and b"\r\nNats-Rollup:" in hdrs):
+                    return i, MAX_MSGS_PER_SUBJECT
+        return None
+
+    @property
+    def takes_runs(self) -> bool:
+        """No limit can refuse a publish (not sealed, no ``discard: new``) and none is republished
+        (each needs its subject's previous sequence): ``accept_run`` may take several at once."""
+        return not (self.limits.sealed or self.limits.discard_new or self.republish)
+
+    def accept_run(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
+        """``accept`` for several publishes (subject, headers, payload) in one call, with the same
+        outcome as one call each; only while ``takes_runs``."""
+        assert self.takes_runs
+        return self._append(items, now_ns)
+
+    def accept(
+        self, subject: str, hdrs: bytes | None, data: bytes, now_ns: int, rollup: bool = False
+    ) -> StoredMessage:
         """Give a publish the next sequence and apply the limits at once; durable only once
-        committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it."""
+        committed. Raises :class:`~gateway.errors.ApiError` when ``discard: new`` refuses it
+        (``rollup``: it carries ``Nats-Rollup``)."""
         lim = self.limits
         if lim.sealed:
             raise errors.STREAM_SEALED
         if lim.discard_new:
-            self._check_discard_new(subject, stored_size(subject, hdrs, data, self.record_overhead))
+            size = stored_size(subject, hdrs, data, self.record_overhead)
+            self._check_discard_new(subject, size, rollup)
         return self._append(((subject, hdrs, data),), now_ns)[0]
 
     def accept_mirrored(
@@ -249,41 +293,6 @@ class Stream:
         if self.limits.max_msgs or self.limits.max_bytes:
             self._enforce_size_limits()
         return msg
-
-    def room_for(self, items: Sequence[Publish]) -> errors.ApiError | None:
-        """Whether ``discard: new`` leaves room for all of ``items`` (an atomic batch), judged as if
-        none replaced an older message, so no ``accept`` of them can then be refused halfway."""
-        lim = self.limits
-        if not lim.discard_new:
-            return None
-        st = self.state
-        if lim.max_msgs and st.messages + len(items) > lim.max_msgs:
-            return MAX_MSGS
-        if (
-            lim.max_bytes
-            and st.bytes + sum(stored_size(*item, self.record_overhead) for item in items) > lim.max_bytes
-        ):
-            return MAX_BYTES
-        if lim.per_subject and lim.discard_new_per_subject:
-            added: dict[str, int] = {}
-            for subject, _, _ in items:
-                added[subject] = added.get(subject, 0) + 1
-            for subject, n in added.items():
-                if self._subject_counts.get(self._subject_ids.get(subject, 0), 0) + n > lim.per_subject:
-                    return MAX_MSGS_PER_SUBJECT
-        return None
-
-    @property
-    def takes_runs(self) -> bool:
-        """No limit can refuse a publish (not sealed, no ``discard: new``) and none is republished
-        (each needs its subject's previous sequence): ``accept_run`` may take several at once."""
-        return not (self.limits.sealed or self.limits.discard_new or self.republish)
-
-    def accept_run(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
-        """``accept`` for several publishes (subject, headers, payload) in one call, with the same
-        outcome as one call each; only while ``takes_runs``."""
-        assert self.takes_runs
-        return self._append(items, now_ns)
 
     def _append(self, items: Sequence[Publish], now_ns: int) -> list[StoredMessage]:
         lim = self.limits

@@ -296,6 +296,7 @@ class Gateway:
             for stream in core.registry.streams.values():
                 for subject in stream.subjects:
                     core.leaf.unsubscribe(subject)
+            core.publish.close()
             await core.writer.close()
             try:
                 await core.recorder.flush()  # limit removals; recovery would re-derive them anyway
