@@ -187,7 +187,11 @@ class LeafConnection:
             await self._read(reader, writer, parser)
         finally:
             self._connected.clear()
-            writer.close()
+            # Aborted, not closed: a TLS transport's close waits for the peer's close_notify (up to
+            # 30 s), and a gateway that stops closes its loop before that, leaving the socket open.
+            # Nothing is lost: close() drained what was to be sent, and after a lost connection the
+            # frames are dropped anyway.
+            writer.transport.abort()
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: proto.FrameParser
