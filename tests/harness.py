@@ -190,31 +190,32 @@ class Jetlake:
             stop(self.server)
             raise
 
+    def gateway_command(self, monitor_port: int) -> list[str]:
+        """``jetlake serve`` attached to this server's leafnode port, on this store root."""
+        return [
+            sys.executable,
+            # printed to gateway.log, which ``stop`` reads: a leak in the gateway fails the test
+            "-W",
+            "default::ResourceWarning",
+            "-m",
+            "gateway",
+            "serve",
+            "--nats-url",
+            self.leaf_url,
+            "--data-root",
+            str(self.data_root),
+            "--domain",
+            self.domain,
+            "--monitor-port",
+            str(monitor_port),
+        ]
+
     def start_gateway(
         self, extra_env: dict[str, str] | None = None, ready_s: float = 60.0, wait: bool = True
     ) -> None:
         env = {**os.environ, **self.gateway_env, **(extra_env or {})}
         self.gateway = spawn(
-            [
-                sys.executable,
-                # printed to gateway.log, which ``stop`` reads: a leak in the gateway fails the test
-                "-W",
-                "default::ResourceWarning",
-                "-m",
-                "gateway",
-                "serve",
-                "--nats-url",
-                self.leaf_url,
-                "--data-root",
-                str(self.data_root),
-                "--domain",
-                self.domain,
-                "--monitor-port",
-                str(self.monitor_port),
-            ],
-            self.workdir / "gateway.log",
-            env=env,
-            cwd=ROOT,
+            self.gateway_command(self.monitor_port), self.workdir / "gateway.log", env=env, cwd=ROOT
         )
         if wait:
             try:
