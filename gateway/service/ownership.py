@@ -4,8 +4,8 @@ The protocol is :mod:`storage_delta.commit.owner` (docs/architecture.md, "Severa
 store"). Here: a standby watches the owner's beat and claims the next epoch once the beat has not
 changed for a whole lease (or names a process of this host that is gone); the owner beats every
 fifth of the lease and steps down when it finds a newer epoch claimed. What it reads from the link
-it serves only while its last beat is less than a lease old (:meth:`Ownership.fresh`): after a
-pause (``SIGSTOP``, a stalled machine) it answers nothing until it knows it still owns the store.
+it serves only while it may still own the store (:meth:`Ownership.fresh`): after a pause
+(``SIGSTOP``, a stalled machine) it answers nothing once it finds a newer epoch claimed.
 None of this is what keeps a stale owner from writing; the fence in every commit is.
 """
 
@@ -68,8 +68,18 @@ class Ownership:
             self._beaten = time.monotonic()
 
     def fresh(self) -> bool:
-        """No standby can have taken over yet: the last beat is less than a lease old."""
-        return not self.lost.is_set() and time.monotonic() - self._beaten < self.lease_s
+        """Whether what the link reads may be served: the last beat is less than a lease old (no
+        standby can have taken over), or, when it is older (a pause, a stalled loop), no newer
+        epoch is claimed yet (a look at the lease directory, on this slow path only; a lone gateway
+        whose beat was late keeps serving). A newer epoch found here means the store is lost."""
+        if self.lost.is_set():
+            return False
+        if time.monotonic() - self._beaten < self.lease_s:
+            return True
+        if self.lease.current() != self.epoch:
+            self.lost.set()
+            return False
+        return True
 
     async def release(self) -> None:
         """A clean stop: a standby may take over at once."""

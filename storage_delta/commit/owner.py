@@ -86,27 +86,30 @@ class StoreLease:
             os.close(fd)
         fsync_path(self.dir)
         self.beat(epoch)
+        self._prune(epoch)
         return True
 
     def beat(self, epoch: int, released: bool = False) -> None:
         """Renew the lease of ``epoch`` (replace its beat file; not synced: a beat lost to a power
-        cut only makes a standby wait a lease longer). Prunes claims long superseded."""
+        cut only makes a standby wait a lease longer)."""
         self._count += 1
         body = {"host": self.host, "pid": self.pid, "count": self._count, RELEASED: released}
         tmp = os.path.join(self.dir, f".beat-{self.pid}.tmp")
         with open(tmp, "w") as fh:
             json.dump(body, fh)
         os.replace(tmp, os.path.join(self.dir, f"beat-{epoch:020d}"))
-        if self._count == 1:
-            for name in os.listdir(self.dir):
-                number = name.split("-", 1)[-1]
-                if (
-                    name.startswith(("epoch-", "beat-"))
-                    and number.isdigit()
-                    and int(number) < epoch - KEEP_EPOCHS
-                ):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(self.dir, name))
+
+    def _prune(self, epoch: int) -> None:
+        """Remove the claims and beats of epochs long superseded (never the highest claim)."""
+        for name in os.listdir(self.dir):
+            number = name.split("-", 1)[-1]
+            if (
+                name.startswith(("epoch-", "beat-"))
+                and number.isdigit()
+                and int(number) < epoch - KEEP_EPOCHS
+            ):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, name))
 
     def read_beat(self, epoch: int) -> Beat | None:
         """The beat of ``epoch`` (None: none yet, or caught mid-replace)."""
