@@ -190,8 +190,9 @@ class Jetlake:
             stop(self.server)
             raise
 
-    def gateway_command(self, monitor_port: int) -> list[str]:
-        """``jetlake serve`` attached to this server's leafnode port, on this store root."""
+    def gateway_command(self, monitor_port: int, leaf_url: str | None = None) -> list[str]:
+        """``jetlake serve`` attached to this server's leafnode port (or ``leaf_url``), on this
+        store root."""
         return [
             sys.executable,
             # printed to gateway.log, which ``stop`` reads: a leak in the gateway fails the test
@@ -201,7 +202,7 @@ class Jetlake:
             "gateway",
             "serve",
             "--nats-url",
-            self.leaf_url,
+            leaf_url or self.leaf_url,
             "--data-root",
             str(self.data_root),
             "--domain",
