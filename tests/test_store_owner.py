@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from storage_delta.commit.owner import OWNER_APP, Fenced, StoreLease
+from storage_delta.commit.lease import LocalLease
+from storage_delta.commit.owner import OWNER_APP, Fenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
 
@@ -72,7 +73,7 @@ async def test_a_fenced_commit_loop_tells_its_owner_first_and_fails_its_waiters(
 
 
 def test_the_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> None:
-    a, b = StoreLease(str(tmp_path)), StoreLease(str(tmp_path))
+    a, b = LocalLease(str(tmp_path)), LocalLease(str(tmp_path))
     assert a.current() == 0
     assert a.claim(1)
     assert not b.claim(1)

@@ -46,6 +46,7 @@ async def serve(settings: Settings) -> int:
     # Loaded before standing by, not at takeover: importing the storage engine takes most of a second.
     from gateway.service.gateway import Gateway  # noqa: F401
     from gateway.service.ownership import Ownership
+    from storage_delta.commit.lease import open_lease
     from storage_delta.commit.store import StoreRoot
 
     embedded: EmbeddedServer | None = None
@@ -61,11 +62,11 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    local = StoreRoot(settings.data_root).local_path()
-    ownership = Ownership(local, settings.owner_lease_ms / 1000) if local is not None else None
+    root = StoreRoot(settings.data_root, settings.storage_options or None)
+    ownership = Ownership(await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000)
     try:
         while not stop.is_set():
-            if ownership is not None and not await _first(ownership.acquire(), stop.wait()):
+            if not await _first(ownership.acquire(), stop.wait()):
                 break  # stopped while standing by
             if not await _serve_once(settings, ownership, stop):
                 break
@@ -85,12 +86,12 @@ async def _first(work: Coroutine[None, None, object], stop: Coroutine[None, None
     return tasks[0] in done
 
 
-async def _serve_once(settings: Settings, ownership: Ownership | None, stop: asyncio.Event) -> bool:
+async def _serve_once(settings: Settings, ownership: Ownership, stop: asyncio.Event) -> bool:
     """Serve the store until ``stop`` (False) or until it is lost to another gateway (True: stand
-    by again). With ``ownership`` the lease is beaten from before recovery begins."""
+    by again). The lease is beaten from before recovery begins."""
     from gateway.service.gateway import Gateway
 
-    holding = asyncio.create_task(ownership.hold(), name="owner-lease") if ownership is not None else None
+    holding = asyncio.create_task(ownership.hold(), name="owner-lease")
     gateway = Gateway(settings, ownership)
     monitor_task: asyncio.Task[None] | None = None
     uv_server = None
@@ -118,21 +119,17 @@ async def _serve_once(settings: Settings, ownership: Ownership | None, stop: asy
             uv_server = MonitorServer(config)
             monitor_task = asyncio.create_task(uv_server.serve(), name="monitor")
         print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
-        if ownership is None:
-            await stop.wait()
-        else:
-            lost = not await _first(stop.wait(), ownership.lost.wait())
+        lost = not await _first(stop.wait(), ownership.lost.wait())
     finally:
         if uv_server is not None and monitor_task is not None:
             uv_server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor_task
         await gateway.close(lost)
-        if holding is not None:
-            holding.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await holding
-        if ownership is not None and not lost:
+        holding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holding
+        if not lost:
             await ownership.release()
     if lost:
         print("jetlake lost the store to another gateway; standing by", flush=True)

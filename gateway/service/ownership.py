@@ -1,12 +1,13 @@
 """The store lease as a gateway lives it: stand by until it owns the store, hold it, notice the loss.
 
-The protocol is :mod:`storage_delta.commit.owner` (docs/architecture.md, "Several gateways on one
-store"). Here: a standby watches the owner's beat and claims the next epoch once the beat has not
-changed for a whole lease (or names a process of this host that is gone); the owner beats every
-fifth of the lease and steps down when it finds a newer epoch claimed. What it reads from the link
-it serves only while it may still own the store (:meth:`Ownership.fresh`): after a pause
-(``SIGSTOP``, a stalled machine) it answers nothing once it finds a newer epoch claimed.
-None of this is what keeps a stale owner from writing; the fence in every commit is.
+The protocol is :mod:`storage_delta.commit.lease` and :mod:`storage_delta.commit.owner`
+(docs/architecture.md, "Several gateways on one store"). Here: a standby watches the owner's beat
+and claims the next epoch once the beat has not changed for a whole lease (or names a process of
+this host that is gone); the owner beats every fifth of the lease and steps down when it finds a
+newer epoch claimed. What it reads from the link it serves only while it may still own the store
+(:meth:`Ownership.fresh`): after a pause (``SIGSTOP``, a stalled machine) it answers nothing once
+it finds a newer epoch claimed. None of this is what keeps a stale owner from writing; the fence
+in every commit is.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import logging
 import time
 
-from storage_delta.commit.owner import Beat, StoreLease
+from storage_delta.commit.lease import Beat, Lease
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,8 @@ TICKS_PER_LEASE = 5
 class Ownership:
     """One gateway process's part in the lease of a local store root."""
 
-    def __init__(self, root_path: str, lease_s: float) -> None:
-        self.lease = StoreLease(root_path)
+    def __init__(self, lease: Lease, lease_s: float) -> None:
+        self.lease = lease
         self.lease_s = lease_s
         #: The epoch held (0: none yet).
         self.epoch = 0
