@@ -195,6 +195,9 @@ def test_the_owner_fence_holds_on_s3(s3_endpoint: str) -> None:
     new.commit([message("S", 2)], 2)
     with pytest.raises(Fenced):
         old.commit([message("S", 3)], 3)
+    old._appender.hygiene()  # a fresh handle, loaded after the fence: no conflict to meet any more
+    with pytest.raises(Fenced):
+        old.commit([message("S", 3)], 3)
     assert MessageReader(root).read_range("S", 1, 10, 10).column("data").to_pylist() == [b"d1", b"d2"]
 
 

@@ -9,14 +9,19 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.lease import LocalLease
 from storage_delta.commit.owner import OWNER_APP, Fenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import swap_actions
 
 
 def _msg(seq: int) -> StoredMessage:
@@ -43,6 +48,29 @@ def test_a_stale_owner_cannot_commit_after_a_new_epoch_fenced_the_table(tmp_path
         old.last_txn_version()  # nor does the old one read the new one's versions as its own
     assert _rows(tmp_path) == [1, 2]
     assert DeltaTable(str(tmp_path / "messages")).transaction_version(OWNER_APP) == 2
+
+
+def test_a_stale_owners_swap_of_files_is_fenced_too(tmp_path: Path) -> None:
+    """The gateway's compaction swaps files through the same log appender: fenced the same way."""
+    root = StoreRoot(str(tmp_path))
+    old = MessageTable(replace(root, epoch=1))
+    old.commit([_msg(1)], 1)
+    MessageTable(replace(root, epoch=2))
+    live = pa.table(DeltaTable(str(tmp_path / "messages")).get_add_actions(flatten=True)).to_pylist()
+    removes = [
+        RemoveAction(
+            path=f["path"],
+            data_change=False,
+            deletion_timestamp=0,
+            size=f["size_bytes"],
+            partition_values={"stream": "S", "block": "0"},
+        )
+        for f in live
+    ]
+    args: tuple[Any, ...] = ("messages", sch.MESSAGE_TABLE_SCHEMA, sch.MESSAGE_PARTITIONS, removes, [])
+    with pytest.raises(Fenced):
+        swap_actions(replace(root, epoch=1), *args)
+    assert swap_actions(replace(root, epoch=2), *args)
 
 
 def test_a_writer_outside_the_lease_is_not_fenced(tmp_path: Path) -> None:

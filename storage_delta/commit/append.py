@@ -171,6 +171,9 @@ class TableAppender:
             more_txns = [*more_txns, (OWNER_APP, self.epoch)]
         before = self.dt.version()
         for attempt in range(self._retries + 1):
+            # A handle loaded after a newer owner's fence (hygiene's fresh one) commits on top of it
+            # without a conflict: the fence must be looked for in its snapshot first.
+            check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
             try:
                 partitions = list(self.spec.partition_by)
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
