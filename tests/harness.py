@@ -265,9 +265,41 @@ class Jetlake:
         event loop (its ResourceWarnings, which the tests' own process turns into errors)."""
         stop(self.gateway)
         stop(self.server)
-        log = self.workdir / "gateway.log"
-        leaks = [line for line in _read(log).splitlines() if "ResourceWarning" in line]
-        assert not leaks, f"the gateway leaked resources (see {log}):\n" + "\n".join(leaks)
+        assert_no_leaks(self.workdir / "gateway.log")
+
+
+def assert_no_leaks(log: Path) -> None:
+    """A gateway's log names no file, socket, transport or event loop it leaked (ResourceWarning)."""
+    leaks = [line for line in _read(log).splitlines() if "ResourceWarning" in line]
+    assert not leaks, f"the gateway leaked resources (see {log}):\n" + "\n".join(leaks)
+
+
+class Peer:
+    """Another gateway on the same hub and store root, with a log of its own."""
+
+    def __init__(
+        self, gw: Jetlake, name: str, env: dict[str, str] | None = None, leaf_url: str | None = None
+    ) -> None:
+        self.log = gw.workdir / f"{name}.log"
+        command = gw.gateway_command(free_port(), leaf_url)
+        self.proc: subprocess.Popen[bytes] = spawn(
+            command, self.log, env={**os.environ, **(env or {})}, cwd=ROOT
+        )
+
+    def text(self) -> str:
+        return _read(self.log)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        assert_no_leaks(self.log)
+
+
+def wait_log(path: Path, text: str, timeout: float = 30.0) -> None:
+    """Until ``text`` appears in the log of a process (what it says is all a test can see)."""
+    deadline = time.monotonic() + timeout
+    while text not in _read(path):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.05)
 
 
 def _read(path: Path) -> str:

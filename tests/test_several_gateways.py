@@ -27,41 +27,12 @@ from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableEr
 
 from gateway.runtime.embedded import nats_server_binary, server_config
 from storage_delta.commit.store import StoreRoot
-from tests.harness import ROOT, Jetlake, free_port, spawn, stop, wait_port
+from tests.harness import Jetlake, Peer, free_port, spawn, stop, wait_log, wait_port
 
 pytestmark = pytest.mark.slow
 
 #: Each try of a publish waits this long for its PubAck before it is sent again (same Nats-Msg-Id).
 TRY_S = 0.25
-
-
-class Peer:
-    """Another gateway on the same hub and store root, with a log of its own."""
-
-    def __init__(
-        self, gw: Jetlake, name: str, env: dict[str, str] | None = None, leaf_url: str | None = None
-    ) -> None:
-        self.log = gw.workdir / f"{name}.log"
-        command = gw.gateway_command(free_port(), leaf_url)
-        self.proc: subprocess.Popen[bytes] = spawn(
-            command, self.log, env={**os.environ, **(env or {})}, cwd=ROOT
-        )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def stop(self) -> None:
-        stop(self.proc)
-        leaks = [line for line in self.text().splitlines() if "ResourceWarning" in line]
-        assert not leaks, f"the gateway leaked resources (see {self.log}):\n" + "\n".join(leaks)
-
-
-def wait_log(path: Path, text: str, timeout: float = 30.0) -> None:
-    """Until ``text`` appears in the log of a process (what it says is all a test can see)."""
-    deadline = time.monotonic() + timeout
-    while text not in (path.read_text(errors="replace") if path.exists() else ""):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
-        time.sleep(0.05)
 
 
 class Publisher:

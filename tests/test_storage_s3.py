@@ -19,8 +19,8 @@ from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.seal import seal_stream
 from storage_delta.read.reader import MessageReader
-from tests.harness import Jetlake, free_port, stop, wait_port
-from tests.test_several_gateways import Peer, _kill_under_load, wait_log
+from tests.harness import Jetlake, Peer, free_port, stop, wait_log, wait_port
+from tests.test_several_gateways import _kill_under_load
 
 
 @pytest.fixture(scope="module")
