@@ -113,16 +113,22 @@ class Acker:
 
     async def run(self, total: int) -> None:
         while True:
-            if self.seen == self.expected:  # done once the consumer's own state says all are acked
-                ci = await self.js.consumer_info("K", "C", timeout=5)
-                if (ci.num_ack_pending, ci.num_pending, ci.ack_floor.stream_seq) == (0, 0, total):
-                    return
+            if self.seen == self.expected and await self._all_acked(total):
+                return
             try:
                 msgs = await self.sub.fetch(50, timeout=0.5)
             except (TimeoutError, ServiceUnavailableError):  # 503: the hub had no gateway to ask
                 continue
             for msg in msgs:
                 await self._take(msg)
+
+    async def _all_acked(self, total: int) -> bool:
+        """The consumer's own state says every message is acked (False while no gateway answers)."""
+        try:
+            ci = await self.js.consumer_info("K", "C", timeout=1)
+        except (TimeoutError, ServiceUnavailableError, NoRespondersError):
+            return False
+        return (ci.num_ack_pending, ci.num_pending, ci.ack_floor.stream_seq) == (0, 0, total)
 
     async def _take(self, msg: Msg) -> None:
         body = msg.data.decode()
@@ -198,6 +204,7 @@ async def _paused_owner(gw: Jetlake, peer: Peer) -> None:
         await asyncio.to_thread(wait_log, gw.workdir / "gateway.log", "owner of the store as epoch 3")
         info = await js.stream_info("P")
         assert (info.state.messages, info.state.last_seq) == (51, 51)
+        print(f"SIGSTOP of the owner to the next PubAck: {served:.2f} s")
         assert served > 1.0  # the paused owner's lease ran out first: its process was alive
     finally:
         await nc.close()
