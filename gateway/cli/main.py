@@ -48,7 +48,7 @@ async def serve(settings: Settings) -> int:
     from gateway.service.ownership import Ownership
     from storage_delta.commit.lease import open_lease, warm_up
     from storage_delta.commit.store import StoreRoot
-    from storage_delta.format.schema import CATALOG
+    from storage_delta.format.schema import CATALOG, CATALOG_SCHEMA
 
     embedded: EmbeddedServer | None = None
     if settings.embedded:
@@ -65,7 +65,7 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     root = StoreRoot(settings.data_root, settings.storage_options or None)
     ownership = Ownership(await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000)
-    await asyncio.to_thread(warm_up, root, CATALOG)
+    await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
     try:
         while not stop.is_set():
             if not await _first(ownership.acquire(), stop.wait()):

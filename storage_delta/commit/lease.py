@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 from abc import ABC, abstractmethod
@@ -35,7 +36,10 @@ from storage_delta.commit.store import (
     commit_adds,
     open_existing,
     open_or_create,
+    read_checked,
 )
+
+log = logging.getLogger(__name__)
 
 LEASE_DIR = "_jetlake_owner"
 BEATS_DIR = "_jetlake_owner_beats"
@@ -206,13 +210,17 @@ class ObjectStoreLease(Lease):
             return None
 
 
-def warm_up(root: StoreRoot, table: str) -> None:
-    """Read ``table`` once, changing nothing: a process's first delta-rs load and parquet read cost
-    hundreds of milliseconds of set-up (thread pools, lazy initialisation) that a standby pays
-    while it waits rather than during a takeover."""
-    dt = open_existing(root, table)
-    if dt is not None:
-        dt.to_pyarrow_table()
+def warm_up(root: StoreRoot, table: str, schema: pa.Schema) -> None:
+    """Read the unpartitioned ``table`` once, changing nothing: a process's first delta-rs load and
+    parquet read cost hundreds of milliseconds of set-up (thread pools, lazy initialisation) that a
+    standby pays while it waits rather than during a takeover. Each file is checked before it is
+    read (``read_checked``): a damaged one is skipped here and reported by the start's check."""
+    try:
+        dt = open_existing(root, table)
+        if dt is not None:
+            read_checked(root, dt, table, schema)
+    except Exception:  # a damaged log entry: the start's check reports it, or rewrites it
+        log.info("warm-up read of %s failed; the check at start looks at it", table, exc_info=True)
 
 
 def open_lease(root: StoreRoot) -> Lease:
