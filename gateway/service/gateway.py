@@ -183,9 +183,6 @@ class Gateway:
         leaf.subscribe("$JS.ACK.>")
         leaf.subscribe("$JS.FC.>")
         core = Core(leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots)
-        if self.ownership is not None:
-            leaf.admits = self.ownership.fresh
-            writer.loop.on_fenced = acklog.loop.on_fenced = self._fenced
         self.tasks.own(dispatcher.api_worker(), "api-worker")
         self.tasks.own(delivery.ticker(), "consumer-timer")
         self.tasks.own(recorder.run(publish), "removals")
@@ -205,6 +202,9 @@ class Gateway:
         self.core = core
         self.sourcing = sourcing
         sourcing.start()
+        if self.ownership is not None:  # before the link reads: nothing served, nothing committed unfenced
+            leaf.admits = self.ownership.fresh
+            writer.loop.on_fenced = acklog.loop.on_fenced = self._fenced
         await leaf.start(dispatcher)
 
     async def _recover(
