@@ -201,10 +201,10 @@ class Gateway:
             self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         self.sourcing = sourcing
-        sourcing.start()
-        if self.ownership is not None:  # before the link reads: nothing served, nothing committed unfenced
+        if self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = self._fenced
+        sourcing.start()
         await leaf.start(dispatcher)
 
     async def _recover(
