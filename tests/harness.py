@@ -190,31 +190,33 @@ class Jetlake:
             stop(self.server)
             raise
 
+    def gateway_command(self, monitor_port: int, leaf_url: str | None = None) -> list[str]:
+        """``jetlake serve`` attached to this server's leafnode port (or ``leaf_url``), on this
+        store root."""
+        return [
+            sys.executable,
+            # printed to gateway.log, which ``stop`` reads: a leak in the gateway fails the test
+            "-W",
+            "default::ResourceWarning",
+            "-m",
+            "gateway",
+            "serve",
+            "--nats-url",
+            leaf_url or self.leaf_url,
+            "--data-root",
+            str(self.data_root),
+            "--domain",
+            self.domain,
+            "--monitor-port",
+            str(monitor_port),
+        ]
+
     def start_gateway(
         self, extra_env: dict[str, str] | None = None, ready_s: float = 60.0, wait: bool = True
     ) -> None:
         env = {**os.environ, **self.gateway_env, **(extra_env or {})}
         self.gateway = spawn(
-            [
-                sys.executable,
-                # printed to gateway.log, which ``stop`` reads: a leak in the gateway fails the test
-                "-W",
-                "default::ResourceWarning",
-                "-m",
-                "gateway",
-                "serve",
-                "--nats-url",
-                self.leaf_url,
-                "--data-root",
-                str(self.data_root),
-                "--domain",
-                self.domain,
-                "--monitor-port",
-                str(self.monitor_port),
-            ],
-            self.workdir / "gateway.log",
-            env=env,
-            cwd=ROOT,
+            self.gateway_command(self.monitor_port), self.workdir / "gateway.log", env=env, cwd=ROOT
         )
         if wait:
             try:
@@ -263,9 +265,41 @@ class Jetlake:
         event loop (its ResourceWarnings, which the tests' own process turns into errors)."""
         stop(self.gateway)
         stop(self.server)
-        log = self.workdir / "gateway.log"
-        leaks = [line for line in _read(log).splitlines() if "ResourceWarning" in line]
-        assert not leaks, f"the gateway leaked resources (see {log}):\n" + "\n".join(leaks)
+        assert_no_leaks(self.workdir / "gateway.log")
+
+
+def assert_no_leaks(log: Path) -> None:
+    """A gateway's log names no file, socket, transport or event loop it leaked (ResourceWarning)."""
+    leaks = [line for line in _read(log).splitlines() if "ResourceWarning" in line]
+    assert not leaks, f"the gateway leaked resources (see {log}):\n" + "\n".join(leaks)
+
+
+class Peer:
+    """Another gateway on the same hub and store root, with a log of its own."""
+
+    def __init__(
+        self, gw: Jetlake, name: str, env: dict[str, str] | None = None, leaf_url: str | None = None
+    ) -> None:
+        self.log = gw.workdir / f"{name}.log"
+        command = gw.gateway_command(free_port(), leaf_url)
+        self.proc: subprocess.Popen[bytes] = spawn(
+            command, self.log, env={**os.environ, **(env or {})}, cwd=ROOT
+        )
+
+    def text(self) -> str:
+        return _read(self.log)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        assert_no_leaks(self.log)
+
+
+def wait_log(path: Path, text: str, timeout: float = 30.0) -> None:
+    """Until ``text`` appears in the log of a process (what it says is all a test can see)."""
+    deadline = time.monotonic() + timeout
+    while text not in _read(path):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.05)
 
 
 def _read(path: Path) -> str:

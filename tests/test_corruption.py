@@ -326,7 +326,8 @@ def test_a_log_entry_with_a_cut_tail_is_rebuilt_from_its_data_file(store: Jetlak
         assert healthz(store) == (200, {"status": "ok"})
         log_text = (store.workdir / "gateway.log").read_text()
         assert f"damaged log entry {entry}" in log_text
-        assert f"rewrote {entry}: damaged lines [3], of them dropped []" in log_text
+        # line 4, the add: after the commitInfo and the txns of the commit and of the owner epoch
+        assert f"rewrote {entry}: damaged lines [4], of them dropped []" in log_text
         assert (store.data_root / "messages" / "_jetlake_quarantine" / entry.name).read_bytes() == (
             original[: original.index(path.name.encode()) + len(path.name) + 40]
         )

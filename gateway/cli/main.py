@@ -9,15 +9,19 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.cli import inspect as inspect_cli
 from gateway.cli import repair as repair_cli
 from gateway.runtime.settings import LOADER, Settings
 from spark_jobs import cli as jobs_cli
 from storage_delta.format.settings import SettingsError
+
+if TYPE_CHECKING:
+    from gateway.service.ownership import Ownership
 
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -38,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
 async def serve(settings: Settings) -> int:
     # Imported here so the inspection commands start without loading the storage engine.
     from gateway.runtime.embedded import EmbeddedServer
-    from gateway.service.gateway import Gateway
+
+    # Loaded before standing by, not at takeover: importing the storage engine takes most of a second.
+    from gateway.service.gateway import Gateway  # noqa: F401
+    from gateway.service.ownership import Ownership
+    from storage_delta.commit.lease import open_lease, warm_up
+    from storage_delta.commit.store import StoreRoot
+    from storage_delta.format.schema import CATALOG, CATALOG_SCHEMA
 
     embedded: EmbeddedServer | None = None
     if settings.embedded:
@@ -49,13 +59,45 @@ async def serve(settings: Settings) -> int:
         await embedded.start()
         settings = replace(settings, nats_url=embedded.leaf_url)
         log.info("embedded nats-server: clients connect to %s", embedded.client_url)
-    gateway = Gateway(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    root = StoreRoot(settings.data_root, settings.storage_options or None)
+    ownership = Ownership(await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000)
+    await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
+    try:
+        while not stop.is_set():
+            if not await _first(ownership.acquire(), stop.wait()):
+                break  # stopped while standing by
+            if not await _serve_once(settings, ownership, stop):
+                break
+    finally:
+        if embedded is not None:
+            await embedded.stop()
+    return 0
+
+
+async def _first(work: Coroutine[None, None, object], stop: Coroutine[None, None, object]) -> bool:
+    """Run ``work`` until it or ``stop`` finishes; True when ``work`` did."""
+    tasks = [asyncio.create_task(work), asyncio.create_task(stop)]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return tasks[0] in done
+
+
+async def _serve_once(settings: Settings, ownership: Ownership, stop: asyncio.Event) -> bool:
+    """Serve the store until ``stop`` (False) or until it is lost to another gateway (True: stand
+    by again). The lease is beaten from before recovery begins."""
+    from gateway.service.gateway import Gateway
+
+    holding = asyncio.create_task(ownership.hold(), name="owner-lease")
+    gateway = Gateway(settings, ownership)
     monitor_task: asyncio.Task[None] | None = None
     uv_server = None
+    lost = False
     try:
         await gateway.start()
         _tune_gc()
@@ -79,16 +121,21 @@ async def serve(settings: Settings) -> int:
             uv_server = MonitorServer(config)
             monitor_task = asyncio.create_task(uv_server.serve(), name="monitor")
         print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
-        await stop.wait()
+        lost = not await _first(stop.wait(), ownership.lost.wait())
     finally:
         if uv_server is not None and monitor_task is not None:
             uv_server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor_task
-        await gateway.close()
-        if embedded is not None:
-            await embedded.stop()
-    return 0
+        await gateway.close(lost)
+        holding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holding
+        if not lost:
+            await ownership.release()
+    if lost:
+        print("jetlake lost the store to another gateway; standing by", flush=True)
+    return lost
 
 
 def _tune_gc() -> None:

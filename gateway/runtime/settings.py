@@ -82,6 +82,11 @@ class Settings:
         "compact the ack log (fold rows at or below each consumer's ack floor) after this many rows; "
         "0: never",
     )
+    owner_lease_ms: int = setting(
+        1000,
+        "several gateways on one local store root: how long the owner's beat may stay unchanged "
+        "before a standby takes the store over (docs/architecture.md, *Several gateways on one store*)",
+    )
     index_snapshot_interval_ms: int = setting(
         10_000,
         "how often the gateway looks for streams due an index snapshot "

@@ -38,9 +38,11 @@ from gateway.handlers.streams import StreamApi
 from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
+from gateway.service.ownership import Ownership
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
 from storage_delta.commit.durable import Unsynced, flush_every
+from storage_delta.commit.owner import Fenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
@@ -73,8 +75,11 @@ class Core:
 
 
 class Gateway:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, ownership: Ownership | None = None) -> None:
+        """``ownership``: the lease this gateway holds the store under (its epoch fences every
+        table it writes); None for a root outside the lease (an object store)."""
         self.settings = settings
+        self.ownership = ownership
         sync_s = settings.sync_seconds
         local = StoreRoot(settings.data_root).local_path() is not None
         #: Seconds between two flushes of what the commits of a local root wrote without syncing
@@ -85,6 +90,7 @@ class Gateway:
             settings.storage_options or None,
             fsync=sync_s is None,
             unsynced=Unsynced() if self.flush_s is not None else None,
+            epoch=ownership.epoch if ownership is not None else None,
         )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.tasks = TaskOwner()
@@ -218,6 +224,9 @@ class Gateway:
             self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         self.sourcing = sourcing
+        if self.ownership is not None:  # before anything is copied, read or committed
+            leaf.admits = self.ownership.fresh
+            writer.loop.on_fenced = acklog.loop.on_fenced = self._fenced
         sourcing.start()
         await leaf.start(dispatcher)
 
@@ -287,9 +296,27 @@ class Gateway:
             if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
                 stream.restore_lost(d.file.min_seq, d.file.max_seq)
 
-    async def close(self) -> None:
-        """Stop taking work, finish the commit in flight and answer what is owed, then stop."""
+    def step_down(self) -> None:
+        """The store was lost: answer nothing from now on (the link is cut, so the hub drops this
+        gateway's interest and the new owner answers alone). :meth:`close` follows."""
+        if self.core is not None:
+            self.core.leaf.cut()
+
+    def _fenced(self, exc: Fenced) -> None:
+        """A commit met a newer owner's epoch: step down before its waiters hear of the failure,
+        so that no PubAck or error goes out for what this gateway did not commit."""
+        log.error("fenced: %s; stepping down", exc)
+        self.step_down()
+        if self.ownership is not None:
+            self.ownership.lost.set()
+
+    async def close(self, lost: bool = False) -> None:
+        """Stop taking work, finish the commit in flight and answer what is owed, then stop.
+        ``lost``: the store has another owner; what is queued fails or lands before its fence, and
+        nothing that only the owner may write (removals, index snapshots) is written."""
         core = self.core
+        if lost:
+            self.step_down()
         if self.sourcing is not None:
             self.sourcing.close()  # no copy starts after this; the ones in flight finish or fail
         if core is not None:
@@ -298,15 +325,14 @@ class Gateway:
                     core.leaf.unsubscribe(subject)
             core.publish.close()
             await core.writer.close()
+            if not lost:
+                await self._leave_state(core)
             try:
-                await core.recorder.flush()  # limit removals; recovery would re-derive them anyway
-            except Exception:
-                log.exception("recording removals at shutdown failed")
-            try:
-                await core.snapshots.take(every_changed=True)  # the next start reads little
-            except Exception:
-                log.exception("writing index snapshots at shutdown failed")
-            await core.acklog.close()
+                await core.acklog.close()
+            except Fenced:
+                if not lost:
+                    raise
+                log.info("the ack log's last commits were fenced")
             await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.root.unsynced is not None:  # a clean stop leaves nothing unsynced, whatever the interval
@@ -314,6 +340,18 @@ class Gateway:
         if core is not None:
             await core.leaf.close()
         self.executor.shutdown(wait=True)
+
+    @staticmethod
+    async def _leave_state(core: Core) -> None:
+        """At a clean stop of the owner: the removals and index snapshots the next start reads."""
+        try:
+            await core.recorder.flush()  # limit removals; recovery would re-derive them anyway
+        except Exception:
+            log.exception("recording removals at shutdown failed")
+        try:
+            await core.snapshots.take(every_changed=True)  # the next start reads little
+        except Exception:
+            log.exception("writing index snapshots at shutdown failed")
 
     def health(self) -> list[str]:
         """What is broken inside a running gateway (empty: nothing): a background task that died,

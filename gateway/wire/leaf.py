@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.runtime.signals import Signal
@@ -82,6 +83,10 @@ class Interest:
         return (subject, group) in self._entries
 
 
+def _always() -> bool:
+    return True
+
+
 class LinkHandler(Protocol):
     """What the link hands over, in the order it reads it (the service's dispatcher)."""
 
@@ -135,6 +140,10 @@ class LeafConnection:
         self._out: list[bytes] = []  # frames written this event-loop turn, sent by ``_flush``
         self._flush_scheduled = False
         self._out_bytes = 0
+        #: Whether what the link reads may be served now. While it says no, messages and acks are
+        #: dropped as read (control frames are still handled): a gateway that cannot be sure it
+        #: still owns the store answers nothing (its clients time out and retry).
+        self.admits: Callable[[], bool] = _always
 
     @property
     def connected(self) -> bool:
@@ -232,12 +241,15 @@ class LeafConnection:
             data = await reader.read(1 << 20)
             if not data:
                 raise ConnectionError("server closed the connection")
+            serving = self.admits()
             try:
                 for frame in parser.feed(data):
                     if type(frame) is proto.Msg:
-                        on_msg(frame)
+                        if serving:
+                            on_msg(frame)
                     elif type(frame) is proto.AckRun:
-                        on_acks(frame.acks)
+                        if serving:
+                            on_acks(frame.acks)
                     else:
                         up = self._on_control(frame, writer, up)
             finally:
@@ -348,6 +360,15 @@ class LeafConnection:
         if self.backlogged():
             assert self._writer is not None
             await self._writer.drain()
+
+    def cut(self) -> None:
+        """Stop at once: nothing queued or written later goes out, the connection is aborted (the
+        hub drops its interest, so another gateway's answers are the only ones) and no reconnect
+        follows. For a gateway that lost the store; :meth:`close` still awaits the task."""
+        self._closing = True
+        self._out, self._out_bytes = [], 0
+        if self._writer is not None:
+            self._writer.transport.abort()
 
     async def close(self) -> None:
         self._closing = True

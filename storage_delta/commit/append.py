@@ -34,6 +34,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -77,8 +78,12 @@ class TableAppender:
         self.app_id = app_id
         self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
         local = root.local_path()
+        #: The owner epoch of the store's lease this appender writes under (None: outside it).
+        self.epoch = root.epoch if app_id is not None else None
         self._local = (
-            LocalLogAppender(f"{local}/{spec.name}", self.dt.version() + 1, root.fsync, root.unsynced)
+            LocalLogAppender(
+                f"{local}/{spec.name}", self.dt.version() + 1, root.fsync, root.unsynced, self.epoch
+            )
             if local is not None and app_id is not None and blind_appends_allowed(self.dt)
             else None
         )
@@ -88,13 +93,27 @@ class TableAppender:
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
         self._hygiene_running: Future[None] | None = None
+        if self.epoch is not None:
+            self._fence(self.epoch)
         self._landed = self.committed_version()
 
+    def _fence(self, epoch: int) -> None:
+        """Commit the owner epoch ``epoch`` alone, before anything of the table is read to recover:
+        a writer of an older epoch meets it on its way to any later version and stops
+        (:mod:`storage_delta.commit.owner`)."""
+        if self._local is not None:
+            self._local.append([], (OWNER_APP, epoch))
+        else:
+            self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
+
     def committed_version(self) -> int:
-        """The newest version of this appender's app id the table holds (0 before the first)."""
+        """The newest version of this appender's app id the table holds (0 before the first).
+        :class:`~storage_delta.commit.owner.Fenced` when a newer owner holds the table: its
+        versions are not ours, so they must not be taken for commits of ours that landed."""
         if self.app_id is None:
             return 0
         catch_up(self.dt)
+        check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
         return self.dt.transaction_version(self.app_id) or 0
 
     def transaction_version(self, app_id: str) -> int:
@@ -136,6 +155,7 @@ class TableAppender:
                 # Someone changed the table beyond what a blind append may assume: look again, and
                 # let delta-rs judge it from now on unless it still allows blind appends.
                 catch_up(self.dt)
+                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
                     self._local.append(adds, (self.app_id, version), more_txns)
@@ -147,8 +167,13 @@ class TableAppender:
         self, adds: list[AddAction], version: int | None, more_txns: Sequence[tuple[str, int]]
     ) -> None:
         txn = (self.app_id, version) if self.app_id is not None and version is not None else None
+        if self.epoch is not None and not any(app == OWNER_APP for app, _ in more_txns):
+            more_txns = [*more_txns, (OWNER_APP, self.epoch)]
         before = self.dt.version()
         for attempt in range(self._retries + 1):
+            # A handle loaded after a newer owner's fence (hygiene's fresh one) commits on top of it
+            # without a conflict: the fence must be looked for in its snapshot first.
+            check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
             try:
                 partitions = list(self.spec.partition_by)
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
@@ -158,6 +183,7 @@ class TableAppender:
                 break
             except CommitConflict:
                 catch_up(self.dt)
+                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
                     break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:

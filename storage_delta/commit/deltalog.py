@@ -31,6 +31,7 @@ from typing import Any
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.durable import Unsynced, fsync_path
+from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.format.integrity import LINES_KEY, lines_digest
 
 #: Writer protocol this appender understands; a table that asks for more is left to delta-rs.
@@ -94,8 +95,16 @@ class LocalLogAppender:
     """
 
     def __init__(
-        self, table_path: str, next_version: int, sync: bool = True, unsynced: Unsynced | None = None
+        self,
+        table_path: str,
+        next_version: int,
+        sync: bool = True,
+        unsynced: Unsynced | None = None,
+        owner: int | None = None,
     ) -> None:
+        #: The owner epoch this writer commits under: carried by each commit, and a commit met on
+        #: the way to a free version with a higher one stops it (:class:`~storage_delta.commit.owner.Fenced`).
+        self.owner = owner
         #: Whether a commit is on stable storage when it returns (``sync_interval`` ``always``).
         self.sync = sync
         #: Without ``sync``: where a linked entry is noted for the flusher (a duration interval).
@@ -119,9 +128,13 @@ class LocalLogAppender:
         the blind append (:class:`UnsupportedTable`).
         """
         now = int(time.time() * 1000)
+        fence = [(OWNER_APP, self.owner)] if self.owner is not None and txn[0] != OWNER_APP else []
         lines = [
             commit_info("WRITE", True, now),
-            *({"txn": {"appId": app, "version": v, "lastUpdated": now}} for app, v in [txn, *more_txns]),
+            *(
+                {"txn": {"appId": app, "version": v, "lastUpdated": now}}
+                for app, v in [txn, *more_txns, *fence]
+            ),
             *(add_line(a) for a in adds),
         ]
         return self._claim(lines, lambda version: self._landed_or_check(version, txn))
@@ -178,13 +191,19 @@ class LocalLogAppender:
             os.unlink(tmp)
 
     def _actions(self, version: int) -> Iterator[dict[str, Any]]:
-        """Another writer's commit, action by action; a protocol or metadata change stops us."""
+        """Another writer's commit, action by action; a protocol or metadata change stops us, and
+        so does a newer owner's epoch (before anything in the commit is taken for ours: a new
+        owner's txn versions may equal the ones we are committing)."""
         with open(commit_path(self.log_dir, version), "rb") as fh:
-            for raw in fh:
-                action = json.loads(raw)
-                if "protocol" in action or "metaData" in action:
-                    raise UnsupportedTable(f"version {version} changed the table's protocol or schema")
-                yield action
+            actions = [json.loads(raw) for raw in fh]
+        for action in actions:
+            t = action.get("txn")
+            if t is not None and t.get("appId") == OWNER_APP:
+                check_epoch(int(t.get("version", 0)), self.owner)
+        for action in actions:
+            if "protocol" in action or "metaData" in action:
+                raise UnsupportedTable(f"version {version} changed the table's protocol or schema")
+            yield action
 
     def _landed_or_check(self, version: int, txn: tuple[str, int]) -> bool:
         """True when another writer's commit holds our ``txn`` (so ours is already committed)."""

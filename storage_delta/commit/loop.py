@@ -17,7 +17,10 @@ commit is retried), not the rules. The rules (docs/storage.md):
   :class:`CommitLoopDied`), logs what broke, counts a restart and starts over from what the table
   holds; if the table cannot say (reading it fails too), the loop stops for good, loudly, and fails
   everything it holds; if its task ends any other way than :meth:`close`, a done-callback fails the
-  waiters.
+  waiters;
+* **a fenced writer stops** (:class:`~storage_delta.commit.owner.Fenced`: a newer owner of the store
+  committed meanwhile): nothing is retried and no landed check is trusted (the new owner's versions
+  are not ours); ``on_fenced`` hears of it first, then everything held fails with the error.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Generic, TypeVar
 
+from storage_delta.commit.owner import Fenced
 from storage_delta.commit.stats import BATCH_SIZE_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,8 @@ class CommitLoop(Generic[Row]):
         self._on_failure = on_failure
         self._committed = committed
         self._drained = drained
+        #: Told first when a commit finds the writer fenced (set by the owner of the store's lease).
+        self.on_fenced: Callable[[Fenced], None] | None = None
         self._linger_s = linger_s
         self._gather_rows = gather_rows
         self._retry_s = retry_s
@@ -170,22 +176,28 @@ class CommitLoop(Generic[Row]):
             while not (self._closed and not self.pending and not self._waiters):
                 try:
                     await self._cycle()
-                except OutcomeUnknown:
+                except (OutcomeUnknown, Fenced):
                     raise
                 except Exception as exc:  # the loop's own fault, not a failed commit (handled)
                     log.exception("%s commit loop broke; failing its waiters and starting over", self.name)
                     self.restarts += 1
                     await self._recover(CommitLoopDied(f"{self.name} commit loop broke: {exc!r}"))
-        except OutcomeUnknown as exc:
+        except (OutcomeUnknown, Fenced) as exc:
             self._stop(exc)
 
-    def _stop(self, exc: OutcomeUnknown) -> None:
-        """Whether a commit landed cannot be known: the loop stops for good (loudly: the log,
-        ``running`` False, ``/healthz``). Everything it held fails and its owner rolls back, which
-        is safe only because nothing is taken any more; a restart reads what landed."""
+    def _stop(self, exc: OutcomeUnknown | Fenced) -> None:
+        """Whether a commit landed cannot be known, or the writer was fenced: the loop stops for
+        good (loudly: the log, ``running`` False, ``/healthz``). Everything it held fails and its
+        owner rolls back, which is safe only because nothing is taken any more; a restart (or the
+        new owner) reads what landed."""
         log.error("%s commit loop stops: %s", self.name, exc, exc_info=exc.__cause__)
         self._closed = True
         broken, self._batch = self._batch, []
+        if isinstance(exc, Fenced):
+            if self.on_fenced is not None:
+                self.on_fenced(exc)  # first: the owner stops answering before waiters hear
+            self._fail(broken, exc)
+            return
         self._fail(broken, CommitLoopDied(f"{self.name} commit loop stopped: {exc}"))
 
     async def _cycle(self) -> None:
@@ -232,6 +244,8 @@ class CommitLoop(Generic[Row]):
             try:
                 await loop.run_in_executor(self._executor, self._commit_rows, batch, version)
                 break
+            except Fenced:
+                raise
             except Exception as exc:
                 landed = await self._landed()
                 if landed >= version:
@@ -258,6 +272,8 @@ class CommitLoop(Generic[Row]):
         """The newest version the table holds; :class:`OutcomeUnknown` when it cannot say."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._committed_version)
+        except Fenced:
+            raise
         except Exception as exc:
             raise OutcomeUnknown("the table cannot say which commits landed") from exc
 

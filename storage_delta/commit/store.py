@@ -52,6 +52,10 @@ class StoreRoot:
     #: what ``unsynced`` noted.
     fsync: bool = True
     unsynced: Unsynced | None = field(default=None, compare=False)
+    #: The owner epoch a gateway holds the store under (:mod:`storage_delta.commit.owner`): its
+    #: appenders fence every table first and refuse to commit once a newer epoch is there. None:
+    #: a writer outside the lease (jobs, tools, an object-store root).
+    epoch: int | None = None
 
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"

@@ -35,6 +35,7 @@ from storage_delta.commit.deltalog import (
     LocalLogAppender,
     UnsupportedTable,
 )
+from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -218,12 +219,16 @@ def swap_actions(
         dt = open_existing(root, table)
         if dt is None or not wanted <= _live_paths(dt):
             return False
+    # A gateway's swap (its compaction) stops at a newer owner's fence like its appends: one in the
+    # version planned on, or (below) one among the commits landed since.
+    check_epoch(dt.transaction_version(OWNER_APP) or 0, root.epoch)
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
-            LocalLogAppender(f"{local}/{table}", dt.version() + 1, root.fsync, root.unsynced).swap(
-                removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE"
+            appender = LocalLogAppender(
+                f"{local}/{table}", dt.version() + 1, root.fsync, root.unsynced, root.epoch
             )
+            appender.swap(removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE")
             return True
         except ConcurrentRemoval as exc:
             log.info("swap abandoned: %s", exc)
@@ -231,7 +236,7 @@ def swap_actions(
         except UnsupportedTable:
             catch_up(dt)  # delta-rs's commit judges the new protocol
     before = dt.version()
-    swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries)
+    swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries, root.epoch)
     if swapped and root.local_path() is not None:
         catch_up(dt)
         root.settle_log_entries(table, before + 1, dt.version())
@@ -249,10 +254,13 @@ def _swap_delta_rs(
     actions: list[AddAction | RemoveAction],
     wanted: set[str],
     retries: int,
+    epoch: int | None = None,
 ) -> bool:
-    """The swap through delta-rs's commit (object stores), retrying races lost to appends."""
+    """The swap through delta-rs's commit (object stores), retrying races lost to appends; a
+    newer owner's epoch in the version caught up to stops it (``epoch``: the writer's)."""
     version = (dt.transaction_version(APP_ID) or 0) + 1
     for attempt in range(retries + 1):
+        check_epoch(dt.transaction_version(OWNER_APP) or 0, epoch)
         if not wanted <= _live_paths(dt):
             return False
         try:

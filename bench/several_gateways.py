@@ -1,0 +1,135 @@
+"""``several_gateways`` (#19): aggregate ingest of several streams over one gateway and over two
+gateways on one store (one owns it, the other stands by), then the handover after ``kill -9`` of the
+owner, from the kill to the next PubAck, a few times in a row.
+
+One gateway owns the whole store, so the second adds availability, not throughput: the two ingest
+figures should be the same, and the handover is what the second buys.
+
+    python -m bench.several_gateways [--streams 4] [--publishers 4] [--seconds 10] [--handovers 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError
+
+from tests.harness import Jetlake, Peer, stop, wait_log
+
+Result = dict[str, Any]
+
+
+async def ingest(url: str, streams: int, publishers: int, seconds: float) -> float:
+    """Messages a second acknowledged while ``publishers`` per stream publish (each awaiting its
+    PubAck) for ``seconds``."""
+    async with await nats.connect(url) as nc:
+        js = nc.jetstream()
+        for s in range(streams):
+            await js.add_stream(name=f"I{s}", subjects=[f"i{s}.>"])
+        acked = 0
+        deadline = time.monotonic() + seconds
+
+        async def publisher(stream: int) -> None:
+            nonlocal acked
+            payload = b"x" * 128
+            while time.monotonic() < deadline:
+                await js.publish(f"i{stream}.x", payload)
+                acked += 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(publisher(s) for s in range(streams) for _ in range(publishers)))
+        return acked / (time.monotonic() - started)
+
+
+async def next_ack_after(url: str, kill: Callable[[], None]) -> float:
+    """Seconds from ``kill()`` returning (the owner is dead) to the first PubAck of a publish
+    retried with one ``Nats-Msg-Id``."""
+    async with await nats.connect(url) as nc:
+        js = nc.jetstream()
+        await js.add_stream(name="H", subjects=["h.>"], duplicate_window=120)
+        await js.publish("h.x", b"before")
+        await asyncio.to_thread(kill)
+        killed = time.monotonic()
+        while True:
+            try:
+                await js.publish("h.x", b"after", headers={"Nats-Msg-Id": f"h{killed}"}, timeout=0.25)
+                return time.monotonic() - killed
+            except (NatsTimeout, NoRespondersError, NoStreamResponseError):
+                await asyncio.sleep(0.01)
+
+
+def one_gateway(work: Path, streams: int, publishers: int, seconds: float) -> float:
+    gw = Jetlake(work)
+    gw.start()
+    try:
+        return asyncio.run(ingest(gw.url, streams, publishers, seconds))
+    finally:
+        gw.stop()
+
+
+def two_gateways(work: Path, streams: int, publishers: int, seconds: float, handovers: int) -> Result:
+    gw = Jetlake(work)
+    gw.start()
+    peers = [Peer(gw, "gateway-1")]
+    try:
+        wait_log(peers[0].log, "standing by: epoch 1 holds the store")
+        rate = asyncio.run(ingest(gw.url, streams, publishers, seconds))
+        gaps = []
+        owner = gw.gateway
+        for epoch in range(2, handovers + 2):
+            assert owner is not None
+            gaps.append(asyncio.run(next_ack_after(gw.url, partial(stop, owner, signal.SIGKILL))))
+            taker = next(p for p in peers if f"owner of the store as epoch {epoch}" in p.text())
+            owner = taker.proc
+            peers.append(Peer(gw, f"gateway-{epoch}"))  # the next standby
+            wait_log(peers[-1].log, f"standing by: epoch {epoch} holds the store")
+            asyncio.run(_drop_stream(gw.url, "H"))
+        return {
+            "msgs_per_s": round(rate),
+            "handover_s": [round(g, 2) for g in gaps],
+            "handover_median_s": round(statistics.median(gaps), 2),
+        }
+    finally:
+        for peer in peers:
+            stop(peer.proc)
+        gw.stop()
+
+
+async def _drop_stream(url: str, name: str) -> None:
+    async with await nats.connect(url) as nc:
+        await nc.jetstream().delete_stream(name)
+
+
+def run(work: Path, streams: int, publishers: int, seconds: float, handovers: int) -> Result:
+    out: Result = {"workload": "several_gateways", "streams": streams, "publishers_per_stream": publishers}
+    out["one_gateway_msgs_per_s"] = round(one_gateway(work / "one", streams, publishers, seconds))
+    out["two_gateways"] = two_gateways(work / "two", streams, publishers, seconds, handovers)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--publishers", type=int, default=4, help="per stream")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--handovers", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(run(Path(tmp), args.streams, args.publishers, args.seconds, args.handovers)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The store lease as a gateway lives it: stand by until it owns the store, hold it, notice the loss.
+
+The protocol is :mod:`storage_delta.commit.lease` and :mod:`storage_delta.commit.owner`
+(docs/architecture.md, "Several gateways on one store"). Here: a standby watches the owner's beat
+and claims the next epoch once the beat has not changed for a whole lease (or names a process of
+this host that is gone); the owner beats every fifth of the lease and steps down when it finds a
+newer epoch claimed. What it reads from the link it serves only while it may still own the store
+(:meth:`Ownership.fresh`): after a pause (``SIGSTOP``, a stalled machine) it answers nothing once
+it finds a newer epoch claimed. None of this is what keeps a stale owner from writing; the fence
+in every commit is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from storage_delta.commit.lease import Beat, Lease
+
+log = logging.getLogger(__name__)
+
+#: Lease checks and beats per lease.
+TICKS_PER_LEASE = 5
+
+
+class Ownership:
+    """One gateway process's part in the lease of a local store root."""
+
+    def __init__(self, lease: Lease, lease_s: float) -> None:
+        self.lease = lease
+        self.lease_s = lease_s
+        #: The epoch held (0: none yet).
+        self.epoch = 0
+        #: Set when the store was lost (a newer epoch, or a commit that was fenced).
+        self.lost = asyncio.Event()
+        self._beaten = 0.0  # time.monotonic() of the last beat
+
+    async def acquire(self) -> int:
+        """Stand by until this process claims an epoch; returns it."""
+        seen: tuple[int, Beat | None] | None = None
+        since = time.monotonic()
+        while True:
+            current = await asyncio.to_thread(self.lease.current)
+            beat = await asyncio.to_thread(self.lease.read_beat, current) if current else None
+            if (current, beat) != seen:
+                if seen is None and current and not self.lease.holder_gone(beat):
+                    log.info("standing by: epoch %d holds the store", current)
+                seen, since = (current, beat), time.monotonic()
+            free = not current or self.lease.holder_gone(beat) or time.monotonic() - since >= self.lease_s
+            if free and await asyncio.to_thread(self.lease.claim, current + 1):
+                self.epoch = current + 1
+                self._beaten = time.monotonic()
+                self.lost.clear()
+                log.info("owner of the store as epoch %d", self.epoch)
+                return self.epoch
+            await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
+
+    async def hold(self) -> None:
+        """Beat while no newer epoch is claimed; then set :attr:`lost` and return."""
+        while True:
+            await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
+            current = await asyncio.to_thread(self.lease.current)
+            if current != self.epoch:
+                log.warning("epoch %d took the store over from epoch %d; stepping down", current, self.epoch)
+                self.lost.set()
+                return
+            await asyncio.to_thread(self.lease.beat, self.epoch)
+            self._beaten = time.monotonic()
+
+    def fresh(self) -> bool:
+        """Whether what the link reads may be served: the last beat is less than a lease old (no
+        standby can have taken over), or, when it is older (a pause, a stalled loop), no newer
+        epoch is claimed yet (a look at the lease directory, on this slow path only; a lone gateway
+        whose beat was late keeps serving). A newer epoch found here means the store is lost."""
+        if self.lost.is_set():
+            return False
+        if time.monotonic() - self._beaten < self.lease_s:
+            return True
+        if self.lease.current() != self.epoch:
+            self.lost.set()
+            return False
+        return True
+
+    async def release(self) -> None:
+        """A clean stop: a standby may take over at once."""
+        if self.epoch and not self.lost.is_set():
+            await asyncio.to_thread(self.lease.beat, self.epoch, True)

@@ -1,0 +1,231 @@
+"""The owner lease of a store root: who should own it, and since when no one has heard from them.
+
+Each epoch has exactly one claimant (a put-if-absent); the owner beats, replacing a small beat
+record every fraction of the lease; a standby claims the next epoch when the beat has not changed
+for a whole lease by its own clock, or at once when the beat says the owner released the store or
+names a process of the standby's own host that is gone. The lease only decides *when* to take
+over; the fence in every commit (:mod:`storage_delta.commit.owner`) is what makes a late writer
+harmless. Blocking (small reads and writes): call it on a worker thread.
+
+* a local root (:class:`LocalLease`, ``<root>/_jetlake_owner/``): epoch ``n`` is the file
+  ``epoch-<n>`` created with ``O_EXCL``; the beat is ``beat-<n>``, replaced by a rename;
+* an object store (:class:`ObjectStoreLease`): epoch ``n`` is the app transaction
+  ``(jetlake-owner, n)`` committed to the small Delta table ``_jetlake_owner`` (delta-rs's commit
+  is the put-if-absent; two claims of one epoch conflict on the app id, and the loser sees the
+  epoch taken); the beat is the object ``_jetlake_owner_beats/beat-<n>.json``, one PUT each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from storage_delta.commit.durable import fsync_path
+from storage_delta.commit.owner import OWNER_APP
+from storage_delta.commit.store import (
+    CommitConflict,
+    StoreRoot,
+    catch_up,
+    commit_adds,
+    open_existing,
+    open_or_create,
+    read_checked,
+)
+
+log = logging.getLogger(__name__)
+
+LEASE_DIR = "_jetlake_owner"
+BEATS_DIR = "_jetlake_owner_beats"
+#: Beat content of an owner that stopped cleanly: a standby need not wait out the lease.
+RELEASED = "released"
+#: Claims and beats of epochs this far below the current one are removed by the owner.
+KEEP_EPOCHS = 8
+#: The claims table holds no rows, only the epochs' app transactions.
+CLAIMS_SCHEMA = pa.schema([("epoch", pa.int64())])
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What an owner's heartbeat says: who it is and how often it has beaten."""
+
+    host: str
+    pid: int
+    count: int
+    released: bool = False
+
+
+class Lease(ABC):
+    """The claims and beats of one store root, as one gateway process sees them."""
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self._count = 0
+
+    @abstractmethod
+    def current(self) -> int:
+        """The highest epoch claimed so far (0: none)."""
+
+    @abstractmethod
+    def claim(self, epoch: int) -> bool:
+        """Claim ``epoch`` if no one has; True when this call did (and beat at once)."""
+
+    @abstractmethod
+    def _put_beat(self, epoch: int, body: bytes) -> None: ...
+
+    @abstractmethod
+    def _get_beat(self, epoch: int) -> bytes | None: ...
+
+    def beat(self, epoch: int, released: bool = False) -> None:
+        """Renew the lease of ``epoch`` (not synced: a beat lost to a power cut only makes a
+        standby wait a lease longer)."""
+        self._count += 1
+        body = {"host": self.host, "pid": self.pid, "count": self._count, RELEASED: released}
+        self._put_beat(epoch, json.dumps(body).encode())
+
+    def read_beat(self, epoch: int) -> Beat | None:
+        """The beat of ``epoch`` (None: none yet, or unreadable)."""
+        try:
+            raw = self._get_beat(epoch)
+            if raw is None:
+                return None
+            body = json.loads(raw)
+            return Beat(str(body["host"]), int(body["pid"]), int(body["count"]), bool(body.get(RELEASED)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def holder_gone(self, beat: Beat | None) -> bool:
+        """The beat says the owner released the lease, or names a process of this host that is gone:
+        no need to wait the lease out (a restart after ``kill -9`` of the only gateway)."""
+        if beat is None:
+            return False
+        if beat.released:
+            return True
+        if beat.host != self.host or beat.pid == self.pid:
+            return False
+        try:
+            os.kill(beat.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+class LocalLease(Lease):
+    """Claims are files created with ``O_EXCL`` (synced), beats files replaced by a rename."""
+
+    def __init__(self, root_path: str) -> None:
+        super().__init__()
+        self.dir = os.path.join(root_path, LEASE_DIR)
+        os.makedirs(self.dir, exist_ok=True)
+
+    def current(self) -> int:
+        epochs = [int(n[6:]) for n in os.listdir(self.dir) if n.startswith("epoch-") and n[6:].isdigit()]
+        return max(epochs, default=0)
+
+    def claim(self, epoch: int) -> bool:
+        path = os.path.join(self.dir, f"epoch-{epoch:020d}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, json.dumps({"host": self.host, "pid": self.pid}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_path(self.dir)
+        self.beat(epoch)
+        self._prune(epoch)
+        return True
+
+    def _put_beat(self, epoch: int, body: bytes) -> None:
+        tmp = os.path.join(self.dir, f".beat-{self.pid}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(body)
+        os.replace(tmp, os.path.join(self.dir, f"beat-{epoch:020d}"))
+
+    def _get_beat(self, epoch: int) -> bytes | None:
+        try:
+            with open(os.path.join(self.dir, f"beat-{epoch:020d}"), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+
+    def _prune(self, epoch: int) -> None:
+        """Remove the claims and beats of epochs long superseded (never the highest claim)."""
+        for name in os.listdir(self.dir):
+            number = name.split("-", 1)[-1]
+            if (
+                name.startswith(("epoch-", "beat-"))
+                and number.isdigit()
+                and int(number) < epoch - KEEP_EPOCHS
+            ):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, name))
+
+
+class ObjectStoreLease(Lease):
+    """Claims are app transactions of a Delta table (delta-rs's commit is the put-if-absent),
+    beats objects replaced by a PUT."""
+
+    def __init__(self, root: StoreRoot) -> None:
+        super().__init__()
+        self.root = root
+        self._claims = open_or_create(root, LEASE_DIR, CLAIMS_SCHEMA, [])
+        self._fs, base = root.filesystem()
+        self._beats = f"{base}/{BEATS_DIR}"
+
+    def current(self) -> int:
+        catch_up(self._claims)
+        return self._claims.transaction_version(OWNER_APP) or 0
+
+    def claim(self, epoch: int) -> bool:
+        if self.current() != epoch - 1:
+            return False
+        try:
+            commit_adds(self._claims, [], CLAIMS_SCHEMA, [], (OWNER_APP, epoch))
+        except CommitConflict:
+            return False  # another claim of this epoch won the version
+        self.beat(epoch)
+        return True
+
+    def _put_beat(self, epoch: int, body: bytes) -> None:
+        with self._fs.open_output_stream(f"{self._beats}/beat-{epoch:020d}.json") as out:
+            out.write(body)
+
+    def _get_beat(self, epoch: int) -> bytes | None:
+        try:
+            with self._fs.open_input_stream(f"{self._beats}/beat-{epoch:020d}.json") as fh:
+                return bytes(fh.read())
+        except FileNotFoundError:
+            return None
+
+
+def warm_up(root: StoreRoot, table: str, schema: pa.Schema) -> None:
+    """Read the unpartitioned ``table`` once, changing nothing: a process's first delta-rs load and
+    parquet read cost hundreds of milliseconds of set-up (thread pools, lazy initialisation) that a
+    standby pays while it waits rather than during a takeover. Each file is checked before it is
+    read (``read_checked``): a damaged one is skipped here and reported by the start's check."""
+    try:
+        dt = open_existing(root, table)
+        if dt is not None:
+            read_checked(root, dt, table, schema)
+    except Exception:  # a damaged log entry: the start's check reports it, or rewrites it
+        log.info("warm-up read of %s failed; the check at start looks at it", table, exc_info=True)
+
+
+def open_lease(root: StoreRoot) -> Lease:
+    """The lease of ``root``: files on a local root, a Delta table and objects on an object store."""
+    local = root.local_path()
+    if local is not None:
+        return LocalLease(local)
+    return ObjectStoreLease(root)
