@@ -360,7 +360,7 @@ def test_a_log_entry_cut_before_its_file_is_named_is_made_again_from_its_digest(
         log_text = (store.workdir / "gateway.log").read_text()
         assert f"damaged log entry {entry}" in log_text
         assert f"found again from its file {path}" in log_text
-        assert f"rewrote {entry}: damaged lines [3], of them dropped []" in log_text
+        assert f"rewrote {entry}: damaged lines [4], of them dropped []" in log_text
         (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
         assert add in original.splitlines()
         _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
