@@ -229,6 +229,23 @@ def repair_as_it_says(store: Jetlake, *says: str) -> None:
     assert code == 0, out
 
 
+def _entry_repaired_and_served(store: Jetlake, entry: Path, lost: range, says: str) -> dict[str, Any]:
+    """With the gateway down: the dry run names the damaged log entry and says ``says``; ``--apply``
+    drops what cannot be made again, so the table holds every sequence but ``lost``; the gateway
+    then starts healthy and serves the stream without them, its last sequence kept."""
+    code, out = repair(store.data_root)
+    assert code == 1
+    assert f"{entry.name}: log entry, version {int(entry.stem)}" in out
+    assert says in out
+    assert repair(store.data_root, "--apply")[0] == 0
+    assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
+    store.start_gateway()
+    assert healthz(store) == (200, {"status": "ok"})
+    seen: dict[str, Any] = asyncio.run(_observe(store.url, lost))
+    assert (seen["bad"]["messages"], seen["bad"]["last_seq"]) == (BAD_MSGS - len(lost), BAD_MSGS)
+    return seen
+
+
 def _apply_repair_and_serve(store: Jetlake, lost: range) -> None:
     """``jetlake repair --apply`` leaves nothing to repair; DuckDB reads the table again (everything
     but the lost range and the publish after it); the gateway starts healthy and serves."""
@@ -388,17 +405,7 @@ def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repai
             f"damaged log entry messages/_delta_log/{entry.name}"
             in (store.workdir / "gateway.log").read_text()
         )
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"{entry.name}: log entry, version {int(entry.stem)}" in out
-        assert "1 damaged line(s) dropped" in out
-        assert repair(store.data_root, "--apply")[0] == 0
-        assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
-        store.start_gateway()
-        assert healthz(store) == (200, {"status": "ok"})
-        seen = asyncio.run(_observe(store.url, lost))
-        assert seen["bad"]["messages"] == BAD_MSGS - len(lost)
-        assert seen["bad"]["last_seq"] == BAD_MSGS
+        seen = _entry_repaired_and_served(store, entry, lost, "1 damaged line(s) dropped")
         assert seen["next"] == BAD_MSGS + 1
     finally:
         store.stop()
@@ -432,16 +439,9 @@ def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commi
         else:
             with pytest.raises(RuntimeError, match="gateway exited"):
                 store.start_gateway()
-        code, out = repair(store.data_root)
-        assert code == 1
-        assert f"{entry.name}: log entry, version {int(entry.stem)}" in out
-        assert "its commitInfo is lost, and with it what the commit held: unknown" in out
-        assert repair(store.data_root, "--apply")[0] == 0
-        assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
-        store.start_gateway()
-        assert healthz(store) == (200, {"status": "ok"})
-        seen = asyncio.run(_observe(store.url, lost))
-        assert (seen["bad"]["messages"], seen["bad"]["last_seq"]) == (BAD_MSGS - len(lost), BAD_MSGS)
+        _entry_repaired_and_served(
+            store, entry, lost, "its commitInfo is lost, and with it what the commit held: unknown"
+        )
     finally:
         store.stop()
 
