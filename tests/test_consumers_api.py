@@ -71,7 +71,6 @@ CONFIGS: list[dict[str, Any]] = [
     {"filter_subjects": ["{s}.>", "{s}.s1"]},  # 10138 overlap
     {"filter_subjects": ["{s}.s0", "{s}.s1"]},
     {"description": "hi", "metadata": {"k": "v"}},
-    {"num_replicas": 3},  # 10074 on a single server
     {"mem_storage": True},
     {"inactive_threshold": -1},  # the default for an ephemeral
     {"pause_until": "2099-01-01T00:00:00Z"},  # paused, _nats.req.level 1

@@ -100,8 +100,7 @@ CASES: list[tuple[str, Any]] = [
     ("mirror_direct_without_mirror", {"name": "{n}", "mirror_direct": True}),
     ("metadata_kept", {"name": "{n}", "metadata": {"a": "b", "_nats.foo": "x", "_nats.ver": "0"}}),
     ("metadata_number", {"name": "{n}", "metadata": {"a": 1}}),
-    ("replicas_zero", {"name": "{n}", "num_replicas": 0}),
-    ("replicas_three", {"name": "{n}", "num_replicas": 3}),
+    ("replicas_zero", {"name": "{n}", "num_replicas": 0}),  # R > 1: clustered, tests/test_replicas.py
     ("replicas_negative", {"name": "{n}", "num_replicas": -1}),
     ("compression_s2", {"name": "{n}", "compression": "s2"}),
     ("compression_unknown", {"name": "{n}", "compression": "S2"}),

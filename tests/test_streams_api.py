@@ -43,8 +43,6 @@ UPDATES: list[tuple[str, dict[str, Any]]] = [
     ("interest", {"retention": "interest"}),
     # a name in the body unlike the subject's: 10056
     ("name", {"name": "OTHER"}),
-    # replicas on a single server: 10074
-    ("replicas", {"num_replicas": 3}),
     # a value of the wrong type: Go's decoding error, 10025
     ("wrong_type", {"max_msgs": "many"}),
     # max_age below the duplicate window: 10052

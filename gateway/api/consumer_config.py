@@ -397,8 +397,8 @@ def normalize(
     # the server sets the required API level from the config as sent: a negative timeout counts
     priority = any(raw.get(k) not in (None, "", "none", 0, []) for k in _PRIORITY_FIELDS)
     raw = _fit(raw)
-    if int(raw.get("num_replicas") or 0) > 1:
-        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
+    if int(raw.get("num_replicas") or 0) > (stream.num_replicas if stream else 1):
+        raise errors.CONSUMER_REPLICAS_EXCEED_STREAM
     ack_policy = _policy(raw, "ack_policy", "none")
     if ack_policy == "flow_control" and not pedantic:
         raw = {**raw, "flow_control": True, "idle_heartbeat": FLOW_CONTROL_HEARTBEAT_NS}

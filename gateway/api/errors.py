@@ -121,7 +121,11 @@ STREAM_NAME_EXIST_RESTORE_FAILED = ApiError(400, 10130, "stream name already in 
 STREAM_SNAPSHOT_FAILED = ApiError(500, 10064, "snapshot failed: {err}")
 STREAM_RESTORE_FAILED = ApiError(500, 10062, "restore failed: {err}")
 SNAPSHOT_DELIVER_SUBJECT_INVALID = ApiError(400, 10015, "deliver subject not valid")
-STREAM_REPLICAS_NOT_SUPPORTED = ApiError(500, 10074, "replicas > 1 not supported in non-clustered mode")
+#: More replicas than live gateways (jetlake's "cluster" is its gateways, docs/compatibility.md).
+NO_SUITABLE_PEERS = ApiError(400, 10005, "no suitable peers for placement")
+CONSUMER_REPLICAS_EXCEED_STREAM = ApiError(400, 10126, "consumer config replica count exceeds parent stream")
+#: The most replicas a stream may ask for (``StreamMaxReplicas``).
+MAX_REPLICAS = 5
 REPLICAS_NEGATIVE = ApiError(400, 10133, "replicas count cannot be negative")
 PEDANTIC = ApiError(400, 10157, "pedantic mode: {err}")
 MIRROR_WITH_SUBJECTS = ApiError(400, 10034, "stream mirrors can not contain subjects")

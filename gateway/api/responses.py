@@ -73,13 +73,51 @@ class ConsumerInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """``server.PeerInfo``: another gateway that could serve the stream (a live standby: it
+    recovers the stream from the store, so it holds everything committed). ``active``: nanoseconds
+    since the owner last saw its announcement change. No ``lag`` (there is no copy to lag) and no
+    ``peer`` hash (gateways have no RAFT peer id)."""
+
+    name: str
+    current: bool
+    active: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """``server.ClusterInfo`` as jetlake's gateways see it: its ``name`` is the JetStream domain
+    they serve, ``leader`` the gateway that owns the store, ``replicas`` live standbys, up to the
+    stream's replicas less one (none for R1, as a cluster shows an R1 stream). No RAFT fields."""
+
+    name: str
+    leader: str
+    replicas: tuple[PeerInfo, ...] = field(default=(), metadata=OMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Gateways:
+    """The live gateways of a store as the owner sees them: itself, and those standing by (each
+    with nanoseconds since its announcement last changed)."""
+
+    leader: str
+    standbys: tuple[tuple[str, int], ...] = ()
+
+    def cluster(self, domain: str, replicas: int) -> ClusterInfo:
+        """The ``cluster`` of a stream (or consumer) of ``replicas``."""
+        peers = tuple(PeerInfo(name, True, active) for name, active in self.standbys[: max(replicas - 1, 0)])
+        return ClusterInfo(domain, self.leader, peers)
+
+
+@dataclass(frozen=True, slots=True)
 class StreamInfo:
-    """``server.StreamInfo`` (without its cluster and origin parts)."""
+    """``server.StreamInfo`` (without its origin parts beyond mirror and sources)."""
 
     config: StreamConfig
     created: str
     state: Mapping[str, Any]
     domain: str = field(default="", metadata=OMIT)
+    cluster: ClusterInfo | None = field(default=None, metadata=OMIT)
     mirror: Mapping[str, Any] | None = field(default=None, metadata=OMIT)
     sources: Sequence[Mapping[str, Any]] | None = field(default=None, metadata=OMIT)
     ts: str = ""

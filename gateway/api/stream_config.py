@@ -133,8 +133,6 @@ def check_create(req: dict[str, Any]) -> None:
         raise _invalid("stream configuration for create can not be sealed")
     if req.get("mirror_direct") and not req.get("mirror"):
         raise _invalid("stream has no mirror but does have mirror direct")
-    if (req.get("num_replicas") or 0) > 1:
-        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
 
 
 def _limit(cfg: dict[str, Any], key: str, pedantic: bool) -> None:
@@ -241,6 +239,8 @@ def _base_config(req: dict[str, Any], name: str, pedantic: bool) -> dict[str, An
         "storage": req.get("storage", "file"),
         "num_replicas": req.get("num_replicas", 0) or 1,
     }
+    if cfg["num_replicas"] > errors.MAX_REPLICAS:
+        raise _invalid(f"maximum replicas is {errors.MAX_REPLICAS}")
     if cfg["num_replicas"] < 0:
         raise errors.REPLICAS_NEGATIVE
     for key in ("max_msgs", "max_msgs_per_subject", "max_bytes", "max_msg_size", "max_consumers"):

@@ -29,8 +29,6 @@ _ONE_WAY = (
 def apply_update(old: StreamConfig, new: StreamConfig) -> StreamConfig:
     """The config an update leaves the stream with, or the error JetStream answers (the checks in
     the server's order)."""
-    if new.num_replicas > 1:
-        raise errors.STREAM_REPLICAS_NOT_SUPPORTED
     if new.storage != old.storage:
         raise _invalid("change storage type")
     if new.retention != old.retention and "workqueue" in (new.retention, old.retention):

@@ -64,7 +64,9 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     root = StoreRoot(settings.data_root, settings.storage_options or None)
-    ownership = Ownership(await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000)
+    ownership = Ownership(
+        await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000, settings.leaf_name
+    )
     await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
     try:
         while not stop.is_set():
@@ -73,6 +75,7 @@ async def serve(settings: Settings) -> int:
             if not await _serve_once(settings, ownership, stop):
                 break
     finally:
+        await ownership.leave()
         if embedded is not None:
             await embedded.stop()
     return 0

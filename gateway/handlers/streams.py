@@ -32,6 +32,7 @@ from gateway.api.requests import (
 )
 from gateway.api.responses import (
     Answer,
+    Gateways,
     MsgGetResponse,
     Paged,
     Route,
@@ -172,12 +173,16 @@ class StreamApi:
             None,
             None,
         ),
+        gateways: Callable[[], Gateways] = lambda: Gateways("jetlake"),
     ) -> None:
         #: Whether the commit loop runs: a rollback while it does not (it died) leaves unknown
         #: whether the commit in flight landed, so a removal waiting for it fails.
         self._storing = storing
         #: A stream's mirror and sources as its info shows them (``Sourcing.info``).
         self._origins = origins
+        #: The live gateways of the store (``Ownership.gateways``): the streams' ``cluster``, and
+        #: how many replicas can be placed.
+        self._gateways = gateways
         self.reg = registry
         self.loader = loader
         self.recorder = recorder
@@ -227,6 +232,12 @@ class StreamApi:
                 subjects_overlap(a, b) for a in cfg.subjects for b in other.subjects
             ):
                 raise errors.STREAM_SUBJECT_OVERLAP
+
+    def _check_placement(self, replicas: int) -> None:
+        """A stream of R > 1 is placed when R gateways are live (the owner and R - 1 standbys), as
+        a cluster places R peers or answers 10005: that many could serve it after the owner dies."""
+        if replicas > 1 + len(self._gateways().standbys):
+            raise errors.NO_SUITABLE_PEERS
 
     def _with_origins(self, cfg: StreamConfig) -> StreamConfig:
         """What the server checks of the origins of a mirror or sources that exist here: a copy
@@ -278,6 +289,7 @@ class StreamApi:
             stream = existing
         else:
             self._check_overlap(cfg)
+            self._check_placement(cfg.num_replicas)
             stream = await self.reg.add_stream(cfg, now_ns())
             self.publish(advisories.stream_action(name, "create", now_ns()))
         return StreamCreateResponse(info=self._info(stream, with_domain=False), did_create=True)
@@ -293,6 +305,8 @@ class StreamApi:
         stream = self._stream(name)
         cfg = apply_update(stream.config, req)
         self._check_overlap(cfg)
+        if cfg.num_replicas > stream.config.num_replicas:  # a scale-up is placed anew
+            self._check_placement(cfg.num_replicas)
         await self.reg.update_stream(stream, cfg)
         stream.enforce_limits(now_ns())  # a lowered limit applies at once
         self.recorder.changed(stream)  # its delete markers, and MaxAge timed anew
@@ -359,6 +373,7 @@ class StreamApi:
             created=rfc3339(stream.created_ns),
             state=state or stream.info_state(len(self.reg.listed_consumers(stream.name))),
             domain=self.domain if with_domain else "",
+            cluster=self._gateways().cluster(self.domain, stream.config.num_replicas),
             mirror=mirror,
             sources=sources,
             ts=rfc3339(now_ns()),

@@ -29,6 +29,7 @@ from gateway.adapters.snapshots import Snapshots
 from gateway.adapters.sourcing import Sourcing
 from gateway.api import advisories
 from gateway.api.configs import ConsumerConfig, StreamConfig, from_json
+from gateway.api.responses import Gateways
 from gateway.api.timefmt import now_ns
 from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
@@ -189,6 +190,7 @@ class Gateway:
                 archives,
                 lambda: writer.running,
                 sourcing.info,
+                self._gateways,
             ),
             self.cold.first_seq_at,
             self._publish_event,
@@ -301,6 +303,12 @@ class Gateway:
         gateway's interest and the new owner answers alone). :meth:`close` follows."""
         if self.core is not None:
             self.core.leaf.cut()
+
+    def _gateways(self) -> Gateways:
+        """The store's live gateways (this one alone when it holds no lease)."""
+        if self.ownership is None:
+            return Gateways(self.settings.leaf_name)
+        return self.ownership.gateways()
 
     def _fenced(self, exc: Fenced) -> None:
         """A commit met a newer owner's epoch: step down before its waiters hear of the failure,

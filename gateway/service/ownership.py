@@ -8,6 +8,10 @@ newer epoch claimed. What it reads from the link it serves only while it may sti
 (:meth:`Ownership.fresh`): after a pause (``SIGSTOP``, a stalled machine) it answers nothing once
 it finds a newer epoch claimed. None of this is what keeps a stale owner from writing; the fence
 in every commit is.
+
+Every tick each gateway, owner or standby, also announces itself (``Lease.announce``); the owner
+reads the announcements and judges a gateway live when its count changed within a lease by its
+own clock (:meth:`Ownership.gateways`, the streams' ``cluster`` view and replica placement).
 """
 
 from __future__ import annotations
@@ -16,20 +20,27 @@ import asyncio
 import logging
 import time
 
+from gateway.api.responses import Gateways
 from storage_delta.commit.lease import Beat, Lease
 
 log = logging.getLogger(__name__)
 
 #: Lease checks and beats per lease.
 TICKS_PER_LEASE = 5
+#: A gateway silent this many leases is taken for gone and its announcement removed.
+FORGET_LEASES = 10
 
 
 class Ownership:
     """One gateway process's part in the lease of a local store root."""
 
-    def __init__(self, lease: Lease, lease_s: float) -> None:
+    def __init__(self, lease: Lease, lease_s: float, prefix: str = "jetlake") -> None:
         self.lease = lease
         self.lease_s = lease_s
+        #: This gateway's name among the store's gateways (the ``leader`` of the streams it owns).
+        self.name = f"{prefix}-{lease.host}-{lease.pid}"
+        #: Other gateways' last announced count, and when (monotonic) it was seen to change.
+        self._heard: dict[str, tuple[int, float]] = {}
         #: The epoch held (0: none yet).
         self.epoch = 0
         #: Set when the store was lost (a newer epoch, or a commit that was fenced).
@@ -41,6 +52,7 @@ class Ownership:
         seen: tuple[int, Beat | None] | None = None
         since = time.monotonic()
         while True:
+            await asyncio.to_thread(self.lease.announce, self.name)
             current = await asyncio.to_thread(self.lease.current)
             beat = await asyncio.to_thread(self.lease.read_beat, current) if current else None
             if (current, beat) != seen:
@@ -67,6 +79,32 @@ class Ownership:
                 return
             await asyncio.to_thread(self.lease.beat, self.epoch)
             self._beaten = time.monotonic()
+            await asyncio.to_thread(self.lease.announce, self.name)
+            await self._listen()
+
+    async def _listen(self) -> None:
+        """Note which gateways' announcements changed; remove those silent for long."""
+        counts = await asyncio.to_thread(self.lease.members)
+        now = time.monotonic()
+        for name, count in counts.items():
+            if name == self.name:
+                continue
+            heard = self._heard.get(name)
+            if heard is None:  # first seen: live only once it is seen to change
+                self._heard[name] = (count, now - self.lease_s)
+            elif heard[0] != count:
+                self._heard[name] = (count, now)
+            elif now - heard[1] > FORGET_LEASES * self.lease_s:
+                del self._heard[name]
+                await asyncio.to_thread(self.lease.withdraw, name)
+        for name in self._heard.keys() - counts.keys():
+            del self._heard[name]
+
+    def gateways(self) -> Gateways:
+        """This gateway and the live standbys, by name."""
+        now = time.monotonic()
+        live = sorted((name, now - at) for name, (_, at) in self._heard.items() if now - at < self.lease_s)
+        return Gateways(self.name, tuple((name, int(quiet * 1e9)) for name, quiet in live))
 
     def fresh(self) -> bool:
         """Whether what the link reads may be served: the last beat is less than a lease old (no
@@ -86,3 +124,7 @@ class Ownership:
         """A clean stop: a standby may take over at once."""
         if self.epoch and not self.lost.is_set():
             await asyncio.to_thread(self.lease.beat, self.epoch, True)
+
+    async def leave(self) -> None:
+        """A clean exit: this gateway no longer counts among the live ones."""
+        await asyncio.to_thread(self.lease.withdraw, self.name)

@@ -7,6 +7,11 @@ names a process of the standby's own host that is gone. The lease only decides *
 over; the fence in every commit (:mod:`storage_delta.commit.owner`) is what makes a late writer
 harmless. Blocking (small reads and writes): call it on a worker thread.
 
+Every live gateway, owner or standby, also announces itself beside the claims: a small record
+``member-<name>`` with a count it raises every tick. That is how gateways know each other with no
+setting (the stream info's ``cluster`` view, and how many gateways could serve a stream of R > 1).
+A reader judges a member live when its count changed within a lease by the reader's own clock.
+
 * a local root (:class:`LocalLease`, ``<root>/_jetlake_owner/``): epoch ``n`` is the file
   ``epoch-<n>`` created with ``O_EXCL``; the beat is ``beat-<n>``, replaced by a rename;
 * an object store (:class:`ObjectStoreLease`): epoch ``n`` is the app transaction
@@ -26,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from storage_delta.commit.durable import fsync_path
 from storage_delta.commit.owner import OWNER_APP
@@ -47,6 +53,8 @@ BEATS_DIR = "_jetlake_owner_beats"
 RELEASED = "released"
 #: Claims and beats of epochs this far below the current one are removed by the owner.
 KEEP_EPOCHS = 8
+#: Prefix of the members' records (one per live gateway, owner or standby).
+MEMBER = "member-"
 #: The claims table holds no rows, only the epochs' app transactions.
 CLAIMS_SCHEMA = pa.schema([("epoch", pa.int64())])
 
@@ -82,6 +90,35 @@ class Lease(ABC):
 
     @abstractmethod
     def _get_beat(self, epoch: int) -> bytes | None: ...
+
+    @abstractmethod
+    def _put_member(self, name: str, body: bytes) -> None: ...
+
+    @abstractmethod
+    def _member_records(self) -> list[bytes]: ...
+
+    @abstractmethod
+    def _drop_member(self, name: str) -> None: ...
+
+    def announce(self, name: str) -> None:
+        """Say that gateway ``name`` (this process) is alive (not synced, as a beat)."""
+        self._count += 1
+        body = {"name": name, "host": self.host, "pid": self.pid, "count": self._count}
+        self._put_member(name, json.dumps(body).encode())
+
+    def members(self) -> dict[str, int]:
+        """Every gateway's announced count by name (unreadable records left out)."""
+        found: dict[str, int] = {}
+        for raw in self._member_records():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                body = json.loads(raw)
+                found[str(body["name"])] = int(body["count"])
+        return found
+
+    def withdraw(self, name: str) -> None:
+        """Remove the record of gateway ``name``: it stopped, or has been silent for long."""
+        with contextlib.suppress(FileNotFoundError):
+            self._drop_member(name)
 
     def beat(self, epoch: int, released: bool = False) -> None:
         """Renew the lease of ``epoch`` (not synced: a beat lost to a power cut only makes a
@@ -160,6 +197,23 @@ class LocalLease(Lease):
         except FileNotFoundError:
             return None
 
+    def _put_member(self, name: str, body: bytes) -> None:
+        tmp = os.path.join(self.dir, f".member-{self.pid}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(body)
+        os.replace(tmp, os.path.join(self.dir, MEMBER + name))
+
+    def _member_records(self) -> list[bytes]:
+        records = []
+        for entry in os.listdir(self.dir):
+            if entry.startswith(MEMBER):
+                with contextlib.suppress(FileNotFoundError), open(os.path.join(self.dir, entry), "rb") as fh:
+                    records.append(fh.read())
+        return records
+
+    def _drop_member(self, name: str) -> None:
+        os.unlink(os.path.join(self.dir, MEMBER + name))
+
     def _prune(self, epoch: int) -> None:
         """Remove the claims and beats of epochs long superseded (never the highest claim)."""
         for name in os.listdir(self.dir):
@@ -208,6 +262,22 @@ class ObjectStoreLease(Lease):
                 return bytes(fh.read())
         except FileNotFoundError:
             return None
+
+    def _put_member(self, name: str, body: bytes) -> None:
+        with self._fs.open_output_stream(f"{self._beats}/{MEMBER}{name}.json") as out:
+            out.write(body)
+
+    def _member_records(self) -> list[bytes]:
+        records = []
+        listing = self._fs.get_file_info(pafs.FileSelector(self._beats, allow_not_found=True))
+        for info in listing:
+            if info.base_name.startswith(MEMBER):
+                with contextlib.suppress(FileNotFoundError), self._fs.open_input_stream(info.path) as fh:
+                    records.append(bytes(fh.read()))
+        return records
+
+    def _drop_member(self, name: str) -> None:
+        self._fs.delete_file(f"{self._beats}/{MEMBER}{name}.json")
 
 
 def warm_up(root: StoreRoot, table: str, schema: pa.Schema) -> None:
