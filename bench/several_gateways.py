@@ -5,13 +5,17 @@ owner, from the kill to the next PubAck, a few times in a row.
 One gateway owns the whole store, so the second adds availability, not throughput: the two ingest
 figures should be the same, and the handover is what the second buys.
 
-    python -m bench.several_gateways [--streams 4] [--publishers 4] [--seconds 10] [--handovers 5]
+    python -m bench.several_gateways [--streams 4] [--publishers 4] [--seconds 10] [--handovers 5] [--s3]
+
+``--s3`` puts the store on S3 (a local moto server, as ``tests/test_storage_s3.py`` uses): the
+lease is then a Delta table and objects, and a takeover's fences and loads are round trips.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import statistics
@@ -27,7 +31,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NoStreamResponseError
 
-from tests.harness import Jetlake, Peer, stop, wait_log
+from tests.harness import Jetlake, Peer, moto_s3, s3_options, stop, wait_log
 
 Result = dict[str, Any]
 
@@ -71,8 +75,19 @@ async def next_ack_after(url: str, kill: Callable[[], None]) -> float:
                 await asyncio.sleep(0.01)
 
 
-def one_gateway(work: Path, streams: int, publishers: int, seconds: float) -> float:
+def deployment(work: Path, s3: dict[str, str] | None) -> Jetlake:
+    """A hub and its first gateway, on a local root or (``s3``: its storage options) on S3."""
     gw = Jetlake(work)
+    if s3 is not None:
+        gw.data_root = f"s3://lake/{work.name}"  # type: ignore[assignment]  # passed on as --data-root
+        gw.gateway_env = {"JETLAKE_STORAGE_OPTIONS": ",".join(f"{k}={v}" for k, v in s3.items())}
+    return gw
+
+
+def one_gateway(
+    work: Path, streams: int, publishers: int, seconds: float, s3: dict[str, str] | None
+) -> float:
+    gw = deployment(work, s3)
     gw.start()
     try:
         return asyncio.run(ingest(gw.url, streams, publishers, seconds))
@@ -80,10 +95,12 @@ def one_gateway(work: Path, streams: int, publishers: int, seconds: float) -> fl
         gw.stop()
 
 
-def two_gateways(work: Path, streams: int, publishers: int, seconds: float, handovers: int) -> Result:
-    gw = Jetlake(work)
+def two_gateways(
+    work: Path, streams: int, publishers: int, seconds: float, handovers: int, s3: dict[str, str] | None
+) -> Result:
+    gw = deployment(work, s3)
     gw.start()
-    peers = [Peer(gw, "gateway-1")]
+    peers = [Peer(gw, "gateway-1", gw.gateway_env)]
     try:
         wait_log(peers[0].log, "standing by: epoch 1 holds the store")
         rate = asyncio.run(ingest(gw.url, streams, publishers, seconds))
@@ -94,7 +111,7 @@ def two_gateways(work: Path, streams: int, publishers: int, seconds: float, hand
             gaps.append(asyncio.run(next_ack_after(gw.url, partial(stop, owner, signal.SIGKILL))))
             taker = next(p for p in peers if f"owner of the store as epoch {epoch}" in p.text())
             owner = taker.proc
-            peers.append(Peer(gw, f"gateway-{epoch}"))  # the next standby
+            peers.append(Peer(gw, f"gateway-{epoch}", gw.gateway_env))  # the next standby
             wait_log(peers[-1].log, f"standing by: epoch {epoch} holds the store")
             asyncio.run(_drop_stream(gw.url, "H"))
         return {
@@ -113,10 +130,17 @@ async def _drop_stream(url: str, name: str) -> None:
         await nc.jetstream().delete_stream(name)
 
 
-def run(work: Path, streams: int, publishers: int, seconds: float, handovers: int) -> Result:
-    out: Result = {"workload": "several_gateways", "streams": streams, "publishers_per_stream": publishers}
-    out["one_gateway_msgs_per_s"] = round(one_gateway(work / "one", streams, publishers, seconds))
-    out["two_gateways"] = two_gateways(work / "two", streams, publishers, seconds, handovers)
+def run(
+    work: Path, streams: int, publishers: int, seconds: float, handovers: int, s3: dict[str, str] | None
+) -> Result:
+    out: Result = {
+        "workload": "several_gateways",
+        "store": "s3 (moto)" if s3 is not None else "local",
+        "streams": streams,
+        "publishers_per_stream": publishers,
+    }
+    out["one_gateway_msgs_per_s"] = round(one_gateway(work / "one", streams, publishers, seconds, s3))
+    out["two_gateways"] = two_gateways(work / "two", streams, publishers, seconds, handovers, s3)
     return out
 
 
@@ -126,9 +150,12 @@ def main() -> None:
     ap.add_argument("--publishers", type=int, default=4, help="per stream")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--handovers", type=int, default=5)
+    ap.add_argument("--s3", action="store_true", help="the store on S3 (a local moto server)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        print(json.dumps(run(Path(tmp), args.streams, args.publishers, args.seconds, args.handovers)))
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        s3 = s3_options(stack.enter_context(moto_s3())) if args.s3 else None
+        result = run(Path(tmp), args.streams, args.publishers, args.seconds, args.handovers, s3)
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -365,3 +365,41 @@ def scrub(value: Any) -> Any:
     if isinstance(value, list):
         return [scrub(v) for v in value]
     return value
+
+
+@contextmanager
+def moto_s3() -> Iterator[str]:
+    """A local S3 emulator (moto's server on loopback) with an empty bucket ``lake``; yields its
+    endpoint."""
+    import boto3
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="lake")
+        yield endpoint
+    finally:
+        stop(proc)
+
+
+def s3_options(endpoint: str) -> dict[str, str]:
+    """The storage options that reach :func:`moto_s3`'s bucket."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }

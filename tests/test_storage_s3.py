@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,48 +17,19 @@ from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.seal import seal_stream
 from storage_delta.read.reader import MessageReader
-from tests.harness import Jetlake, Peer, free_port, stop, wait_log, wait_port
+from tests.harness import Jetlake, Peer, moto_s3, s3_options, wait_log
 from tests.test_several_gateways import _kill_under_load
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """A local S3 emulator with an empty bucket ``lake``."""
-    port = free_port()
-    server = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen(
-        [str(server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_port(port, proc)
-        import boto3
-
-        endpoint = f"http://127.0.0.1:{port}"
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="k",
-            aws_secret_access_key="s",
-            region_name="us-east-1",
-        ).create_bucket(Bucket="lake")
+    with moto_s3() as endpoint:
         yield endpoint
-    finally:
-        stop(proc)
 
 
 def s3_root(endpoint: str, prefix: str) -> StoreRoot:
-    return StoreRoot(
-        f"s3://lake/{prefix}",
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "k",
-            "AWS_SECRET_ACCESS_KEY": "s",
-            "AWS_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-        },
-    )
+    return StoreRoot(f"s3://lake/{prefix}", s3_options(endpoint))
 
 
 def message(stream: str, seq: int) -> StoredMessage:

@@ -68,6 +68,7 @@ async def serve(settings: Settings) -> int:
         await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000, settings.leaf_name
     )
     await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
+    announcing = asyncio.create_task(ownership.announce(), name="announce")
     try:
         while not stop.is_set():
             if not await _first(ownership.acquire(), stop.wait()):
@@ -75,6 +76,9 @@ async def serve(settings: Settings) -> int:
             if not await _serve_once(settings, ownership, stop):
                 break
     finally:
+        announcing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announcing
         await ownership.leave()
         if embedded is not None:
             await embedded.stop()

@@ -11,6 +11,7 @@ awaits them on ``close``. Blocking work (delta-rs, parquet) runs on ``executor``
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,7 @@ from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import RemovalLog
 from storage_delta.tables.repair import check_at_start
-from storage_delta.tables.scope import load_store_state
+from storage_delta.tables.scope import StoreState, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -111,25 +112,30 @@ class Gateway:
         the dispatcher), then start the link: nothing is read before everything can answer."""
         loop = asyncio.get_running_loop()
         settings = self.settings
+        phases = [time.monotonic()]  # what a start (a takeover) spends where, logged at the end
         check = await loop.run_in_executor(self.executor, check_at_start, self.root)
+        phases.append(time.monotonic())
         self.store_damage = check.problems
         try:
-            table, catalog, removal_log, acks = await loop.run_in_executor(
-                self.executor,
-                lambda: (
-                    MessageTable(self.root),
-                    CatalogTable(self.root),
-                    RemovalLog(self.root),
-                    AckLogTable(self.root),
-                ),
+            # The tables are fenced and loaded side by side: on an object store each is a few
+            # round trips, which a takeover would otherwise wait for one table after another.
+            table, catalog, removal_log, acks = await asyncio.gather(
+                loop.run_in_executor(self.executor, MessageTable, self.root),
+                loop.run_in_executor(self.executor, CatalogTable, self.root),
+                loop.run_in_executor(self.executor, RemovalLog, self.root),
+                loop.run_in_executor(self.executor, AckLogTable, self.root),
             )
         except Exception:
             if self.store_damage:  # a log entry that does not parse: delta-rs refuses the table
                 log.error("cannot open the tables: %s", "; ".join(self.store_damage))
             raise
+        phases.append(time.monotonic())
+        # The streams' logical state loads while the ack log does (both only read, after the fence).
+        stored = loop.run_in_executor(self.executor, load_store_state, self.root, check.unknown)
         try:
             history = await loop.run_in_executor(self.executor, acks.load)
         except Exception:
+            stored.cancel()
             if self.store_damage:  # a damaged file of the ack log that delta-rs cannot decode
                 log.error("cannot load the ack log: %s", "; ".join(self.store_damage))
             raise
@@ -155,9 +161,10 @@ class Gateway:
             settings.index_snapshot_min_new,
         )
         await acklog.start()
-        t0 = time.monotonic()
-        await self._recover(registry, snapshots, history, check.unknown)
-        log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
+        phases.append(time.monotonic())
+        await self._recover(registry, snapshots, history, await stored)
+        phases.append(time.monotonic())
+        log.info("recovered %d streams in %.2f s", len(registry.streams), phases[-1] - phases[-2])
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
         delivery = Delivery(
@@ -231,9 +238,16 @@ class Gateway:
             writer.loop.on_fenced = acklog.loop.on_fenced = self._fenced
         sourcing.start()
         await leaf.start(dispatcher)
+        phases.append(time.monotonic())
+        took = [f"{b - a:.2f}" for a, b in itertools.pairwise(phases)]
+        log.info(
+            "started in %.2f s (check, tables, ack log, recovery, serving: %s s)",
+            phases[-1] - phases[0],
+            ", ".join(took),
+        )
 
     async def _recover(
-        self, registry: Registry, snapshots: Snapshots, history: AckLog, unknown: frozenset[str]
+        self, registry: Registry, snapshots: Snapshots, history: AckLog, recovered: StoreState
     ) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
@@ -241,7 +255,6 @@ class Gateway:
         ephemeral ones' too: as on the real server with file storage, they come back and go after
         their ``inactive_threshold`` unless someone uses them."""
         loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(self.executor, load_store_state, self.root, unknown)
         registry.quarantine = recovered.quarantine
         self.store_damage += recovered.problems
         for problem in recovered.problems:

@@ -52,7 +52,6 @@ class Ownership:
         seen: tuple[int, Beat | None] | None = None
         since = time.monotonic()
         while True:
-            await asyncio.to_thread(self.lease.announce, self.name)
             current = await asyncio.to_thread(self.lease.current)
             beat = await asyncio.to_thread(self.lease.read_beat, current) if current else None
             if (current, beat) != seen:
@@ -64,7 +63,11 @@ class Ownership:
                 self.epoch = current + 1
                 self._beaten = time.monotonic()
                 self.lost.clear()
-                log.info("owner of the store as epoch %d", self.epoch)
+                log.info(
+                    "owner of the store as epoch %d (%.2f s after the last change of its beat seen)",
+                    self.epoch,
+                    time.monotonic() - since,
+                )
                 return self.epoch
             await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
 
@@ -79,8 +82,19 @@ class Ownership:
                 return
             await asyncio.to_thread(self.lease.beat, self.epoch)
             self._beaten = time.monotonic()
-            await asyncio.to_thread(self.lease.announce, self.name)
-            await self._listen()
+
+    async def announce(self) -> None:
+        """For the life of the process, every tick: say this gateway is alive and, while it owns
+        the store, note which others are. Its own loop, so that the beats keep their pace
+        whatever the announcements cost (an object store's round trips)."""
+        while True:
+            try:
+                await asyncio.to_thread(self.lease.announce, self.name)
+                if self.epoch and not self.lost.is_set():
+                    await self._listen()
+            except OSError as exc:  # the store is out of reach for now: the next tick tries again
+                log.warning("announcing this gateway failed: %s", exc)
+            await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
 
     async def _listen(self) -> None:
         """Note which gateways' announcements changed; remove those silent for long."""

@@ -76,6 +76,7 @@ class Lease(ABC):
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._count = 0
+        self._announced = 0
 
     @abstractmethod
     def current(self) -> int:
@@ -102,8 +103,8 @@ class Lease(ABC):
 
     def announce(self, name: str) -> None:
         """Say that gateway ``name`` (this process) is alive (not synced, as a beat)."""
-        self._count += 1
-        body = {"name": name, "host": self.host, "pid": self.pid, "count": self._count}
+        self._announced += 1
+        body = {"name": name, "host": self.host, "pid": self.pid, "count": self._announced}
         self._put_member(name, json.dumps(body).encode())
 
     def members(self) -> dict[str, int]:
