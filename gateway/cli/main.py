@@ -43,13 +43,19 @@ async def serve(settings: Settings) -> int:
     # Imported here so the inspection commands start without loading the storage engine.
     from gateway.runtime.embedded import EmbeddedServer
 
-    # Loaded before standing by, not at takeover: importing the storage engine takes most of a second.
+    # Loaded before standing by, not at takeover: importing the storage engine takes most of a second,
+    # the monitor's web stack about as much, and the monitor starts once the link is up: imported
+    # then, it held the event loop (every answer of a takeover) for seconds on a loaded machine.
     from gateway.service.gateway import Gateway  # noqa: F401
     from gateway.service.ownership import Ownership
     from storage_delta.commit.lease import open_lease, warm_up
     from storage_delta.commit.store import StoreRoot
     from storage_delta.format.schema import CATALOG, CATALOG_SCHEMA
 
+    if settings.monitor_port:
+        import uvicorn  # noqa: F401
+
+        from gateway.monitor.app import build_app  # noqa: F401
     embedded: EmbeddedServer | None = None
     if settings.embedded:
         workdir = Path(settings.data_root if "://" not in settings.data_root else ".") / ".nats-server"
