@@ -542,11 +542,14 @@ class JetlakeStreamReader(_SimpleStreamReaderWrapper, SupportsTriggerAvailableNo
     A small micro-batch (one partition, ``prefetch_bytes`` of files at most: what a query that
     keeps up with its stream plans) is read right here, by the planner, and its rows go to Spark
     with the partition (:meth:`getCache`): Spark keeps them in its block manager and the batch's
-    task reads them there, so no Python worker is started or fed for it. That hop was about half of
-    a small micro-batch's job on a loaded machine (bench/freshness.py). Spark offers the hand-over
+    task reads them there, so no Python worker is started or fed for it. That hop was most of a
+    small micro-batch's job on a loaded machine (a ``collect`` of its rows: 214-261 ms with it,
+    58-73 ms without; bench/RESULTS.md, ``--compare-prefetch``). Spark offers the hand-over
     only to readers that are its ``_SimpleStreamReaderWrapper``, hence the base class; every one of
-    the wrapper's methods Spark calls is overridden here. The partition handed over is the real one,
-    so a task that cannot find the rows (or a replay after a restart, which plans anew) reads it.
+    the wrapper's methods Spark calls is overridden here (Spark asks a wrapper for no
+    ``reportLatestOffset``, so a query's progress shows no ``latestOffset`` for this source). The
+    partition handed over is the real one, so a task that cannot find the rows (or a replay after a
+    restart, which plans anew) reads it.
     """
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
