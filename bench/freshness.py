@@ -16,9 +16,18 @@ reader, one after the other (a reader never competes with another for the two co
 
 Pollers sleep :data:`POLL_S` between queries. Percentiles are over every message of a phase; a
 message a reader never saw counts in ``missing``. The Spark session uses jetlake's settings
-(conf/spark.toml).
+(conf/spark.toml). ``spark_stream`` also reports where a micro-batch's time goes: the median of each
+part of Spark's ``durationMs`` over the micro-batches that read rows (``latestOffset``, ``walCommit``:
+the offset log, ``queryPlanning``, ``addBatch``: the ``foreachBatch`` call with its job,
+``commitOffsets``: the commit log, ``triggerExecution``: the whole), and ``collect_ms``, the
+``collect`` in ``foreachBatch`` alone.
 
-    python -m bench.freshness [--rate 20] [--seconds 20]
+``--compare-prefetch N`` then runs the streaming phase N times without and N times with the
+planner's prefetch of small micro-batches (the source's ``prefetch_bytes`` 0 and its default), taking
+turns in one session.
+
+    python -m bench.freshness [--rate 20] [--seconds 20] [--readers spark_stream,duckdb]
+        [--compare-prefetch N]
 """
 
 from __future__ import annotations
@@ -49,6 +58,10 @@ STREAM, SUBJECT = "BFRESH", "bfresh.x"
 POLL_S = 0.01
 #: How long a reader may still take after the last publish of a phase.
 GRACE_S = 5.0
+#: Messages a streaming query reads before a phase's own (its start-up is not what is measured).
+WARMUP = 20
+#: How long the warm-up may take at most.
+WARMUP_S = 300.0
 
 #: A reader's answer to "which rows above sequence n are there now": (sequence, payload) pairs.
 Fetch = Callable[[int], Iterable[tuple[int, bytes]]]
@@ -178,31 +191,59 @@ def polling_phase(url: str, fetch: Fetch, rate: float, seconds: float) -> Result
     return seen.summary(last - since)
 
 
-def spark_stream_phase(url: str, root: str, work: Path, rate: float, seconds: float) -> Result:
+def spark_stream_phase(
+    url: str, root: str, work: Path, rate: float, seconds: float, options: dict[str, str] | None = None
+) -> Result:
+    """``options``: more options of the jetlake source (``prefetch_bytes`` for the comparison)."""
     spark = build_spark_session(quiet=True)
-    seen = Seen(asyncio.run(last_seq(url)))
+    since = asyncio.run(last_seq(url))
+    # Warm-up messages first: the query's first micro-batches start its Python processes and a cold
+    # JVM, which is not part of any message's way and on a loaded machine takes tens of seconds.
+    seen = Seen(since + WARMUP)
+    warm = threading.Event()
+    collects: list[float] = []
 
     def on_batch(df: Any, _batch: int) -> None:
-        seen.record((r["seq"], bytes(r["data"])) for r in df.select("seq", "data").collect())
+        began = time.perf_counter()
+        rows = df.select("seq", "data").collect()
+        seen.record((r["seq"], bytes(r["data"])) for r in rows)
+        if rows and warm.is_set():
+            collects.append((time.perf_counter() - began) * 1000)
+        if any(r["seq"] == since + WARMUP for r in rows):
+            warm.set()
 
     query = (
         spark.readStream.format("jetlake")
         .option("root", root)
         .option("stream", STREAM)
-        .option("start_seq", seen.since_seq + 1)
+        .option("start_seq", since + 1)
+        .options(**(options or {}))
         .load()
         .writeStream.foreachBatch(on_batch)
-        .option("checkpointLocation", str(work / "freshness-checkpoint"))
+        .option("checkpointLocation", str(work / f"freshness-checkpoint-{since}"))
         .start()
     )
     try:
-        # The query's first micro-batches start its Python processes: not part of any message's way.
-        time.sleep(5)
+        assert asyncio.run(publish_steady(url, rate, WARMUP / rate)) == since + WARMUP
+        deadline = time.monotonic() + WARMUP_S
+        while not warm.wait(1):
+            if query.exception() is not None or not query.isActive or time.monotonic() > deadline:
+                raise RuntimeError(f"the streaming query never read the warm-up: {query.exception()}")
+        first = query.lastProgress["batchId"] if query.lastProgress else 0
         last = asyncio.run(publish_steady(url, rate, seconds))
         seen.wait(last)
+        progress = [p for p in query.recentProgress if p["numInputRows"] and p["batchId"] > first]
     finally:
         query.stop()
-    return seen.summary(last - seen.since_seq)
+    if query.exception() is not None:
+        raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    out = seen.summary(last - seen.since_seq)
+    parts = sorted({k for p in progress for k in p["durationMs"]})
+    out["micro_batch_p50_ms"] = {
+        k: statistics.median(p["durationMs"].get(k, 0) for p in progress) for k in parts
+    }
+    out["micro_batch_p50_ms"]["collect_ms"] = round(statistics.median(collects or [0.0]), 1)
+    return out
 
 
 def lake_readers(root: str) -> dict[str, Fetch]:
@@ -237,17 +278,44 @@ async def create_stream(url: str) -> None:
         await nc.jetstream().add_stream(name=STREAM, subjects=[SUBJECT])
 
 
-def freshness(targets: list[Target], root: str, work: Path, rate: float, seconds: float) -> Result:
+READERS = ("consumer", "duckdb", "polars", "spark_batch", "spark_stream")
+
+
+def freshness(
+    targets: list[Target],
+    root: str,
+    work: Path,
+    rate: float,
+    seconds: float,
+    readers: Iterable[str] = READERS,
+    compare_prefetch: int = 0,
+) -> Result:
+    wanted = set(readers)
     out: Result = {"workload": "freshness", "rate_per_s": rate, "seconds": seconds, "poll_s": POLL_S}
     for t in targets:
         asyncio.run(create_stream(t.url))
-        out[t.name] = {"consumer": asyncio.run(consumer_phase(t.url, rate, seconds))}
+        out[t.name] = {}
+        if "consumer" in wanted:
+            out[t.name]["consumer"] = asyncio.run(consumer_phase(t.url, rate, seconds))
     lake = next(t for t in targets if t.name == "jetlake")
-    for name, fetch in lake_readers(root).items():
-        out["jetlake"][name] = polling_phase(lake.url, fetch, rate, seconds)
-    out["jetlake"]["spark_stream"] = spark_stream_phase(lake.url, root, work, rate, seconds)
-    js, jl = out["jetstream"]["consumer"], out["jetlake"]["consumer"]
-    out["ratio_consumer_p50"] = round(jl["p50_ms"] / js["p50_ms"], 2)
+    if wanted & {"duckdb", "polars", "spark_batch"}:
+        for name, fetch in lake_readers(root).items():
+            if name in wanted:
+                out["jetlake"][name] = polling_phase(lake.url, fetch, rate, seconds)
+    if "spark_stream" in wanted:
+        out["jetlake"]["spark_stream"] = spark_stream_phase(lake.url, root, work, rate, seconds)
+    # Before and after the planner's prefetch, taking turns in one session (the same warm JVM and
+    # the same load on the machine for both).
+    out["jetlake"]["spark_stream_prefetch_rounds"] = [
+        {
+            variant: spark_stream_phase(lake.url, root, work, rate, seconds, options)
+            for variant, options in (("prefetch_off", {"prefetch_bytes": "0"}), ("prefetch_on", {}))
+        }
+        for _ in range(compare_prefetch)
+    ]
+    if "consumer" in wanted:
+        js, jl = out["jetstream"]["consumer"], out["jetlake"]["consumer"]
+        out["ratio_consumer_p50"] = round(jl["p50_ms"] / js["p50_ms"], 2)
     return out
 
 
@@ -255,11 +323,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=20.0, help="messages published a second")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each reader's phase")
+    ap.add_argument("--readers", default=",".join(READERS), help="comma-separated, of: " + ", ".join(READERS))
+    ap.add_argument(
+        "--compare-prefetch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N rounds of the streaming phase without and with the planner's prefetch",
+    )
     args = ap.parse_args()
+    readers = args.readers.split(",") if args.readers else []
+    if unknown := set(readers) - set(READERS):
+        ap.error(f"unknown readers: {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory(prefix="bench-freshness-") as tmp:
         ref, lake, targets = start_targets(Path(tmp))
         try:
-            res = freshness(targets, str(lake.data_root), Path(tmp), args.rate, args.seconds)
+            root, rounds = str(lake.data_root), args.compare_prefetch
+            res = freshness(targets, root, Path(tmp), args.rate, args.seconds, readers, rounds)
         finally:
             lake.stop()
             ref.stop()

@@ -15,7 +15,9 @@ stored at or after it, as a consumer's ``opt_start_time``); ``subject`` (a NATS 
 messages removed by limits, purges, deletes, TTL or acks that compaction has not removed yet, and
 without a deleted stream's rows; ``raw``: every stored row; ``changes``: the change feed, see
 :data:`CHANGE_SCHEMA`); ``max_messages_per_trigger`` (streaming: at most this many sequences per
-micro-batch); ``storage.<KEY>`` (a delta-rs storage option for an object-store root, e.g.
+micro-batch); ``prefetch_bytes`` (streaming: the planner reads a micro-batch of one partition whose
+files add up to at most this many bytes itself, :data:`PREFETCH_BYTES` by default, 0: never; see
+:class:`JetlakeStreamReader`); ``storage.<KEY>`` (a delta-rs storage option for an object-store root, e.g.
 ``storage.AWS_REGION``).
 
 :func:`list_blocks` and :func:`read_block` hold all the work; the batch reader and the stream
@@ -24,6 +26,7 @@ reader differ only in how they pick the sequence range (options, or micro-batch 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,7 +35,12 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+# pyspark's own wrapper of a SimpleDataSourceStreamReader: the one kind of stream reader whose
+# micro-batch rows Spark takes from the planner (see JetlakeStreamReader.getCache). Private, so the
+# pyspark pin in pyproject.toml is exact.
+from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -106,6 +114,10 @@ BATCH_BYTES = 8 << 20
 BATCH_ROWS = 65_536
 #: The fixed columns of a row (stream, sequence, times, the map's offsets), in bytes.
 _ROW_OVERHEAD = 48
+#: A streaming micro-batch of one partition whose files add up to at most this many bytes is read
+#: by the planner and handed to Spark with the partition (see JetlakeStreamReader.getCache); the
+#: default of the ``prefetch_bytes`` option.
+PREFETCH_BYTES = 4 << 20
 
 _STORAGE_PREFIX = "storage."
 
@@ -153,6 +165,7 @@ class ReadOptions:
     start_time_ns: int | None = None
     subject: str | None = None
     max_per_trigger: int | None = None
+    prefetch_bytes: int = PREFETCH_BYTES
     #: One of :data:`VIEWS`.
     view: str = "logical"
 
@@ -174,6 +187,7 @@ class ReadOptions:
             # Parsed on the driver's node: executors elsewhere would resolve a relative path against
             # their own working directory.
             root = os.path.abspath(root)
+        prefetch = _int_option(options, "prefetch_bytes")
         return cls(
             root=StoreRoot(root, storage or None),
             stream=stream,
@@ -182,6 +196,7 @@ class ReadOptions:
             start_time_ns=_time_option(options, "start_time"),
             subject=options.get("subject") or None,
             max_per_trigger=_int_option(options, "max_messages_per_trigger"),
+            prefetch_bytes=PREFETCH_BYTES if prefetch is None else prefetch,
             view=_view_option(options),
         )
 
@@ -506,7 +521,7 @@ class JetlakeReader(DataSourceReader):
         return _read(self.options, self.arrow_schema, partition)
 
 
-class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class JetlakeStreamReader(_SimpleStreamReaderWrapper, SupportsTriggerAvailableNow):
     """Micro-batches over a stream; an offset is ``{"seq": n}``, the next sequence to read, and for
     the change feed also ``"removals"``: the removal log's version read through (-1: none yet).
 
@@ -523,6 +538,18 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     with warm handles (:class:`StoreFollower`), so an idle poll costs one look for a new commit file
     and a micro-batch plans from what is already loaded. Spark also pickles a fresh reader to the
     executors for :meth:`read`; the handles are made on first use and never travel.
+
+    A small micro-batch (one partition, ``prefetch_bytes`` of files at most: what a query that
+    keeps up with its stream plans) is read right here, by the planner, and its rows go to Spark
+    with the partition (:meth:`getCache`): Spark keeps them in its block manager and the batch's
+    task reads them there, so no Python worker is started or fed for it. That hop was most of a
+    small micro-batch's job on a loaded machine (a ``collect`` of its rows: 214-261 ms with it,
+    58-73 ms without; bench/RESULTS.md, ``--compare-prefetch``). Spark offers the hand-over
+    only to readers that are its ``_SimpleStreamReaderWrapper``, hence the base class; every one of
+    the wrapper's methods Spark calls is overridden here (Spark asks a wrapper for no
+    ``reportLatestOffset``, so a query's progress shows no ``latestOffset`` for this source). The
+    partition handed over is the real one, so a task that cannot find the rows (or a replay after a
+    restart, which plans anew) reads it.
     """
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
@@ -531,9 +558,18 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         #: ``Trigger.AvailableNow``: the end fixed when the query started; later messages wait.
         self._target: dict[str, int] | None = None
         self._store: StoreFollower | None = None
+        #: The micro-batch :meth:`partitions` just planned, when the planner reads it: its offsets
+        #: (as JSON, how Spark compares them) and its one partition.
+        self._prefetch: tuple[str, str, BlockPartition] | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_store": None}
+        return {**self.__dict__, "_store": None, "_prefetch": None}
+
+    @property
+    def simple_reader(self) -> JetlakeStreamReader:  # type: ignore[override]
+        """What Spark asks, as of a wrapper, whether it supports ``Trigger.AvailableNow`` and
+        prepares for it: this reader itself."""
+        return self
 
     @property
     def store(self) -> StoreFollower:
@@ -584,20 +620,32 @@ class JetlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             offset["removals"] = target["removals"] if end >= target["seq"] else start["removals"]
         return offset
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        newest = self._newest()
-        if newest is None:
-            return None
-        del newest["first"]
-        return newest
-
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         parts: list[InputPartition] = []
         if end["seq"] > start["seq"]:
             parts += _plan(self.options, self.store, start["seq"], end["seq"] - 1)
         if "removals" in start:
             parts += _removals(self.options, self.store, start["removals"], end["removals"])
+        self._prefetch = None
+        limit = self.options.prefetch_bytes
+        if limit > 0 and len(parts) == 1 and isinstance(parts[0], BlockPartition):
+            sizes = {f.path: f.size for f in self.store.files(self.options.stream)}
+            if sum(sizes.get(p, limit + 1) for p in parts[0].files) <= limit:
+                self._prefetch = (json.dumps(start), json.dumps(end), parts[0])
         return parts
+
+    def getCache(self, start: dict[str, int], end: dict[str, int]) -> Iterator[pa.RecordBatch] | None:
+        """The rows of the micro-batch :meth:`partitions` just planned, when it is small; None
+        (a task per partition reads them) otherwise. Spark calls it right after :meth:`partitions`
+        with the same offsets."""
+        planned = self._prefetch
+        self._prefetch = None
+        if planned is None or planned[:2] != (json.dumps(start), json.dumps(end)):
+            return None
+        return _read(self.options, self.arrow_schema, planned[2])
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: the reader keeps no rows between micro-batches."""
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)

@@ -1,6 +1,7 @@
 """Structured streaming over a stream: offsets are sequences, micro-batches are bounded by
-``max_messages_per_trigger``, and a query stopped mid-ingest and restarted from its checkpoint
-leaves every message in the sink exactly once."""
+``max_messages_per_trigger``, a query stopped mid-ingest and restarted from its checkpoint leaves
+every message in the sink exactly once, and a running query reads every message once while the
+gateway's compaction and the seal, retention and removals jobs rewrite and vacuum files under it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from spark_jobs.cli import run_job
+from spark_jobs.datasource import MESSAGE_SCHEMA, JetlakeStreamReader, ReadOptions
+from spark_jobs.settings import JobSettings
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format.schema import DEFAULT_BLOCK_SIZE
+from storage_delta.maintenance.files import live_files
+from tests.differential import api
 from tests.harness import Jetlake
 
 STREAM = "TICKS"
@@ -54,6 +62,35 @@ def _batch(spark: SparkSession, root: str, stream: str, **options: str) -> DataF
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
+
+
+def _reader(root: str, **options: str) -> JetlakeStreamReader:
+    return JetlakeStreamReader(ReadOptions.parse({"root": root, "stream": STREAM, **options}), MESSAGE_SCHEMA)
+
+
+def test_planner_reads_a_small_micro_batch(store: str) -> None:
+    """The rows Spark takes from the planner are the ones the micro-batch's task would read, only
+    for the offsets just planned, once; a batch over two blocks, or over ``prefetch_bytes`` of
+    files, is left to its tasks."""
+    reader = _reader(store, view="raw")
+    start, end = {"seq": 401}, {"seq": 451}
+    parts = reader.partitions(start, end)
+    assert len(parts) == 1
+    fetched = reader.getCache(start, end)
+    assert fetched is not None
+    got = pa.Table.from_batches(list(fetched))
+    assert got["seq"].to_pylist() == list(range(401, 451))
+    assert got.equals(pa.Table.from_batches(list(reader.read(parts[0]))))
+    assert reader.getCache(start, end) is None
+    reader.partitions(start, end)
+    assert reader.getCache(start, {"seq": 452}) is None
+    # Blocks 0 and 1: two tasks.
+    assert len(reader.partitions({"seq": 350}, {"seq": 450})) == 2
+    assert reader.getCache({"seq": 350}, {"seq": 450}) is None
+    for limit in ("0", "1"):
+        small = _reader(store, view="raw", prefetch_bytes=limit)
+        assert len(small.partitions(start, end)) == 1
+        assert small.getCache(start, end) is None
 
 
 @pytest.mark.spark
@@ -167,3 +204,86 @@ async def test_restart_during_ingest_is_exactly_once(
     assert seqs == list(range(1, total + 1)), "a gap or a duplicate in the sink"
     # Sequences follow publish order within each gather round only, so check the set of payloads.
     assert sorted(bytes(r.data) for r in rows) == sorted(b"m-%d" % i for i in range(total))
+
+
+def _blocks(root: str, stream: str) -> dict[int, int]:
+    """Live files per block."""
+    out: dict[int, int] = {}
+    for f in live_files(StoreRoot(root), stream):
+        out[f.block] = out.get(f.block, 0) + 1
+    return out
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+async def test_rewrites_and_vacuum_beneath_a_running_query(
+    spark: SparkSession, jetlake: Jetlake, unique: str, tmp_path: Path
+) -> None:
+    """The stream starts 300 sequences below its second block, so block 0 fills and is sealed while
+    the query runs; one message per commit gives the gateway's continuous compaction runs of small
+    files to merge; three deleted messages give the retention job a block to rewrite. The jobs run
+    as ``jetlake jobs run`` runs them (each followed by a vacuum with the margin and a checkpoint),
+    round after round, while messages keep arriving and the query, held to 25 sequences a trigger,
+    plans and reads behind them. Its output is the stream: every message once, none of the deleted,
+    and the query never failed on a file that was rewritten away."""
+    root = str(jetlake.data_root)
+    first = DEFAULT_BLOCK_SIZE - 300
+    total = 600
+    deleted = {first + 10, first + 20, first + 100}
+    seen: list[tuple[int, bytes]] = []
+
+    def on_batch(df: DataFrame, _batch: int) -> None:
+        seen.extend((r.seq, bytes(r.data)) for r in df.select("seq", "data").collect())
+
+    nc = await nats.connect(jetlake.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name=unique, subjects=[f"{unique}.>"], first_seq=first)
+
+        async def publish(n: int) -> None:
+            for _ in range(n):  # one commit each
+                await js.publish(f"{unique}.x", b"m", timeout=30)
+
+        await publish(150)
+        for s in sorted(deleted):
+            assert (await api(nc, f"STREAM.MSG.DELETE.{unique}", {"seq": s}))["success"]
+        query = await asyncio.to_thread(
+            lambda: (
+                _stream(spark, root, unique, max_messages_per_trigger="25")
+                .writeStream.foreachBatch(on_batch)
+                .option("checkpointLocation", str(tmp_path / "ckpt"))
+                .trigger(processingTime="50 milliseconds")
+                .start()
+            )
+        )
+        publisher = asyncio.create_task(publish(total - 150))
+        settings = JobSettings(data_root=root, vacuum_margin_hours=1)
+        rounds = 0
+        try:
+            while not publisher.done() or rounds < 2:
+                for job in ("seal", "retention", "removals"):
+                    await asyncio.to_thread(run_job, spark, job, settings)
+                rounds += 1
+                assert query.isActive, query.exception()
+            await publisher
+            await asyncio.to_thread(query.processAllAvailable)
+        finally:
+            if not publisher.done():
+                publisher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await publisher
+            await asyncio.to_thread(query.stop)
+        assert query.exception() is None
+    finally:
+        await nc.close()
+
+    expected = [s for s in range(first, first + total) if s not in deleted]
+    assert sorted(seq for seq, _ in seen) == expected, "a gap or a duplicate in the query's output"
+    assert all(data == b"m" for _, data in seen)
+    # The rewrites happened: block 0 is sealed into one file without the deleted rows, and the
+    # gateway merged block 1's one-message commits.
+    blocks = _blocks(root, unique)
+    assert blocks[0] == 1
+    assert blocks[1] < total - 300
+    raw = _batch(spark, root, unique, view="raw").select("seq").collect()
+    assert sorted(r.seq for r in raw) == expected
