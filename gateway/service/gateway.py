@@ -39,6 +39,7 @@ from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
 from gateway.service.ownership import Ownership
+from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
 from storage_delta.commit.durable import Unsynced, flush_every
@@ -157,6 +158,7 @@ class Gateway:
         t0 = time.monotonic()
         await self._recover(registry, snapshots, history, check.unknown)
         log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
+        log.info("leaf link hot path: %s (JETLAKE_NO_EXTENSIONS selects python)", protocol.IMPLEMENTATION)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
         delivery = Delivery(

@@ -4,7 +4,7 @@ extension) and once compiled, in alternating order, each a ``bench.run`` with bo
 ratio is against the real JetStream of the same run). Prints the medians per workload and variant:
 the ratio to JetStream, and the CPU µs per message of jetlake's gateway and hub and of JetStream.
 
-    python -m bench.hotpath --rounds 3 --consume 20000 --scale 0.2
+    python -m bench.interleaved.hotpath --rounds 3 --consume 20000 --scale 0.2
 """
 
 from __future__ import annotations
