@@ -76,6 +76,11 @@ cdef Py_ssize_t _plain_ack(const char* p, Py_ssize_t pos, Py_ssize_t n, Py_ssize
     return -1
 
 
+cdef inline bint _same(bytes known, const char* p, Py_ssize_t k):
+    """Whether ``known`` holds the ``k`` bytes at ``p``."""
+    return PyBytes_GET_SIZE(known) == k and memcmp(PyBytes_AS_STRING(known), p, k) == 0
+
+
 cdef Py_ssize_t _size_of(bytes buf, Py_ssize_t a, Py_ssize_t b) except -2:
     """A size token as ``int()`` reads it: digits here, anything else through ``int`` itself."""
     cdef const char* p = PyBytes_AS_STRING(buf)
@@ -111,13 +116,20 @@ cdef class FrameParser:
         cdef char c0, c1, c2, c3
         cdef list frames = []
         cdef list found
+        cdef bytes stream, consumer
         while pos < n:
             if self._ack_runs:
                 end = _plain_ack(p, pos, n, f)
                 if end >= 0:
                     found = []
+                    stream = consumer = b""
                     while end >= 0:
-                        found.append((buf[f[0]:f[1]], buf[f[2]:f[3]], buf[f[4]:f[5]], buf[f[6]:f[7]]))
+                        # a run is mostly one consumer's acks: its names are made once
+                        if not _same(stream, p + f[2], f[3] - f[2]):
+                            stream = buf[f[2]:f[3]]
+                        if not _same(consumer, p + f[4], f[5] - f[4]):
+                            consumer = buf[f[4]:f[5]]
+                        found.append((buf[f[0]:f[1]], stream, consumer, buf[f[6]:f[7]]))
                         pos = end
                         end = _plain_ack(p, pos, n, f)
                     frames.append(AckRun(found))
