@@ -99,10 +99,14 @@ cdef class FrameParser:
 
     cdef bytes _rest
     cdef bint _ack_runs
+    cdef bytes _subject_b  # the last message's subject, as read and as decoded
+    cdef str _subject
 
     def __init__(self, bint ack_runs=False):
         self._rest = b""
         self._ack_runs = ack_runs
+        self._subject_b = b""
+        self._subject = ""
 
     def feed(self, data):
         cdef bytes buf = (self._rest + data) if self._rest else bytes(data)
@@ -185,7 +189,12 @@ cdef class FrameParser:
             end = start + total
             if end + 2 > n:
                 break
-            subject = PyUnicode_DecodeUTF8(p + ta[0], tb[0] - ta[0], NULL)
+            if _same(self._subject_b, p + ta[0], tb[0] - ta[0]):
+                subject = self._subject  # publishers repeat subjects: one str for a run of them
+            else:
+                subject = PyUnicode_DecodeUTF8(p + ta[0], tb[0] - ta[0], NULL)
+                self._subject_b = buf[ta[0] : tb[0]]
+                self._subject = subject
             if (nargs == 2 and not is_hdr) or (nargs == 3 and is_hdr):
                 reply = ""
             elif (nargs == 3 and not is_hdr) or (nargs == 4 and is_hdr):
