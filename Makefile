@@ -57,8 +57,13 @@ nats-jetstream-client: $(NATS_JS_STAMP)
 run: $(STAMP) java
 	$(VENV)/bin/jetlake serve
 
+# Every test; then the wire tests and the consume and publish differential tests again with the
+# gateway on the Python implementation of its hot path (JETLAKE_NO_EXTENSIONS; the first run fails
+# if the compiled one is not in use).
 test: $(STAMP) java chromium fuse $(NODE_MODULES) $(NATS_JS_STAMP)
 	$(PY) -m pytest
+	JETLAKE_NO_EXTENSIONS=1 $(PY) -m pytest tests/test_protocol.py tests/test_consumers_pull.py \
+	  tests/test_consumers_push.py tests/test_consumers_acks.py tests/test_publish_semantics.py
 
 # The inner loop: the unit and the quick differential tests, without the slow, Spark, Node,
 # nats-jetstream and waiting ones (pyproject.toml's markers); see the README for its time. CI runs
