@@ -6,7 +6,8 @@ NODE_MODULES := tests/node/node_modules/.package-lock.json
 
 .PHONY: run test test-fast check lint types java chromium fuse nats-jetstream-client bench soak crash-matrix
 
-$(STAMP): pyproject.toml
+# (re)installed when the project or its compiled hot path changes: the install builds gateway/wire/_framing.pyx
+$(STAMP): pyproject.toml setup.py gateway/wire/_framing.pyx
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
