@@ -370,3 +370,12 @@ def test_both_frame_pub_acks_alike() -> None:
     assert _framing.encode_msgs([]) == framing.encode_msgs([]) == b""
     parsed = framing.FrameParser().feed(framing.encode_msgs(frames))
     assert [(f.subject, f.data) for f in parsed if isinstance(f, proto.Msg)] == frames
+
+
+def test_neither_frames_what_is_not_bytes(impl: ModuleType) -> None:
+    """A payload that is not bytes is a TypeError in both (the compiled one reads no memory it
+    was not given)."""
+    with pytest.raises(TypeError):
+        impl.encode_msgs([("a", None)])
+    with pytest.raises(TypeError):
+        impl.delivery_frames("i", "S", "c", (), [(_Stored("a", None, None, 1), _Delivered(1, 1, 1, 0))])  # type: ignore[arg-type]

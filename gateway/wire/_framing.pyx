@@ -306,10 +306,12 @@ def delivery_frames(str inbox, str stream, str consumer, tuple queues, run, bint
         for msg, d in run:
             subject = msg.subject
             c_subject = _utf8(subject, &n_subject)
-            data = msg.data
-            hdrs = msg.hdrs
+            data = msg.data  # bytes (a TypeError for anything else) and never None:
+            if data is None:
+                raise TypeError("a stored message without payload bytes")
+            hdrs_b = msg.hdrs  # bytes or None
             n_data = PyBytes_GET_SIZE(data)
-            n_hdrs = PyBytes_GET_SIZE(hdrs) if hdrs else 0
+            n_hdrs = PyBytes_GET_SIZE(hdrs_b) if hdrs_b else 0
             deliveries, seq, cseq, ts, pending = d.deliveries, d.seq, d.cseq, msg.ts, d.pending
             token_chars = chars + _digits(deliveries) + _digits(seq) + _digits(cseq) + _digits(ts) + _digits(pending)
             size += PyUnicode_GET_LENGTH(subject) + token_chars + n_data + n_hdrs
@@ -342,7 +344,6 @@ def delivery_frames(str inbox, str stream, str consumer, tuple queues, run, bint
                 _put(&o, b" ", 1)
                 _put_int(&o, n_hdrs + n_data)
                 _put(&o, b"\r\n", 2)
-                hdrs_b = hdrs
                 _put(&o, PyBytes_AS_STRING(hdrs_b), n_hdrs)
             else:
                 _put_int(&o, n_data)
@@ -365,6 +366,8 @@ def encode_msgs(list frames):
     o.cap = 0
     try:
         for subject, data in frames:
+            if data is None:
+                raise TypeError("a PubAck without body bytes")
             c_subject = _utf8(subject, &n_subject)
             n_data = PyBytes_GET_SIZE(data)
             _reserve(&o, 5 + n_subject + 1 + 21 + 2 + n_data + 2)
