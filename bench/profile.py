@@ -1,11 +1,15 @@
-"""Where the gateway's time goes during a workload: py-spy attached to the gateway process, summed
-into the functions that hold the most samples (own time) and the call paths under them."""
+"""Where the time goes during a workload: py-spy attached to the gateway process, and Go's pprof
+on each nats-server (jetlake's hub, the reference JetStream), summed into the functions that hold
+the most samples (own time) and the call paths under them."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import threading
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,3 +64,67 @@ def _short(frame: str) -> str:
     function and would split its count."""
     name, _, where = frame.partition(" (")
     return f"{name} ({where.rsplit('/', 1)[-1].split(':')[0]})" if where else name
+
+
+#: Length of each Go CPU profile taken while a workload runs (they are merged at the end): the
+#: server's pprof endpoint profiles for a fixed time, the workload's length is not known ahead.
+GO_SLICE_S = 1
+
+
+@contextmanager
+def go_sampled(port: int, out: Path) -> Iterator[None]:
+    """Go CPU profiles of the nats-server serving pprof on ``port``, one per second into ``out``,
+    while the block runs (nothing when ``port`` is 0)."""
+    if not port:
+        yield
+        return
+    out.mkdir()
+    stop = threading.Event()
+
+    def take() -> None:
+        n = 0
+        while not stop.is_set():
+            url = f"http://127.0.0.1:{port}/debug/pprof/profile?seconds={GO_SLICE_S}"
+            with urllib.request.urlopen(url, timeout=GO_SLICE_S + 30) as resp:
+                (out / f"{n:05d}.pb.gz").write_bytes(resp.read())
+            n += 1
+
+    taker = threading.Thread(target=take, name="go-pprof")
+    taker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        taker.join()
+
+
+def go_summarize(out: Path, top: int = TOP) -> dict[str, object]:
+    """The merged profiles' functions with the most own (flat) and cumulative CPU, in percent of
+    the samples, from ``go tool pprof -top`` (Debian's golang)."""
+    files = sorted(out.glob("*.pb.gz")) if out.exists() else []
+    go = shutil.which("go")
+    if not files or go is None:
+        return {}
+    text = subprocess.run(
+        [go, "tool", "pprof", "-top", f"-nodecount={top}", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    cum = subprocess.run(
+        [go, "tool", "pprof", "-top", "-cum", f"-nodecount={top + 8}", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {"own_pct": _pprof_rows(text, 1), "inclusive_pct": _pprof_rows(cum, 4)}
+
+
+def _pprof_rows(text: str, column: int) -> dict[str, float]:
+    """``flat flat% sum% cum cum% name`` rows: name to the percent in ``column`` (1 flat, 4 cum)."""
+    rows: dict[str, float] = {}
+    for line in text.splitlines():
+        cols = line.split(None, 5)
+        if len(cols) == 6 and cols[1].endswith("%") and cols[4].endswith("%"):
+            rows[cols[5]] = float(cols[column].rstrip("%"))
+    return rows

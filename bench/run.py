@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument(
         "--profile",
         action="store_true",
-        help="py-spy on the gateway during the publish and consume workloads",
+        help="py-spy on the gateway, Go pprof on each nats-server, during the publish and consume workloads",
     )
     ap.add_argument(
         "--scale",
@@ -123,7 +123,7 @@ def main() -> None:
     only = {w for w in args.only.split(",") if w}
 
     with tempfile.TemporaryDirectory(prefix="jetlake-bench-") as tmp:
-        ref, lake, targets = start_targets(Path(tmp))
+        ref, lake, targets = start_targets(Path(tmp), pprof=args.profile)
         lake_root = StoreRoot(str(lake.data_root))
         profile = Path(tmp) / "profiles" if args.profile else None
         if profile is not None:

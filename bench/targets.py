@@ -16,7 +16,7 @@ import nats
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError
 
-from tests.harness import Jetlake, ReferenceJetStream
+from tests.harness import Jetlake, ReferenceJetStream, free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
 NODE_DIR = BENCH_DIR / "node"
@@ -37,6 +37,8 @@ class Target:
     #: Every process of the server by role (jetlake: the gateway and its hub nats-server), whose
     #: CPU time a workload reports per message.
     processes: Callable[[], dict[str, int]]
+    #: The Go pprof port of its nats-server (jetlake: the hub), 0 for none (``bench.run --profile``).
+    pprof_port: int = 0
 
     def stream_dir(self, stream: str) -> Path:
         if self.name == "jetstream":
@@ -44,10 +46,23 @@ class Target:
         return self.workdir / "data" / "messages" / f"stream={stream}"
 
 
-def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Target]]:
-    ref = ReferenceJetStream(workdir / "jetstream")
+class ProfiledJetlake(Jetlake):
+    """jetlake whose hub nats-server serves Go's pprof on ``profile_port``."""
+
+    def __init__(self, workdir: Path, profile_port: int) -> None:
+        super().__init__(workdir)
+        self.profile_port = profile_port
+
+    def server_conf(self) -> str:
+        return super().server_conf() + f"prof_port: {self.profile_port}\n"
+
+
+def start_targets(workdir: Path, pprof: bool = False) -> tuple[ReferenceJetStream, Jetlake, list[Target]]:
+    """Both servers; with ``pprof``, each nats-server (the reference, jetlake's hub) serves Go's
+    CPU profiles."""
+    ref = ReferenceJetStream(workdir / "jetstream", profile_port=free_port() if pprof else 0)
     ref.start()
-    lake = Jetlake(workdir / "jetlake")
+    lake = ProfiledJetlake(workdir / "jetlake", free_port()) if pprof else Jetlake(workdir / "jetlake")
     lake.start()
 
     def restart_ref(between: Callable[[], None] | None = None) -> None:
@@ -73,6 +88,7 @@ def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Targ
                 restart_ref,
                 lambda: _pid(ref.proc),
                 lambda: {"server": _pid(ref.proc)},
+                ref.profile_port,
             ),
             Target(
                 "jetlake",
@@ -81,6 +97,7 @@ def start_targets(workdir: Path) -> tuple[ReferenceJetStream, Jetlake, list[Targ
                 restart_lake,
                 lambda: _pid(lake.gateway),
                 lambda: {"gateway": _pid(lake.gateway), "hub": _pid(lake.server)},
+                lake.profile_port if isinstance(lake, ProfiledJetlake) else 0,
             ),
         ],
     )

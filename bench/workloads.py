@@ -9,11 +9,12 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.profile import sampled, summarize
+from bench.profile import go_sampled, go_summarize, sampled, summarize
 from bench.targets import Target, add_stream, barrier, loadgen, stream_state, timed_restart, tree_bytes
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
@@ -45,13 +46,16 @@ def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Resu
     with py-spy on jetlake's gateway when ``profile`` names a directory."""
     pids = t.processes()
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
-    if profile is None or t.name != "jetlake":
+    if profile is None:
         res = run()
     else:
         raw = profile / f"{time.monotonic_ns()}.raw"
-        with sampled(t.pid(), raw):
+        go = profile / f"{time.monotonic_ns()}-go"
+        with go_sampled(t.pprof_port, go), sampled(t.pid(), raw) if t.name == "jetlake" else nullcontext():
             res = run()
-        res["profile"] = summarize(raw)
+        if t.name == "jetlake":
+            res["profile"] = summarize(raw)
+        res["server_profile" if t.name == "jetstream" else "hub_profile"] = go_summarize(go)
     messages = res.get("messages") or res.get("acked") or res.get("sent")
     if messages:
         res["cpu_us_per_msg"] = {

@@ -93,9 +93,11 @@ class ReferenceJetStream:
         sync_interval: str = "",
         leaf_port: int = 0,
         leaf_remotes: tuple[int, ...] = (),
+        profile_port: int = 0,
     ) -> None:
         self.workdir = workdir
         self.domain = domain
+        self.profile_port = profile_port  # Go's pprof over HTTP (bench --profile), when not 0
         #: A leafnode listener, and the leafnode ports it connects to as a leaf (other systems).
         self.leaf_port = leaf_port
         self.leaf_remotes = leaf_remotes
@@ -125,6 +127,8 @@ class ReferenceJetStream:
             args = ["-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.monitor_port:
             args += ["-m", str(self.monitor_port)]
+        if self.profile_port:
+            args += ["--profile", str(self.profile_port)]
         self.proc = spawn([nats_server_binary(), *args], self.workdir / "nats-server.log")
         try:
             wait_port(self.port, self.proc)

@@ -48,7 +48,7 @@ from gateway.runtime.tasks import TaskOwner
 from gateway.runtime.timers import Timers
 from gateway.wire import acks
 from gateway.wire.leaf import LeafConnection
-from gateway.wire.protocol import CRLF, msg_head
+from gateway.wire.protocol import delivery_frames
 from storage_delta.commit.writer import StoredMessage
 from storage_delta.format.nats import no_responders, parse_headers, status_block
 
@@ -337,30 +337,18 @@ class Delivery:
     def _send_run(self, consumer: Consumer, inbox: str, run: list[tuple[StoredMessage, Delivered]]) -> int:
         """Deliveries as one write, each under its stored subject with the ack reply; the bytes a
         pull request's ``max_bytes`` counts for them."""
-        stream, name = consumer.stream.name, consumer.name
-        headers_only = consumer.config.headers_only
         pin = None if consumer.is_push else priority.pin_header(consumer)
         group = consumer.config.deliver_group if consumer.is_push else None
-        queues = (group,) if group else ()
-        parts: list[bytes] = []
-        add = parts.append
-        size = 0
-        for msg, d in run:
-            token = acks.ack_subject(stream, name, d.deliveries, d.seq, d.cseq, msg.ts, d.pending)
-            data, hdrs = msg.data, msg.hdrs
-            if headers_only:
-                data, hdrs = b"", _with_header(hdrs, "Nats-Msg-Size", str(len(data)))
-            # max_bytes counts the message before its pin is added, as the server sizes it
-            size += len(msg.subject) + len(token) + len(data) + (len(hdrs) if hdrs else 0)
-            if pin is not None:
-                hdrs = _with_header(hdrs, "Nats-Pin-Id", pin)
-            hdr_len = len(hdrs) if hdrs else 0
-            add(msg_head(inbox, f"{token}@{msg.subject}", len(data), hdr_len, queues))
-            if hdrs:
-                add(hdrs)
-            add(data)
-            add(CRLF)
-        self.leaf.publish_frames(parts)
+        frames, size = delivery_frames(
+            inbox,
+            consumer.stream.name,
+            consumer.name,
+            (group,) if group else (),
+            run,
+            consumer.config.headers_only,
+            pin,
+        )
+        self.leaf.publish_frames(frames)
         if consumer.is_push:
             consumer.watch.last_sent_ns = now_ns()
         if self._timers is not None:
@@ -567,10 +555,3 @@ def _size(msg: StoredMessage, consumer: Consumer) -> int:
         consumer.stream.name, consumer.name, deliveries, msg.seq, consumer.dseq + 1, msg.ts, max(pending, 0)
     )
     return len(msg.subject) + len(token) + len(msg.data) + (len(msg.hdrs) if msg.hdrs else 0)
-
-
-def _with_header(hdrs: bytes | None, name: str, value: str) -> bytes:
-    """The stored headers plus one the delivery adds (``Nats-Msg-Size`` for ``headers_only``,
-    ``Nats-Pin-Id``), last, as the server's ``genHeader`` adds it."""
-    line = f"{name}: {value}\r\n\r\n".encode()
-    return hdrs[:-2] + line if hdrs else b"NATS/1.0\r\n" + line

@@ -41,6 +41,7 @@ from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
 from gateway.service.ownership import Ownership
+from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
 from storage_delta.commit.durable import Unsynced, flush_every
@@ -165,6 +166,7 @@ class Gateway:
         await self._recover(registry, snapshots, history, await stored)
         phases.append(time.monotonic())
         log.info("recovered %d streams in %.2f s", len(registry.streams), phases[-1] - phases[-2])
+        log.info("leaf link hot path: %s (JETLAKE_NO_EXTENSIONS selects python)", protocol.IMPLEMENTATION)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
         delivery = Delivery(

@@ -314,9 +314,9 @@ class LeafConnection:
     ) -> None:
         self._write(proto.encode_msg(subject, reply, data, hdrs, queues))
 
-    def publish_frames(self, frames: list[bytes]) -> None:
-        """Frames already encoded (``protocol.encode_msg``), as one queued write."""
-        self._write(frames[0] if len(frames) == 1 else b"".join(frames))
+    def publish_frames(self, frames: bytes) -> None:
+        """Frames already encoded (``protocol.delivery_frames``), as one queued write."""
+        self._write(frames)
 
     def publish_many(self, frames: list[tuple[str, bytes]]) -> None:
         """Plain messages (subject, payload), e.g. a commit's PubAcks, as one queued write."""
