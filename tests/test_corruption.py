@@ -388,30 +388,71 @@ def test_a_log_entry_cut_before_its_file_is_named_is_made_again_from_its_digest(
         store.stop()
 
 
-def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repair(store: Jetlake) -> None:
-    """Cut where nothing says which file the ``add`` named, and the file is gone too: nothing tells
-    which stream or sequences the line held. The entry no longer parses, so delta-rs refuses the
-    table and the gateway says which entry and does not start; repair drops the cut line (its
-    file's sequences become a gap)."""
+#: Where a cut leaves an ``add`` line whose file is gone too, and which streams go offline (what
+#: survives of the line says: every stream when nothing does, else the streams its path can name).
+CUTS_WITHOUT_THE_FILE = {
+    "before the name": (b'{"add":{"pa', (BAD, GOOD, GONE)),
+    "inside the stream's name": (b'{"add":{"path":"stream=BA', (BAD,)),
+    "after the stream's name": (b'{"add":{"path":"stream=BAD/block=', (BAD,)),
+}
+
+
+@pytest.mark.slow  # three gateway starts and three repair processes
+@pytest.mark.parametrize("where", sorted(CUTS_WITHOUT_THE_FILE))
+def test_a_log_entry_cut_in_an_add_whose_file_is_gone_takes_its_streams_offline(
+    store: Jetlake, where: str
+) -> None:
+    """Cut inside its ``add`` line, and the file is gone too: nothing can make the line again. The
+    entry no longer parses (delta-rs would refuse the whole table), so the gateway sets it aside at
+    start (rewrites it without the line, the original kept, a marker written first) and takes
+    offline the streams the line's surviving bytes can name, every stream when they name none; the
+    others, the API and the other tables serve, and every reader reads the table. A restart keeps
+    them offline; repair drops the line (its file's sequences become a gap) and they serve again."""
     path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
     entry = _entry_of(store.data_root, path)
-    cut_before_the_name(entry, path)
+    keep, offline = CUTS_WITHOUT_THE_FILE[where]
+    body = entry.read_bytes()
+    damaged = body[: body.index(b'{"add":{"path"') + len(keep)]
+    entry.write_bytes(damaged)
     path.unlink()
+    why = (
+        "a damaged messages log entry whose content is unknown, see jetlake repair"
+        if len(offline) > 1
+        else f"a damaged messages log entry _delta_log/{entry.name} lost a line of it, see jetlake repair"
+    )
     store.start_server()
     try:
-        with pytest.raises(RuntimeError, match="gateway exited"):
-            store.start_gateway()
-        assert (
-            f"damaged log entry messages/_delta_log/{entry.name}"
-            in (store.workdir / "gateway.log").read_text()
-        )
+        _offline_until_repaired(store, entry, damaged, lost, offline, why)
         seen = _entry_repaired_and_served(store, entry, lost, "1 damaged line(s) dropped")
         assert seen["next"] == BAD_MSGS + 1
     finally:
         store.stop()
 
 
-@pytest.mark.slow  # two gateway starts and three repair processes
+def _offline_until_repaired(
+    store: Jetlake, entry: Path, damaged: bytes, lost: range, offline: tuple[str, ...], why: str
+) -> None:
+    """Twice (the second start reads the marker the first wrote): the gateway starts, ``/healthz``
+    names the entry set aside and the offline streams, which answer as offline streams while the
+    others serve; meanwhile DuckDB reads the rewritten table and the damaged original is kept."""
+    for _ in range(2):
+        store.start_gateway()
+        status, health = healthz(store)
+        assert status == 503
+        assert any(
+            p.startswith(f"damaged log entry messages/_delta_log/{entry.name}: ")
+            and "set aside at start" in p
+            for p in health["problems"]
+        ), health
+        assert f"stream {offline[0]} is offline: {why}" in health["problems"]
+        seen = asyncio.run(_offline(store.url, offline[0], why, also=offline[1:]))
+        assert sorted(seen["infos"]) == sorted({BAD, GOOD, GONE} - set(offline))
+        assert store.stop_gateway() == 0
+    assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
+    assert (store.data_root / "messages" / "_jetlake_quarantine" / entry.name).read_bytes() == damaged
+
+
+@pytest.mark.slow  # three gateway starts and three repair processes
 @pytest.mark.parametrize("where", ["to nothing", "inside its commitInfo"])
 def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commit(
     store: Jetlake, where: str
@@ -419,26 +460,17 @@ def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commi
     """Cut within its first line, the entry lost the count of its lines with its digests: what it
     held is unknown (it was rewritten as an empty commit before: its messages were gone without a
     word, and a stream's last ones would have been numbered again). Cut to nothing, Delta readers
-    take it for an empty commit: the gateway starts with every stream offline; cut inside, delta-rs
-    refuses the table and the gateway does not start. Repair drops it; its file's sequences become
-    a gap."""
+    take it for an empty commit; cut inside, delta-rs refuses the table. Either way the gateway sets
+    it aside and starts with every stream offline, until repair drops it; its file's sequences
+    become a gap."""
     path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
     entry = _entry_of(store.data_root, path)
-    entry.write_bytes(b"" if where == "to nothing" else entry.read_bytes()[:30])
+    damaged = b"" if where == "to nothing" else entry.read_bytes()[:30]
+    entry.write_bytes(damaged)
     store.start_server()
     try:
-        if where == "to nothing":
-            store.start_gateway()
-            status, health = healthz(store)
-            assert status == 503
-            assert any(f"damaged log entry messages/_delta_log/{entry.name}" in p for p in health["problems"])
-            why = "a damaged messages log entry whose content is unknown, see jetlake repair"
-            assert f"stream {GOOD} is offline: {why}" in health["problems"]
-            asyncio.run(_offline(store.url, GOOD, why, also=(BAD, GONE)))
-            assert store.stop_gateway() == 0
-        else:
-            with pytest.raises(RuntimeError, match="gateway exited"):
-                store.start_gateway()
+        why = "a damaged messages log entry whose content is unknown, see jetlake repair"
+        _offline_until_repaired(store, entry, damaged, lost, (GOOD, BAD, GONE), why)
         _entry_repaired_and_served(
             store, entry, lost, "its commitInfo is lost, and with it what the commit held: unknown"
         )

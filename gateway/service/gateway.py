@@ -52,7 +52,7 @@ from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import RemovalLog
 from storage_delta.tables.repair import check_at_start
-from storage_delta.tables.scope import load_store_state
+from storage_delta.tables.scope import Scope, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class Gateway:
         )
         await acklog.start()
         t0 = time.monotonic()
-        await self._recover(registry, snapshots, history, check.unknown)
+        await self._recover(registry, snapshots, history, check.offline)
         log.info("recovered %d streams in %.2f s", len(registry.streams), time.monotonic() - t0)
         writer = GroupCommitWriter(table, self.executor, settings.max_pending_bytes, registry.rollback)
         await writer.start()
@@ -231,7 +231,7 @@ class Gateway:
         await leaf.start(dispatcher)
 
     async def _recover(
-        self, registry: Registry, snapshots: Snapshots, history: AckLog, unknown: frozenset[str]
+        self, registry: Registry, snapshots: Snapshots, history: AckLog, offline: list[tuple[Scope, str]]
     ) -> None:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
@@ -239,7 +239,7 @@ class Gateway:
         ephemeral ones' too: as on the real server with file storage, they come back and go after
         their ``inactive_threshold`` unless someone uses them."""
         loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(self.executor, load_store_state, self.root, unknown)
+        recovered = await loop.run_in_executor(self.executor, load_store_state, self.root, offline)
         registry.quarantine = recovered.quarantine
         self.store_damage += recovered.problems
         for problem in recovered.problems:

@@ -63,6 +63,7 @@ from storage_delta.tables.catalog import CATALOG_TABLE
 from storage_delta.tables.jobruns import JOBRUNS_TABLE
 from storage_delta.tables.removals import REMOVALS_TABLE, Removal, RemovalLog, live_streams
 from storage_delta.tables.scope import Scope
+from storage_delta.tables.unresolved import UnresolvedEntry, record, resolve, unresolved_entries
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class Finding:
     bad_lines: tuple[int, ...] = ()
     #: For a data file: its partition values (its ``remove`` action names them).
     partition: tuple[tuple[str, str], ...] = ()
+    #: For a log entry the gateway set aside at start: already rewritten, its marker to remove.
+    set_aside: bool = False
 
     def line(self) -> str:
         return f"{self.table}/{self.path}: {self.kind}, {self.holds}; {self.reason} -> {self.action}"
@@ -102,7 +105,13 @@ def find_damage(root: StoreRoot) -> list[Finding]:
             continue
         log_damage = [_log_finding(spec.name, table_path, d) for d in scan_log(table_path)]
         out += log_damage
-        if not any(f.kind == "log entry" for f in log_damage):
+        damaged_entries = {f.path for f in log_damage if f.kind == "log entry"}
+        out += [
+            _set_aside_finding(u)
+            for u in unresolved_entries(table_path, spec.name)
+            if u.entry not in damaged_entries  # else rewriting it resolves the marker too
+        ]
+        if not damaged_entries:
             out += _data_damage(root, spec)
     return out
 
@@ -127,15 +136,6 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
         else ()
     )
     rebuilt = len(d.bad_lines) - len(plan.dropped)
-    action = "rewrite: " + ", ".join(
-        part
-        for part in (
-            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt > 0 else "",
-            f"{len(plan.dropped)} damaged line(s) dropped" if plan.dropped else "",
-            "its commitInfo is lost, and with it what the commit held: unknown" if 0 in plan.dropped else "",
-        )
-        if part
-    )
     return Finding(
         table,
         d.kind,
@@ -143,9 +143,39 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
         f"version {d.version}: "
         + "; ".join(_describe_line(plan.raw[i] if i < len(plan.raw) else b"") for i in d.bad_lines),
         d.reason,
-        action,
+        "rewrite: "
+        + ", ".join(
+            [f"{rebuilt} line(s) rebuilt from what survives and the files they name"] * (rebuilt > 0)
+            + _dropping(plan.dropped)
+        ),
         lost=lost,
         bad_lines=d.bad_lines,
+    )
+
+
+def _dropping(dropped: tuple[int, ...]) -> list[str]:
+    return [f"{len(dropped)} damaged line(s) dropped"] * bool(dropped) + [
+        "its commitInfo is lost, and with it what the commit held: unknown"
+    ] * (0 in dropped)
+
+
+def _set_aside_finding(u: UnresolvedEntry) -> Finding:
+    """A log entry the gateway rewrote at start without its lines that cannot be made again, its
+    streams offline until repair says so: what the dropped lines were, the ranges they still
+    name recorded as lost."""
+    lines = sorted(u.dropped.items())
+    ranges = (_add_range(raw) for _, raw in lines) if u.table == sch.MESSAGES else iter(())
+    return Finding(
+        u.table,
+        "log entry",
+        u.entry,
+        f"version {u.version}: " + "; ".join(_describe_line(raw) for _, raw in lines),
+        u.reason,
+        "set aside at start (rewritten, the original in _jetlake_quarantine/, "
+        f"{u.describe()} offline): " + ", ".join(_dropping(tuple(i for i, _ in lines))) + "; serve again",
+        lost=tuple(r for r in ranges if r is not None),
+        bad_lines=tuple(i for i, _ in lines),
+        set_aside=True,
     )
 
 
@@ -240,7 +270,9 @@ def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         table_path = os.path.join(local, f.table)
         if f.kind == "log entry":
-            EntryRewrite.plan(table_path, f.path, f.bad_lines).write()
+            if not f.set_aside:
+                EntryRewrite.plan(table_path, f.path, f.bad_lines).write()
+            resolve(table_path, int(os.path.basename(f.path)[:20]))
         elif f.kind == "checkpoint":
             set_aside_checkpoint(table_path, f.path)
     data = [f for f in find_damage(root) if f.kind == "data file"]
@@ -319,6 +351,24 @@ class EntryRewrite:
             for i in sorted(found):  # at its place among the lines kept
                 lines.insert(i - 1 - sum(1 for d in dropped if d < i), found[i])
         return cls(table_path, rel, raw, bad_lines, lines, tuple(dropped))
+
+    @property
+    def leaves_a_hole(self) -> bool:
+        """Whether a Delta reader of the entry as it is would refuse the table or read it without a
+        word of what is lost: a dropped line that does not parse or is missing, or a lost
+        ``commitInfo`` (the count of the lines with it). A dropped line that parses (a flipped bit
+        only its digest notices) is read as it is, and its file's absence reported by the reader."""
+        return any(i == 0 or i >= len(self.raw) or not _json_line(self.raw[i]) for i in self.dropped)
+
+    def set_aside(self, table: str, reason: str) -> UnresolvedEntry:
+        """Rewrite the entry without the lines that cannot be made again, the marker that keeps the
+        streams they may concern offline written first (``storage_delta.tables.unresolved``)."""
+        version = int(os.path.basename(self.rel)[:20])
+        dropped = {i: self.raw[i] if i < len(self.raw) else b"" for i in self.dropped}
+        entry = UnresolvedEntry(table, version, reason, dropped)
+        record(self.table_path, entry)
+        self.write()
+        return entry
 
     def write(self) -> None:
         """Keep the damaged original in ``_jetlake_quarantine/`` and replace the entry by the rewrite
@@ -564,11 +614,11 @@ _READ_CHECKED = {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}
 
 @dataclass(frozen=True, slots=True)
 class StartCheck:
-    """What the start's look found: the problems, one line each, and the tables with a log entry
-    whose content is unknown (its ``commitInfo`` was lost with the count of its lines)."""
+    """What the start's look found: the problems, one line each, and the stream names that log
+    entries set aside (``storage_delta.tables.unresolved``) may concern, with why, to take offline."""
 
     problems: list[str]
-    unknown: frozenset[str]
+    offline: list[tuple[Scope, str]]
 
 
 def check_at_start(root: StoreRoot) -> StartCheck:
@@ -576,17 +626,20 @@ def check_at_start(root: StoreRoot) -> StartCheck:
     load of the newest version reads it (``scan_log(newest_only=True)``): a damaged
     checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
     whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
-    either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
+    either), one with a line that cannot and that delta-rs would refuse or read with a hole is
+    set aside (rewritten without it, a marker keeping the streams it may concern offline until
+    ``jetlake repair``: ``storage_delta.tables.unresolved``), any other is reported (it waits for
+    ``jetlake repair``, which drops data). The data
     files of the tables other than ``messages`` (small: the catalog, the compacted ack and removal
     logs): the ack log's and the others' reported here (the ack log leaves them out); the catalog's
     and the removal log's are checked and reported by their read at start, which takes the streams
     they concern offline (``storage_delta.tables.scope``); ``messages`` files by the reader
-    (:meth:`MessageReader.verify`). Returns the problems, one line each."""
+    (:meth:`MessageReader.verify`)."""
     local = root.local_path()
     if local is None:
-        return StartCheck([], frozenset())
+        return StartCheck([], [])
     problems = []
-    unknown = set()
+    offline: list[tuple[Scope, str]] = []
     for spec in TABLES:
         table_path = os.path.join(local, spec.name)
         entries_whole = True
@@ -595,20 +648,33 @@ def check_at_start(root: StoreRoot) -> StartCheck:
             rel = os.path.relpath(d.path, table_path)
             if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):
                 continue
-            if (
-                d.kind == "log entry"
-                and not (plan := EntryRewrite.plan(table_path, rel, d.bad_lines)).dropped
-            ):
-                plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
-                continue
-            if d.kind == "log entry" and 0 in plan.dropped:
-                unknown.add(spec.name)
+            if d.kind == "log entry":
+                plan = EntryRewrite.plan(table_path, rel, d.bad_lines)
+                if not plan.dropped:
+                    plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
+                    continue
+                if plan.leaves_a_hole:
+                    plan.set_aside(spec.name, d.reason)  # reported below, with the other markers
+                    continue
             entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
+        for u in unresolved_entries(table_path, spec.name):
+            described = u.describe()
+            log.error("log entry %s/%s was set aside at start, %s offline", spec.name, u.entry, described)
+            problems.append(
+                f"damaged log entry {spec.name}/{u.entry}: {u.reason}; set aside at start, "
+                f"{described} offline, see jetlake repair"
+            )
+            why = (
+                f"a damaged {spec.name} log entry whose content is unknown, see jetlake repair"
+                if u.content_unknown or any(scope.last is None for scope in u.scopes())
+                else f"a damaged {spec.name} log entry {u.entry} lost a line of it, see jetlake repair"
+            )
+            offline += [(scope, why) for scope in u.scopes()]
         if spec.name not in _READ_CHECKED and entries_whole:
             for f in _data_damage(root, spec):
                 log.error("damaged data file %s/%s: %s", spec.name, f.path, f.reason)
                 problems.append(
                     f"damaged data file {spec.name}/{f.path} ({f.holds}): {f.reason}; see jetlake repair"
                 )
-    return StartCheck(problems, frozenset(unknown))
+    return StartCheck(problems, offline)
