@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
 from storage_delta.format.schema import MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS
 from storage_delta.maintenance.files import rewrite_files, swap_actions
@@ -37,6 +38,7 @@ from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog, live_streams, load_stream_states
 from storage_delta.tables.repair import check_at_start
 from storage_delta.tables.scope import Scope, load_store_state
+from storage_delta.tables.unresolved import UnresolvedEntry
 from tests.differential import api
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
@@ -762,3 +764,29 @@ def test_a_lost_add_line_is_found_again_when_compaction_removed_its_file_since(s
     (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
     assert add in original.splitlines()
     assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 1))
+
+
+def test_the_streams_a_set_aside_entry_concerns_are_what_its_dropped_lines_name() -> None:
+    """A ``messages`` line names its stream when its path survived past the name, the streams with
+    a prefix when cut inside it (an escape cut in two counts for nothing), every stream otherwise;
+    a lost ``commitInfo`` means every stream; ``catalog`` every stream, the ack log none."""
+
+    def concerned(table: str, dropped: dict[int, bytes], names: list[str]) -> list[str]:
+        scopes = UnresolvedEntry(table, 7, "cut", dropped).scopes()
+        return [n for n in names if any(s.names(n) for s in scopes)]
+
+    names = ["A", "AB", "A%B", "B", "ZZ"]
+    path = b'{"add":{"path":"stream='
+    assert concerned(sch.MESSAGES, {3: path + b"AB/block=0/part-1"}, names) == ["AB"]
+    assert concerned(sch.MESSAGES, {3: path + b"A"}, names) == ["A", "AB", "A%B"]
+    assert concerned(sch.MESSAGES, {3: path + b"A%25B/"}, names) == ["A%B"]
+    assert concerned(sch.MESSAGES, {3: path + b"A%2"}, names) == ["A", "AB", "A%B"]
+    assert concerned(sch.MESSAGES, {3: b'{"remove":{"path":"stream=B/'}, names) == ["B"]
+    assert concerned(sch.MESSAGES, {3: b'{"add":{"pa'}, names) == names
+    assert concerned(sch.MESSAGES, {3: b""}, names) == names
+    assert concerned(sch.MESSAGES, {0: b'{"commitInfo":{"ti'}, names) == names
+    assert concerned(sch.CATALOG, {2: path + b"AB/"}, names) == names
+    assert concerned(sch.ACKS, {2: b""}, names) == []
+    assert UnresolvedEntry(sch.MESSAGES, 7, "cut", {3: path + b"AB/", 4: path + b"B"}).describe() == (
+        "stream AB, a stream named B…"
+    )

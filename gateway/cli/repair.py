@@ -6,7 +6,9 @@ or log line loses its messages for good, which an operator decides (a backup may
 The gateway only sets damaged checkpoints aside (they are derived data), ignores damaged index
 snapshots and rewrites a log entry whose damaged lines it can make again exactly (nothing is lost);
 everything else it reports (``/healthz``) and does not serve: a damaged data file's messages, the
-streams a damaged ``catalog`` or ``removals`` file concerns (offline until repaired)."""
+streams a damaged ``catalog`` or ``removals`` file concerns, and those a log entry's line that
+cannot be made again may concern (the entry set aside at start: ``storage_delta.tables.unresolved``),
+offline until repaired."""
 
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ class Gateway:
                 ),
             )
         except Exception:
-            if self.store_damage:  # a log entry that does not parse: delta-rs refuses the table
+            if self.store_damage:  # e.g. a damaged checkpoint whose log entries have expired
                 log.error("cannot open the tables: %s", "; ".join(self.store_damage))
             raise
         try:

@@ -10,7 +10,9 @@ What is damaged is found by :mod:`storage_delta.format.integrity`. What repair d
   again exactly (:class:`EntryRewrite`: from what survives of them, or an ``add`` cut before it named
   its file from its digest and the file no version names); a version cannot be removed, readers
   need every version after the last checkpoint. A dropped ``add`` line's file is no longer part of
-  the table: its rows are lost, and which they were is unknown unless the line's start survived;
+  the table: its rows are lost, and which they were is unknown unless the line's start survived.
+  An entry the gateway already set aside at start (``storage_delta.tables.unresolved``) is
+  rewritten: repair records what its dropped lines still say and removes its marker;
 * a data file of ``catalog`` or ``removals``: removed like any other; the dry run says which
   streams it concerned (``storage_delta.tables.scope``) and what dropping it does to them;
 * a data file: removed with a Delta commit (``remove`` actions, the jobs' swap), so every reader
