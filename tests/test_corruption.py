@@ -431,6 +431,30 @@ def test_a_log_entry_cut_in_an_add_whose_file_is_gone_takes_its_streams_offline(
         store.stop()
 
 
+@pytest.mark.slow  # two gateway starts and three repair processes
+def test_a_set_aside_entry_that_held_a_streams_last_messages_does_not_let_them_be_numbered_again(
+    store: Jetlake,
+) -> None:
+    """The lost line (cut before its name, its file gone) added the stream's last message: no file
+    holds sequence 120 any more, but the stream's index snapshot (written at the clean stop) knew
+    it, so repair records it as removed and the stream keeps its last sequence: the next publish
+    gets 121, not 120 again."""
+    path, lost = _messages_file(store.data_root, BAD_MSGS - 1)
+    assert lost == range(BAD_MSGS, BAD_MSGS + 1)
+    entry = _entry_of(store.data_root, path)
+    cut_before_the_name(entry, path)
+    path.unlink()
+    store.start()
+    try:
+        assert healthz(store)[0] == 503
+        assert store.stop_gateway() == 0
+        says = f"sequences {BAD_MSGS}-{BAD_MSGS} of stream {BAD} (its index snapshot knew them"
+        seen = _entry_repaired_and_served(store, entry, lost, says)
+        assert seen["next"] == BAD_MSGS + 1
+    finally:
+        store.stop()
+
+
 def _offline_until_repaired(
     store: Jetlake, entry: Path, damaged: bytes, lost: range, offline: tuple[str, ...], why: str
 ) -> None:

@@ -34,13 +34,18 @@ def run(args: argparse.Namespace) -> int:
     2: not a local store root."""
     # Imported here so the other commands start without loading the storage engine.
     from storage_delta.commit.store import StoreRoot
+    from storage_delta.read import index_snapshot
+    from storage_delta.read.reader import MessageReader
     from storage_delta.tables.repair import apply, find_damage
 
     root = StoreRoot(args.data_root)
     if root.local_path() is None:
         print("jetlake repair: a local store root only (on an object store a PUT is whole or absent)")
         return 2
-    findings = find_damage(root)
+    reader = MessageReader(root)
+    findings = find_damage(
+        root, lambda stream, created: index_snapshot.unheld_tail(root, reader, stream, created)
+    )
     if not findings:
         print(f"no damaged files under {args.data_root}")
         return 0

@@ -33,7 +33,7 @@ import re
 import shutil
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,9 +96,16 @@ class Finding:
         return f"{self.table}/{self.path}: {self.kind}, {self.holds}; {self.reason} -> {self.action}"
 
 
-def find_damage(root: StoreRoot) -> list[Finding]:
+#: (stream, created) → the sequences its index snapshot says were committed above the newest file
+#: of the stream the table holds (``storage_delta.read.index_snapshot.unheld_tail``, passed in by
+#: the command: reading snapshots is a layer above this one).
+TailOf = Callable[[str, int], tuple[int, int] | None]
+
+
+def find_damage(root: StoreRoot, tail_of: TailOf | None = None) -> list[Finding]:
     """Every damaged log entry, checkpoint and data file of every table. A table whose log is
-    damaged has its data files checked once its log is repaired (its file list is not known)."""
+    damaged has its data files checked once its log is repaired (its file list is not known).
+    ``tail_of`` tells the lost tails of the streams a set-aside entry concerns."""
     local = _local(root)
     out: list[Finding] = []
     for spec in TABLES:
@@ -109,7 +116,7 @@ def find_damage(root: StoreRoot) -> list[Finding]:
         out += log_damage
         damaged_entries = {f.path for f in log_damage if f.kind == "log entry"}
         out += [
-            _set_aside_finding(u)
+            _set_aside_finding(u, _snapshot_tails(root, u, tail_of))
             for u in unresolved_entries(table_path, spec.name)
             if u.entry not in damaged_entries  # else rewriting it resolves the marker too
         ]
@@ -155,16 +162,34 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
     )
 
 
+def _snapshot_tails(
+    root: StoreRoot, u: UnresolvedEntry, tail_of: TailOf | None
+) -> tuple[tuple[str, int, int, int], ...]:
+    """For a set-aside ``messages`` entry: the sequences of each live stream it may concern that the
+    stream's index snapshot says were committed and that no file of the table holds any more
+    (``tail_of``): the lost line's, when they were the stream's last ones. Recorded as removed,
+    they are never given out again (the stream's last sequence stays); a range that was removed
+    anyway is recorded twice, which is harmless. (stream, first, last, created) each."""
+    if u.table != sch.MESSAGES or tail_of is None:
+        return ()
+    scopes = u.scopes()
+    tails = []
+    for stream, created in sorted(live_streams(root, skip_damaged=True).items()):
+        if any(scope.names(stream) for scope in scopes) and (tail := tail_of(stream, created)) is not None:
+            tails.append((stream, tail[0], tail[1], created))
+    return tuple(tails)
+
+
 def _dropping(dropped: tuple[int, ...]) -> list[str]:
     return [f"{len(dropped)} damaged line(s) dropped"] * bool(dropped) + [
         "its commitInfo is lost, and with it what the commit held: unknown"
     ] * (0 in dropped)
 
 
-def _set_aside_finding(u: UnresolvedEntry) -> Finding:
+def _set_aside_finding(u: UnresolvedEntry, tails: tuple[tuple[str, int, int, int], ...]) -> Finding:
     """A log entry the gateway rewrote at start without its lines that cannot be made again, its
     streams offline until repair says so: what the dropped lines were, the ranges they still
-    name recorded as lost."""
+    name and the ``tails`` (:func:`_snapshot_tails`) recorded as lost."""
     lines = sorted(u.dropped.items())
     ranges = (_add_range(raw) for _, raw in lines) if u.table == sch.MESSAGES else iter(())
     return Finding(
@@ -174,8 +199,15 @@ def _set_aside_finding(u: UnresolvedEntry) -> Finding:
         f"version {u.version}: " + "; ".join(_describe_line(raw) for _, raw in lines),
         u.reason,
         "set aside at start (rewritten, the original in _jetlake_quarantine/, "
-        f"{u.describe()} offline): " + ", ".join(_dropping(tuple(i for i, _ in lines))) + "; serve again",
-        lost=tuple(r for r in ranges if r is not None),
+        f"{u.describe()} offline): "
+        + ", ".join(_dropping(tuple(i for i, _ in lines)))
+        + "".join(
+            f", sequences {first}-{last} of stream {stream} (its index snapshot knew them, no file "
+            "holds them) become deleted"
+            for stream, first, last, _ in tails
+        )
+        + "; serve again",
+        lost=tuple(r for r in ranges if r is not None) + tails,
         bad_lines=tuple(i for i, _ in lines),
         set_aside=True,
     )
