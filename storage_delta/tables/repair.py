@@ -687,7 +687,7 @@ def check_at_start(root: StoreRoot) -> StartCheck:
                 if not plan.dropped:
                     plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
                     continue
-                if plan.leaves_a_hole:
+                if plan.leaves_a_hole and d.version > 0:  # not the creation: it holds the schema
                     plan.set_aside(spec.name, d.reason)  # reported below, with the other markers
                     continue
             entries_whole = False
