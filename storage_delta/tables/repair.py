@@ -120,7 +120,7 @@ def find_damage(root: StoreRoot, tail_of: TailOf | None = None) -> list[Finding]
             for u in unresolved_entries(table_path, spec.name)
             if u.entry not in damaged_entries  # else rewriting it resolves the marker too
         ]
-        if not damaged_entries:
+        if not damaged_entries and not any(f.kind == HINT for f in log_damage):
             out += _data_damage(root, spec)
     return out
 
@@ -136,6 +136,10 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
     rel = os.path.relpath(d.path, table_path)
     if d.kind == "checkpoint":
         return Finding(table, d.kind, rel, f"table state at version {d.version}", d.reason, "set aside")
+    if d.kind == HINT:
+        return Finding(
+            table, d.kind, rel, "where readers start", d.reason, "set aside (readers list the log)"
+        )
     plan = EntryRewrite.plan(table_path, rel, d.bad_lines)
     line_at = [*plan.raw, *([b""] * (max(d.bad_lines, default=0) + 1 - len(plan.raw)))]
     dropped = [line_at[i] for i in plan.dropped]
@@ -309,6 +313,8 @@ def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
             resolve(table_path, int(os.path.basename(f.path)[:20]))
         elif f.kind == "checkpoint":
             set_aside_checkpoint(table_path, f.path)
+        elif f.kind == HINT:
+            set_aside_hint(table_path)
     data = [f for f in find_damage(root) if f.kind == "data file"]
     for spec in TABLES:
         drop_files(root, spec, [f for f in data if f.table == spec.name])
@@ -593,6 +599,23 @@ def _rebuild(table_path: str, line: bytes, operation: str | None) -> bytes | Non
     return json.dumps(add_line(added), separators=(",", ":")).encode()
 
 
+#: ``_last_checkpoint`` naming a checkpoint that is not there (``integrity.scan_log``).
+HINT = "checkpoint hint"
+
+
+def set_aside_hint(table_path: str) -> None:
+    """Move ``_last_checkpoint`` out of ``_delta_log``: it is a hint, and without it readers list
+    the log for the newest checkpoint; naming a missing one it makes them refuse the table."""
+    log_dir = os.path.join(table_path, "_delta_log")
+    quarantine = os.path.join(table_path, "_jetlake_quarantine")
+    new_entries = make_dirs(quarantine)
+    kept = os.path.join(quarantine, "_last_checkpoint")
+    shutil.move(os.path.join(log_dir, "_last_checkpoint"), kept)
+    sync_new_file(kept, new_entries)
+    fsync_path(log_dir)
+    log.warning("%s/_last_checkpoint names a checkpoint that is not there: set aside", log_dir)
+
+
 def set_aside_checkpoint(table_path: str, rel: str) -> bool:
     """Move a damaged checkpoint out of ``_delta_log`` (and drop a ``_last_checkpoint`` naming
     it) so readers replay the JSON entries; only when those entries are all still there. Returns
@@ -681,6 +704,9 @@ def check_at_start(root: StoreRoot) -> StartCheck:
             log.error("damaged %s %s: %s", d.kind, d.path, d.reason)
             rel = os.path.relpath(d.path, table_path)
             if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):
+                continue
+            if d.kind == HINT:
+                set_aside_hint(table_path)  # a hint: nothing is lost
                 continue
             if d.kind == "log entry":
                 plan = EntryRewrite.plan(table_path, rel, d.bad_lines)
