@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
 from storage_delta.format.schema import MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS
 from storage_delta.maintenance.files import rewrite_files, swap_actions
@@ -37,6 +38,7 @@ from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog, live_streams, load_stream_states
 from storage_delta.tables.repair import check_at_start
 from storage_delta.tables.scope import Scope, load_store_state
+from storage_delta.tables.unresolved import UnresolvedEntry
 from tests.differential import api
 from tests.harness import ROOT, Jetlake, duckdb_connection
 from tests.monitor_fixtures import http_get
@@ -388,23 +390,41 @@ def test_a_log_entry_cut_before_its_file_is_named_is_made_again_from_its_digest(
         store.stop()
 
 
-def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repair(store: Jetlake) -> None:
-    """Cut where nothing says which file the ``add`` named, and the file is gone too: nothing tells
-    which stream or sequences the line held. The entry no longer parses, so delta-rs refuses the
-    table and the gateway says which entry and does not start; repair drops the cut line (its
-    file's sequences become a gap)."""
+#: Where a cut leaves an ``add`` line whose file is gone too, and which streams go offline (what
+#: survives of the line says: every stream when nothing does, else the streams its path can name).
+CUTS_WITHOUT_THE_FILE = {
+    "before the name": (b'{"add":{"pa', (BAD, GOOD, GONE)),
+    "inside the stream's name": (b'{"add":{"path":"stream=BA', (BAD,)),
+    "after the stream's name": (b'{"add":{"path":"stream=BAD/block=', (BAD,)),
+}
+
+
+@pytest.mark.slow  # three gateway starts and three repair processes
+@pytest.mark.parametrize("where", sorted(CUTS_WITHOUT_THE_FILE))
+def test_a_log_entry_cut_in_an_add_whose_file_is_gone_takes_its_streams_offline(
+    store: Jetlake, where: str
+) -> None:
+    """Cut inside its ``add`` line, and the file is gone too: nothing can make the line again. The
+    entry no longer parses (delta-rs would refuse the whole table), so the gateway sets it aside at
+    start (rewrites it without the line, the original kept, a marker written first) and takes
+    offline the streams the line's surviving bytes can name, every stream when they name none; the
+    others, the API and the other tables serve, and every reader reads the table. A restart keeps
+    them offline; repair drops the line (its file's sequences become a gap) and they serve again."""
     path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
     entry = _entry_of(store.data_root, path)
-    cut_before_the_name(entry, path)
+    keep, offline = CUTS_WITHOUT_THE_FILE[where]
+    body = entry.read_bytes()
+    damaged = body[: body.index(b'{"add":{"path"') + len(keep)]
+    entry.write_bytes(damaged)
     path.unlink()
+    why = (
+        "a damaged messages log entry whose content is unknown, see jetlake repair"
+        if len(offline) > 1
+        else f"a damaged messages log entry _delta_log/{entry.name} lost a line of it, see jetlake repair"
+    )
     store.start_server()
     try:
-        with pytest.raises(RuntimeError, match="gateway exited"):
-            store.start_gateway()
-        assert (
-            f"damaged log entry messages/_delta_log/{entry.name}"
-            in (store.workdir / "gateway.log").read_text()
-        )
+        _offline_until_repaired(store, entry, damaged, lost, offline, why)
         seen = _entry_repaired_and_served(store, entry, lost, "1 damaged line(s) dropped")
         assert seen["next"] == BAD_MSGS + 1
     finally:
@@ -412,6 +432,53 @@ def test_a_log_entry_cut_before_its_file_is_named_and_without_it_waits_for_repai
 
 
 @pytest.mark.slow  # two gateway starts and three repair processes
+def test_a_set_aside_entry_that_held_a_streams_last_messages_does_not_let_them_be_numbered_again(
+    store: Jetlake,
+) -> None:
+    """The lost line (cut before its name, its file gone) added the stream's last message: no file
+    holds sequence 120 any more, but the stream's index snapshot (written at the clean stop) knew
+    it, so repair records it as removed and the stream keeps its last sequence: the next publish
+    gets 121, not 120 again."""
+    path, lost = _messages_file(store.data_root, BAD_MSGS - 1)
+    assert lost == range(BAD_MSGS, BAD_MSGS + 1)
+    entry = _entry_of(store.data_root, path)
+    cut_before_the_name(entry, path)
+    path.unlink()
+    store.start()
+    try:
+        assert healthz(store)[0] == 503
+        assert store.stop_gateway() == 0
+        says = f"sequences {BAD_MSGS}-{BAD_MSGS} of stream {BAD} (its index snapshot knew them"
+        seen = _entry_repaired_and_served(store, entry, lost, says)
+        assert seen["next"] == BAD_MSGS + 1
+    finally:
+        store.stop()
+
+
+def _offline_until_repaired(
+    store: Jetlake, entry: Path, damaged: bytes, lost: range, offline: tuple[str, ...], why: str
+) -> None:
+    """Twice (the second start reads the marker the first wrote): the gateway starts, ``/healthz``
+    names the entry set aside and the offline streams, which answer as offline streams while the
+    others serve; meanwhile DuckDB reads the rewritten table and the damaged original is kept."""
+    for _ in range(2):
+        store.start_gateway()
+        status, health = healthz(store)
+        assert status == 503
+        assert any(
+            p.startswith(f"damaged log entry messages/_delta_log/{entry.name}: ")
+            and "set aside at start" in p
+            for p in health["problems"]
+        ), health
+        assert f"stream {offline[0]} is offline: {why}" in health["problems"]
+        seen = asyncio.run(_offline(store.url, offline[0], why, also=offline[1:]))
+        assert sorted(seen["infos"]) == sorted({BAD, GOOD, GONE} - set(offline))
+        assert store.stop_gateway() == 0
+    assert _duckdb_seqs(store.data_root) == [s for s in range(1, BAD_MSGS + 1) if s not in lost]
+    assert (store.data_root / "messages" / "_jetlake_quarantine" / entry.name).read_bytes() == damaged
+
+
+@pytest.mark.slow  # three gateway starts and three repair processes
 @pytest.mark.parametrize("where", ["to nothing", "inside its commitInfo"])
 def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commit(
     store: Jetlake, where: str
@@ -419,31 +486,65 @@ def test_a_log_entry_that_lost_its_commit_info_is_never_taken_for_an_empty_commi
     """Cut within its first line, the entry lost the count of its lines with its digests: what it
     held is unknown (it was rewritten as an empty commit before: its messages were gone without a
     word, and a stream's last ones would have been numbered again). Cut to nothing, Delta readers
-    take it for an empty commit: the gateway starts with every stream offline; cut inside, delta-rs
-    refuses the table and the gateway does not start. Repair drops it; its file's sequences become
-    a gap."""
+    take it for an empty commit; cut inside, delta-rs refuses the table. Either way the gateway sets
+    it aside and starts with every stream offline, until repair drops it; its file's sequences
+    become a gap."""
     path, lost = _messages_file(store.data_root, BAD_MSGS - 10)
     entry = _entry_of(store.data_root, path)
-    entry.write_bytes(b"" if where == "to nothing" else entry.read_bytes()[:30])
+    damaged = b"" if where == "to nothing" else entry.read_bytes()[:30]
+    entry.write_bytes(damaged)
     store.start_server()
     try:
-        if where == "to nothing":
-            store.start_gateway()
-            status, health = healthz(store)
-            assert status == 503
-            assert any(f"damaged log entry messages/_delta_log/{entry.name}" in p for p in health["problems"])
-            why = "a damaged messages log entry whose content is unknown, see jetlake repair"
-            assert f"stream {GOOD} is offline: {why}" in health["problems"]
-            asyncio.run(_offline(store.url, GOOD, why, also=(BAD, GONE)))
-            assert store.stop_gateway() == 0
-        else:
-            with pytest.raises(RuntimeError, match="gateway exited"):
-                store.start_gateway()
+        why = "a damaged messages log entry whose content is unknown, see jetlake repair"
+        _offline_until_repaired(store, entry, damaged, lost, (GOOD, BAD, GONE), why)
         _entry_repaired_and_served(
             store, entry, lost, "its commitInfo is lost, and with it what the commit held: unknown"
         )
     finally:
         store.stop()
+
+
+@pytest.mark.slow  # two gateway starts and two repair processes
+@pytest.mark.parametrize("table", [sch.CATALOG, sch.REMOVALS, sch.ACKS])
+def test_a_log_entry_of_another_table_that_lost_its_commit_info_is_set_aside(
+    store: Jetlake, table: str
+) -> None:
+    """The newest entry of the catalog, the removal log or the ack log cut inside its
+    ``commitInfo``: delta-rs would refuse the table, so the gateway would not start. It sets the
+    entry aside: a lost catalog or removal log commit may concern any stream, so every stream is
+    offline; a lost ack log commit concerns no stream's messages or definition (its acks are
+    redeliveries, as with a damaged ack log file), so every stream serves. Repair drops it."""
+    entry = max((store.data_root / table / "_delta_log").glob("*.json"))
+    assert int(entry.stem) > 0  # not the table's creation
+    entry.write_bytes(entry.read_bytes()[:30])
+    store.start()
+    try:
+        status, health = healthz(store)
+        assert status == 503
+        assert any(
+            p.startswith(f"damaged log entry {table}/_delta_log/{entry.name}: ") and "set aside at start" in p
+            for p in health["problems"]
+        ), health
+        why = f"a damaged {table} log entry whose content is unknown, see jetlake repair"
+        infos = asyncio.run(_infos(store.url))
+        if table == sch.ACKS:
+            assert all("error" not in info for info in infos.values()), infos
+        else:
+            offline = {"code": 500, "err_code": 10194, "description": f"stream is offline: {why}"}
+            assert {name: info.get("error") for name, info in infos.items()} == dict.fromkeys(infos, offline)
+        repair_as_it_says(
+            store, f"{entry.name}: log entry, version {int(entry.stem)}", "its commitInfo is lost"
+        )
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        assert "error" not in asyncio.run(_infos(store.url))[BAD]
+    finally:
+        store.stop()
+
+
+async def _infos(url: str) -> dict[str, dict[str, Any]]:
+    async with await nats.connect(url) as nc:
+        return {name: await api(nc, f"STREAM.INFO.{name}") for name in (BAD, GOOD)}
 
 
 #: A checkpoint also comes out empty after a power cut that caught a Spark job between its checkpoint
@@ -480,6 +581,33 @@ def flip_in_seq_page(snapshot: Path) -> None:
     body = bytearray(snapshot.read_bytes())
     body[column.data_page_offset + column.total_compressed_size - 2] ^= 1
     snapshot.write_bytes(bytes(body))
+
+
+def test_a_checkpoint_hint_naming_a_missing_checkpoint_is_set_aside(store: Jetlake) -> None:
+    """``_last_checkpoint`` with a flipped low bit of its version's last digit still parses and
+    names a checkpoint that is not there, and Delta readers (DuckDB, delta-rs, so the jobs and
+    repair) refuse the table: the gateway sets the hint aside at start (readers list the log for
+    the newest checkpoint; nothing is lost) and serves everything, and DuckDB reads the table."""
+    hint = store.data_root / "messages" / "_delta_log" / "_last_checkpoint"
+    body = hint.read_bytes()
+    at = body.index(b",", body.index(b'"version":')) - 1  # its last digit
+    # a higher version (readers start from a lower one's checkpoint and replay: no harm)
+    digit = next(d for d in (body[at] ^ bit for bit in (1, 2, 4, 8)) if body[at] < d <= ord("9"))
+    hint.write_bytes(body[:at] + bytes([digit]) + body[at + 1 :])
+    named = int(json.loads(hint.read_bytes())["version"])
+    assert named > int(json.loads(body)["version"])
+    assert not list(hint.parent.glob(f"{named:020d}.checkpoint*"))
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        log_text = (store.workdir / "gateway.log").read_text()
+        assert "_last_checkpoint names a checkpoint that is not there" in log_text
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 2))
+        assert store.stop_gateway() == 0
+        assert repair(store.data_root)[0] == 0
+    finally:
+        store.stop()
 
 
 @pytest.mark.parametrize("damage", ["flip", "cut"])
@@ -730,3 +858,29 @@ def test_a_lost_add_line_is_found_again_when_compaction_removed_its_file_since(s
     (add,) = (line for line in entry.read_bytes().splitlines() if line.startswith(b'{"add"'))
     assert add in original.splitlines()
     assert _duckdb_seqs(store.data_root) == list(range(1, BAD_MSGS + 1))
+
+
+def test_the_streams_a_set_aside_entry_concerns_are_what_its_dropped_lines_name() -> None:
+    """A ``messages`` line names its stream when its path survived past the name, the streams with
+    a prefix when cut inside it (an escape cut in two counts for nothing), every stream otherwise;
+    a lost ``commitInfo`` means every stream; ``catalog`` every stream, the ack log none."""
+
+    def concerned(table: str, dropped: dict[int, bytes], names: list[str]) -> list[str]:
+        scopes = UnresolvedEntry(table, 7, "cut", dropped).scopes()
+        return [n for n in names if any(s.names(n) for s in scopes)]
+
+    names = ["A", "AB", "A%B", "B", "ZZ"]
+    path = b'{"add":{"path":"stream='
+    assert concerned(sch.MESSAGES, {3: path + b"AB/block=0/part-1"}, names) == ["AB"]
+    assert concerned(sch.MESSAGES, {3: path + b"A"}, names) == ["A", "AB", "A%B"]
+    assert concerned(sch.MESSAGES, {3: path + b"A%25B/"}, names) == ["A%B"]
+    assert concerned(sch.MESSAGES, {3: path + b"A%2"}, names) == ["A", "AB", "A%B"]
+    assert concerned(sch.MESSAGES, {3: b'{"remove":{"path":"stream=B/'}, names) == ["B"]
+    assert concerned(sch.MESSAGES, {3: b'{"add":{"pa'}, names) == names
+    assert concerned(sch.MESSAGES, {3: b""}, names) == names
+    assert concerned(sch.MESSAGES, {0: b'{"commitInfo":{"ti'}, names) == names
+    assert concerned(sch.CATALOG, {2: path + b"AB/"}, names) == names
+    assert concerned(sch.ACKS, {2: b""}, names) == []
+    assert UnresolvedEntry(sch.MESSAGES, 7, "cut", {3: path + b"AB/", 4: path + b"B"}).describe() == (
+        "stream AB, a stream named B…"
+    )

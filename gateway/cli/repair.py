@@ -6,7 +6,9 @@ or log line loses its messages for good, which an operator decides (a backup may
 The gateway only sets damaged checkpoints aside (they are derived data), ignores damaged index
 snapshots and rewrites a log entry whose damaged lines it can make again exactly (nothing is lost);
 everything else it reports (``/healthz``) and does not serve: a damaged data file's messages, the
-streams a damaged ``catalog`` or ``removals`` file concerns (offline until repaired)."""
+streams a damaged ``catalog`` or ``removals`` file concerns, and those a log entry's line that
+cannot be made again may concern (the entry set aside at start: ``storage_delta.tables.unresolved``),
+offline until repaired."""
 
 from __future__ import annotations
 
@@ -32,13 +34,18 @@ def run(args: argparse.Namespace) -> int:
     2: not a local store root."""
     # Imported here so the other commands start without loading the storage engine.
     from storage_delta.commit.store import StoreRoot
+    from storage_delta.read import index_snapshot
+    from storage_delta.read.reader import MessageReader
     from storage_delta.tables.repair import apply, find_damage
 
     root = StoreRoot(args.data_root)
     if root.local_path() is None:
         print("jetlake repair: a local store root only (on an object store a PUT is whole or absent)")
         return 2
-    findings = find_damage(root)
+    reader = MessageReader(root)
+    findings = find_damage(
+        root, lambda stream, created: index_snapshot.unheld_tail(root, reader, stream, created)
+    )
     if not findings:
         print(f"no damaged files under {args.data_root}")
         return 0

@@ -127,12 +127,12 @@ class Gateway:
                 loop.run_in_executor(self.executor, AckLogTable, self.root),
             )
         except Exception:
-            if self.store_damage:  # a log entry that does not parse: delta-rs refuses the table
+            if self.store_damage:  # e.g. a damaged checkpoint whose log entries have expired
                 log.error("cannot open the tables: %s", "; ".join(self.store_damage))
             raise
         phases.append(time.monotonic())
         # The streams' logical state loads while the ack log does (both only read, after the fence).
-        stored = loop.run_in_executor(self.executor, load_store_state, self.root, check.unknown)
+        stored = loop.run_in_executor(self.executor, load_store_state, self.root, check.offline)
         try:
             history = await loop.run_in_executor(self.executor, acks.load)
         except Exception:

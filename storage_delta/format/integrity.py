@@ -159,6 +159,8 @@ def scan_log(table_path: str, newest_only: bool = False) -> Iterator[LogDamage]:
         names = sorted(os.listdir(log_dir))
     except FileNotFoundError:
         return
+    if (hint := _stale_hint(log_dir, names)) is not None:
+        yield hint
     floor = -1  # the version of the whole checkpoint a load starts from
     if newest_only:
         for name in reversed(names):
@@ -181,6 +183,21 @@ def scan_log(table_path: str, newest_only: bool = False) -> Iterator[LogDamage]:
             damage = _checkpoint_damage(table_path, path, int(checkpoint.group(1)))
             if damage is not None:
                 yield damage
+
+
+def _stale_hint(log_dir: str, names: list[str]) -> LogDamage | None:
+    """``_last_checkpoint`` naming a checkpoint that is not there: Delta readers (delta-rs, DuckDB)
+    then refuse the table (one that does not parse they ignore, but a flipped low bit of a digit is
+    still a digit)."""
+    path = os.path.join(log_dir, "_last_checkpoint")
+    try:
+        with open(path, "rb") as fh:
+            version = int(json.loads(fh.read())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if any(name.startswith(f"{version:020d}.checkpoint") for name in names):
+        return None
+    return LogDamage(path, version, "checkpoint hint", f"names checkpoint {version}, which is not there")
 
 
 def _checkpoint_damage(table_path: str, path: str, version: int) -> LogDamage | None:

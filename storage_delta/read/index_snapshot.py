@@ -141,6 +141,16 @@ def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
     return IndexSnapshot(created, int(through), index)
 
 
+def unheld_tail(root: StoreRoot, reader: MessageReader, stream: str, created: int) -> tuple[int, int] | None:
+    """The sequences the incarnation's snapshot says were committed above the newest file of the
+    stream the table holds, None when none (or no snapshot): ``jetlake repair`` records them as
+    removed when a log entry that may have added them was set aside, so they are never given out
+    again."""
+    snapshot = read(root, stream, created)
+    held = max((f.max_seq for f in reader.stream_files(stream)), default=0)
+    return (held + 1, snapshot.through) if snapshot is not None and snapshot.through > held else None
+
+
 def _digest(created: int, through: int, index: StoredIndex) -> str:
     """CRC-32 of everything a snapshot says (its arrays, its subjects, what it covers), over the
     values as recovery uses them: a damaged snapshot is ignored, never half believed."""

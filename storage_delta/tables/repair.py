@@ -10,7 +10,9 @@ What is damaged is found by :mod:`storage_delta.format.integrity`. What repair d
   again exactly (:class:`EntryRewrite`: from what survives of them, or an ``add`` cut before it named
   its file from its digest and the file no version names); a version cannot be removed, readers
   need every version after the last checkpoint. A dropped ``add`` line's file is no longer part of
-  the table: its rows are lost, and which they were is unknown unless the line's start survived;
+  the table: its rows are lost, and which they were is unknown unless the line's start survived.
+  An entry the gateway already set aside at start (``storage_delta.tables.unresolved``) is
+  rewritten: repair records what its dropped lines still say and removes its marker;
 * a data file of ``catalog`` or ``removals``: removed like any other; the dry run says which
   streams it concerned (``storage_delta.tables.scope``) and what dropping it does to them;
 * a data file: removed with a Delta commit (``remove`` actions, the jobs' swap), so every reader
@@ -31,7 +33,7 @@ import re
 import shutil
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,7 @@ from storage_delta.tables.catalog import CATALOG_TABLE
 from storage_delta.tables.jobruns import JOBRUNS_TABLE
 from storage_delta.tables.removals import REMOVALS_TABLE, Removal, RemovalLog, live_streams
 from storage_delta.tables.scope import Scope
+from storage_delta.tables.unresolved import UnresolvedEntry, record, resolve, unresolved_entries
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +89,23 @@ class Finding:
     bad_lines: tuple[int, ...] = ()
     #: For a data file: its partition values (its ``remove`` action names them).
     partition: tuple[tuple[str, str], ...] = ()
+    #: For a log entry the gateway set aside at start: already rewritten, its marker to remove.
+    set_aside: bool = False
 
     def line(self) -> str:
         return f"{self.table}/{self.path}: {self.kind}, {self.holds}; {self.reason} -> {self.action}"
 
 
-def find_damage(root: StoreRoot) -> list[Finding]:
+#: (stream, created) → the sequences its index snapshot says were committed above the newest file
+#: of the stream the table holds (``storage_delta.read.index_snapshot.unheld_tail``, passed in by
+#: the command: reading snapshots is a layer above this one).
+TailOf = Callable[[str, int], tuple[int, int] | None]
+
+
+def find_damage(root: StoreRoot, tail_of: TailOf | None = None) -> list[Finding]:
     """Every damaged log entry, checkpoint and data file of every table. A table whose log is
-    damaged has its data files checked once its log is repaired (its file list is not known)."""
+    damaged has its data files checked once its log is repaired (its file list is not known).
+    ``tail_of`` tells the lost tails of the streams a set-aside entry concerns."""
     local = _local(root)
     out: list[Finding] = []
     for spec in TABLES:
@@ -102,7 +114,13 @@ def find_damage(root: StoreRoot) -> list[Finding]:
             continue
         log_damage = [_log_finding(spec.name, table_path, d) for d in scan_log(table_path)]
         out += log_damage
-        if not any(f.kind == "log entry" for f in log_damage):
+        damaged_entries = {f.path for f in log_damage if f.kind == "log entry"}
+        out += [
+            _set_aside_finding(u, _snapshot_tails(root, u, tail_of))
+            for u in unresolved_entries(table_path, spec.name)
+            if u.entry not in damaged_entries  # else rewriting it resolves the marker too
+        ]
+        if not damaged_entries and not any(f.kind == HINT for f in log_damage):
             out += _data_damage(root, spec)
     return out
 
@@ -118,6 +136,10 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
     rel = os.path.relpath(d.path, table_path)
     if d.kind == "checkpoint":
         return Finding(table, d.kind, rel, f"table state at version {d.version}", d.reason, "set aside")
+    if d.kind == HINT:
+        return Finding(
+            table, d.kind, rel, "where readers start", d.reason, "set aside (readers list the log)"
+        )
     plan = EntryRewrite.plan(table_path, rel, d.bad_lines)
     line_at = [*plan.raw, *([b""] * (max(d.bad_lines, default=0) + 1 - len(plan.raw)))]
     dropped = [line_at[i] for i in plan.dropped]
@@ -127,15 +149,6 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
         else ()
     )
     rebuilt = len(d.bad_lines) - len(plan.dropped)
-    action = "rewrite: " + ", ".join(
-        part
-        for part in (
-            f"{rebuilt} line(s) rebuilt from what survives and the files they name" if rebuilt > 0 else "",
-            f"{len(plan.dropped)} damaged line(s) dropped" if plan.dropped else "",
-            "its commitInfo is lost, and with it what the commit held: unknown" if 0 in plan.dropped else "",
-        )
-        if part
-    )
     return Finding(
         table,
         d.kind,
@@ -143,9 +156,64 @@ def _log_finding(table: str, table_path: str, d: LogDamage) -> Finding:
         f"version {d.version}: "
         + "; ".join(_describe_line(plan.raw[i] if i < len(plan.raw) else b"") for i in d.bad_lines),
         d.reason,
-        action,
+        "rewrite: "
+        + ", ".join(
+            [f"{rebuilt} line(s) rebuilt from what survives and the files they name"] * (rebuilt > 0)
+            + _dropping(plan.dropped)
+        ),
         lost=lost,
         bad_lines=d.bad_lines,
+    )
+
+
+def _snapshot_tails(
+    root: StoreRoot, u: UnresolvedEntry, tail_of: TailOf | None
+) -> tuple[tuple[str, int, int, int], ...]:
+    """For a set-aside ``messages`` entry: the sequences of each live stream it may concern that the
+    stream's index snapshot says were committed and that no file of the table holds any more
+    (``tail_of``): the lost line's, when they were the stream's last ones. Recorded as removed,
+    they are never given out again (the stream's last sequence stays); a range that was removed
+    anyway is recorded twice, which is harmless. (stream, first, last, created) each."""
+    if u.table != sch.MESSAGES or tail_of is None:
+        return ()
+    scopes = u.scopes()
+    tails = []
+    for stream, created in sorted(live_streams(root, skip_damaged=True).items()):
+        if any(scope.names(stream) for scope in scopes) and (tail := tail_of(stream, created)) is not None:
+            tails.append((stream, tail[0], tail[1], created))
+    return tuple(tails)
+
+
+def _dropping(dropped: tuple[int, ...]) -> list[str]:
+    return [f"{len(dropped)} damaged line(s) dropped"] * bool(dropped) + [
+        "its commitInfo is lost, and with it what the commit held: unknown"
+    ] * (0 in dropped)
+
+
+def _set_aside_finding(u: UnresolvedEntry, tails: tuple[tuple[str, int, int, int], ...]) -> Finding:
+    """A log entry the gateway rewrote at start without its lines that cannot be made again, its
+    streams offline until repair says so: what the dropped lines were, the ranges they still
+    name and the ``tails`` (:func:`_snapshot_tails`) recorded as lost."""
+    lines = sorted(u.dropped.items())
+    ranges = (_add_range(raw) for _, raw in lines) if u.table == sch.MESSAGES else iter(())
+    return Finding(
+        u.table,
+        "log entry",
+        u.entry,
+        f"version {u.version}: " + "; ".join(_describe_line(raw) for _, raw in lines),
+        u.reason,
+        "set aside at start (rewritten, the original in _jetlake_quarantine/, "
+        f"{u.describe()} offline): "
+        + ", ".join(_dropping(tuple(i for i, _ in lines)))
+        + "".join(
+            f", sequences {first}-{last} of stream {stream} (its index snapshot knew them, no file "
+            "holds them) become deleted"
+            for stream, first, last, _ in tails
+        )
+        + "; serve again",
+        lost=tuple(r for r in ranges if r is not None) + tails,
+        bad_lines=tuple(i for i, _ in lines),
+        set_aside=True,
     )
 
 
@@ -240,9 +308,13 @@ def apply(root: StoreRoot, findings: list[Finding]) -> list[Finding]:
     for f in findings:
         table_path = os.path.join(local, f.table)
         if f.kind == "log entry":
-            EntryRewrite.plan(table_path, f.path, f.bad_lines).write()
+            if not f.set_aside:
+                EntryRewrite.plan(table_path, f.path, f.bad_lines).write()
+            resolve(table_path, int(os.path.basename(f.path)[:20]))
         elif f.kind == "checkpoint":
             set_aside_checkpoint(table_path, f.path)
+        elif f.kind == HINT:
+            set_aside_hint(table_path)
     data = [f for f in find_damage(root) if f.kind == "data file"]
     for spec in TABLES:
         drop_files(root, spec, [f for f in data if f.table == spec.name])
@@ -319,6 +391,24 @@ class EntryRewrite:
             for i in sorted(found):  # at its place among the lines kept
                 lines.insert(i - 1 - sum(1 for d in dropped if d < i), found[i])
         return cls(table_path, rel, raw, bad_lines, lines, tuple(dropped))
+
+    @property
+    def leaves_a_hole(self) -> bool:
+        """Whether a Delta reader of the entry as it is would refuse the table or read it without a
+        word of what is lost: a dropped line that does not parse or is missing, or a lost
+        ``commitInfo`` (the count of the lines with it). A dropped line that parses (a flipped bit
+        only its digest notices) is read as it is, and its file's absence reported by the reader."""
+        return any(i == 0 or i >= len(self.raw) or not _json_line(self.raw[i]) for i in self.dropped)
+
+    def set_aside(self, table: str, reason: str) -> UnresolvedEntry:
+        """Rewrite the entry without the lines that cannot be made again, the marker that keeps the
+        streams they may concern offline written first (``storage_delta.tables.unresolved``)."""
+        version = int(os.path.basename(self.rel)[:20])
+        dropped = {i: self.raw[i] if i < len(self.raw) else b"" for i in self.dropped}
+        entry = UnresolvedEntry(table, version, reason, dropped)
+        record(self.table_path, entry)
+        self.write()
+        return entry
 
     def write(self) -> None:
         """Keep the damaged original in ``_jetlake_quarantine/`` and replace the entry by the rewrite
@@ -509,6 +599,23 @@ def _rebuild(table_path: str, line: bytes, operation: str | None) -> bytes | Non
     return json.dumps(add_line(added), separators=(",", ":")).encode()
 
 
+#: ``_last_checkpoint`` naming a checkpoint that is not there (``integrity.scan_log``).
+HINT = "checkpoint hint"
+
+
+def set_aside_hint(table_path: str) -> None:
+    """Move ``_last_checkpoint`` out of ``_delta_log``: it is a hint, and without it readers list
+    the log for the newest checkpoint; naming a missing one it makes them refuse the table."""
+    log_dir = os.path.join(table_path, "_delta_log")
+    quarantine = os.path.join(table_path, "_jetlake_quarantine")
+    new_entries = make_dirs(quarantine)
+    kept = os.path.join(quarantine, "_last_checkpoint")
+    shutil.move(os.path.join(log_dir, "_last_checkpoint"), kept)
+    sync_new_file(kept, new_entries)
+    fsync_path(log_dir)
+    log.warning("%s/_last_checkpoint names a checkpoint that is not there: set aside", log_dir)
+
+
 def set_aside_checkpoint(table_path: str, rel: str) -> bool:
     """Move a damaged checkpoint out of ``_delta_log`` (and drop a ``_last_checkpoint`` naming
     it) so readers replay the JSON entries; only when those entries are all still there. Returns
@@ -564,11 +671,11 @@ _READ_CHECKED = {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}
 
 @dataclass(frozen=True, slots=True)
 class StartCheck:
-    """What the start's look found: the problems, one line each, and the tables with a log entry
-    whose content is unknown (its ``commitInfo`` was lost with the count of its lines)."""
+    """What the start's look found: the problems, one line each, and the stream names that log
+    entries set aside (``storage_delta.tables.unresolved``) may concern, with why, to take offline."""
 
     problems: list[str]
-    unknown: frozenset[str]
+    offline: list[tuple[Scope, str]]
 
 
 def check_at_start(root: StoreRoot) -> StartCheck:
@@ -576,17 +683,20 @@ def check_at_start(root: StoreRoot) -> StartCheck:
     load of the newest version reads it (``scan_log(newest_only=True)``): a damaged
     checkpoint is set aside (readers replay the log entries; nothing is lost), a damaged log entry
     whose damaged lines can all be made again is rewritten (:class:`EntryRewrite`; nothing is lost
-    either), any other is reported (it waits for ``jetlake repair``, which drops data). The data
+    either), one with a line that cannot and that delta-rs would refuse or read with a hole is
+    set aside (rewritten without it, a marker keeping the streams it may concern offline until
+    ``jetlake repair``: ``storage_delta.tables.unresolved``), any other is reported (it waits for
+    ``jetlake repair``, which drops data). The data
     files of the tables other than ``messages`` (small: the catalog, the compacted ack and removal
     logs): the ack log's and the others' reported here (the ack log leaves them out); the catalog's
     and the removal log's are checked and reported by their read at start, which takes the streams
     they concern offline (``storage_delta.tables.scope``); ``messages`` files by the reader
-    (:meth:`MessageReader.verify`). Returns the problems, one line each."""
+    (:meth:`MessageReader.verify`)."""
     local = root.local_path()
     if local is None:
-        return StartCheck([], frozenset())
+        return StartCheck([], [])
     problems = []
-    unknown = set()
+    offline: list[tuple[Scope, str]] = []
     for spec in TABLES:
         table_path = os.path.join(local, spec.name)
         entries_whole = True
@@ -595,20 +705,36 @@ def check_at_start(root: StoreRoot) -> StartCheck:
             rel = os.path.relpath(d.path, table_path)
             if d.kind == "checkpoint" and set_aside_checkpoint(table_path, rel):
                 continue
-            if (
-                d.kind == "log entry"
-                and not (plan := EntryRewrite.plan(table_path, rel, d.bad_lines)).dropped
-            ):
-                plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
+            if d.kind == HINT:
+                set_aside_hint(table_path)  # a hint: nothing is lost
                 continue
-            if d.kind == "log entry" and 0 in plan.dropped:
-                unknown.add(spec.name)
+            if d.kind == "log entry":
+                plan = EntryRewrite.plan(table_path, rel, d.bad_lines)
+                if not plan.dropped:
+                    plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
+                    continue
+                if plan.leaves_a_hole and d.version > 0:  # not the creation: it holds the schema
+                    plan.set_aside(spec.name, d.reason)  # reported below, with the other markers
+                    continue
             entries_whole = False
             problems.append(f"damaged {d.kind} {spec.name}/{rel}: {d.reason}; see jetlake repair")
+        for u in unresolved_entries(table_path, spec.name):
+            described = u.describe()
+            log.error("log entry %s/%s was set aside at start, %s offline", spec.name, u.entry, described)
+            problems.append(
+                f"damaged log entry {spec.name}/{u.entry}: {u.reason}; set aside at start, "
+                f"{described} offline, see jetlake repair"
+            )
+            why = (
+                f"a damaged {spec.name} log entry whose content is unknown, see jetlake repair"
+                if u.content_unknown or any(scope.last is None for scope in u.scopes())
+                else f"a damaged {spec.name} log entry {u.entry} lost a line of it, see jetlake repair"
+            )
+            offline += [(scope, why) for scope in u.scopes()]
         if spec.name not in _READ_CHECKED and entries_whole:
             for f in _data_damage(root, spec):
                 log.error("damaged data file %s/%s: %s", spec.name, f.path, f.reason)
                 problems.append(
                     f"damaged data file {spec.name}/{f.path} ({f.holds}): {f.reason}; see jetlake repair"
                 )
-    return StartCheck(problems, frozenset(unknown))
+    return StartCheck(problems, offline)

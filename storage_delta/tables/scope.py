@@ -103,26 +103,22 @@ class StoreState:
     problems: list[str]
 
 
-def load_store_state(root: StoreRoot, unknown: Collection[str] = ()) -> StoreState:
+def load_store_state(root: StoreRoot, offline: Collection[tuple[Scope, str]] = ()) -> StoreState:
     """Read ``catalog`` and ``removals`` with every file checked; the streams a damaged file may
-    concern are quarantined and left out, the others come back exactly. ``unknown`` names tables
-    with a log entry whose content is unknown (``repair.check_at_start``): one of ``messages``,
-    ``catalog`` or ``removals`` may have held rows of any stream, so every stream is quarantined.
-    Blocking."""
+    concern are quarantined and left out, the others come back exactly. ``offline`` adds the names
+    a damaged log entry set aside at start may concern, with why (``repair.check_at_start``,
+    ``storage_delta.tables.unresolved``). Blocking."""
     catalog, catalog_damage = _read(root, sch.CATALOG, sch.CATALOG_SCHEMA)
     removals, removals_damage = _read(root, sch.REMOVALS, sch.REMOVALS_SCHEMA)
     live = live_streams_of(catalog)
     known = set(catalog.column("stream").to_pylist())
     quarantine = Quarantine()
-    for table in sorted(set(unknown) & {sch.MESSAGES, sch.CATALOG, sch.REMOVALS}):
-        why = f"a damaged {table} log entry whose content is unknown, see jetlake repair"
-        quarantine.ranges.append((Scope("", None, None), why))
-        for name in sorted(known):
-            quarantine.streams.setdefault(name, why)
-    for bad in catalog_damage:
-        scope, why = Scope.of(bad.add), _why(sch.CATALOG, bad)
+    # a catalog file's bounds are names of its rows (the one it lost may be the only row of it)
+    damaged = [(Scope.of(bad.add), _why(sch.CATALOG, bad), True) for bad in catalog_damage]
+    for scope, why, bounds_named in [*((scope, why, False) for scope, why in offline), *damaged]:
         quarantine.ranges.append((scope, why))
-        for name in sorted(known | {scope.first, scope.last or ""}):
+        named = {scope.first, scope.last or ""} if bounds_named else set()
+        for name in sorted(known | named):
             if name and scope.names(name):
                 quarantine.streams.setdefault(name, why)
     for bad in removals_damage:
