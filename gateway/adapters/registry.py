@@ -17,6 +17,7 @@ from gateway.api.configs import ConsumerConfig, StreamConfig, to_json
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
+from storage_delta.format.nats import SubjectIndex
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.scope import Quarantine
 
@@ -52,6 +53,8 @@ class Registry:
         self._subscriptions = subscriptions
         self._route_cache: dict[str, Stream | None] = {}
         self.streams: dict[str, Stream] = {}
+        #: The live streams' subjects, for routing a publish and the API's overlap checks.
+        self.subject_index = SubjectIndex()
         #: Streams set aside at start because a damaged catalog or removals file may hold rows of
         #: theirs (``storage_delta.tables.scope``): not installed, answered as offline streams.
         self.quarantine = Quarantine()
@@ -87,20 +90,32 @@ class Registry:
         found = self._route_cache.get(subject, _MISS)
         if found is not _MISS:
             return found  # type: ignore[return-value]
-        found = next((s for s in self.streams.values() if s.captures(subject)), None)
+        # Candidates from the index, confirmed against the live streams (one being deleted has
+        # left ``streams`` before its subjects leave the index).
+        live = [
+            stream
+            for name in self.subject_index.matching(subject)
+            if (stream := self.streams.get(name)) is not None and stream.captures(subject)
+        ]
+        if len(live) > 1:  # streams that overlap (a catalog from elsewhere): the oldest, as before
+            live = [s for s in self.streams.values() if s in live]
+        found = live[0] if live else None
         if len(self._route_cache) > ROUTE_CACHE_SIZE:
             self._route_cache.clear()
         self._route_cache[subject] = found
         return found
 
-    def _subjects_changed(self, old: Sequence[str], new: Sequence[str]) -> None:
-        """A stream was added, updated or deleted: route its subjects anew and tell the server which
-        subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
+    def _subjects_changed(self, name: str, old: Sequence[str], new: Sequence[str]) -> None:
+        """Stream ``name`` was added, updated or deleted: route its subjects anew and tell the
+        server which subjects the gateway listens to (a deleted stream's subjects get no responders
+        again)."""
         self._route_cache.clear()
         for subject in old:
+            self.subject_index.remove(subject, name)
             if subject not in new:
                 self._subscriptions.unsubscribe(subject)
         for subject in new:
+            self.subject_index.add(subject, name)
             if subject not in old:
                 self._subscriptions.subscribe(subject)
 
@@ -118,7 +133,7 @@ class Registry:
     def install_stream(self, config: StreamConfig, created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self._subjects_changed((), stream.subjects)
+        self._subjects_changed(stream.name, (), stream.subjects)
         consumers = self.consumers.setdefault(stream.name, {})
 
         def removed(seq: int, subject: str) -> None:
@@ -205,7 +220,7 @@ class Registry:
         old = stream.subjects
         stream.config = config
         if old != stream.subjects:
-            self._subjects_changed(old, stream.subjects)
+            self._subjects_changed(stream.name, old, stream.subjects)
         self.stream_updated.emit(stream)
 
     async def remove_stream(self, stream: Stream) -> None:
@@ -220,7 +235,7 @@ class Registry:
         for gone in self.consumers.pop(stream.name, {}).values():
             self.consumer_removed.emit(gone)
             await self.recorder.deleted(gone)
-        self._subjects_changed(stream.subjects, ())
+        self._subjects_changed(stream.name, stream.subjects, ())
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""
