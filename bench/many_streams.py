@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,7 @@ from tests.differential import api
 from tests.harness import Jetlake, ReferenceJetStream, serving
 
 Result = dict[str, Any]
+SERVERS = ("jetstream", "jetlake")
 PHASES = (
     "create",
     "update",
@@ -55,20 +57,34 @@ def answered(reply: dict[str, Any]) -> None:
     assert "error" not in reply, reply
 
 
-async def timed(streams: int, parallel: int, one: Callable[[int], Awaitable[None]]) -> float:
-    """Seconds to run ``one(i)`` for every stream, ``parallel`` at a time."""
-    t0 = time.perf_counter()
+async def timed(
+    out: Result, phase: str, streams: int, parallel: int, one: Callable[[int], Awaitable[None]]
+) -> None:
+    """Run ``one(i)`` for every stream, ``parallel`` at a time: ``<phase>_s``, the seconds, and
+    ``<phase>_tenths_s``, those of the first and the last tenth of the streams (what grows with
+    the number of streams shows as a last tenth slower than the first)."""
+    marks = [time.perf_counter()]
     for start in range(0, streams, parallel):
         await asyncio.gather(*(one(i) for i in range(start, min(start + parallel, streams))))
-    return round(time.perf_counter() - t0, 2)
+        marks.append(time.perf_counter())
+    tenth = max(1, len(marks) // 10)
+    out[f"{phase}_s"] = round(marks[-1] - marks[0], 2)
+    out[f"{phase}_tenths_s"] = [round(marks[tenth] - marks[0], 3), round(marks[-1] - marks[-1 - tenth], 3)]
+    print(f"{phase}: {out[f'{phase}_s']} s", file=sys.stderr, flush=True)
 
 
 async def phases(
-    url: str, streams: int, parallel: int, pids: dict[str, int], restart: Callable[[], None]
+    url: str,
+    streams: int,
+    parallel: int,
+    pids: dict[str, int],
+    restart: Callable[[], None],
+    consumers: bool = True,
 ) -> Result:
     """Seconds per phase, and bytes of resident memory per idle stream and consumer per process.
     ``restart`` stops and starts the server that stores the streams once they have their
-    consumers; ``restart_s`` is until it answers for the last stream again."""
+    consumers; ``restart_s`` is until it answers for the last stream again. Without
+    ``consumers`` the phases end after the publishes (the streams are left to the server's stop)."""
     out: Result = {}
     rss = {name: [rss_bytes(pid)] for name, pid in pids.items()}
 
@@ -96,12 +112,14 @@ async def phases(
         async def publish(i: int) -> None:
             await js.publish(f"m{i}.x", b"x")
 
-        out["create_s"] = await timed(streams, parallel, lambda i: create(nc, i))
-        out["update_s"] = await timed(streams, parallel, lambda i: update(nc, i))
-        out["publish_s"] = await timed(streams, parallel, publish)
+        await timed(out, "create", streams, parallel, lambda i: create(nc, i))
+        await timed(out, "update", streams, parallel, lambda i: update(nc, i))
+        await timed(out, "publish", streams, parallel, publish)
         for name, pid in pids.items():
             rss[name].append(rss_bytes(pid))
-        out["consumer_create_s"] = await timed(streams, parallel, lambda i: consumer(nc, i, 30))
+        if not consumers:
+            return with_memory(out, rss, streams)
+        await timed(out, "consumer_create", streams, parallel, lambda i: consumer(nc, i, 30))
         for name, pid in pids.items():
             rss[name].append(rss_bytes(pid))
     # A fresh connection after the restart: a client's reconnect back-off is not the server's time.
@@ -111,17 +129,26 @@ async def phases(
         info = await api(nc, f"STREAM.INFO.M{streams - 1}")
         out["restart_s"] = round(time.perf_counter() - t0, 2)
         assert info["state"]["messages"] == 1, info
-        out["consumer_update_s"] = await timed(streams, parallel, lambda i: consumer(nc, i, 60))
-        out["consumer_delete_s"] = await timed(streams, parallel, lambda i: consumer_delete(nc, i))
-        out["delete_s"] = await timed(streams, parallel, lambda i: delete(nc, i))
-    for name, (before, with_streams, with_consumers) in rss.items():
+        await timed(out, "consumer_update", streams, parallel, lambda i: consumer(nc, i, 60))
+        await timed(out, "consumer_delete", streams, parallel, lambda i: consumer_delete(nc, i))
+        await timed(out, "delete", streams, parallel, lambda i: delete(nc, i))
+    return with_memory(out, rss, streams)
+
+
+def with_memory(out: Result, rss: dict[str, list[int]], streams: int) -> Result:
+    """``out`` with each process's resident set at the start and its growth per stream (and per
+    consumer, when they were made) from the readings ``rss``."""
+    for name, (before, with_streams, *with_consumers) in rss.items():
         out[f"{name}_rss_mb"] = round(before / 2**20, 1)
         out[f"{name}_bytes_per_stream"] = round((with_streams - before) / streams)
-        out[f"{name}_bytes_per_consumer"] = round((with_consumers - with_streams) / streams)
+        for after in with_consumers:
+            out[f"{name}_bytes_per_consumer"] = round((after - with_streams) / streams)
     return out
 
 
-def run(work: Path, streams: int, parallel: int) -> Result:
+def run(
+    work: Path, streams: int, parallel: int, servers: tuple[str, ...] = SERVERS, consumers: bool = True
+) -> Result:
     out: Result = {"workload": "many_streams", "streams": streams, "parallel": parallel}
     reference = ReferenceJetStream(work / "js")
 
@@ -133,9 +160,9 @@ def run(work: Path, streams: int, parallel: int) -> Result:
         reference.stop()
         reference.start()
 
-    for _ in serving(reference):
+    for _ in serving(reference) if "jetstream" in servers else ():
         out["jetstream"] = asyncio.run(
-            phases(reference.url, streams, parallel, reference_pids(), reference_restart)
+            phases(reference.url, streams, parallel, reference_pids(), reference_restart, consumers)
         )
     lake = Jetlake(work / "jl")
 
@@ -148,10 +175,13 @@ def run(work: Path, streams: int, parallel: int) -> Result:
         lake.stop_gateway()
         lake.start_gateway()
 
-    for _ in serving(lake):
-        out["jetlake"] = asyncio.run(phases(lake.url, streams, parallel, lake_pids(), lake_restart))
+    for _ in serving(lake) if "jetlake" in servers else ():
+        out["jetlake"] = asyncio.run(
+            phases(lake.url, streams, parallel, lake_pids(), lake_restart, consumers)
+        )
     for phase in (*PHASES, "restart"):
-        out[f"ratio_{phase}"] = round(out["jetlake"][f"{phase}_s"] / out["jetstream"][f"{phase}_s"], 2)
+        if all(f"{phase}_s" in out.get(server, {}) for server in SERVERS):
+            out[f"ratio_{phase}"] = round(out["jetlake"][f"{phase}_s"] / out["jetstream"][f"{phase}_s"], 2)
     return out
 
 
@@ -159,9 +189,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--parallel", type=int, default=1, help="requests in flight at once")
+    ap.add_argument("--servers", default=",".join(SERVERS), help="which of them, comma-separated")
+    ap.add_argument(
+        "--consumers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the consumer phases, the restart and the deletes (without: streams and publishes only)",
+    )
     args = ap.parse_args()
+    servers = tuple(s for s in args.servers.split(",") if s)
     with tempfile.TemporaryDirectory(prefix="bench-many-streams-") as tmp:
-        print(json.dumps(run(Path(tmp), args.streams, args.parallel)), flush=True)
+        result = run(Path(tmp), args.streams, args.parallel, servers, args.consumers)
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
