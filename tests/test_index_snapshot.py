@@ -215,6 +215,7 @@ async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path)
         acks = AckRecorder(AckLogWriter(AckLogTable(root), executor, 0, 0.1, 1000, 0))
         subjects = Subjects()
         registry = Registry(CatalogTable(root), executor, 1 << 20, acks, subjects)
+        await registry.start()
         stream = await registry.add_stream(StreamConfig("S", subjects=("s.>",)), CREATED)
         assert subjects.live == {"s.>"}  # the registry listens to a stream's subjects
         for i in range(100):
@@ -233,6 +234,7 @@ async def test_a_snapshot_shows_no_removal_the_removal_log_lacks(tmp_path: Path)
         assert holes == {10} | set(range(2, 50, 4))
         removed = load_stream_states(root)["S"]
         assert all(removed.is_removed(s) for s in holes)
+        await registry.close()
     finally:
         executor.shutdown()
 
@@ -246,6 +248,7 @@ async def test_a_long_stream_is_due_after_min_new_messages_not_a_share_of_it(tmp
     try:
         acks = AckRecorder(AckLogWriter(AckLogTable(root), executor, 0, 0.1, 1000, 0))
         registry = Registry(CatalogTable(root), executor, 1 << 20, acks, Subjects())
+        await registry.start()
         stream = await registry.add_stream(StreamConfig("S", subjects=("s.>",)), CREATED)
         recorder = RemovalRecorder(registry, RemovalLog(root), executor)
         snapshots = Snapshots(registry, recorder, root, executor, 1, 100)
@@ -260,5 +263,6 @@ async def test_a_long_stream_is_due_after_min_new_messages_not_a_share_of_it(tmp
         snap = index_snapshot.read(root, "S", CREATED)
         assert snap is not None
         assert snap.through == 10_100
+        await registry.close()
     finally:
         executor.shutdown()

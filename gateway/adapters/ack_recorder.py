@@ -116,8 +116,13 @@ class AckRecorder:
         """``CONSUMER.RESET``: it starts again after its (new) delivered stream sequence."""
         await self._durable(self._row(consumer, al.RESET, start_after=consumer.sseq, skip=[]))
 
-    async def deleted(self, consumer: Consumer) -> None:
-        await self._durable(self._row(consumer, al.DELETE))
+    def deleted(self, consumer: Consumer) -> None:
+        """The consumer's end, for the ack log's compaction; not waited for (#23): the catalog's
+        deletion, durable before the API answers, is what ends a consumer. Should this row be
+        lost in a crash, the restart does not restore the consumer (the catalog lacks it) and
+        compaction drops its rows as those of a consumer the catalog does not have; a consumer
+        made again under the name starts from its own later create row."""
+        self.writer.submit(self._row(consumer, al.DELETE))
 
     @staticmethod
     def _positions(consumer: Consumer) -> tuple[int, int, int, int]:

@@ -6,10 +6,9 @@ survives a crash; the leaf is told of new stream subjects only after that.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.api import errors
@@ -17,7 +16,9 @@ from gateway.api.configs import ConsumerConfig, StreamConfig, to_json
 from gateway.engine.consumer import Consumer
 from gateway.engine.stream import Stream
 from gateway.runtime.signals import Signal
-from storage_delta.tables.catalog import CatalogTable
+from storage_delta.commit.loop import CommitLoop
+from storage_delta.format.nats import SubjectIndex
+from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.scope import Quarantine
 
 #: Subjects whose stream is remembered; past it the memory starts over (publishers to many
@@ -46,12 +47,12 @@ class Registry:
         subscriptions: Subscriptions,
     ) -> None:
         self.recorder = recorder
-        self._catalog = catalog
-        self._executor = executor
         self._tail_cache_bytes = tail_cache_bytes
         self._subscriptions = subscriptions
         self._route_cache: dict[str, Stream | None] = {}
         self.streams: dict[str, Stream] = {}
+        #: The live streams' subjects, for routing a publish and the API's overlap checks.
+        self.subject_index = SubjectIndex()
         #: Streams set aside at start because a damaged catalog or removals file may hold rows of
         #: theirs (``storage_delta.tables.scope``): not installed, answered as offline streams.
         self.quarantine = Quarantine()
@@ -59,7 +60,12 @@ class Registry:
         self.server_version = "2.15.1"
         self.api_total = 0
         self.api_errors = 0
-        self._lock = asyncio.Lock()
+        #: Catalog changes become durable through the one group-commit loop: the changes of
+        #: requests that arrive while a commit is in flight share the next one. A failed commit
+        #: fails its requests; nothing was changed in memory before it, so nothing rolls back.
+        self.catalog_loop: CommitLoop[CatalogChange] = CommitLoop(
+            "catalog", executor, catalog.commit, catalog.committed_version, lambda _rows, _exc: None
+        )
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.consumer_removed: Signal[[Consumer]] = Signal()
@@ -87,20 +93,32 @@ class Registry:
         found = self._route_cache.get(subject, _MISS)
         if found is not _MISS:
             return found  # type: ignore[return-value]
-        found = next((s for s in self.streams.values() if s.captures(subject)), None)
+        # Candidates from the index, confirmed against the live streams (one being deleted has
+        # left ``streams`` before its subjects leave the index).
+        live = [
+            stream
+            for name in self.subject_index.matching(subject)
+            if (stream := self.streams.get(name)) is not None and stream.captures(subject)
+        ]
+        if len(live) > 1:  # streams that overlap (a catalog from elsewhere): the oldest, as before
+            live = [s for s in self.streams.values() if s in live]
+        found = live[0] if live else None
         if len(self._route_cache) > ROUTE_CACHE_SIZE:
             self._route_cache.clear()
         self._route_cache[subject] = found
         return found
 
-    def _subjects_changed(self, old: Sequence[str], new: Sequence[str]) -> None:
-        """A stream was added, updated or deleted: route its subjects anew and tell the server which
-        subjects the gateway listens to (a deleted stream's subjects get no responders again)."""
+    def _subjects_changed(self, name: str, old: Sequence[str], new: Sequence[str]) -> None:
+        """Stream ``name`` was added, updated or deleted: route its subjects anew and tell the
+        server which subjects the gateway listens to (a deleted stream's subjects get no responders
+        again)."""
         self._route_cache.clear()
         for subject in old:
+            self.subject_index.remove(subject, name)
             if subject not in new:
                 self._subscriptions.unsubscribe(subject)
         for subject in new:
+            self.subject_index.add(subject, name)
             if subject not in old:
                 self._subscriptions.subscribe(subject)
 
@@ -110,15 +128,26 @@ class Registry:
         by_name = self.consumers.get(stream, {})
         return [by_name[n] for n in sorted(by_name) if not by_name[n].config.direct]
 
-    async def _persist(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
-        loop = asyncio.get_running_loop()
-        async with self._lock:
-            await loop.run_in_executor(self._executor, self._catalog.put, kind, stream, name, body)
+    async def start(self) -> None:
+        """Start the catalog's commit loop (before anything is persisted)."""
+        await self.catalog_loop.start()
+
+    async def close(self) -> None:
+        """Commit what was persisted so far, then stop the catalog's commit loop."""
+        await self.catalog_loop.close()
+
+    async def _persist(self, *changes: CatalogChange) -> None:
+        """Make ``changes`` durable, in one catalog commit with whatever other requests persist
+        meanwhile (the commit loop's group commit)."""
+        self.catalog_loop.pending.extend(changes)
+        done = self.catalog_loop.queued(sync=True, added=len(changes))
+        assert done is not None
+        await done
 
     def install_stream(self, config: StreamConfig, created_ns: int) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self._subjects_changed((), stream.subjects)
+        self._subjects_changed(stream.name, (), stream.subjects)
         consumers = self.consumers.setdefault(stream.name, {})
 
         def removed(seq: int, subject: str) -> None:
@@ -143,9 +172,8 @@ class Registry:
         return consumer
 
     async def add_stream(self, config: StreamConfig, created_ns: int) -> Stream:
-        await self._persist(
-            "stream", config.name, config.name, {"config": to_json(config), "created": created_ns}
-        )
+        body = {"config": to_json(config), "created": created_ns}
+        await self._persist(CatalogChange("stream", config.name, config.name, body))
         stream = self.install_stream(config, created_ns)
         self.stream_added.emit(stream)
         return stream
@@ -160,7 +188,7 @@ class Registry:
         skip: list[int],
     ) -> Consumer:
         body = {"config": to_json(config), "created": created_ns, "start_after": start_after}
-        await self._persist("consumer", stream.name, name, body)
+        await self._persist(CatalogChange("consumer", stream.name, name, body))
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
         await self.recorder.created(consumer, start_after, skip)
         self.consumer_changed.emit(consumer)
@@ -172,7 +200,7 @@ class Registry:
         """The catalog entry of a consumer restored from an archive (its state goes to the ack log
         before it is installed, as at a restart)."""
         body = {"config": to_json(config), "created": created_ns, "start_after": start_after}
-        await self._persist("consumer", stream.name, name, body)
+        await self._persist(CatalogChange("consumer", stream.name, name, body))
 
     async def update_consumer(self, consumer: Consumer, config: ConsumerConfig) -> None:
         body = {
@@ -180,7 +208,7 @@ class Registry:
             "created": consumer.created_ns,
             "start_after": consumer.ack_floor_sseq,
         }
-        await self._persist("consumer", consumer.stream.name, consumer.name, body)
+        await self._persist(CatalogChange("consumer", consumer.stream.name, consumer.name, body))
         consumer.reconfigure(config)
         await self.recorder.config_changed(consumer)
         self.consumer_changed.emit(consumer)
@@ -190,37 +218,41 @@ class Registry:
         by_name = self.consumers.get(consumer.stream.name, {})
         if by_name.get(consumer.name) is not consumer:
             return False
-        await self._persist("consumer", consumer.stream.name, consumer.name, None)
+        await self._persist(CatalogChange("consumer", consumer.stream.name, consumer.name, None))
         if by_name.get(consumer.name) is not consumer:
             return False
         del by_name[consumer.name]
         self.consumer_removed.emit(consumer)
-        await self.recorder.deleted(consumer)
+        self.recorder.deleted(consumer)
         return True
 
     async def update_stream(self, stream: Stream, config: StreamConfig) -> None:
         """Store a stream's new config, then make it the live one (subjects re-routed)."""
         body = {"config": to_json(config), "created": stream.created_ns}
-        await self._persist("stream", stream.name, stream.name, body)
+        await self._persist(CatalogChange("stream", stream.name, stream.name, body))
         old = stream.subjects
         stream.config = config
         if old != stream.subjects:
-            self._subjects_changed(old, stream.subjects)
+            self._subjects_changed(stream.name, old, stream.subjects)
         self.stream_updated.emit(stream)
 
     async def remove_stream(self, stream: Stream) -> None:
         """End a stream (and its consumers) durably; its messages stay in storage until Spark
         removes them, invisible to a stream created later under the same name (docs/storage.md)."""
-        for name in list(self.consumers.get(stream.name, {})):
-            await self._persist("consumer", stream.name, name, None)
-        await self._persist("stream", stream.name, stream.name, None)
+        await self._persist(
+            *(
+                CatalogChange("consumer", stream.name, name, None)
+                for name in self.consumers.get(stream.name, {})
+            ),
+            CatalogChange("stream", stream.name, stream.name, None),
+        )
         del self.streams[stream.name]
         stream.end()  # a removal waiting for one of its commits is released
         self.stream_removed.emit(stream)
         for gone in self.consumers.pop(stream.name, {}).values():
             self.consumer_removed.emit(gone)
-            await self.recorder.deleted(gone)
-        self._subjects_changed(stream.subjects, ())
+            self.recorder.deleted(gone)
+        self._subjects_changed(stream.name, stream.subjects, ())
 
     def rollback(self, stream_names: set[str]) -> None:
         """A commit failed: these streams go back to what is durable."""

@@ -13,6 +13,7 @@ import base64
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from gateway.adapters.archives import Archives
@@ -227,10 +228,9 @@ class StreamApi:
     # ---- definitions ------------------------------------------------------------------------------
 
     def _check_overlap(self, cfg: StreamConfig) -> None:
-        for other in self.reg.streams.values():
-            if other.name != cfg.name and any(
-                subjects_overlap(a, b) for a in cfg.subjects for b in other.subjects
-            ):
+        index, live = self.reg.subject_index, self.reg.streams
+        for subject in cfg.subjects:
+            if any(name != cfg.name and name in live for name in index.overlapping(subject)):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
     def _check_placement(self, replicas: int) -> None:
@@ -339,7 +339,9 @@ class StreamApi:
             return StreamsResponse(type=T + "stream_names_response", paged=paged, streams=page or None)
         rest = names[offset:]
         missing = tuple(n for n in rest if n in offline)
-        listed = tuple(self._listed(self.reg.streams[n]) for n in rest if n not in offline)[:LIST_PAGE]
+        # Only the page is described: a whole listing is one page per request, not the rest of it.
+        on_page = islice((n for n in rest if n not in offline), LIST_PAGE)
+        listed = tuple(self._listed(self.reg.streams[n]) for n in on_page)
         paged = Paged(len(names), offset, LIST_PAGE)
         return StreamsResponse(
             type=T + "stream_list_response",

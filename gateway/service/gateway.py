@@ -162,6 +162,7 @@ class Gateway:
             settings.index_snapshot_min_new,
         )
         await acklog.start()
+        await registry.start()
         phases.append(time.monotonic())
         await self._recover(registry, snapshots, history, await stored)
         phases.append(time.monotonic())
@@ -237,7 +238,7 @@ class Gateway:
         self.sourcing = sourcing
         if self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
-            writer.loop.on_fenced = acklog.loop.on_fenced = self._fenced
+            writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
         sourcing.start()
         await leaf.start(dispatcher)
         phases.append(time.monotonic())
@@ -350,12 +351,13 @@ class Gateway:
             await core.writer.close()
             if not lost:
                 await self._leave_state(core)
-            try:
-                await core.acklog.close()
-            except Fenced:
-                if not lost:
-                    raise
-                log.info("the ack log's last commits were fenced")
+            for table, closing in (("catalog", core.registry.close), ("ack log", core.acklog.close)):
+                try:
+                    await closing()
+                except Fenced:
+                    if not lost:
+                        raise
+                    log.info("the %s's last commits were fenced", table)
             await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.root.unsynced is not None:  # a clean stop leaves nothing unsynced, whatever the interval
@@ -391,7 +393,7 @@ class Gateway:
                 f"stream {name} is offline: {why}"
                 for name, why in sorted(self.core.registry.quarantine.streams.items())
             ]
-            for loop in (self.core.writer.loop, self.core.acklog.loop):
+            for loop in (self.core.writer.loop, self.core.acklog.loop, self.core.registry.catalog_loop):
                 if not loop.running:
                     problems.append(f"the {loop.name} commit loop has stopped")
         return problems

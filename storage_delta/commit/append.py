@@ -34,6 +34,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.durable import sync_together
 from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.commit.store import (
     CommitConflict,
@@ -136,8 +137,14 @@ class TableAppender:
         with self._lock:
             if version is not None and version <= self._landed:
                 return
-            adds = [write_data_file(self.root, self.spec.name, partition, rows) for partition, rows in parts]
-            self._commit(adds, version, more_txns)
+            # On a root that syncs, the data files (and their directories) are synced together
+            # with the log entry, just before it is linked: one round of syncs per commit.
+            unsynced: list[str] = []
+            adds = [
+                write_data_file(self.root, self.spec.name, partition, rows, later=unsynced)
+                for partition, rows in parts
+            ]
+            self._commit(adds, version, more_txns, unsynced)
             if version is not None:
                 self._landed = version
             self._commits += 1
@@ -145,11 +152,17 @@ class TableAppender:
                 self._start_hygiene()
 
     def _commit(
-        self, adds: list[AddAction], version: int | None, more_txns: Sequence[tuple[str, int]]
+        self,
+        adds: list[AddAction],
+        version: int | None,
+        more_txns: Sequence[tuple[str, int]],
+        unsynced: Sequence[str],
     ) -> None:
+        """Commit ``adds``; ``unsynced``: the paths of their files still to be synced before
+        anything names them."""
         if self._local is not None and version is not None and self.app_id is not None:
             try:
-                self._local.append(adds, (self.app_id, version), more_txns)
+                self._local.append(adds, (self.app_id, version), more_txns, unsynced)
                 return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
@@ -158,9 +171,11 @@ class TableAppender:
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
-                    self._local.append(adds, (self.app_id, version), more_txns)
+                    self._local.append(adds, (self.app_id, version), more_txns, unsynced)
                     return
                 self._local = None
+        if unsynced:
+            sync_together(unsynced)
         self._commit_delta_rs(adds, version, more_txns)
 
     def _commit_delta_rs(

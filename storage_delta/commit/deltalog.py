@@ -30,7 +30,7 @@ from typing import Any
 
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.durable import Unsynced, fsync_path
+from storage_delta.commit.durable import Unsynced, fsync_path, sync_together
 from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.format.integrity import LINES_KEY, lines_digest
 
@@ -117,10 +117,16 @@ class LocalLogAppender:
         self.next_version = next_version
 
     def append(
-        self, adds: Iterable[AddAction], txn: tuple[str, int], more_txns: Iterable[tuple[str, int]] = ()
+        self,
+        adds: Iterable[AddAction],
+        txn: tuple[str, int],
+        more_txns: Iterable[tuple[str, int]] = (),
+        unsynced: Sequence[str] = (),
     ) -> int:
         """Commit ``adds`` with the app transaction ``txn`` (and ``more_txns``) as one version;
-        returns that version.
+        returns that version. ``unsynced``: paths (the added files, their directories) that must
+        be on stable storage before the entry is linked; with ``sync`` they are synced together
+        with the entry.
 
         Versions other writers claimed meanwhile are skipped after a look at their actions: a
         ``txn`` of ours at or past ``txn`` means this very commit landed before (a retry after an
@@ -137,7 +143,7 @@ class LocalLogAppender:
             ),
             *(add_line(a) for a in adds),
         ]
-        return self._claim(lines, lambda version: self._landed_or_check(version, txn))
+        return self._claim(lines, lambda version: self._landed_or_check(version, txn), unsynced)
 
     def swap(self, removes: Sequence[RemoveAction], adds: Iterable[AddAction], operation: str) -> int:
         """Commit the removal of ``removes`` and the addition of ``adds`` as one version; returns it.
@@ -156,10 +162,13 @@ class LocalLogAppender:
         ]
         return self._claim(lines, lambda version: self._check_removals(version, gone))
 
-    def _claim(self, lines: list[dict[str, Any]], landed: Callable[[int], bool]) -> int:
+    def _claim(
+        self, lines: list[dict[str, Any]], landed: Callable[[int], bool], unsynced: Sequence[str] = ()
+    ) -> int:
         """Link the commit at the first free version; ``landed(v)`` judges a version taken by
         another writer (True: our commit is already there). With ``sync`` the entry is synced
-        before it is linked and the log directory after: one pair of syncs per commit."""
+        (together with ``unsynced``, the files it names) before it is linked and the log
+        directory after: two rounds of syncs per commit."""
         rest = [json.dumps(line, separators=(",", ":")).encode() for line in lines[1:]]
         # The commitInfo (first) records a CRC-32 per following line: a flipped bit that still
         # parses, or a tail cut at a line's end, is found, and by its line (format/integrity.py).
@@ -168,9 +177,9 @@ class LocalLogAppender:
         tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
         with open(tmp, "wb") as fh:
             fh.write(body)
-            if self.sync:
-                fh.flush()
-                os.fsync(fh.fileno())  # the entry's bytes are down before its name can be
+        if self.sync:
+            # the entry's bytes, and the files it names, are down before its name can be
+            sync_together([tmp, *unsynced])
         try:
             while True:
                 version = self.next_version

@@ -25,8 +25,8 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterable
-from concurrent.futures import Executor
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor, wait
 
 ALWAYS = "always"
 
@@ -62,6 +62,29 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+#: Threads that sync the paths of one commit at the same time (:func:`sync_together`). Shared by
+#: every table of the process, idle between commits; a commit waits for all of its own syncs.
+_SYNCERS = ThreadPoolExecutor(8, thread_name_prefix="jetlake-fsync")
+
+
+def sync_together(paths: Sequence[str]) -> None:
+    """Sync ``paths`` (files and directories) concurrently; returns once every one is on stable
+    storage, raising the first error. Why: on ext4 (and file systems with a journal like it) each
+    ``fsync`` of a new file or of a directory with a new entry waits for its own journal commit,
+    one after another when issued in turn; issued together, they share commits. A commit's data
+    files, their directories and its staged log entry need no order among themselves, only to be
+    down before the entry is linked (:meth:`~storage_delta.commit.deltalog.LocalLogAppender.append`):
+    a commit that made new partition directories paid six journal commits in turn, now about two."""
+    unique = list(dict.fromkeys(paths))
+    if len(unique) == 1:
+        fsync_path(unique[0])
+        return
+    syncs = [_SYNCERS.submit(fsync_path, path) for path in unique]
+    wait(syncs)  # all of them ended before anything is raised: none is left running unawaited
+    for sync in syncs:
+        sync.result()
+
+
 def make_dirs(path: str) -> list[str]:
     """``os.makedirs(path, exist_ok=True)``, returning the directories that got a new entry (the
     parent of each directory it created), which must be synced for the creation to last."""
@@ -74,12 +97,15 @@ def make_dirs(path: str) -> list[str]:
     return [os.path.dirname(d) for d in missing]
 
 
-def sync_new_file(path: str, new_entries: Iterable[str] = ()) -> None:
-    """Make a just-written file durable: its data, its directory's entry for it and the
+def new_file_paths(path: str, new_entries: Iterable[str] = ()) -> list[str]:
+    """What makes a just-written file durable: the file, its directory (its entry for it) and the
     directories ``new_entries`` (from :func:`make_dirs`) that gained the directories above it."""
-    fsync_path(path)
-    for folder in dict.fromkeys([os.path.dirname(path), *new_entries]):
-        fsync_path(folder)
+    return [path, os.path.dirname(path), *new_entries]
+
+
+def sync_new_file(path: str, new_entries: Iterable[str] = ()) -> None:
+    """Make a just-written file durable (:func:`new_file_paths`)."""
+    sync_together(new_file_paths(path, new_entries))
 
 
 def sync_log_entries(log_dir: str, first: int, last: int) -> None:

@@ -29,6 +29,7 @@ from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
+    new_file_paths,
     sync_checkpoint,
     sync_log_entries,
     sync_new_file,
@@ -71,11 +72,15 @@ class StoreRoot:
         whose completed PUT is the durable point, or a relaxed ``sync_interval``)."""
         return self.local_path() if self.fsync else None
 
-    def settle_file(self, path: str, new_entries: Sequence[str] = ()) -> None:
+    def settle_file(self, path: str, new_entries: Sequence[str] = (), later: list[str] | None = None) -> None:
         """A new local file (and the directories ``make_dirs`` created above it): synced now on a
-        root that syncs, noted for the flusher on one that does not."""
+        root that syncs (or, given ``later``, added to the paths the caller syncs before anything
+        names the file), noted for the flusher on one that does not."""
         if self.synced_path() is not None:
-            sync_new_file(path, new_entries)
+            if later is None:
+                sync_new_file(path, new_entries)
+            else:
+                later.extend(new_file_paths(path, new_entries))
         elif self.unsynced is not None:
             self.unsynced.data([path], [os.path.dirname(path), *new_entries])
 
@@ -312,10 +317,16 @@ SEALED_PARQUET: dict[str, Any] = {
 
 
 def write_data_file(
-    root: StoreRoot, table_name: str, partition: Mapping[str, str], data: pa.Table, sealed: bool = False
+    root: StoreRoot,
+    table_name: str,
+    partition: Mapping[str, str],
+    data: pa.Table,
+    sealed: bool = False,
+    later: list[str] | None = None,
 ) -> AddAction:
     """Write one parquet file into the table's directory and describe it as a Delta ``add`` action.
-    On a root that syncs, the file and its directory entries are on stable storage when it returns."""
+    On a root that syncs, the file and its directory entries are on stable storage when it returns,
+    or, given ``later``, are added to it for the caller to sync with the rest of its commit."""
     fs, base = root.filesystem()
     sink = pa.BufferOutputStream()
     pq.write_table(
@@ -336,7 +347,8 @@ def write_data_file(
     with fs.open_output_stream(full) as out:
         out.write(body)
     if isinstance(fs, pafs.LocalFileSystem):
-        root.settle_file(full, new_entries)  # before the log entry that names it can be published
+        # before the log entry that names it can be published
+        root.settle_file(full, new_entries, later)
     return AddAction(
         path=rel,
         size=body.size,

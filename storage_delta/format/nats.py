@@ -80,6 +80,105 @@ def subjects_overlap(a: str, b: str) -> bool:
     return True
 
 
+class _Node:
+    """One token's level of a :class:`SubjectIndex`: the filters that end here, the next tokens."""
+
+    __slots__ = ("ends", "next")
+
+    def __init__(self) -> None:
+        self.ends: set[str] = set()
+        self.next: dict[str, _Node] = {}
+
+
+class SubjectIndex:
+    """Subject filters (a stream's ``subjects``) by token, each under the names that hold it: which
+    names capture a literal subject, and which hold a filter that overlaps a given one, found by
+    walking the tokens instead of testing every filter. Why: a publish to a subject not seen before
+    and every stream create looked at each stream in turn, so creating n streams, and publishing
+    once to each, cost n² subject tests (10,000 streams: 10^8)."""
+
+    def __init__(self) -> None:
+        self._root = _Node()
+
+    def add(self, filter: str, name: str) -> None:
+        node = self._root
+        for tok in filter.split("."):
+            node = node.next.setdefault(tok, _Node())
+        node.ends.add(name)
+
+    def remove(self, filter: str, name: str) -> None:
+        """Forget ``name``'s ``filter``; levels left empty go too, so the index does not keep the
+        shape of every stream that ever lived."""
+        path = [self._root]
+        for tok in filter.split("."):
+            child = path[-1].next.get(tok)
+            if child is None:
+                return
+            path.append(child)
+        path[-1].ends.discard(name)
+        toks = filter.split(".")
+        for tok, parent, child in zip(reversed(toks), reversed(path[:-1]), reversed(path[1:]), strict=True):
+            if child.ends or child.next:
+                break
+            del parent.next[tok]
+
+    def matching(self, subject: str) -> set[str]:
+        """The names with a filter that ``subject`` (a literal) falls under (:func:`subject_matches`)."""
+        toks = subject.split(".")
+        if "" in toks:
+            return set()
+        found: set[str] = set()
+        level = [self._root]
+        for tok in toks:
+            nxt: list[_Node] = []
+            for node in level:
+                rest = node.next.get(">")  # one or more tokens: this one and any after it
+                if rest is not None:
+                    found |= rest.ends
+                for key in (tok, "*"):
+                    child = node.next.get(key)
+                    if child is not None:
+                        nxt.append(child)
+            level = nxt
+            if not level:
+                return found
+        for node in level:
+            found |= node.ends
+        return found
+
+    def overlapping(self, filter: str) -> set[str]:
+        """The names with a filter that some literal subject matches together with ``filter``
+        (:func:`subjects_overlap`)."""
+        found: set[str] = set()
+        self._overlap(self._root, filter.split("."), 0, found)
+        return found
+
+    def _overlap(self, node: _Node, toks: list[str], i: int, found: set[str]) -> None:
+        if i == len(toks):
+            found |= node.ends
+            return
+        tok = toks[i]
+        if tok == ">":  # one or more tokens: every filter with a token here
+            stack = list(node.next.values())
+            while stack:
+                below = stack.pop()
+                found |= below.ends
+                stack.extend(below.next.values())
+            return
+        rest = node.next.get(">")
+        if rest is not None:
+            found |= rest.ends
+        if tok == "*":
+            for key, child in node.next.items():
+                if key != ">":
+                    self._overlap(child, toks, i + 1, found)
+            return
+        for key in (tok, "*"):
+            step = node.next.get(key)
+            if step is not None:
+                self._overlap(step, toks, i + 1, found)
+
+
 def status_block(code: int, text: str, extra: dict[str, str] | None = None) -> bytes:
     """A status message's header block, e.g. ``NATS/1.0 404 No Messages``."""
     lines = [f"NATS/1.0 {code} {text}" if text else f"NATS/1.0 {code}"]

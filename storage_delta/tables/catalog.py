@@ -24,6 +24,16 @@ CATALOG_TABLE = TableSpec(sch.CATALOG, sch.CATALOG_SCHEMA, tuple(sch.CATALOG_PAR
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogChange:
+    """A definition to record (``body``) or an entity to end (``body`` None)."""
+
+    kind: str
+    stream: str
+    name: str
+    body: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
 class CatalogEntry:
     kind: str
     stream: str
@@ -37,28 +47,40 @@ class CatalogTable:
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
         self._appender = TableAppender(root, CATALOG_TABLE, APP_ID)
-        self._rev = self._appender.committed_version()
 
     @property
     def dt(self) -> DeltaTable:
         return self._appender.fresh()
 
+    def committed_version(self) -> int:
+        """The newest catalog commit of the gateway's (its txn version; 0 before any)."""
+        return self._appender.committed_version()
+
     def put(self, kind: str, stream: str, name: str, body: dict[str, Any] | None) -> None:
-        """Record a definition (``body``) or its deletion (``None``)."""
-        self._rev += 1
-        row = pa.table(
+        """Record a definition (``body``) or its deletion (``None``) in a commit of its own."""
+        self.commit([CatalogChange(kind, stream, name, body)], self._appender.next_version())
+
+    def commit(self, changes: list[CatalogChange], version: int) -> None:
+        """Record ``changes`` as one commit tagged ``(jetlake-catalog, version)`` (the group
+        commit of the gateway's concurrent API requests). Every row gets ``version`` as its
+        ``rev``, which still grows from commit to commit, so an entity's newest row is the one
+        of its last commit; of two changes to one entity in a commit only the later is stored,
+        as a reader could not order rows of equal ``rev``."""
+        last = {(c.kind, c.stream, c.name): c for c in changes}
+        now = time.time_ns()
+        rows = pa.table(
             {
-                "rev": [self._rev],
-                "kind": [kind],
-                "stream": [stream],
-                "name": [name],
-                "ts": [time.time_ns()],
-                "deleted": [body is None],
-                "body": [json.dumps(body or {}, separators=(",", ":"))],
+                "rev": [version] * len(last),
+                "kind": [c.kind for c in last.values()],
+                "stream": [c.stream for c in last.values()],
+                "name": [c.name for c in last.values()],
+                "ts": [now] * len(last),
+                "deleted": [c.body is None for c in last.values()],
+                "body": [json.dumps(c.body or {}, separators=(",", ":")) for c in last.values()],
             },
             schema=sch.CATALOG_SCHEMA,
         )
-        self._appender.append([({}, row)], self._rev)
+        self._appender.append([({}, rows)], version)
 
     def load(self) -> list[CatalogEntry]:
         """The live entities, streams before their consumers, in the order they were defined. A
