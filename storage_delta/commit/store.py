@@ -12,7 +12,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
@@ -29,12 +28,11 @@ from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
-    sync_checkpoint,
     sync_log_entries,
     sync_new_file,
     sync_tree,
 )
-from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified, record_checkpoint_digest
+from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified
 
 
 class CommitConflict(Exception):
@@ -56,6 +54,10 @@ class StoreRoot:
     #: appenders fence every table first and refuse to commit once a newer epoch is there. None:
     #: a writer outside the lease (jobs, tools, an object-store root).
     epoch: int | None = None
+    #: How long log entries and checkpoints stay loadable (Delta's ``delta.logRetentionDuration``,
+    #: the gateway's ``log_retention_ms``): the log is trimmed below the newest checkpoint older
+    #: than this (:mod:`storage_delta.commit.checkpoint`).
+    log_retention_s: float = 3600.0
 
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -225,30 +227,6 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         # sync_interval: a table whose first entry a power cut took cannot be opened at all
         sync_tree(os.path.join(local, name))
     return DeltaTable(uri, storage_options=opts)
-
-
-def checkpoint_table(
-    root: StoreRoot, dt: DeltaTable, name: str, writing: AbstractContextManager[object] | None = None
-) -> None:
-    """A checkpoint of table ``name`` through ``dt`` and the removal of expired log files; on a root
-    that syncs, the checkpoint is made durable before anything else can make its name durable.
-    ``writing`` is held while the checkpoint is written and synced, not while the log is cleaned
-    up (a listing of all of ``_delta_log``): a writer's commit lock, so its commits' syncs of the log
-    directory wait only for that."""
-    with writing or nullcontext():
-        retry_listing(dt.create_checkpoint)
-        local = root.local_path()
-        if local is not None:
-            digest = record_checkpoint_digest(os.path.join(local, name), dt.version())
-            if digest is not None:
-                root.settle_file(digest, [os.path.join(local, name)])
-            log_dir = os.path.join(local, name, "_delta_log")
-            if root.fsync:
-                sync_checkpoint(log_dir)
-            elif root.unsynced is not None:
-                checkpoint = f"{log_dir}/{dt.version():020d}.checkpoint.parquet"
-                root.unsynced.log([checkpoint, f"{log_dir}/_last_checkpoint"], log_dir)
-    retry_listing(dt.cleanup_metadata)
 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:

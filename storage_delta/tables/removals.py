@@ -25,10 +25,10 @@ import pyarrow as pa
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.store import (
     StoreRoot,
-    checkpoint_table,
     open_existing,
     open_version,
     read_checked,
