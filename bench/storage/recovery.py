@@ -7,7 +7,12 @@ takes the better part of an hour to publish here). The first ``kill -9`` comes r
 PubAck, while the compaction and the index snapshots may be behind; each figure is the median of
 ``trials`` kills.
 
-    python -m bench.storage.recovery [--bulk 0] [--tail 50000] [--trials 3] [--keep DIR]
+With ``--standby`` the same stream is written through an owner gateway while a standby gateway on
+the same store waits (#19's owner lease), and the figure is a takeover: from ``kill -9`` of the
+owner to the standby answering STREAM.INFO with every message; then a new standby is started and
+waits, and its owner is killed in turn, ``trials`` times.
+
+    python -m bench.storage.recovery [--bulk 0] [--tail 50000] [--trials 3] [--standby] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import tempfile
 import time
@@ -25,7 +31,7 @@ from bench.storage.small_files import STREAM, _publish
 from bench.targets import wait_stream_messages
 from storage_delta.commit.store import StoreRoot
 from storage_delta.maintenance.files import live_files
-from tests.harness import Jetlake
+from tests.harness import Jetlake, Peer, stop, wait_log
 
 
 def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
@@ -62,16 +68,55 @@ def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
         lake.stop()
 
 
+def measure_takeover(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
+    lake = Jetlake(workdir)
+    lake.start()
+    peers = [Peer(lake, "gateway-1")]
+    try:
+        wait_log(peers[0].log, "standing by: epoch 1 holds the store", timeout=300)
+        if bulk:
+            asyncio.run(_publish(lake.url, bulk, 256))
+        tail_s = asyncio.run(_publish(lake.url, tail, 1)) if tail else 0.0
+        count = bulk + tail
+        files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
+        owner, takeovers = lake.gateway, []
+        for epoch in range(2, trials + 2):
+            assert owner is not None
+            stop(owner, signal.SIGKILL)
+            t0 = time.monotonic()
+            asyncio.run(wait_stream_messages(lake.url, STREAM, count))
+            takeovers.append(time.monotonic() - t0)
+            owner = next(p for p in peers if f"owner of the store as epoch {epoch}" in p.text()).proc
+            peers.append(Peer(lake, f"gateway-{epoch}"))
+            wait_log(peers[-1].log, f"standing by: epoch {epoch} holds the store", timeout=300)
+        return {
+            "workload": "recovery_takeover",
+            "bulk": bulk,
+            "tail": tail,
+            "trials": trials,
+            "tail_publish_per_s": round(tail / tail_s) if tail else None,
+            "files_at_kill": files,
+            "takeover_after_kill9_s": [round(t, 2) for t in takeovers],
+            "takeover_median_s": round(statistics.median(takeovers), 2),
+        }
+    finally:
+        for peer in peers:
+            stop(peer.proc)
+        lake.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bulk", type=int, default=0)
     ap.add_argument("--tail", type=int, default=50_000)
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--standby", action="store_true", help="a standby's takeover, not a restart")
     ap.add_argument("--keep", default="", help="work in this directory and keep it (the gateway's log)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-recovery-") as tmp:
         work = Path(args.keep or tmp)
-        print(json.dumps(measure(work, args.bulk, args.tail, args.trials)), flush=True)
+        run = measure_takeover if args.standby else measure
+        print(json.dumps(run(work, args.bulk, args.tail, args.trials)), flush=True)
 
 
 if __name__ == "__main__":
