@@ -213,3 +213,45 @@ def test_the_trim_keeps_what_the_retention_covers(tmp_path: Path) -> None:
     for version in (checkpoints[1], checkpoints[2] - 1):
         assert open_version(root, sch.MESSAGES, version) is not None
     assert rows(root) == list(range(1, 36))
+
+
+def test_the_start_check_reads_from_the_last_checkpoint_without_listing_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log of a retention's worth of entries (hundreds of thousands under a sync publisher)
+    is not listed at start: the check reads from the checkpoint ``_last_checkpoint`` names. It
+    still finds a damaged entry after that checkpoint, and a damaged newer checkpoint that
+    ``_last_checkpoint`` does not name yet; damage below a newer whole checkpoint no longer counts."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 26):
+        table.commit([message(seq)], seq)
+        if seq == 10:
+            table._appender.hygiene()
+    table_path = str(tmp_path / sch.MESSAGES)
+    logs = log_dir(root)
+    entry = logs / f"{15:020d}.json"
+    entry.write_bytes(entry.read_bytes().replace(b'"size":', b'"size": '))
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert [d.version for d in scan_log(table_path, newest_only=True)] == [15]
+    assert listed == []
+    # a newer checkpoint that _last_checkpoint does not name yet: cut, it is reported (and the
+    # entry still is); whole, a load starts there, so the damage at 15 no longer counts
+    newer = logs / f"{20:020d}.checkpoint.parquet"
+    newer.write_bytes((logs / f"{10:020d}.checkpoint.parquet").read_bytes()[:100])
+    found = list(scan_log(table_path, newest_only=True))
+    assert [(d.kind, d.version) for d in found] == [("log entry", 15), ("checkpoint", 20)]
+    newer.unlink()
+    pointer = (logs / "_last_checkpoint").read_bytes()
+    table._appender.hygiene()  # a whole checkpoint at 25, then _last_checkpoint as it was before
+    (logs / "_last_checkpoint").write_bytes(pointer)
+    assert (logs / f"{25:020d}.checkpoint.parquet").exists()
+    assert list(scan_log(table_path, newest_only=True)) == []
+    assert listed == []

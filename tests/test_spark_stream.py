@@ -176,7 +176,7 @@ def test_a_running_query_and_its_restart_survive_log_trims(spark: SparkSession, 
     trimmed to the newest checkpoint each time (``log_retention_s`` 0, #22): a query that runs
     while the log is trimmed under it, then is stopped, and restarted from its checkpoint after
     the log lost every entry it had seen, has each message once."""
-    root = StoreRoot(str(tmp_path / "store"), log_retention_s=0.0)
+    root = StoreRoot(str(tmp_path / "store"), fsync=False, log_retention_s=0.0)  # no power cut here
     table = MessageTable(root, checkpoint_every=10**9)
     written = 0
 
@@ -202,17 +202,17 @@ def test_a_running_query_and_its_restart_survive_log_trims(spark: SparkSession, 
             .start()
         )
 
-    write(100)
+    write(60)
     first = start()
     _wait_for_progress(first, 50)
-    write(200)
-    _wait_for_progress(first, 300)
+    write(60)
+    _wait_for_progress(first, 120)
     first.stop()
-    write(200)
+    write(60)
     log_dir = tmp_path / "store" / "messages" / "_delta_log"
-    assert min(int(n[:20]) for n in os.listdir(log_dir) if n[:20].isdigit()) >= 490
+    assert min(int(n[:20]) for n in os.listdir(log_dir) if n[:20].isdigit()) >= 170
     second = start()
     second.processAllAvailable()
     second.stop()
     seqs = sorted(r.seq for r in spark.read.parquet(str(sink)).select("seq").collect())
-    assert seqs == list(range(1, 501))
+    assert seqs == list(range(1, 181))
