@@ -3,7 +3,8 @@ answers with every message, for one stream written ``bulk`` messages in large co
 PubAcks in flight) and then ``tail`` messages one per commit (sync publishing, each PubAck
 awaited). ``--bulk 0 --tail 50000`` is a stream written one message per commit throughout;
 ``--bulk 995000 --tail 5000`` a million messages with a small-file tail (one-per-commit at a million
-takes the better part of an hour to publish here). The first ``kill -9`` comes right after the last
+takes the better part of an hour to publish here; ``--keep DIR`` of an earlier run and ``--bulk 0 --tail 0``
+measures that store's stream again). The first ``kill -9`` comes right after the last
 PubAck, while the compaction and the index snapshots may be behind; each figure is the median of
 ``trials`` kills.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.storage.small_files import STREAM, _publish
-from bench.targets import wait_stream_messages
+from bench.targets import stream_state, wait_stream_messages
 from storage_delta.commit.store import StoreRoot
 from storage_delta.maintenance.files import live_files
 from tests.harness import Jetlake, Peer, stop, wait_log
@@ -44,7 +45,7 @@ def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
         bulk_s = time.monotonic() - t0
         # the tail's sequences follow the bulk's: _publish numbers payloads, not sequences
         tail_s = asyncio.run(_publish(lake.url, tail, 1)) if tail else 0.0
-        count = bulk + tail
+        count = asyncio.run(stream_state(lake.url, STREAM))["messages"]  # and a kept store's before
         files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
         restarts = []
         for _ in range(trials):
@@ -57,6 +58,7 @@ def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
             "workload": "recovery",
             "bulk": bulk,
             "tail": tail,
+            "messages": count,
             "trials": trials,
             "bulk_publish_s": round(bulk_s, 1),
             "tail_publish_per_s": round(tail / tail_s) if tail else None,
@@ -77,7 +79,8 @@ def measure_takeover(workdir: Path, bulk: int, tail: int, trials: int) -> dict[s
         if bulk:
             asyncio.run(_publish(lake.url, bulk, 256))
         tail_s = asyncio.run(_publish(lake.url, tail, 1)) if tail else 0.0
-        count = bulk + tail
+        # bulk + tail, and what a kept store (--keep of an earlier run) held before
+        count = asyncio.run(stream_state(lake.url, STREAM))["messages"]
         files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
         owner, takeovers = lake.gateway, []
         for epoch in range(2, trials + 2):
@@ -93,6 +96,7 @@ def measure_takeover(workdir: Path, bulk: int, tail: int, trials: int) -> dict[s
             "workload": "recovery_takeover",
             "bulk": bulk,
             "tail": tail,
+            "messages": count,
             "trials": trials,
             "tail_publish_per_s": round(tail / tail_s) if tail else None,
             "files_at_kill": files,
