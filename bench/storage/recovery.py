@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import signal
 import statistics
 import tempfile
@@ -73,9 +74,11 @@ def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
 def measure_takeover(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
     lake = Jetlake(workdir)
     lake.start()
-    peers = [Peer(lake, "gateway-1")]
+    # the owner's epoch: 1 in a new store, the next one in a kept store
+    first = int(re.findall(r"owner of the store as epoch (\d+)", (workdir / "gateway.log").read_text())[-1])
+    peers = [Peer(lake, f"gateway-{first}")]
     try:
-        wait_log(peers[0].log, "standing by: epoch 1 holds the store", timeout=300)
+        wait_log(peers[0].log, f"standing by: epoch {first} holds the store", timeout=300)
         if bulk:
             asyncio.run(_publish(lake.url, bulk, 256))
         tail_s = asyncio.run(_publish(lake.url, tail, 1)) if tail else 0.0
@@ -83,7 +86,7 @@ def measure_takeover(workdir: Path, bulk: int, tail: int, trials: int) -> dict[s
         count = asyncio.run(stream_state(lake.url, STREAM))["messages"]
         files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
         owner, takeovers = lake.gateway, []
-        for epoch in range(2, trials + 2):
+        for epoch in range(first + 1, first + trials + 1):
             assert owner is not None
             stop(owner, signal.SIGKILL)
             t0 = time.monotonic()
