@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from storage_delta.commit import checkpoint as ckpt
 from storage_delta.commit.durable import fsync_path
-from storage_delta.commit.store import StoreRoot, open_existing, open_version
+from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_version
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import checkpoint_digest_path, scan_log
@@ -255,3 +255,24 @@ def test_the_start_check_reads_from_the_last_checkpoint_without_listing_the_log(
     assert (logs / f"{25:020d}.checkpoint.parquet").exists()
     assert list(scan_log(table_path, newest_only=True)) == []
     assert listed == []
+
+
+def test_a_handle_that_lagged_behind_a_trim_catches_up(tmp_path: Path) -> None:
+    """A warm handle (a follower's, a reader's) left at version 5 while the log moved on and was
+    trimmed past it: catching up finds the newest version through the newest checkpoint instead of
+    stopping where its next entry is gone (it used to stay at 5, silently)."""
+    root = StoreRoot(str(tmp_path), fsync=False, log_retention_s=0.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 6):
+        table.commit([message(seq)], seq)
+    lagging = open_existing(root, sch.MESSAGES)
+    assert lagging is not None
+    assert lagging.version() == 5
+    for seq in range(6, 40):
+        table.commit([message(seq)], seq)
+        if seq % 10 == 0:
+            table._appender.hygiene()
+    assert not (log_dir(root) / f"{6:020d}.json").exists()
+    catch_up(lagging)
+    assert lagging.version() == 39
+    assert lagging.to_pyarrow_table(columns=["seq"]).num_rows == 39

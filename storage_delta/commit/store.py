@@ -157,9 +157,17 @@ def newest_version(log_dir: str, known: int) -> int:
     a gallop past ``known``, then a binary search. Versions are contiguous, commit files are only
     ever created above the newest and deleted only below a checkpoint, so "version v exists" holds
     up to the newest version and not after it, whatever commits land meanwhile; a commit that
-    existed when the search began is at or below what it returns."""
+    existed when the search began is at or below what it returns. When the log was trimmed past
+    ``known`` the search starts from the checkpoint ``_last_checkpoint`` names."""
     low, step = known, 1
     high = low + 1
+    if not os.path.exists(commit_path(log_dir, high)):
+        # Either nothing after ``known``, or a handle that lagged behind the log's trim: the entries
+        # after its version are gone below a newer checkpoint, from which the log goes on.
+        checkpointed = _checkpointed(log_dir)
+        if checkpointed <= known:
+            return known
+        low, high = checkpointed, checkpointed + 1
     while os.path.exists(commit_path(log_dir, high)):
         low, step = high, step * 2
         high = low + step
