@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -287,3 +288,51 @@ async def test_rewrites_and_vacuum_beneath_a_running_query(
     assert blocks[1] < total - 300
     raw = _batch(spark, root, unique, view="raw").select("seq").collect()
     assert sorted(r.seq for r in raw) == expected
+
+
+@pytest.mark.spark
+def test_a_running_query_and_its_restart_survive_log_trims(spark: SparkSession, tmp_path: Path) -> None:
+    """A stream written one message per commit whose log is checkpointed every 10 commits and
+    trimmed to the newest checkpoint each time (``log_retention_s`` 0, #22): a query that runs
+    while the log is trimmed under it, then is stopped, and restarted from its checkpoint after
+    the log lost every entry it had seen, has each message once."""
+    root = StoreRoot(str(tmp_path / "store"), fsync=False, log_retention_s=0.0)  # no power cut here
+    table = MessageTable(root, checkpoint_every=10**9)
+    written = 0
+
+    def write(count: int) -> None:
+        nonlocal written
+        for _ in range(count):
+            written += 1
+            table.commit(
+                [StoredMessage("TRIM", BLOCK_SIZE, written, BASE_TS + written, "t.x", None, b"x")], written
+            )
+            if written % 10 == 0:  # the writer's checkpoint and trim, here one after another
+                table._appender.hygiene()
+
+    sink, ckpt = tmp_path / "sink", tmp_path / "ckpt"
+
+    def start() -> StreamingQuery:
+        return (
+            _stream(spark, root.uri, "TRIM", view="raw", max_messages_per_trigger="50")
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(ckpt))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    write(60)
+    first = start()
+    _wait_for_progress(first, 50)
+    write(60)
+    _wait_for_progress(first, 120)
+    first.stop()
+    write(60)
+    log_dir = tmp_path / "store" / "messages" / "_delta_log"
+    assert min(int(n[:20]) for n in os.listdir(log_dir) if n[:20].isdigit()) >= 170
+    second = start()
+    second.processAllAvailable()
+    second.stop()
+    seqs = sorted(r.seq for r in spark.read.parquet(str(sink)).select("seq").collect())
+    assert seqs == list(range(1, 181))

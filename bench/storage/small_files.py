@@ -9,7 +9,11 @@ compared with. The real JetStream gets the same sync publishes, ``kill -9`` and 
 figure is the median of ``trials`` runs; ``files_during_publish`` is the largest file count of
 the stream seen (every ``SAMPLE_S``) while it was published: whether the compaction kept up.
 
-    python -m bench.storage.small_files [--messages 20000] [--trials 3] [--keep DIR]
+With ``--kept DIR`` the jetlake stream is not written but taken from a store kept by an earlier run
+(``--keep``; e.g. ``python -m bench.storage.recovery --keep DIR``, hours of one commit per message),
+compared with the same count in large commits and on JetStream.
+
+    python -m bench.storage.small_files [--messages 20000] [--trials 3] [--keep DIR] [--kept DIR]
     (or python -m bench.run --only small_files)
 """
 
@@ -30,7 +34,7 @@ from typing import Any
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from bench.targets import wait_stream_messages
+from bench.targets import stream_state, wait_stream_messages
 from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import live_files
@@ -176,22 +180,57 @@ def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials
     try:
         root = StoreRoot(str(lake.data_root))
         publish_s, during = _publish_sampled(lake.url, root, count, window)
-        files = len(live_files(root, STREAM))
-        restarts, drains = _restarts_and_drains(
-            lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count, trials
-        )
         out: Result = {
             "publish_per_s": round(count / publish_s),
-            "files_during_publish": {"max": max(during, default=files), "samples": len(during)},
-            "files_at_kill": files,
-            "restart_after_kill9_s": _median(restarts, 2),
-            **_cold_reads(drains),
-            "files_at_read": _settled(root),
+            "files_during_publish": {"max": max(during, default=0), "samples": len(during)},
         }
-        out.update(_readers(lake, count, trials))
+        out.update(_after_publish(lake, count, trials))
         return out
     finally:
         lake.stop()
+
+
+def _after_publish(lake: Jetlake, count: int, trials: int) -> Result:
+    """Restarts after ``kill -9``, a new consumer's reads and the independent readers' of a
+    stream of ``count`` messages that ``lake`` (running) holds."""
+    root = StoreRoot(str(lake.data_root))
+    files = len(live_files(root, STREAM))
+    restarts, drains = _restarts_and_drains(
+        lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count, trials
+    )
+    out: Result = {
+        "files_at_kill": files,
+        "restart_after_kill9_s": _median(restarts, 2),
+        **_cold_reads(drains),
+        "files_at_read": _settled(root),
+    }
+    out.update(_readers(lake, count, trials))
+    return out
+
+
+def measure_kept(ref: ReferenceJetStream, workdir: Path, kept: Path, trials: int) -> Result:
+    """The same figures for the stream of a store written before (``--keep`` of an earlier run,
+    e.g. one message per commit for an hour), against the same messages in large commits and on
+    JetStream (sync publishes, as the kept stream's were)."""
+    lake = Jetlake(kept)
+    lake.start_server()
+    try:
+        lake.start_gateway(ready_s=3600)  # its first start may compact what the writer left
+        count = asyncio.run(stream_state(lake.url, STREAM))["messages"]
+        kept_out = _after_publish(lake, count, trials)
+    finally:
+        lake.stop()
+    large = _jetlake(workdir / "large", {}, count, 256, trials)
+    js = _jetstream(ref, count, trials)
+    return {
+        "workload": "small_files_kept",
+        "messages": count,
+        "trials": trials,
+        "jetlake_kept": kept_out,
+        "jetlake_large_commits": large,
+        "jetstream": js,
+        **_ratios("kept", kept_out, large, js),
+    }
 
 
 def _jetstream(ref: ReferenceJetStream, count: int, trials: int) -> Result:
@@ -210,6 +249,19 @@ def _ratio(a: float, b: float) -> float:
     return round(a / b, 3)
 
 
+def _ratios(name: str, lake: Result, large: Result, js: Result) -> Result:
+    """How the jetlake run ``name`` compares with the same messages in large commits (cold reads)
+    and on JetStream (restart, drain)."""
+    return {
+        f"restart_{name}_vs_jetstream": _ratio(lake["restart_after_kill9_s"], js["restart_after_kill9_s"]),
+        f"drain_{name}_vs_large": _ratio(lake["drain_per_s"], large["drain_per_s"]),
+        f"drain_{name}_vs_jetstream": _ratio(lake["drain_per_s"], js["drain_per_s"]),
+        f"first_batch_{name}_vs_large": _ratio(lake["first_batch_s"], large["first_batch_s"]),
+        f"deltalake_{name}_vs_large": _ratio(lake["deltalake_read_s"], large["deltalake_read_s"]),
+        f"duckdb_{name}_vs_large": _ratio(lake["duckdb_read_s"], large["duckdb_read_s"]),
+    }
+
+
 def measure(ref: ReferenceJetStream, workdir: Path, count: int, trials: int = 3) -> Result:
     """The whole comparison; ``ref`` is a running JetStream without a stream named ``SMALL``."""
     off = _jetlake(workdir / "off", {"JETLAKE_COMPACT_MIN_FILES": "0"}, count, 1, trials)
@@ -225,14 +277,9 @@ def measure(ref: ReferenceJetStream, workdir: Path, count: int, trials: int = 3)
         "jetlake_large_commits": large,
         "jetstream": js,
         "restart_on_vs_off": _ratio(on["restart_after_kill9_s"], off["restart_after_kill9_s"]),
-        "restart_on_vs_jetstream": _ratio(on["restart_after_kill9_s"], js["restart_after_kill9_s"]),
-        "drain_on_vs_large": _ratio(on["drain_per_s"], large["drain_per_s"]),
         "drain_off_vs_large": _ratio(off["drain_per_s"], large["drain_per_s"]),
-        "drain_on_vs_jetstream": _ratio(on["drain_per_s"], js["drain_per_s"]),
-        "first_batch_on_vs_large": _ratio(on["first_batch_s"], large["first_batch_s"]),
-        "deltalake_on_vs_large": _ratio(on["deltalake_read_s"], large["deltalake_read_s"]),
-        "duckdb_on_vs_large": _ratio(on["duckdb_read_s"], large["duckdb_read_s"]),
         "publish_on_vs_off": _ratio(on["publish_per_s"], off["publish_per_s"]),
+        **_ratios("on", on, large, js),
     }
 
 
@@ -241,13 +288,17 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--keep", default="", help="work in this directory and keep it (the servers' logs)")
+    ap.add_argument("--kept", default="", help="measure the stream of this kept store instead of writing one")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-smallfiles-") as tmp:
         work = Path(args.keep or tmp)
         ref = ReferenceJetStream(work / "jetstream")
         ref.start()
         try:
-            print(json.dumps(measure(ref, work, args.messages, args.trials)), flush=True)
+            if args.kept:
+                print(json.dumps(measure_kept(ref, work, Path(args.kept), args.trials)), flush=True)
+            else:
+                print(json.dumps(measure(ref, work, args.messages, args.trials)), flush=True)
         finally:
             ref.stop()
 

@@ -97,6 +97,12 @@ class Settings:
         "messages committed since a stream's last index snapshot that make it due another "
         "(a restart after `kill -9` reads about this many beyond it)",
     )
+    log_retention_ms: int = setting(
+        3_600_000,
+        "how long a table's Delta log keeps the entries and checkpoints of past versions (Delta's "
+        "`delta.logRetentionDuration`): older ones below a checkpoint are deleted when the next checkpoint "
+        "is written; a version within it stays loadable (time travel, a change feed's offsets)",
+    )
     compact_min_files: int = setting(
         16,
         "the gateway merges a stream's recent commit files in the background once this many of about "

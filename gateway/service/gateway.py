@@ -94,6 +94,7 @@ class Gateway:
             fsync=sync_s is None,
             unsynced=Unsynced() if self.flush_s is not None else None,
             epoch=ownership.epoch if ownership is not None else None,
+            log_retention_s=settings.log_retention_ms / 1000,
         )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         self.tasks = TaskOwner()

@@ -13,9 +13,9 @@ The rules, in the order a commit meets them (docs/storage.md):
   of the next log file; it reads no table state), on an object store delta-rs commits it through a
   live handle; a lost race there is a :class:`CommitConflict`, after which the handle catches up and
   the txn marker decides between "it landed" and "try again", ``retries`` times;
-* every ``checkpoint_every`` commits a checkpoint and log clean-up run beside the commits, on a
-  thread of their own, so a restart replays little and no commit waits for one (but on a root that
-  syncs, where commits wait while the checkpoint is written and synced: see :meth:`hygiene`);
+* every ``checkpoint_every`` commits a checkpoint and the log's trim run beside the commits, on a
+  thread of their own, one at a time, so a restart replays little and no commit waits for one, on
+  a root that syncs too (:mod:`storage_delta.commit.checkpoint`);
 * on a root that syncs (``sync_interval`` ``always``) a commit's data files, its log entry and the
   directory entries it made are on stable storage when ``append`` returns
   (:mod:`storage_delta.commit.durable`).
@@ -33,6 +33,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
+from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
 from storage_delta.commit.durable import sync_together
 from storage_delta.commit.owner import OWNER_APP, check_epoch
@@ -41,7 +42,6 @@ from storage_delta.commit.store import (
     StoreRoot,
     blind_appends_allowed,
     catch_up,
-    checkpoint_table,
     commit_adds,
     open_or_create,
     write_data_file,
@@ -213,17 +213,14 @@ class TableAppender:
         self._hygiene_running = self._hygiene_pool.submit(self.hygiene)
 
     def hygiene(self) -> None:
-        """Checkpoint and drop expired log files through a fresh handle (a long-lived
-        ``DeltaTable`` grows slower with every commit made through it), then serve from it. The
-        load reads the last checkpoint and the commits since (locally at a version found without
-        listing ``_delta_log``, so it does not lose races with the commits meanwhile). On a root
-        that syncs, commits wait while the checkpoint is written and synced."""
+        """Checkpoint and trim the log through a fresh handle (a long-lived ``DeltaTable`` grows
+        slower with every commit made through it), then serve from it. The load reads the last
+        checkpoint and the commits since (locally at a version found without listing
+        ``_delta_log``, so it does not lose races with the commits meanwhile). Commits go on
+        meanwhile: the checkpoint is written and synced beside the log before it enters it."""
         try:
             dt = open_or_create(self.root, self.spec.name, self.spec.schema, list(self.spec.partition_by))
-            # A commit's sync of the log directory between the checkpoint's writes and their sync
-            # would make an empty checkpoint durable: commits wait for those.
-            writing = self._lock if self.root.synced_path() is not None else None
-            checkpoint_table(self.root, dt, self.spec.name, writing)
+            checkpoint_table(self.root, dt, self.spec.name)
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of %s failed", self.spec.name)
             return

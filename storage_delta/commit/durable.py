@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import threading
@@ -126,21 +125,6 @@ def sync_tree(path: str) -> None:
             fsync_path(os.path.join(folder, name))
         fsync_path(folder)
     fsync_path(os.path.dirname(path))
-
-
-def sync_checkpoint(log_dir: str) -> None:
-    """Sync the checkpoint ``_last_checkpoint`` names, then ``_last_checkpoint`` itself and the log
-    directory: delta-rs syncs neither, and a commit's sync of the log directory would otherwise make
-    their names durable while their bytes are not (a power cut then leaves an empty checkpoint that
-    every reader trusts)."""
-    last = os.path.join(log_dir, "_last_checkpoint")
-    with open(last, "rb") as fh:
-        version = int(json.load(fh)["version"])
-    checkpoint = os.path.join(log_dir, f"{version:020d}.checkpoint.parquet")
-    if os.path.exists(checkpoint):
-        fsync_path(checkpoint)
-    fsync_path(last)
-    fsync_path(log_dir)
 
 
 class Unsynced:

@@ -12,7 +12,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
@@ -30,12 +29,11 @@ from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
     new_file_paths,
-    sync_checkpoint,
     sync_log_entries,
     sync_new_file,
     sync_tree,
 )
-from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified, record_checkpoint_digest
+from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified
 
 
 class CommitConflict(Exception):
@@ -57,6 +55,10 @@ class StoreRoot:
     #: appenders fence every table first and refuse to commit once a newer epoch is there. None:
     #: a writer outside the lease (jobs, tools, an object-store root).
     epoch: int | None = None
+    #: How long log entries and checkpoints stay loadable (Delta's ``delta.logRetentionDuration``,
+    #: the gateway's ``log_retention_ms``): the log is trimmed below the newest checkpoint older
+    #: than this (:mod:`storage_delta.commit.checkpoint`).
+    log_retention_s: float = 3600.0
 
     def table_uri(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -160,9 +162,17 @@ def newest_version(log_dir: str, known: int) -> int:
     a gallop past ``known``, then a binary search. Versions are contiguous, commit files are only
     ever created above the newest and deleted only below a checkpoint, so "version v exists" holds
     up to the newest version and not after it, whatever commits land meanwhile; a commit that
-    existed when the search began is at or below what it returns."""
+    existed when the search began is at or below what it returns. When the log was trimmed past
+    ``known`` the search starts from the checkpoint ``_last_checkpoint`` names."""
     low, step = known, 1
     high = low + 1
+    if not os.path.exists(commit_path(log_dir, high)):
+        # Either nothing after ``known``, or a handle that lagged behind the log's trim: the entries
+        # after its version are gone below a newer checkpoint, from which the log goes on.
+        checkpointed = _checkpointed(log_dir)
+        if checkpointed <= known:
+            return known
+        low, high = checkpointed, checkpointed + 1
     while os.path.exists(commit_path(log_dir, high)):
         low, step = high, step * 2
         high = low + step
@@ -230,30 +240,6 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         # sync_interval: a table whose first entry a power cut took cannot be opened at all
         sync_tree(os.path.join(local, name))
     return DeltaTable(uri, storage_options=opts)
-
-
-def checkpoint_table(
-    root: StoreRoot, dt: DeltaTable, name: str, writing: AbstractContextManager[object] | None = None
-) -> None:
-    """A checkpoint of table ``name`` through ``dt`` and the removal of expired log files; on a root
-    that syncs, the checkpoint is made durable before anything else can make its name durable.
-    ``writing`` is held while the checkpoint is written and synced, not while the log is cleaned
-    up (a listing of all of ``_delta_log``): a writer's commit lock, so its commits' syncs of the log
-    directory wait only for that."""
-    with writing or nullcontext():
-        retry_listing(dt.create_checkpoint)
-        local = root.local_path()
-        if local is not None:
-            digest = record_checkpoint_digest(os.path.join(local, name), dt.version())
-            if digest is not None:
-                root.settle_file(digest, [os.path.join(local, name)])
-            log_dir = os.path.join(local, name, "_delta_log")
-            if root.fsync:
-                sync_checkpoint(log_dir)
-            elif root.unsynced is not None:
-                checkpoint = f"{log_dir}/{dt.version():020d}.checkpoint.parquet"
-                root.unsynced.log([checkpoint, f"{log_dir}/_last_checkpoint"], log_dir)
-    retry_listing(dt.cleanup_metadata)
 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:

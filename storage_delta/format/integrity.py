@@ -152,9 +152,21 @@ def scan_log(table_path: str, newest_only: bool = False) -> Iterator[LogDamage]:
     of the newest version reads: the checkpoints from the newest down to the first whole one, and
     the entries after it (the gateway's start). Older entries and checkpoints are read by a time
     travel only, and checking them all made a restart cost in proportion to every commit the table
-    ever had (``_delta_log`` keeps them for 30 days): after 20,000 one-message commits and their
-    compaction the start's check took 2.4 s, 0.1 s with this. Blocking: belongs on a worker thread."""
+    ever had: after 20,000 one-message commits and their compaction the start's check took 2.4 s,
+    0.1 s with this. When ``_last_checkpoint`` names a whole checkpoint the log is not even listed
+    (the log keeps ``log_retention_ms`` of entries: hundreds of thousands under a sync publisher):
+    see :func:`_scan_from_last_checkpoint`. Blocking: belongs on a worker thread."""
     log_dir = os.path.join(table_path, "_delta_log")
+    if newest_only:
+        found = _scan_from_last_checkpoint(table_path, log_dir)
+        if found is not None:
+            yield from found
+            return
+    yield from _scan_listed(table_path, log_dir, newest_only)
+
+
+def _scan_listed(table_path: str, log_dir: str, newest_only: bool) -> Iterator[LogDamage]:
+    """:func:`scan_log` through a listing of ``_delta_log``."""
     try:
         names = sorted(os.listdir(log_dir))
     except FileNotFoundError:
@@ -200,13 +212,54 @@ def _stale_hint(log_dir: str, names: list[str]) -> LogDamage | None:
     return LogDamage(path, version, "checkpoint hint", f"names checkpoint {version}, which is not there")
 
 
+def _scan_from_last_checkpoint(table_path: str, log_dir: str) -> list[LogDamage] | None:
+    """:func:`scan_log` ``newest_only`` without a listing of ``_delta_log``: from the single-file
+    checkpoint ``_last_checkpoint`` names, if whole, the entries after it one by one until the
+    first missing version (versions are contiguous), and any checkpoint among them (a newer one
+    ``_last_checkpoint`` does not name yet, as a crash between the two renames leaves it): a whole
+    one becomes where a load starts, so the damage found below it no longer counts. None when
+    there is no such checkpoint to start from: the caller lists the log."""
+    try:
+        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
+            last = json.load(fh)
+        version = int(last["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if last.get("parts"):
+        return None
+    path = os.path.join(log_dir, f"{version:020d}.checkpoint.parquet")
+    if not os.path.exists(path) or _checkpoint_damage(table_path, path, version) is not None:
+        return None
+    found: list[LogDamage] = []
+    while True:
+        version += 1
+        path = os.path.join(log_dir, f"{version:020d}.json")
+        try:
+            with open(path, "rb") as fh:
+                bad = check_log_entry(fh.read())
+        except FileNotFoundError:
+            return found
+        if bad:
+            where = ", ".join(str(i + 1) for i in bad)
+            found.append(LogDamage(path, version, "log entry", f"damaged line(s) {where}", tuple(bad)))
+        newer = os.path.join(log_dir, f"{version:020d}.checkpoint.parquet")
+        if os.path.exists(newer):
+            damage = _checkpoint_damage(table_path, newer, version)
+            found = [] if damage is None else [*found, damage]
+
+
 def _checkpoint_damage(table_path: str, path: str, version: int) -> LogDamage | None:
     reason = _checkpoint_problem(path, checkpoint_digest_path(table_path, version))
     return None if reason is None else LogDamage(path, version, "checkpoint", reason)
 
 
 def _checkpoint_problem(path: str, digest_path: str) -> str | None:
-    """Why a checkpoint cannot be trusted (its recorded CRC-32, else a full decode), None if it can."""
+    """Why a checkpoint cannot be trusted (its recorded CRC-32, else a full decode), None if it can.
+    A matching CRC-32 is enough: the bytes are those written. The decode, for a checkpoint without
+    one (a Spark job's, or one a crash caught before its digest), costs seconds at start for the
+    checkpoint of a stream written one message per commit (an hour of the compaction's tombstones,
+    8.7 MB after 100,000 commits), and the first one imports pandas through ``pyarrow.dataset``:
+    hence ``ParquetFile``."""
     try:
         with open(digest_path) as fh:
             want = fh.read().strip()
@@ -215,10 +268,10 @@ def _checkpoint_problem(path: str, digest_path: str) -> str | None:
     if want is not None:
         with open(path, "rb") as fh:
             got = crc_hex(fh.read())
-        if got != want:
-            return f"CRC-32 {got} but {want} was recorded when it was written"
+        return None if got == want else f"CRC-32 {got} but {want} was recorded when it was written"
     try:
-        pq.read_table(path, page_checksum_verification=True)
+        with pq.ParquetFile(path, page_checksum_verification=True) as checkpoint:
+            checkpoint.read(use_threads=False)
     except (OSError, pa.ArrowException) as exc:
         return f"parquet: {exc}"
     return None

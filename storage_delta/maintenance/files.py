@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import (
     ConcurrentRemoval,
     LocalLogAppender,
@@ -41,7 +42,6 @@ from storage_delta.commit.store import (
     StoreRoot,
     blind_appends_allowed,
     catch_up,
-    checkpoint_table,
     commit_adds,
     open_existing,
     retry_listing,

@@ -25,10 +25,10 @@ import pyarrow as pa
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.store import (
     StoreRoot,
-    checkpoint_table,
     open_existing,
     open_version,
     read_checked,
@@ -198,7 +198,8 @@ def recorded_at(root: StoreRoot, version: int) -> pa.Table:
 def recorded_between(root: StoreRoot, after: int, through: int) -> pa.Table:
     """The rows the removal log gained in versions ``after`` + 1 to ``through``: the files those
     commits add as a change of data (a fold adds its file with ``dataChange`` false: no removal).
-    Read from the log entries themselves, which the log keeps for its retention (30 days)."""
+    Read from the log entries themselves, which the log keeps for its retention (``log_retention_ms``,
+    :mod:`storage_delta.commit.checkpoint`)."""
     fs, base = root.filesystem()
     log_dir = f"{base}/{sch.REMOVALS}/_delta_log"
     parts = [sch.REMOVALS_SCHEMA.empty_table()]

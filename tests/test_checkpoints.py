@@ -1,0 +1,278 @@
+"""Checkpoints off the commit path and the trim of ``_delta_log`` (#22,
+storage_delta/commit/checkpoint.py): commits go on while a checkpoint is written and synced, a crash
+at any step of a checkpoint leaves the table loadable, and a table written one message per commit
+keeps a bounded log while every version within the retention stays loadable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from storage_delta.commit import checkpoint as ckpt
+from storage_delta.commit.durable import fsync_path
+from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_version
+from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format import schema as sch
+from storage_delta.format.integrity import checkpoint_digest_path, scan_log
+
+STREAM = "S"
+
+
+def message(seq: int) -> StoredMessage:
+    return StoredMessage(STREAM, 1000, seq, 1_700_000_000_000_000_000 + seq, "s.x", None, b"m%d" % seq)
+
+
+def log_dir(root: StoreRoot) -> Path:
+    return Path(root.uri) / sch.MESSAGES / "_delta_log"
+
+
+def rows(root: StoreRoot) -> list[int]:
+    dt = open_existing(root, sch.MESSAGES)
+    assert dt is not None
+    return sorted(dt.to_pyarrow_table(columns=["seq"]).column("seq").to_pylist())
+
+
+def test_commits_go_on_while_a_checkpoint_is_written_and_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a root that syncs, the checkpoint's sync is held up; commits made meanwhile return
+    (before #22 they waited on the writer's lock until the checkpoint was synced), one checkpoint
+    runs at a time, and ``close`` waits for it."""
+    root = StoreRoot(str(tmp_path))
+    started, release = threading.Event(), threading.Event()
+
+    def slow_fsync(path: str) -> None:
+        started.set()
+        assert release.wait(60)
+        fsync_path(path)
+
+    monkeypatch.setattr(ckpt, "fsync_path", slow_fsync)
+    table = MessageTable(root, checkpoint_every=5)
+    for seq in range(1, 6):
+        table.commit([message(seq)], seq)
+    assert started.wait(30), "no checkpoint started after 5 commits"
+
+    def more() -> None:
+        for seq in range(6, 31):  # passes five more checkpoint intervals: none may start or wait
+            table.commit([message(seq)], seq)
+
+    committer = threading.Thread(target=more)
+    committer.start()
+    committer.join(30)
+    held = committer.is_alive()
+    release.set()
+    committer.join()
+    assert not held, "commits waited for the checkpoint"
+    assert not (log_dir(root) / "_last_checkpoint").exists(), "the checkpoint entered the log unsynced"
+    table.close()  # waits for the checkpoint under way
+    assert (log_dir(root) / f"{5:020d}.checkpoint.parquet").exists()
+    assert os.path.exists(checkpoint_digest_path(str(tmp_path / sch.MESSAGES), 5))
+    assert rows(root) == list(range(1, 31))
+
+
+@pytest.mark.parametrize("fail_at", ["create", "move_checkpoint", "move_pointer"])
+def test_a_checkpoint_that_fails_midway_leaves_the_table_loadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: str
+) -> None:
+    """A failure (a crash's stand-in) while the checkpoint is written in its stage, after the
+    checkpoint entered the log but before ``_last_checkpoint`` did, or in between: the table loads
+    at its newest version with every row, and the next checkpoint succeeds."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 11):
+        table.commit([message(seq)], seq)
+    real_replace, real_create = os.replace, DeltaTable.create_checkpoint
+
+    def failing_replace(src: str, dst: str) -> None:
+        wanted = "_last_checkpoint" if fail_at == "move_pointer" else ".checkpoint.parquet"
+        if dst.endswith(wanted):
+            raise OSError("injected")
+        real_replace(src, dst)
+
+    def failing_create(self: DeltaTable) -> None:
+        raise OSError("injected")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    if fail_at == "create":
+        monkeypatch.setattr(DeltaTable, "create_checkpoint", failing_create)
+    dt = open_existing(root, sch.MESSAGES)
+    assert dt is not None
+    with pytest.raises(OSError, match="injected"):
+        ckpt.checkpoint_table(root, dt, sch.MESSAGES)
+    monkeypatch.setattr(os, "replace", real_replace)
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", real_create)
+    assert not (log_dir(root) / "_last_checkpoint").exists()
+    assert rows(root) == list(range(1, 11))
+    assert list(scan_log(str(tmp_path / sch.MESSAGES))) == []
+    for seq in range(11, 21):
+        table.commit([message(seq)], seq)
+    # The failed one's stage is left to the age rule (it may be another writer's under way).
+    monkeypatch.setattr(ckpt, "STALE_STAGE_S", 0.0)
+    dt = open_existing(root, sch.MESSAGES)
+    assert dt is not None
+    ckpt.checkpoint_table(root, dt, sch.MESSAGES)
+    assert (log_dir(root) / f"{dt.version():020d}.checkpoint.parquet").exists()
+    assert os.listdir(tmp_path / sch.MESSAGES / "_jetlake_checkpoints" / "stage") == []
+    assert rows(root) == list(range(1, 21))
+
+
+_WRITER = """
+import sys
+from storage_delta.commit.durable import fsync_path
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import MessageTable, StoredMessage
+table = MessageTable(StoreRoot(sys.argv[1], log_retention_s=0.0), checkpoint_every=3)
+seq = table.last_txn_version()
+while True:
+    seq += 1
+    table.commit([StoredMessage("S", 1000, seq, seq, "s.x", None, b"x")], seq)
+    print(seq, flush=True)
+"""
+
+
+def test_kill_9_during_checkpoints_and_trims_leaves_the_table_loadable(tmp_path: Path) -> None:
+    """A writer that checkpoints every 3 commits and trims to its newest checkpoint each time,
+    killed with SIGKILL at five moments: every acknowledged commit loads, the log and its
+    checkpoints are whole, and the next writer goes on from there."""
+    root = StoreRoot(str(tmp_path))
+    acknowledged = 0
+    for kill_after in (0.5, 0.9, 1.3, 0.7, 1.1):
+        with subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        ) as proc:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()  # started and committing
+            assert first.strip(), "the writer did not start"
+            time.sleep(kill_after)
+            proc.send_signal(signal.SIGKILL)
+            lines = [first, *proc.stdout.readlines()]
+        acknowledged = int(lines[-1])
+        assert list(scan_log(str(tmp_path / sch.MESSAGES))) == []
+        assert rows(root)[:acknowledged] == list(range(1, acknowledged + 1))
+    assert acknowledged > 15
+
+
+def test_one_commit_per_message_keeps_a_bounded_log(tmp_path: Path) -> None:
+    """300 commits of one message, a checkpoint every 10, a retention of 0: the log holds the
+    newest checkpoint's interval or two of entries, not 300; versions from the newest checkpoint
+    on load, older ones are gone with their checkpoints' digests."""
+    root = StoreRoot(str(tmp_path), log_retention_s=0.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 301):
+        table.commit([message(seq)], seq)
+        if seq % 10 == 0:  # the writer's checkpoint, here on this thread: one after another
+            table._appender.hygiene()
+    entries = [n for n in os.listdir(log_dir(root)) if n.endswith(".json")]
+    checkpoints = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))
+    assert len(entries) <= 21, sorted(entries)
+    assert len(checkpoints) == 1, checkpoints
+    newest = int(checkpoints[0][:20])
+    assert rows(root) == list(range(1, 301))
+    old = open_version(root, sch.MESSAGES, newest)
+    assert old is not None
+    assert old.to_pyarrow_table(columns=["seq"]).num_rows == newest  # version 0 created the table
+    with pytest.raises(Exception, match="No files in log segment"):
+        open_version(root, sch.MESSAGES, newest - 15)
+    digests = os.listdir(tmp_path / sch.MESSAGES / "_jetlake_checkpoints")
+    assert sorted(d for d in digests if d.endswith(".crc32")) == [f"{newest:020d}.crc32"]
+
+
+def test_the_trim_keeps_what_the_retention_covers(tmp_path: Path) -> None:
+    """Delta's rule: nothing goes while every checkpoint is younger than the retention; once one
+    is older, everything below the newest such checkpoint goes, and nothing at or above it."""
+    root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 36):
+        table.commit([message(seq)], seq)
+        if seq % 10 == 0:
+            table._appender.hygiene()
+    table_path = str(tmp_path / sch.MESSAGES)
+    before = sorted(os.listdir(log_dir(root)))
+    assert ckpt.trim_log(table_path, 3600.0) == 0
+    assert sorted(os.listdir(log_dir(root))) == before
+    checkpoints = sorted(int(n[:20]) for n in before if n.endswith(".checkpoint.parquet"))
+    assert len(checkpoints) == 3
+    # the second checkpoint is now older than the retention, the newest is not
+    old = time.time() - 7200
+    second = log_dir(root) / f"{checkpoints[1]:020d}.checkpoint.parquet"
+    os.utime(second, (old, old))
+    assert ckpt.trim_log(table_path, 3600.0) > 0
+    left = sorted(int(n[:20]) for n in os.listdir(log_dir(root)) if n[:20].isdigit())
+    assert left[0] == checkpoints[1]
+    for version in (checkpoints[1], checkpoints[2] - 1):
+        assert open_version(root, sch.MESSAGES, version) is not None
+    assert rows(root) == list(range(1, 36))
+
+
+def test_the_start_check_reads_from_the_last_checkpoint_without_listing_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log of a retention's worth of entries (hundreds of thousands under a sync publisher)
+    is not listed at start: the check reads from the checkpoint ``_last_checkpoint`` names. It
+    still finds a damaged entry after that checkpoint, and a damaged newer checkpoint that
+    ``_last_checkpoint`` does not name yet; damage below a newer whole checkpoint no longer counts."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 26):
+        table.commit([message(seq)], seq)
+        if seq == 10:
+            table._appender.hygiene()
+    table_path = str(tmp_path / sch.MESSAGES)
+    logs = log_dir(root)
+    entry = logs / f"{15:020d}.json"
+    entry.write_bytes(entry.read_bytes().replace(b'"size":', b'"size": '))
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert [d.version for d in scan_log(table_path, newest_only=True)] == [15]
+    assert listed == []
+    # a newer checkpoint that _last_checkpoint does not name yet: cut, it is reported (and the
+    # entry still is); whole, a load starts there, so the damage at 15 no longer counts
+    newer = logs / f"{20:020d}.checkpoint.parquet"
+    newer.write_bytes((logs / f"{10:020d}.checkpoint.parquet").read_bytes()[:100])
+    found = list(scan_log(table_path, newest_only=True))
+    assert [(d.kind, d.version) for d in found] == [("log entry", 15), ("checkpoint", 20)]
+    newer.unlink()
+    pointer = (logs / "_last_checkpoint").read_bytes()
+    table._appender.hygiene()  # a whole checkpoint at 25, then _last_checkpoint as it was before
+    (logs / "_last_checkpoint").write_bytes(pointer)
+    assert (logs / f"{25:020d}.checkpoint.parquet").exists()
+    assert list(scan_log(table_path, newest_only=True)) == []
+    assert listed == []
+
+
+def test_a_handle_that_lagged_behind_a_trim_catches_up(tmp_path: Path) -> None:
+    """A warm handle (a follower's, a reader's) left at version 5 while the log moved on and was
+    trimmed past it: catching up finds the newest version through the newest checkpoint instead of
+    stopping where its next entry is gone (it used to stay at 5, silently)."""
+    root = StoreRoot(str(tmp_path), fsync=False, log_retention_s=0.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 6):
+        table.commit([message(seq)], seq)
+    lagging = open_existing(root, sch.MESSAGES)
+    assert lagging is not None
+    assert lagging.version() == 5
+    for seq in range(6, 40):
+        table.commit([message(seq)], seq)
+        if seq % 10 == 0:
+            table._appender.hygiene()
+    assert not (log_dir(root) / f"{6:020d}.json").exists()
+    catch_up(lagging)
+    assert lagging.version() == 39
+    assert lagging.to_pyarrow_table(columns=["seq"]).num_rows == 39
