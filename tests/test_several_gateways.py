@@ -29,8 +29,7 @@ from gateway.runtime.embedded import nats_server_binary, server_config
 from storage_delta.commit.store import StoreRoot
 from tests.harness import Jetlake, Peer, free_port, spawn, stop, wait_log, wait_port
 
-#: ``alone``: the handover bounds (2 s) are wall-clock bounds.
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = pytest.mark.slow
 
 #: Each try of a publish waits this long for its PubAck before it is sent again (same Nats-Msg-Id).
 TRY_S = 0.25
