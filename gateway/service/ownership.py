@@ -75,12 +75,21 @@ class Ownership:
         """Beat while no newer epoch is claimed; then set :attr:`lost` and return."""
         while True:
             await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
-            current = await asyncio.to_thread(self.lease.current)
-            if current != self.epoch:
-                log.warning("epoch %d took the store over from epoch %d; stepping down", current, self.epoch)
-                self.lost.set()
-                return
-            await asyncio.to_thread(self.lease.beat, self.epoch)
+            try:
+                current = await asyncio.to_thread(self.lease.current)
+                if current != self.epoch:
+                    log.warning(
+                        "epoch %d took the store over from epoch %d; stepping down", current, self.epoch
+                    )
+                    self.lost.set()
+                    return
+                await asyncio.to_thread(self.lease.beat, self.epoch)
+            except OSError as exc:
+                # A full or read-only store, an object store out of reach: the commits fail and say
+                # so (503/10077) until it comes back; the beat tries again next tick. Should it stay
+                # away for a lease a standby may take over, and the fence in every commit decides.
+                log.warning("renewing the store lease failed: %s", exc)
+                continue
             self._beaten = time.monotonic()
 
     async def announce(self) -> None:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import socket
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -186,7 +187,8 @@ class LocalLease(Lease):
         return True
 
     def _put_beat(self, epoch: int, body: bytes) -> None:
-        tmp = os.path.join(self.dir, f".beat-{self.pid}.tmp")
+        # per thread: a clean stop's last beat may overlap the holding loop's
+        tmp = os.path.join(self.dir, f".beat-{self.pid}-{threading.get_ident()}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(body)
         os.replace(tmp, os.path.join(self.dir, f"beat-{epoch:020d}"))
