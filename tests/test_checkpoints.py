@@ -22,6 +22,7 @@ from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import checkpoint_digest_path, scan_log
+from storage_delta.tables.repair import check_at_start
 
 STREAM = "S"
 
@@ -164,9 +165,9 @@ def test_kill_9_during_checkpoints_and_trims_leaves_the_table_loadable(tmp_path:
 
 
 def test_one_commit_per_message_keeps_a_bounded_log(tmp_path: Path) -> None:
-    """300 commits of one message, a checkpoint every 10, a retention of 0: the log holds the
-    newest checkpoint's interval or two of entries, not 300; versions from the newest checkpoint
-    on load, older ones are gone with their checkpoints' digests."""
+    """300 commits of one message, a checkpoint every 10, a retention of 0: the log holds two or
+    three checkpoint intervals of entries, not 300, and two checkpoints (the newest is never the
+    floor); versions from the older of them on load, older ones are gone with their digests."""
     root = StoreRoot(str(tmp_path), log_retention_s=0.0)
     table = MessageTable(root, checkpoint_every=10**9)
     for seq in range(1, 301):
@@ -175,17 +176,19 @@ def test_one_commit_per_message_keeps_a_bounded_log(tmp_path: Path) -> None:
             table._appender.hygiene()
     entries = [n for n in os.listdir(log_dir(root)) if n.endswith(".json")]
     checkpoints = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))
-    assert len(entries) <= 21, sorted(entries)
-    assert len(checkpoints) == 1, checkpoints
-    newest = int(checkpoints[0][:20])
+    assert len(entries) <= 31, sorted(entries)
+    assert len(checkpoints) == 2, checkpoints
+    floor, newest = (int(c[:20]) for c in checkpoints)
+    assert newest - floor == 10
     assert rows(root) == list(range(1, 301))
-    old = open_version(root, sch.MESSAGES, newest)
-    assert old is not None
-    assert old.to_pyarrow_table(columns=["seq"]).num_rows == newest  # version 0 created the table
+    for version in (floor, newest):
+        old = open_version(root, sch.MESSAGES, version)
+        assert old is not None
+        assert old.to_pyarrow_table(columns=["seq"]).num_rows == version  # version 0 created the table
     with pytest.raises(Exception, match="No files in log segment"):
-        open_version(root, sch.MESSAGES, newest - 15)
+        open_version(root, sch.MESSAGES, floor - 5)
     digests = os.listdir(tmp_path / sch.MESSAGES / "_jetlake_checkpoints")
-    assert sorted(d for d in digests if d.endswith(".crc32")) == [f"{newest:020d}.crc32"]
+    assert sorted(d for d in digests if d.endswith(".crc32")) == [f"{v:020d}.crc32" for v in (floor, newest)]
 
 
 def test_the_trim_keeps_what_the_retention_covers(tmp_path: Path) -> None:
@@ -213,6 +216,40 @@ def test_the_trim_keeps_what_the_retention_covers(tmp_path: Path) -> None:
     for version in (checkpoints[1], checkpoints[2] - 1):
         assert open_version(root, sch.MESSAGES, version) is not None
     assert rows(root) == list(range(1, 36))
+    # every checkpoint older than the retention: the newest is still not the floor
+    newest = log_dir(root) / f"{checkpoints[2]:020d}.checkpoint.parquet"
+    os.utime(newest, (old, old))
+    assert ckpt.trim_log(table_path, 3600.0) == 0
+    left = sorted(int(n[:20]) for n in os.listdir(log_dir(root)) if n[:20].isdigit())
+    assert left[0] == checkpoints[1]
+
+
+def test_a_damaged_newest_checkpoint_of_a_table_idle_past_the_retention_is_replayed(tmp_path: Path) -> None:
+    """A table idle for longer than the retention, trimmed, then its newest checkpoint cut: the
+    start's check sets it aside and every row loads from the whole checkpoint below it and the
+    entries since (a trim to the newest checkpoint would have left nothing to replay: #16)."""
+    root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 26):
+        table.commit([message(seq)], seq)
+        if seq % 10 == 0:
+            table._appender.hygiene()
+    table.close()
+    table_path = str(tmp_path / sch.MESSAGES)
+    old = time.time() - 7200
+    for name in os.listdir(log_dir(root)):
+        os.utime(log_dir(root) / name, (old, old))
+    assert ckpt.trim_log(table_path, 3600.0) > 0
+    assert sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet")) == [
+        f"{10:020d}.checkpoint.parquet",
+        f"{20:020d}.checkpoint.parquet",
+    ]
+    newest = log_dir(root) / f"{20:020d}.checkpoint.parquet"
+    newest.write_bytes(newest.read_bytes()[:200])
+    check = check_at_start(root)
+    assert check.problems == [], check.problems
+    assert not newest.exists()
+    assert rows(root) == list(range(1, 26))
 
 
 def test_the_start_check_reads_from_the_last_checkpoint_without_listing_the_log(

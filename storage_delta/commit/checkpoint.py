@@ -14,7 +14,9 @@ A checkpoint is derived data: every reader can replay the log entries instead. T
   that is older than the retention (``log_retention_ms``, Delta's ``delta.logRetentionDuration``)
   are deleted, so every version committed within the retention stays loadable (time travel, the
   change feed's removal offsets) and the log of a table written one message per commit stays
-  bounded: about (commit rate × retention) entries plus one checkpoint interval.
+  bounded: about (commit rate × retention) entries plus two checkpoint intervals. Unlike Delta,
+  the newest checkpoint is never that floor: a whole checkpoint below it always remains, so a
+  damaged newest one can be set aside and replayed from there (#16).
 
 On an object store delta-rs writes the checkpoint (a completed PUT is atomic and durable) and
 removes expired entries by the table's own ``delta.logRetentionDuration``.
@@ -136,12 +138,16 @@ def _clear_stale_stages(stages: str) -> None:
 
 def trim_log(table_path: str, retention_s: float, now: float | None = None) -> int:
     """Delete the log entries, checkpoints and checksums of a local table below its newest
-    checkpoint written at least ``retention_s`` ago (and the checkpoints' digests); returns how
-    many log files went. Every version at or above that checkpoint stays loadable."""
+    checkpoint written at least ``retention_s`` ago, never the newest checkpoint itself (and the
+    checkpoints' digests); returns how many log files went. Every version at or above that
+    checkpoint stays loadable, and so does a damaged newest checkpoint's table: a whole one below
+    it and the entries since remain, so the start can set the damaged one aside
+    (``storage_delta.tables.repair.set_aside_checkpoint``) even on a table idle for longer than
+    the retention, for one checkpoint interval of entries more."""
     log_dir = os.path.join(table_path, "_delta_log")
     cutoff = (time.time() if now is None else now) - retention_s
     files: list[tuple[int, str]] = []
-    floor = -1
+    old: list[int] = []  # checkpoints written before the cutoff
     with os.scandir(log_dir) as entries:
         for entry in entries:
             found = _LOG_FILE.match(entry.name)
@@ -149,8 +155,10 @@ def trim_log(table_path: str, retention_s: float, now: float | None = None) -> i
                 continue
             version = int(found.group(1))
             files.append((version, entry.name))
-            if version > floor and found.group(2).startswith("checkpoint") and _mtime(entry.path) <= cutoff:
-                floor = version
+            if found.group(2).startswith("checkpoint") and _mtime(entry.path) <= cutoff:
+                old.append(version)
+    newest = max((v for v, name in files if ".checkpoint" in name), default=-1)
+    floor = max((v for v in old if v < newest), default=-1)
     removed = 0
     for version, file_name in files:
         if version < floor:
