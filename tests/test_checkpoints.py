@@ -35,6 +35,15 @@ def log_dir(root: StoreRoot) -> Path:
     return Path(root.uri) / sch.MESSAGES / "_delta_log"
 
 
+def commit_each(table: MessageTable, seqs: range, checkpoint_every: int = 10) -> None:
+    """One commit per message, and the writer's checkpoint (with its trim) every
+    ``checkpoint_every`` sequences, here on this thread: one after another."""
+    for seq in seqs:
+        table.commit([message(seq)], seq)
+        if seq % checkpoint_every == 0:
+            table._appender.hygiene()
+
+
 def rows(root: StoreRoot) -> list[int]:
     dt = open_existing(root, sch.MESSAGES)
     assert dt is not None
@@ -170,10 +179,7 @@ def test_one_commit_per_message_keeps_a_bounded_log(tmp_path: Path) -> None:
     floor); versions from the older of them on load, older ones are gone with their digests."""
     root = StoreRoot(str(tmp_path), log_retention_s=0.0)
     table = MessageTable(root, checkpoint_every=10**9)
-    for seq in range(1, 301):
-        table.commit([message(seq)], seq)
-        if seq % 10 == 0:  # the writer's checkpoint, here on this thread: one after another
-            table._appender.hygiene()
+    commit_each(table, range(1, 301))
     entries = [n for n in os.listdir(log_dir(root)) if n.endswith(".json")]
     checkpoints = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))
     assert len(entries) <= 31, sorted(entries)
@@ -196,10 +202,7 @@ def test_the_trim_keeps_what_the_retention_covers(tmp_path: Path) -> None:
     is older, everything below the newest such checkpoint goes, and nothing at or above it."""
     root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
     table = MessageTable(root, checkpoint_every=10**9)
-    for seq in range(1, 36):
-        table.commit([message(seq)], seq)
-        if seq % 10 == 0:
-            table._appender.hygiene()
+    commit_each(table, range(1, 36))
     table_path = str(tmp_path / sch.MESSAGES)
     before = sorted(os.listdir(log_dir(root)))
     assert ckpt.trim_log(table_path, 3600.0) == 0
@@ -230,10 +233,7 @@ def test_a_damaged_newest_checkpoint_of_a_table_idle_past_the_retention_is_repla
     entries since (a trim to the newest checkpoint would have left nothing to replay: #16)."""
     root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
     table = MessageTable(root, checkpoint_every=10**9)
-    for seq in range(1, 26):
-        table.commit([message(seq)], seq)
-        if seq % 10 == 0:
-            table._appender.hygiene()
+    commit_each(table, range(1, 26))
     table.close()
     table_path = str(tmp_path / sch.MESSAGES)
     old = time.time() - 7200
@@ -305,10 +305,7 @@ def test_a_handle_that_lagged_behind_a_trim_catches_up(tmp_path: Path) -> None:
     lagging = open_existing(root, sch.MESSAGES)
     assert lagging is not None
     assert lagging.version() == 5
-    for seq in range(6, 40):
-        table.commit([message(seq)], seq)
-        if seq % 10 == 0:
-            table._appender.hygiene()
+    commit_each(table, range(6, 40))
     assert not (log_dir(root) / f"{6:020d}.json").exists()
     catch_up(lagging)
     assert lagging.version() == 39
