@@ -24,6 +24,9 @@ from storage_delta.format import schema as sch
 from storage_delta.format.integrity import checkpoint_digest_path, scan_log
 from storage_delta.tables.repair import check_at_start
 
+#: ``alone``: hundreds of synced one-message commits; beside another process they slow both.
+pytestmark = pytest.mark.alone
+
 STREAM = "S"
 
 
