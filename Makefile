@@ -60,7 +60,7 @@ run: $(STAMP) java
 
 # Every test. Most of them wait (on servers, timers, JVMs), so they run in two processes
 # (pytest-xdist; a module stays in one process, with its fixtures); those marked `alone` assert
-# wall-clock bounds or sync the disk hard (crash and power-cut trials, checkpoints, faulty stores),
+# wall-clock bounds or sync the disk hard (crash trials, checkpoints, faulty stores),
 # and run after, by themselves. Then the wire tests and the consume and publish
 # differential tests again with the gateway on the Python implementation of its hot path
 # (JETLAKE_NO_EXTENSIONS; the first run fails if the compiled one is not in use).

@@ -32,9 +32,6 @@ from tests.harness import Jetlake, duckdb_connection
 from tests.powercut import PowerCutMount
 from tests.test_crash_matrix import STREAM, Seen, consumer, create_work, drain
 
-#: ``alone``: every trial syncs hard through FUSE; run beside another process's fsyncs, both slow.
-pytestmark = pytest.mark.alone
-
 TRIALS = int(os.environ.get("POWER_CUT_TRIALS", "10"))
 WINDOW = 8  # publishes one pipelined publisher keeps in flight
 
