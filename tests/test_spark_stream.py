@@ -27,6 +27,7 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format.schema import DEFAULT_BLOCK_SIZE
 from storage_delta.maintenance.files import live_files
+from storage_delta.tables.repair import check_at_start
 from tests.differential import api
 from tests.harness import Jetlake
 
@@ -336,3 +337,67 @@ def test_a_running_query_and_its_restart_survive_log_trims(spark: SparkSession, 
     second.stop()
     seqs = sorted(r.seq for r in spark.read.parquet(str(sink)).select("seq").collect())
     assert seqs == list(range(1, 181))
+
+
+@pytest.fixture
+def set_aside(tmp_path: Path) -> tuple[str, range]:
+    """A store whose ``messages`` entry of version 2 (sequences 101-200 of ``TICKS``) lost its
+    ``add`` line past the stream's name and its file: the gateway's start check sets it aside
+    (rewritten without the line, the marker taking ``TICKS`` offline), so every Delta reader now
+    reads ``TICKS`` with a hole. ``OTHER`` is whole."""
+    root = str(tmp_path / "store")
+    table = MessageTable(StoreRoot(root))
+    for version in range(1, 4):
+        seqs = range(100 * (version - 1) + 1, 100 * version + 1)
+        table.commit(
+            [StoredMessage(STREAM, BLOCK_SIZE, s, BASE_TS + s, "t.x", None, b"%d" % s) for s in seqs], version
+        )
+    table.commit(
+        [StoredMessage("OTHER", BLOCK_SIZE, s, BASE_TS + s, "o.x", None, b"o") for s in range(1, 11)], 4
+    )
+    entry = Path(root) / "messages" / "_delta_log" / f"{2:020d}.json"
+    body = entry.read_bytes()
+    start = body.index(b'{"add":{"path":"')
+    path = body[start + len(b'{"add":{"path":"') :].split(b'"', 1)[0].decode()
+    entry.write_bytes(body[: start + len(f'{{"add":{{"path":"stream={STREAM}/')])
+    (Path(root) / "messages" / path).unlink()
+    check = check_at_start(StoreRoot(root))
+    assert [scope.names(STREAM) for scope, _ in check.offline] == [True]
+    return root, range(101, 201)
+
+
+@pytest.mark.spark
+def test_a_stream_offline_for_damage_is_not_read_unless_asked(
+    spark: SparkSession, set_aside: tuple[str, range], tmp_path: Path
+) -> None:
+    """A stream the gateway took offline for a set-aside log entry (its rows may be missing
+    without a word) fails a batch read and a streaming query with an error naming it and
+    ``jetlake repair``; other streams read as before; ``read_offline`` reads what is left."""
+    root, lost = set_aside
+    says = rf"stream {STREAM} is offline: .*_delta_log/{2:020d}\.json.*jetlake repair.*read_offline"
+    with pytest.raises(Exception, match=says):
+        _batch(spark, root, STREAM, view="raw").count()
+    assert _batch(spark, root, "OTHER", view="raw").count() == 10
+    query = (
+        _stream(spark, root, STREAM, view="raw")
+        .writeStream.format("memory")
+        .queryName("offline_refused")
+        .option("checkpointLocation", str(tmp_path / "refused"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=says):
+        query.awaitTermination(120)
+    kept = [s for s in range(1, 301) if s not in lost]
+    batch = _batch(spark, root, STREAM, view="raw", read_offline="true")
+    assert [r.seq for r in batch.orderBy("seq").collect()] == kept
+    query = (
+        _stream(spark, root, STREAM, view="raw", read_offline="true")
+        .writeStream.format("memory")
+        .queryName("offline_read")
+        .option("checkpointLocation", str(tmp_path / "read"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert [r.seq for r in spark.table("offline_read").orderBy("seq").collect()] == kept
