@@ -543,6 +543,65 @@ def test_a_log_entry_of_another_table_that_lost_its_commit_info_is_set_aside(
         store.stop()
 
 
+#: Damage to a table's creation (version 0: its protocol and metaData, which delta-rs wrote from
+#: jetlake's spec of the table; such entries carry no digests, so a damaged line is one that does
+#: not parse, and a missing protocol or metaData).
+CREATION_DAMAGES: dict[str, Callable[[bytes], bytes]] = {
+    "cut": lambda body: body[: len(body) * 2 // 3],
+    "to nothing": lambda body: b"",
+    "cut after the table id": lambda body: body[: body.index(b'"name":null')],
+}
+
+
+@pytest.mark.slow  # two gateway starts
+@pytest.mark.parametrize(
+    ("table", "damage"),
+    [(sch.CATALOG, "cut"), (sch.REMOVALS, "to nothing"), (sch.ACKS, "cut after the table id")],
+)
+def test_a_damaged_creation_of_a_table_without_a_checkpoint_is_rebuilt_from_its_spec(
+    store: Jetlake, table: str, damage: str
+) -> None:
+    """The creation of a table with no checkpoint yet (every load reads it) damaged: delta-rs would
+    refuse the table, and the gateway did not start. Its protocol and metaData are what jetlake
+    wrote from the table's spec (schema, partition columns, properties), so they are made again
+    from it (the table id kept when it survived), the original kept aside, and the gateway starts
+    and serves everything; DuckDB reads every row the table held (and those the run added) and
+    repair finds nothing."""
+    log_dir = store.data_root / table / "_delta_log"
+    assert not list(log_dir.glob("*.checkpoint.parquet"))
+    creation = log_dir / f"{0:020d}.json"
+    body = creation.read_bytes()
+    table_id = json.loads(body.split(b"\n")[2])["metaData"]["id"]
+    before = _duckdb_rows(store.data_root, table)
+    damaged = CREATION_DAMAGES[damage](body)
+    creation.write_bytes(damaged)
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert store.stop_gateway() == 0
+        assert f"rewrote {creation}" in (store.workdir / "gateway.log").read_text()
+        assert (store.data_root / table / "_jetlake_quarantine" / creation.name).read_bytes() == damaged
+        rebuilt = [json.loads(line) for line in creation.read_bytes().splitlines()]
+        assert [next(iter(action)) for action in rebuilt] == ["commitInfo", "protocol", "metaData"]
+        assert (rebuilt[2]["metaData"]["id"] == table_id) is (table_id.encode() in damaged)
+        after = _duckdb_rows(store.data_root, table)  # the rows before, and what the run added
+        assert before
+        assert [row for row in before if row not in after] == []
+        assert repair(store.data_root)[0] == 0
+    finally:
+        store.stop()
+
+
+def _duckdb_rows(data_root: Path, table: str) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = (
+        duckdb_connection()
+        .execute("SELECT * FROM delta_scan(?) ORDER BY ALL", [str(data_root / table)])
+        .fetchall()
+    )
+    return rows
+
+
 async def _infos(url: str) -> dict[str, dict[str, Any]]:
     async with await nats.connect(url) as nc:
         return {name: await api(nc, f"STREAM.INFO.{name}") for name in (BAD, GOOD)}
