@@ -59,6 +59,17 @@ def _stream(spark: SparkSession, root: str, stream: str, **options: str) -> Data
     return reader.load()
 
 
+def _available_now(df: DataFrame, name: str, checkpoint: str) -> StreamingQuery:
+    """A ``Trigger.AvailableNow`` query of ``df`` into the memory table ``name``."""
+    return (
+        df.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
 def _batch(spark: SparkSession, root: str, stream: str, **options: str) -> DataFrame:
     reader = spark.read.format("jetlake").option("root", root).option("stream", stream)
     for key, value in options.items():
@@ -97,13 +108,10 @@ def test_planner_reads_a_small_micro_batch(store: str) -> None:
 
 @pytest.mark.spark
 def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str, tmp_path: Path) -> None:
-    query = (
-        _stream(spark, store, STREAM, view="raw", max_messages_per_trigger="300")
-        .writeStream.format("memory")
-        .queryName("ticks_bounded")
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
+    query = _available_now(
+        _stream(spark, store, STREAM, view="raw", max_messages_per_trigger="300"),
+        "ticks_bounded",
+        str(tmp_path / "ckpt"),
     )
     query.awaitTermination(120)
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
@@ -120,13 +128,10 @@ def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str,
 def test_start_time_and_subject_filter(spark: SparkSession, store: str, tmp_path: Path) -> None:
     # Message s is stored at BASE_TS + s seconds: 12:00:00.5 after second 700 starts at 701.
     start = datetime.fromtimestamp(BASE_TS / 1e9 + 700.5, UTC).replace(tzinfo=None).isoformat()
-    query = (
-        _stream(spark, store, STREAM, view="raw", start_time=start, subject="t.1")
-        .writeStream.format("memory")
-        .queryName("ticks_late")
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
+    query = _available_now(
+        _stream(spark, store, STREAM, view="raw", start_time=start, subject="t.1"),
+        "ticks_late",
+        str(tmp_path / "ckpt"),
     )
     query.awaitTermination(120)
     seqs = [r.seq for r in spark.table("ticks_late").orderBy("seq").collect()]
@@ -378,26 +383,16 @@ def test_a_stream_offline_for_damage_is_not_read_unless_asked(
     with pytest.raises(Exception, match=says):
         _batch(spark, root, STREAM, view="raw").count()
     assert _batch(spark, root, "OTHER", view="raw").count() == 10
-    query = (
-        _stream(spark, root, STREAM, view="raw")
-        .writeStream.format("memory")
-        .queryName("offline_refused")
-        .option("checkpointLocation", str(tmp_path / "refused"))
-        .trigger(availableNow=True)
-        .start()
+    query = _available_now(
+        _stream(spark, root, STREAM, view="raw"), "offline_refused", str(tmp_path / "refused")
     )
     with pytest.raises(Exception, match=says):
         query.awaitTermination(120)
     kept = [s for s in range(1, 301) if s not in lost]
     batch = _batch(spark, root, STREAM, view="raw", read_offline="true")
     assert [r.seq for r in batch.orderBy("seq").collect()] == kept
-    query = (
-        _stream(spark, root, STREAM, view="raw", read_offline="true")
-        .writeStream.format("memory")
-        .queryName("offline_read")
-        .option("checkpointLocation", str(tmp_path / "read"))
-        .trigger(availableNow=True)
-        .start()
+    query = _available_now(
+        _stream(spark, root, STREAM, view="raw", read_offline="true"), "offline_read", str(tmp_path / "read")
     )
     query.awaitTermination(120)
     assert [r.seq for r in spark.table("offline_read").orderBy("seq").collect()] == kept
