@@ -154,7 +154,7 @@ NOW = 2_000_000_000_000_000_000
 
 
 def lake_stream(**files: int) -> StreamLake:
-    return StreamLake("S", StreamFiles(**files), 0, NOW - 10**9, 0, None)
+    return StreamLake("S", StreamFiles(**files), 0, NOW - 10**9, 0, None, None)
 
 
 def test_a_healthy_stream_gets_no_warning() -> None:

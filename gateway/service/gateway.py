@@ -272,7 +272,7 @@ class Gateway:
                 stream = registry.install_stream(config, int(entry.body["created"]))
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)
-                stored, through = await loop.run_in_executor(
+                stored, through, damage = await loop.run_in_executor(
                     self.executor,
                     index_snapshot.load_index,
                     self.root,
@@ -283,7 +283,7 @@ class Gateway:
                     stream.record_overhead,
                 )
                 stream.restore_stored(stored)
-                snapshots.restored(stream, through)
+                snapshots.restored(stream, through, damage)
                 state = logical.get(stream.name)
                 if state is not None and state.created == stream.created_ns:
                     for first, last in state.removed:
@@ -393,6 +393,11 @@ class Gateway:
             problems += [
                 f"stream {name} is offline: {why}"
                 for name, why in sorted(self.core.registry.quarantine.streams.items())
+            ]
+            problems += [
+                f"damaged index snapshot of stream {name}: {why}; not read (recovered from the "
+                "message files), written again at the next snapshot round"
+                for name, why in sorted(self.core.snapshots.damaged.items())
             ]
             for loop in (self.core.writer.loop, self.core.acklog.loop, self.core.registry.catalog_loop):
                 if not loop.running:

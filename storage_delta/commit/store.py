@@ -221,11 +221,12 @@ def catch_up(dt: DeltaTable) -> None:
         retry_listing(lambda: dt.load_as_version(newest))
 
 
-def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
-    uri = root.table_uri(name)
-    opts = dict(root.storage_options) if root.storage_options else None
-    if DeltaTable.is_deltatable(uri, storage_options=opts):
-        return _load(uri, opts)
+def create_table(
+    uri: str, schema: pa.Schema, partition_by: list[str], opts: dict[str, str] | None = None
+) -> None:
+    """Create an empty table (its version 0: the protocol and metaData delta-rs writes for this
+    schema, partitioning and :data:`TABLE_PROPERTIES`), unless one is there. Also how a damaged
+    creation is made again (``storage_delta.tables.repair``): the same call gives the same lines."""
     write_deltalake(
         uri,
         schema.empty_table(),
@@ -234,6 +235,14 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         storage_options=opts,
         configuration=TABLE_PROPERTIES,
     )
+
+
+def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
+    uri = root.table_uri(name)
+    opts = dict(root.storage_options) if root.storage_options else None
+    if DeltaTable.is_deltatable(uri, storage_options=opts):
+        return _load(uri, opts)
+    create_table(uri, schema, partition_by, opts)
     local = root.local_path()
     if local is not None:
         # delta-rs syncs neither its first log entry nor the folders; synced whatever the
