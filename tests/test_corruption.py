@@ -543,20 +543,33 @@ def test_a_log_entry_of_another_table_that_lost_its_commit_info_is_set_aside(
         store.stop()
 
 
+def _flip_a_column_name(body: bytes) -> bytes:
+    """One bit of the schema's first column name flipped: the entry still parses, and a reader
+    would take the table for one with another column."""
+    at = body.index(b'[{\\"name\\":\\"') + len(b'[{\\"name\\":\\"')
+    return body[:at] + bytes([body[at] ^ 1]) + body[at + 1 :]
+
+
 #: Damage to a table's creation (version 0: its protocol and metaData, which delta-rs wrote from
-#: jetlake's spec of the table; such entries carry no digests, so a damaged line is one that does
-#: not parse, and a missing protocol or metaData).
+#: jetlake's spec of the table; jetlake adds the digests of its lines, so a damaged line is one
+#: whose digest differs, one that does not parse, and a missing protocol or metaData).
 CREATION_DAMAGES: dict[str, Callable[[bytes], bytes]] = {
     "cut": lambda body: body[: len(body) * 2 // 3],
     "to nothing": lambda body: b"",
     "cut after the table id": lambda body: body[: body.index(b'"name":null')],
+    "a flipped bit that still parses": _flip_a_column_name,
 }
 
 
 @pytest.mark.slow  # two gateway starts
 @pytest.mark.parametrize(
     ("table", "damage"),
-    [(sch.CATALOG, "cut"), (sch.REMOVALS, "to nothing"), (sch.ACKS, "cut after the table id")],
+    [
+        (sch.CATALOG, "cut"),
+        (sch.REMOVALS, "to nothing"),
+        (sch.ACKS, "cut after the table id"),
+        (sch.CATALOG, "a flipped bit that still parses"),
+    ],
 )
 def test_a_damaged_creation_of_a_table_without_a_checkpoint_is_rebuilt_from_its_spec(
     store: Jetlake, table: str, damage: str

@@ -7,8 +7,10 @@ actions through one live table handle (``create_write_transaction``) rather than
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +35,7 @@ from storage_delta.commit.durable import (
     sync_new_file,
     sync_tree,
 )
-from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified
+from storage_delta.format.integrity import LINES_KEY, DamagedFile, crc_hex, lines_digest, read_verified
 
 
 class CommitConflict(Exception):
@@ -242,13 +244,38 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
     opts = dict(root.storage_options) if root.storage_options else None
     if DeltaTable.is_deltatable(uri, storage_options=opts):
         return _load(uri, opts)
-    create_table(uri, schema, partition_by, opts)
     local = root.local_path()
-    if local is not None:
-        # delta-rs syncs neither its first log entry nor the folders; synced whatever the
-        # sync_interval: a table whose first entry a power cut took cannot be opened at all
+    if local is None:
+        create_table(uri, schema, partition_by, opts)
+    else:
+        _create_with_digests(os.path.join(local, name), schema, partition_by)
+        # synced whatever the sync_interval: a table whose first entry a power cut took cannot be
+        # opened at all
         sync_tree(os.path.join(local, name))
     return DeltaTable(uri, storage_options=opts)
+
+
+def _create_with_digests(path: str, schema: pa.Schema, partition_by: list[str]) -> None:
+    """A local table's creation (version 0) as delta-rs writes it, with the CRC-32 of its protocol
+    and metaData lines in its ``commitInfo`` (``format.integrity.LINES_KEY``), as every later
+    entry has: without them a flipped bit that still parses (a letter of a column name in the
+    schema) is taken at its word by every reader, and the start cannot know the entry is damaged.
+    Written in a scratch folder, then linked into place (put-if-absent: a gateway that created the
+    table first wins)."""
+    log_dir = os.path.join(path, "_delta_log")
+    make_dirs(log_dir)
+    # beside the table, on its file system (for the link), hidden from Delta's vacuum by its "_"
+    with tempfile.TemporaryDirectory(prefix="_jetlake_creating-", dir=path) as scratch:
+        create_table(scratch, schema, partition_by)
+        with open(commit_path(os.path.join(scratch, "_delta_log"), 0), "rb") as fh:
+            lines = fh.read().splitlines()
+        info = json.loads(lines[0])
+        info["commitInfo"][LINES_KEY] = lines_digest(lines[1:])
+        staged = os.path.join(scratch, "creation")
+        with open(staged, "wb") as out:
+            out.write(b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *lines[1:]]) + b"\n")
+        with contextlib.suppress(FileExistsError):
+            os.link(staged, commit_path(log_dir, 0))
 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:
