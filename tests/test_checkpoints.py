@@ -5,6 +5,7 @@ keeps a bounded log while every version within the retention stays loadable."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -22,7 +24,10 @@ from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import checkpoint_digest_path, scan_log
+from storage_delta.maintenance.files import live_files, swap_files, vacuum
+from storage_delta.maintenance.recent import Compaction
 from storage_delta.tables.repair import check_at_start
+from tests.test_storage_hazards import seqs_in_table
 
 STREAM = "S"
 
@@ -310,3 +315,78 @@ def test_a_handle_that_lagged_behind_a_trim_catches_up(tmp_path: Path) -> None:
     catch_up(lagging)
     assert lagging.version() == 39
     assert lagging.to_pyarrow_table(columns=["seq"]).num_rows == 39
+
+
+def merged_table(root: StoreRoot, count: int) -> MessageTable:
+    """``count`` one-message commits, merged by the gateway's compaction every four, then one
+    file removed by a retention rewrite (``dataChange`` true), then a checkpoint."""
+    table = MessageTable(root, checkpoint_every=10**9)
+    compaction = Compaction(root)
+    for seq in range(1, count + 1):
+        table.commit([message(seq)], seq)
+        if seq % 4 == 0:
+            compaction.round({STREAM: 0}, 4, 1 << 30)
+    last = max(live_files(root, STREAM), key=lambda f: f.min_seq or 0)
+    assert swap_files(root, [last], [], data_change=True)
+    table._appender.hygiene()
+    return table
+
+
+def checkpoint_removes(root: StoreRoot) -> list[dict[str, object]]:
+    newest = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))[-1]
+    actions = pq.read_table(log_dir(root) / newest)
+    return [r for r in actions.column("remove").to_pylist() if r is not None]
+
+
+def test_a_checkpoint_carries_no_tombstone_of_a_merge_and_readers_read_the_same_rows(tmp_path: Path) -> None:
+    """The compaction's removes (``dataChange`` false) stay in the log entries but not in the
+    checkpoint; the retention rewrite's remove stays in both. deltalake, DuckDB and a load of a
+    version before the merges read the rows they read before; ``_last_checkpoint`` counts what
+    the checkpoint holds."""
+    root = StoreRoot(str(tmp_path))
+    merged_table(root, 200).close()
+    in_log = [
+        json.loads(line)["remove"]
+        for entry in log_dir(root).glob("*.json")
+        for line in entry.read_text().splitlines()
+        if '"remove"' in line
+    ]
+    assert sum(not r["dataChange"] for r in in_log) > 150  # what the checkpoint leaves out
+    assert [r["dataChange"] for r in checkpoint_removes(root)] == [True]
+    last = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))[-1]
+    pointer = json.loads((log_dir(root) / "_last_checkpoint").read_text())
+    assert pointer["size"] == pq.read_metadata(log_dir(root) / last).num_rows
+    assert pointer["sizeInBytes"] == (log_dir(root) / last).stat().st_size
+    kept = [s for s in range(1, 201) if s < 197]  # the last merged file held 197..200
+    assert rows(root) == kept
+    assert seqs_in_table(root) == {STREAM: kept}
+    assert check_at_start(root).problems == []
+    early = open_version(root, sch.MESSAGES, 8)  # before the second merge: its files are still read
+    assert early is not None
+    assert sorted(early.to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()) == list(range(1, 8))
+
+
+def test_the_full_vacuum_keeps_a_merged_file_for_its_margin_from_the_merge(tmp_path: Path) -> None:
+    """Files written three hours ago and merged now lose their tombstones at the checkpoint; the
+    vacuum (margin one hour) still keeps them, as a reader that planned before the merge may read
+    them, and deletes them once the margin has passed since the merge: none is left for ever."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 9):
+        table.commit([message(seq)], seq)
+    hours_ago = time.time() - 3 * 3600
+    small = [tmp_path / sch.MESSAGES / f.path for f in live_files(root, STREAM)]
+    for path in small:
+        os.utime(path, (hours_ago, hours_ago))
+    assert Compaction(root).round({STREAM: 0}, 4, 1 << 30)[0] == 8
+    table._appender.hygiene()
+    table.close()
+    assert checkpoint_removes(root) == []
+    assert vacuum(root, margin_hours=1, dry_run=True) == []
+    merged_ago = time.time() - 2 * 3600  # two hours after the merge
+    for path in small:
+        os.utime(path, (merged_ago, merged_ago))
+    assert sorted(vacuum(root, margin_hours=1, dry_run=True)) == sorted(
+        str(p.relative_to(tmp_path / sch.MESSAGES)) for p in small
+    )
+    assert rows(root) == list(range(1, 9))

@@ -17,6 +17,18 @@ A checkpoint is derived data: every reader can replay the log entries instead. T
   bounded: about (commit rate × retention) entries plus two checkpoint intervals. Unlike Delta,
   the newest checkpoint is never that floor: a whole checkpoint below it always remains, so a
   damaged newest one can be set aside and replayed from there (#16).
+* **A checkpoint carries no tombstone of a merge.** A ``remove`` with ``dataChange`` false (the
+  gateway's compaction, the ``seal`` job: the rows live on in the merged file) is needed by no
+  reader of a checkpoint: a read of the version it belongs to, or of any later one, never opens a
+  removed file; a read of an earlier version loads that version's own checkpoint and entries; the
+  change feed reads the ``removals`` table, a swap's conflict check the entries since its version.
+  Only the vacuum looks at tombstones: a full one spares what a tombstone younger than its margin
+  names. So the merge sets each file's modification time to the time of its removal before it
+  commits (:func:`storage_delta.maintenance.files.swap_files`), which the full vacuum's margin
+  counts from when no tombstone names the file. Delta keeps them for
+  ``delta.deletedFileRetentionDuration`` (an hour here): a stream written one message per commit then
+  had a checkpoint of 8.7 MB, 104,831 actions for 75 live files, after 105,523 commits, which every
+  load (a restart, a takeover, deltalake, DuckDB, Spark through the data source) decoded.
 
 On an object store delta-rs writes the checkpoint (a completed PUT is atomic and durable) and
 removes expired entries by the table's own ``delta.logRetentionDuration``.
@@ -33,6 +45,8 @@ import shutil
 import time
 import uuid
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from storage_delta.commit.deltalog import commit_path
@@ -110,6 +124,7 @@ def _staged_checkpoint(root: StoreRoot, table_path: str, version: int) -> bool:
     if written is None or written["version"] != version:
         raise RuntimeError(f"delta-rs wrote no checkpoint at version {version} in {stage_log}")
     names = _checkpoint_names(version, written.get("parts"))
+    _drop_merge_tombstones(stage_log, names, written)
     for file_name in [*names, "_last_checkpoint"]:
         fsync_path(os.path.join(stage_log, file_name))  # bytes down before the name is in the log
     # The checkpoint first: a ``_last_checkpoint`` naming a checkpoint not yet there would send
@@ -122,6 +137,28 @@ def _staged_checkpoint(root: StoreRoot, table_path: str, version: int) -> bool:
         root.unsynced.log([os.path.join(log_dir, n) for n in [*names, "_last_checkpoint"]], log_dir)
     shutil.rmtree(stage, ignore_errors=True)
     return True
+
+
+def _drop_merge_tombstones(log_dir: str, names: list[str], pointer: dict[str, object]) -> None:
+    """Rewrite the checkpoint ``names`` in ``log_dir`` without the ``remove`` actions whose
+    ``dataChange`` is false, and ``_last_checkpoint`` (``pointer``) with the new action count and
+    bytes; nothing when it holds none."""
+    kept_rows, size_bytes, changed = 0, 0, False
+    for name in names:
+        path = os.path.join(log_dir, name)
+        actions = pq.read_table(path)
+        removes = actions.column("remove")
+        keep = pc.fill_null(pc.or_kleene(pc.is_null(removes), pc.struct_field(removes, "dataChange")), True)
+        if not pc.all(keep).as_py():
+            changed = True
+            pq.write_table(actions.filter(keep), path)
+            actions = actions.filter(keep)
+        kept_rows += actions.num_rows
+        size_bytes += os.path.getsize(path)
+    if changed:
+        pointer = {**pointer, "size": kept_rows, "sizeInBytes": size_bytes}
+        with open(os.path.join(log_dir, "_last_checkpoint"), "w") as fh:
+            json.dump(pointer, fh, separators=(",", ":"))
 
 
 def _clear_stale_stages(stages: str) -> None:
