@@ -24,6 +24,7 @@ The rules, in the order a commit meets them (docs/storage.md):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +43,7 @@ from storage_delta.commit.store import (
     StoreRoot,
     blind_appends_allowed,
     catch_up,
+    checkpointed_version,
     commit_adds,
     open_or_create,
     write_data_file,
@@ -204,6 +206,22 @@ class TableAppender:
                 if attempt == self._retries:
                     raise
         self.root.settle_log_entries(self.spec.name, before + 1, self.dt.version())
+
+    def checkpoint_if_behind(self) -> bool:
+        """Start a checkpoint (on the hygiene thread) when the table's newest checkpoint is a whole
+        interval or more behind the version this appender opened at; whether one started. The
+        interval counts this appender's commits only, so versions it did not make (a compaction's
+        swaps, a job's, those of a writer killed while its checkpoints lagged) leave every later
+        load replaying them, restarts and takeovers included, until this appender has made another
+        interval of commits: a gateway calls this once it serves."""
+        local = self.root.local_path()
+        if local is None:
+            return False
+        log_dir = os.path.join(local, self.spec.name, "_delta_log")
+        if self.dt.version() - checkpointed_version(log_dir) < self._checkpoint_every:
+            return False
+        self._start_hygiene()
+        return True
 
     def _start_hygiene(self) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():

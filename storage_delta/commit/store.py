@@ -169,7 +169,7 @@ def newest_version(log_dir: str, known: int) -> int:
     if not os.path.exists(commit_path(log_dir, high)):
         # Either nothing after ``known``, or a handle that lagged behind the log's trim: the entries
         # after its version are gone below a newer checkpoint, from which the log goes on.
-        checkpointed = _checkpointed(log_dir)
+        checkpointed = checkpointed_version(log_dir)
         if checkpointed <= known:
             return known
         low, high = checkpointed, checkpointed + 1
@@ -185,7 +185,7 @@ def newest_version(log_dir: str, known: int) -> int:
     return low
 
 
-def _checkpointed(log_dir: str) -> int:
+def checkpointed_version(log_dir: str) -> int:
     """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
     try:
         with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
@@ -203,7 +203,7 @@ def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
     log_dir = _local_log_dir(uri)
     if log_dir is None:
         return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
-    newest = newest_version(log_dir, _checkpointed(log_dir))
+    newest = newest_version(log_dir, checkpointed_version(log_dir))
     version = newest if newest >= 0 else None
     return retry_listing(lambda: DeltaTable(uri, version=version, storage_options=opts))
 

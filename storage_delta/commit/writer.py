@@ -134,6 +134,10 @@ class MessageTable:
             sorted(positions.items()),
         )
 
+    def checkpoint_if_behind(self) -> bool:
+        """See :meth:`TableAppender.checkpoint_if_behind`. Blocking (a file read)."""
+        return self._appender.checkpoint_if_behind()
+
     def close(self) -> None:
         self._appender.close()
 
