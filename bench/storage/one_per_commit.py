@@ -17,7 +17,10 @@ on the result recovers the stream from the files alone (no index snapshot covers
 ``python -m bench.storage.recovery --bulk 0 --tail N --keep DIR`` then measures restarts with a
 tail published through the gateway, ``python -m bench.storage.small_files --kept DIR`` the cold reads.
 
-    python -m bench.storage.one_per_commit --messages 1000000 --keep DIR
+    python -m bench.storage.one_per_commit --messages 1000000 --keep DIR [--per-commit 1]
+
+``--per-commit 256`` writes the same messages in the commits a pipelined publisher's 256 PubAcks
+in flight make: what ``small_files --kept DIR --large-kept DIR2`` compares the cold reads with.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _compact(root: StoreRoot, created: dict[str, int], settings: Settings, done:
     return merged
 
 
-def produce(workdir: Path, count: int) -> dict[str, object]:
+def produce(workdir: Path, count: int, per_commit: int = 1) -> dict[str, object]:
     lake = Jetlake(workdir)
     lake.start()
     try:
@@ -82,18 +85,19 @@ def produce(workdir: Path, count: int) -> dict[str, object]:
     t0 = last_ts = time.time_ns()
     started = time.monotonic()
     try:
-        for seq in range(1, count + 1):
-            last_ts = max(time.time_ns(), last_ts + 1)
-            message = StoredMessage(
-                STREAM, DEFAULT_BLOCK_SIZE, seq, last_ts, SUBJECT, None, PAYLOAD % (seq, seq % 97)
-            )
+        for first in range(1, count + 1, per_commit):
+            batch = []
+            for seq in range(first, min(first + per_commit, count + 1)):
+                last_ts = max(time.time_ns(), last_ts + 1)
+                payload = PAYLOAD % (seq, seq % 97)
+                batch.append(StoredMessage(STREAM, DEFAULT_BLOCK_SIZE, seq, last_ts, SUBJECT, None, payload))
             version += 1
-            table.commit([message], version)
-            if seq % 50_000 == 0:
+            table.commit(batch, version)
+            if first // 50_000 != batch[-1].seq // 50_000:
                 lease.beat(epoch)
+                written = batch[-1].seq
                 print(
-                    json.dumps({"written": seq, "per_s": round(seq / (time.monotonic() - started))}),
-                    flush=True,
+                    json.dumps({"written": written, "per_s": round(written / (time.monotonic() - started))})
                 )
     finally:
         done.set()
@@ -105,7 +109,8 @@ def produce(workdir: Path, count: int) -> dict[str, object]:
     return {
         "workload": "one_per_commit",
         "messages": count,
-        "commits": count,
+        "per_commit": per_commit,
+        "commits": -(-count // per_commit),
         "seconds": round(seconds),
         "per_s": round(count / seconds),
         "first_ts": t0,
@@ -117,9 +122,12 @@ def produce(workdir: Path, count: int) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument(
+        "--per-commit", type=int, default=1, help="messages per commit (256: a pipelined publisher's)"
+    )
     ap.add_argument("--keep", required=True, help="the store's work directory, kept for the other benches")
     args = ap.parse_args()
-    print(json.dumps(produce(Path(args.keep), args.messages)), flush=True)
+    print(json.dumps(produce(Path(args.keep), args.messages, args.per_commit)), flush=True)
 
 
 if __name__ == "__main__":
