@@ -116,7 +116,7 @@ def produce(workdir: Path, count: int, per_commit: int = 1) -> dict[str, object]
             if version % BACKPRESSURE_EVERY == 0:
                 waits += not caught_up.is_set()
                 caught_up.wait()
-            if first // 50_000 != batch[-1].seq // 50_000:
+            if (first - 1) // 50_000 != batch[-1].seq // 50_000:
                 lease.beat(epoch)
                 written = batch[-1].seq
                 print(
