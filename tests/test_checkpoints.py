@@ -19,6 +19,8 @@ import pytest
 from deltalake import DeltaTable
 
 from storage_delta.commit import checkpoint as ckpt
+from storage_delta.commit import writer
+from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender
 from storage_delta.commit.durable import fsync_path
 from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_version
 from storage_delta.commit.writer import MessageTable, StoredMessage
@@ -389,7 +391,7 @@ def test_the_full_vacuum_keeps_a_merged_file_for_its_margin_from_the_merge(tmp_p
     assert sorted(vacuum(root, margin_hours=1, dry_run=True)) == sorted(
         str(p.relative_to(tmp_path / sch.MESSAGES)) for p in small
     )
-    assert rows(root) == list(range(1, 10))
+    assert rows(root) == list(range(1, 9))
 
 
 def test_a_table_opened_a_whole_interval_past_its_newest_checkpoint_is_checkpointed(tmp_path: Path) -> None:
@@ -413,3 +415,56 @@ def test_a_table_opened_a_whole_interval_past_its_newest_checkpoint_is_checkpoin
     assert not again.checkpoint_if_behind()
     again.close()
     assert rows(root) == list(range(1, 10))
+
+
+def test_the_messages_log_is_bounded_by_entries_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An hour's retention keeps every entry of 300 one-message commits; the bound by entries of
+    ``messages`` (30 here) trims below the newest checkpoint that many versions back, keeping a
+    whole checkpoint below the newest. Every row stays; versions within the bound load."""
+    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", 30)
+    root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    commit_each(table, range(1, 301))
+    entries = [n for n in os.listdir(log_dir(root)) if n.endswith(".json")]
+    assert len(entries) <= 50, len(entries)
+    assert rows(root) == list(range(1, 301))
+    old = open_version(root, sch.MESSAGES, 270)
+    assert old is not None
+    assert old.to_pyarrow_table(columns=["seq"]).num_rows == 270
+    unbounded = StoreRoot(str(tmp_path / "unbounded"), log_retention_s=3600.0)
+    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", None)
+    commit_each(MessageTable(unbounded, checkpoint_every=10**9), range(1, 101))
+    assert len([n for n in os.listdir(log_dir(unbounded)) if n.endswith(".json")]) == 101
+
+
+def test_a_swap_planned_below_a_trim_is_abandoned_not_linked_at_a_trimmed_version(tmp_path: Path) -> None:
+    """A version below the newest checkpoint may have been trimmed: its free name is not a free
+    version. A swap whose writer is that far behind is refused (``BelowTrim``) and leaves the log
+    as it was; before the guard it was linked there, under a version the table had long passed."""
+    root = StoreRoot(str(tmp_path), log_retention_s=0.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    commit_each(table, range(1, 101))
+    table.close()
+    gone = min(int(n[:20]) for n in os.listdir(log_dir(root)) if n.endswith(".json")) - 1
+    assert gone > 0  # trimmed below
+    stale = LocalLogAppender(str(tmp_path / sch.MESSAGES), gone)
+    before = sorted(os.listdir(log_dir(root)))
+    with pytest.raises(BelowTrim):
+        stale.swap([], [], "OPTIMIZE")
+    assert sorted(os.listdir(log_dir(root))) == before
+    assert rows(root) == list(range(1, 101))
+
+
+def test_a_long_log_left_from_before_the_bound_is_trimmed_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
+    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", None)
+    commit_each(MessageTable(root, checkpoint_every=10**9), range(1, 201))
+    assert len([n for n in os.listdir(log_dir(root)) if n.endswith(".json")]) == 201
+    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", 30)
+    reopened = MessageTable(root, checkpoint_every=10**9)
+    assert not reopened.checkpoint_if_behind()  # not behind: only the trim runs
+    reopened.close()
+    assert len([n for n in os.listdir(log_dir(root)) if n.endswith(".json")]) <= 50
+    assert rows(root) == list(range(1, 201))

@@ -64,9 +64,10 @@ STALE_STAGE_S = 3600.0
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|checkpoint(?:\.\d+\.\d+)?\.parquet|crc)$")
 
 
-def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
-    """A checkpoint of table ``name`` at ``dt``'s version, then the trim of its expired log files.
-    Never holds anything a commit waits for; call it on a thread of its own."""
+def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str, keep_entries: int | None = None) -> None:
+    """A checkpoint of table ``name`` at ``dt``'s version, then the trim of its expired log files
+    (``keep_entries``: see :func:`trim_log`). Never holds anything a commit waits for; call it on
+    a thread of its own."""
     local = root.local_path()
     if local is None:
         retry_listing(dt.create_checkpoint)
@@ -77,7 +78,7 @@ def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
         digest = record_checkpoint_digest(table_path, dt.version())
         if digest is not None:
             root.settle_file(digest, [table_path])
-    trim_log(table_path, root.log_retention_s)
+    trim_log(table_path, root.log_retention_s, keep_entries=keep_entries)
 
 
 def _last_checkpoint(log_dir: str) -> dict[str, object] | None:
@@ -173,14 +174,19 @@ def _clear_stale_stages(stages: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def trim_log(table_path: str, retention_s: float, now: float | None = None) -> int:
+def trim_log(
+    table_path: str, retention_s: float, now: float | None = None, keep_entries: int | None = None
+) -> int:
     """Delete the log entries, checkpoints and checksums of a local table below its newest
     checkpoint written at least ``retention_s`` ago, never the newest checkpoint itself (and the
     checkpoints' digests); returns how many log files went. Every version at or above that
     checkpoint stays loadable, and so does a damaged newest checkpoint's table: a whole one below
     it and the entries since remain, so the start can set the damaged one aside
     (``storage_delta.tables.repair.set_aside_checkpoint``) even on a table idle for longer than
-    the retention, for one checkpoint interval of entries more."""
+    the retention, for one checkpoint interval of entries more. With ``keep_entries`` a checkpoint
+    that many versions below the newest entry is old enough too, whatever its age: the log of a
+    table written one message per commit then stays at about that many entries (an hour of them
+    cost every load of the table a listing of hundreds of thousands of files)."""
     log_dir = os.path.join(table_path, "_delta_log")
     cutoff = (time.time() if now is None else now) - retention_s
     files: list[tuple[int, str]] = []
@@ -195,6 +201,9 @@ def trim_log(table_path: str, retention_s: float, now: float | None = None) -> i
             if found.group(2).startswith("checkpoint") and _mtime(entry.path) <= cutoff:
                 old.append(version)
     newest = max((v for v, name in files if ".checkpoint" in name), default=-1)
+    if keep_entries is not None and files:
+        last = max(v for v, _ in files)
+        old += [v for v, name in files if ".checkpoint" in name and v <= last - keep_entries]
     floor = max((v for v in old if v < newest), default=-1)
     removed = 0
     for version, file_name in files:

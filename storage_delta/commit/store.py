@@ -24,7 +24,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.deltalog import checkpointed_version, commit_path
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
@@ -183,15 +183,6 @@ def newest_version(log_dir: str, known: int) -> int:
         else:
             high = middle
     return low
-
-
-def checkpointed_version(log_dir: str) -> int:
-    """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
-    try:
-        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
-            return int(json.load(fh)["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
 
 
 def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
