@@ -243,6 +243,8 @@ class Gateway:
         sourcing.start()
         await leaf.start(dispatcher)
         phases.append(time.monotonic())
+        # A crash may have left the newest checkpoint far behind (#22): every start would replay it.
+        await loop.run_in_executor(self.executor, table.checkpoint_if_behind)
         took = [f"{b - a:.2f}" for a, b in itertools.pairwise(phases)]
         log.info(
             "started in %.2f s (check, tables, ack log, recovery, serving: %s s)",

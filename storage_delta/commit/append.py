@@ -24,6 +24,7 @@ The rules, in the order a commit meets them (docs/storage.md):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,8 +34,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
-from storage_delta.commit.checkpoint import checkpoint_table
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.checkpoint import checkpoint_table, trim_log
+from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
 from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.commit.store import (
@@ -73,6 +74,7 @@ class TableAppender:
         app_id: str | None,
         checkpoint_every: int = 100,
         retries: int = 5,
+        log_keep_entries: int | None = None,
     ) -> None:
         self.root = root
         self.spec = spec
@@ -90,6 +92,8 @@ class TableAppender:
         )
         self._retries = retries
         self._checkpoint_every = checkpoint_every
+        #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
+        self._log_keep_entries = log_keep_entries
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -205,6 +209,31 @@ class TableAppender:
                     raise
         self.root.settle_log_entries(self.spec.name, before + 1, self.dt.version())
 
+    def checkpoint_if_behind(self) -> bool:
+        """Start a checkpoint (on the hygiene thread) when the table's newest checkpoint is a whole
+        interval or more behind the version this appender opened at; whether one started. The
+        interval counts this appender's commits only, so versions it did not make (a compaction's
+        swaps, a job's, those of a writer killed while its checkpoints lagged) leave every later
+        load replaying them, restarts and takeovers included, until this appender has made another
+        interval of commits: a gateway calls this once it serves."""
+        local = self.root.local_path()
+        if local is None:
+            return False
+        log_dir = os.path.join(local, self.spec.name, "_delta_log")
+        if self.dt.version() - checkpointed_version(log_dir) >= self._checkpoint_every:
+            self._start_hygiene()
+            return True
+        if self._log_keep_entries is not None:  # a log longer than the bound, from before it
+            self._start_trim(os.path.join(local, self.spec.name))
+        return False
+
+    def _start_trim(self, table_path: str) -> None:
+        if self._hygiene_pool is None:
+            self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
+        self._hygiene_pool.submit(
+            trim_log, table_path, self.root.log_retention_s, None, self._log_keep_entries
+        )
+
     def _start_hygiene(self) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():
             return  # the previous round is still at it; the next interval tries again
@@ -220,7 +249,7 @@ class TableAppender:
         meanwhile: the checkpoint is written and synced beside the log before it enters it."""
         try:
             dt = open_or_create(self.root, self.spec.name, self.spec.schema, list(self.spec.partition_by))
-            checkpoint_table(self.root, dt, self.spec.name)
+            checkpoint_table(self.root, dt, self.spec.name, self._log_keep_entries)
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of %s failed", self.spec.name)
             return

@@ -46,8 +46,24 @@ class ConcurrentRemoval(Exception):
     """A commit that landed meanwhile removed a file this swap removes: the swap's plan is stale."""
 
 
+class BelowTrim(ConcurrentRemoval):
+    """The version this writer would claim is at or below the newest checkpoint: the log may have
+    been trimmed there, so the version's free name does not mean a free version. Only a writer
+    whose plan is older than a checkpoint interval and a trim gets there (a swap planned on a stale
+    handle); it is abandoned, as a swap that lost a race is."""
+
+
 def commit_path(log_dir: str, version: int) -> str:
     return os.path.join(log_dir, f"{version:020d}.json")
+
+
+def checkpointed_version(log_dir: str) -> int:
+    """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
+    try:
+        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
+            return int(json.load(fh)["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 def add_line(add: AddAction) -> dict[str, Any]:
@@ -183,6 +199,8 @@ class LocalLogAppender:
         try:
             while True:
                 version = self.next_version
+                if version <= checkpointed_version(self.log_dir):
+                    raise BelowTrim(f"version {version} is at or below the newest checkpoint")
                 try:
                     os.link(tmp, commit_path(self.log_dir, version))
                 except FileExistsError:

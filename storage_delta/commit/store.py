@@ -26,7 +26,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.deltalog import checkpointed_version, commit_path
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
@@ -171,7 +171,7 @@ def newest_version(log_dir: str, known: int) -> int:
     if not os.path.exists(commit_path(log_dir, high)):
         # Either nothing after ``known``, or a handle that lagged behind the log's trim: the entries
         # after its version are gone below a newer checkpoint, from which the log goes on.
-        checkpointed = _checkpointed(log_dir)
+        checkpointed = checkpointed_version(log_dir)
         if checkpointed <= known:
             return known
         low, high = checkpointed, checkpointed + 1
@@ -187,15 +187,6 @@ def newest_version(log_dir: str, known: int) -> int:
     return low
 
 
-def _checkpointed(log_dir: str) -> int:
-    """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
-    try:
-        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
-            return int(json.load(fh)["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
-
-
 def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
     """A handle at the table's newest version. Locally at the version :func:`newest_version`
     found, so delta-rs's listing of ``_delta_log`` needs only commit files that existed before it
@@ -205,7 +196,7 @@ def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
     log_dir = _local_log_dir(uri)
     if log_dir is None:
         return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
-    newest = newest_version(log_dir, _checkpointed(log_dir))
+    newest = newest_version(log_dir, checkpointed_version(log_dir))
     version = newest if newest >= 0 else None
     return retry_listing(lambda: DeltaTable(uri, version=version, storage_options=opts))
 
