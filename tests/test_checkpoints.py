@@ -458,6 +458,42 @@ def test_a_swap_planned_below_a_trim_is_abandoned_not_linked_at_a_trimmed_versio
     assert rows(root) == list(range(1, 101))
 
 
+def test_a_writer_behind_a_checkpoint_passes_the_versions_still_there(tmp_path: Path) -> None:
+    """The gateway's writer, then the compaction's swaps and a checkpoint at their version (the
+    hygiene's, or a start's): the writer's next version is below the checkpoint, its entries all
+    there. It passes them one by one, as any version another writer took, and commits after them;
+    with the guard refusing every version at or below a checkpoint, each later publish of the
+    gateway failed (503/10077 "version … is at or below the newest checkpoint")."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 9):
+        table.commit([message(seq)], seq)
+    assert Compaction(root).round({STREAM: 0}, 4, 1 << 30)[0] > 0
+    newest = open_existing(root, sch.MESSAGES)
+    assert newest is not None
+    assert newest.version() > 8
+    ckpt.checkpoint_table(root, newest, sch.MESSAGES)
+    table.commit([message(9)], 9)
+    table.close()
+    assert rows(root) == list(range(1, 10))
+
+
+def test_an_append_behind_a_trim_catches_up_from_the_checkpoint(tmp_path: Path) -> None:
+    """A writer whose next version was trimmed below a checkpoint (another writer of the table
+    went on meanwhile) cannot look at the commits in between: it catches up from the checkpoint
+    (the owner's fence and its own txn are in the snapshot) and commits past it."""
+    root = StoreRoot(str(tmp_path), log_retention_s=0.0)
+    behind = MessageTable(root, checkpoint_every=10**9)
+    behind.commit([message(1)], 1)
+    ahead = MessageTable(root, checkpoint_every=10**9)
+    commit_each(ahead, range(2, 101))
+    ahead.close()
+    assert not (log_dir(root) / f"{3:020d}.json").exists()  # trimmed past the writer's next
+    behind.commit([message(101)], 101)
+    behind.close()
+    assert rows(root) == list(range(1, 102))
+
+
 def test_a_long_log_left_from_before_the_bound_is_trimmed_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

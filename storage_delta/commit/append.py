@@ -35,7 +35,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable, checkpointed_version
+from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
 from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.commit.store import (
@@ -166,6 +166,16 @@ class TableAppender:
         anything names them."""
         if self._local is not None and version is not None and self.app_id is not None:
             try:
+                self._local.append(adds, (self.app_id, version), more_txns, unsynced)
+                return
+            except BelowTrim:
+                # Behind a trim: the versions in between are in the checkpoint only. Look again
+                # from there (the owner's fence and our txn are in the snapshot) and go on past it.
+                catch_up(self.dt)
+                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+                if (self.dt.transaction_version(self.app_id) or 0) >= version:
+                    return  # it landed before the trim
+                self._local.next_version = self.dt.version() + 1
                 self._local.append(adds, (self.app_id, version), more_txns, unsynced)
                 return
             except UnsupportedTable:

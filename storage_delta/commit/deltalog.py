@@ -47,10 +47,13 @@ class ConcurrentRemoval(Exception):
 
 
 class BelowTrim(ConcurrentRemoval):
-    """The version this writer would claim is at or below the newest checkpoint: the log may have
-    been trimmed there, so the version's free name does not mean a free version. Only a writer
-    whose plan is older than a checkpoint interval and a trim gets there (a swap planned on a stale
-    handle); it is abandoned, as a swap that lost a race is."""
+    """The version this writer would claim is at or below the newest checkpoint and its entry is
+    gone: the log was trimmed there, so the version's free name does not mean a free version, and
+    the commits in between cannot be looked at. Only a writer that fell behind by a trim gets there
+    (a swap planned on a stale handle: abandoned, as a swap that lost a race is; an append: it
+    catches up from the checkpoint, :meth:`~storage_delta.commit.append.TableAppender._commit`).
+    Versions at or below the checkpoint whose entries are still there are passed one by one, as
+    any version another writer took (a compaction's swaps and the checkpoint after them)."""
 
 
 def commit_path(log_dir: str, version: int) -> str:
@@ -199,8 +202,10 @@ class LocalLogAppender:
         try:
             while True:
                 version = self.next_version
-                if version <= checkpointed_version(self.log_dir):
-                    raise BelowTrim(f"version {version} is at or below the newest checkpoint")
+                if version <= checkpointed_version(self.log_dir) and not os.path.exists(
+                    commit_path(self.log_dir, version)
+                ):
+                    raise BelowTrim(f"version {version} is below the newest checkpoint and trimmed")
                 try:
                     os.link(tmp, commit_path(self.log_dir, version))
                 except FileExistsError:
