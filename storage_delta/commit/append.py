@@ -230,26 +230,32 @@ class TableAppender:
         if local is None:
             return False
         log_dir = os.path.join(local, self.spec.name, "_delta_log")
-        if self.dt.version() - checkpointed_version(log_dir) >= self._checkpoint_every:
-            self._start_hygiene()
-            return True
-        if self._log_keep_entries is not None:  # a log longer than the bound, from before it
-            self._start_trim(os.path.join(local, self.spec.name))
-        return False
+        behind = self.dt.version() - checkpointed_version(log_dir) >= self._checkpoint_every
+        if behind or self._log_keep_entries is not None:
+            # not behind: the trim alone, for a log longer than the bound left from before it
+            self._start_hygiene(checkpoint=behind)
+        return behind
 
-    def _start_trim(self, table_path: str) -> None:
-        if self._hygiene_pool is None:
-            self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
-        self._hygiene_pool.submit(
-            trim_log, table_path, self.root.log_retention_s, None, self._log_keep_entries
-        )
-
-    def _start_hygiene(self) -> None:
+    def _start_hygiene(self, checkpoint: bool = True) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():
             return  # the previous round is still at it; the next interval tries again
         if self._hygiene_pool is None:
             self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
-        self._hygiene_running = self._hygiene_pool.submit(self.hygiene)
+        self._hygiene_running = self._hygiene_pool.submit(self.hygiene if checkpoint else self._trim)
+
+    def _trim(self) -> None:
+        """The log's trim alone (a log longer than the bound, left from before it), logged when it
+        fails as a checkpoint is: the next checkpoint trims again."""
+        local = self.root.local_path()
+        assert local is not None  # only local roots are trimmed by jetlake
+        try:
+            trim_log(
+                os.path.join(local, self.spec.name),
+                self.root.log_retention_s,
+                keep_entries=self._log_keep_entries,
+            )
+        except Exception:
+            log.exception("trim of %s failed", self.spec.name)
 
     def hygiene(self) -> None:
         """Checkpoint and trim the log through a fresh handle (a long-lived ``DeltaTable`` grows

@@ -246,27 +246,38 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
     return DeltaTable(uri, storage_options=opts)
 
 
+def creation_lines(schema: pa.Schema, partition_by: list[str]) -> list[bytes]:
+    """The lines of a table's creation (version 0) as :func:`create_table` writes them for this
+    schema and partitioning (``commitInfo``, ``protocol``, ``metaData``: byte for byte but for the
+    table id and the times), made in a scratch folder: what jetlake writes, and what repair makes
+    a damaged creation again from (``storage_delta.tables.repair``)."""
+    with tempfile.TemporaryDirectory(prefix="jetlake-creation-") as scratch:
+        create_table(scratch, schema, partition_by)
+        with open(commit_path(os.path.join(scratch, "_delta_log"), 0), "rb") as fh:
+            return fh.read().splitlines()
+
+
 def _create_with_digests(path: str, schema: pa.Schema, partition_by: list[str]) -> None:
     """A local table's creation (version 0) as delta-rs writes it, with the CRC-32 of its protocol
     and metaData lines in its ``commitInfo`` (``format.integrity.LINES_KEY``), as every later
     entry has: without them a flipped bit that still parses (a letter of a column name in the
     schema) is taken at its word by every reader, and the start cannot know the entry is damaged.
-    Written in a scratch folder, then linked into place (put-if-absent: a gateway that created the
-    table first wins)."""
-    log_dir = os.path.join(path, "_delta_log")
+    Staged beside the log, as the commits are, then linked into place (put-if-absent: a gateway
+    that created the table first wins)."""
+    lines = creation_lines(schema, partition_by)
+    info = json.loads(lines[0])
+    info["commitInfo"][LINES_KEY] = lines_digest(lines[1:])
+    log_dir, staging = os.path.join(path, "_delta_log"), os.path.join(path, "_jetlake_staging")
     make_dirs(log_dir)
-    # beside the table, on its file system (for the link), hidden from Delta's vacuum by its "_"
-    with tempfile.TemporaryDirectory(prefix="_jetlake_creating-", dir=path) as scratch:
-        create_table(scratch, schema, partition_by)
-        with open(commit_path(os.path.join(scratch, "_delta_log"), 0), "rb") as fh:
-            lines = fh.read().splitlines()
-        info = json.loads(lines[0])
-        info["commitInfo"][LINES_KEY] = lines_digest(lines[1:])
-        staged = os.path.join(scratch, "creation")
-        with open(staged, "wb") as out:
-            out.write(b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *lines[1:]]) + b"\n")
+    make_dirs(staging)
+    staged = os.path.join(staging, f"{uuid.uuid4().hex}.json")
+    with open(staged, "wb") as out:
+        out.write(b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *lines[1:]]) + b"\n")
+    try:
         with contextlib.suppress(FileExistsError):
             os.link(staged, commit_path(log_dir, 0))
+    finally:
+        os.unlink(staged)
 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:

@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 import zlib
@@ -49,7 +48,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage_delta.commit.append import TableSpec
 from storage_delta.commit.deltalog import add_line, commit_info, remove_line
 from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
-from storage_delta.commit.store import StoreRoot, create_table, file_stats, open_existing
+from storage_delta.commit.store import StoreRoot, creation_lines, file_stats, open_existing
 from storage_delta.commit.writer import MESSAGES_TABLE
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import (
@@ -461,7 +460,7 @@ def _creation_line(raw: bytes) -> bool:
 
 def _creation(spec: TableSpec, lines: list[bytes], damaged: list[bytes], path: str) -> list[bytes]:
     """The lines of a damaged creation (version 0) with its protocol and metaData, when damaged,
-    made again from the table's spec: jetlake wrote them (``store.create_table``), so the same
+    made again from the table's spec: jetlake wrote them (``store.creation_lines``), so the same
     call in a scratch folder writes them again, byte for byte but for the metaData's table id and
     creation time, which are taken from what survives of the damaged lines (a fresh id and the
     entry's modification time when nothing does). No checkpoint holds them yet (else the start
@@ -469,10 +468,8 @@ def _creation(spec: TableSpec, lines: list[bytes], damaged: list[bytes], path: s
     whole = {kind for kind in _CREATION_KINDS if any(_json_line(line).get(kind) for line in lines)}
     if len(whole) == len(_CREATION_KINDS):
         return lines
-    with tempfile.TemporaryDirectory() as scratch:
-        create_table(scratch, spec.schema, list(spec.partition_by))
-        with open(os.path.join(scratch, "_delta_log", f"{0:020d}.json"), "rb") as fh:
-            fresh = {next(iter(obj)): obj for obj in map(_json_line, fh.read().splitlines()) if obj}
+    made_lines = creation_lines(spec.schema, list(spec.partition_by))
+    fresh = {next(iter(obj)): obj for obj in map(_json_line, made_lines) if obj}
     meta = fresh["metaData"]["metaData"]
     table_id = next((m.group(1) for raw in damaged if (m := _TABLE_ID.search(raw))), None)
     created = next((m.group(1) for raw in damaged if (m := _CREATED_TIME.search(raw))), None)
