@@ -68,7 +68,7 @@ from pyspark.sql.types import (
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
-from storage_delta.format.integrity import read_verified
+from storage_delta.format.integrity import RowBounds, read_verified
 from storage_delta.format.nats import parse_headers, subject_matches
 from storage_delta.maintenance.files import LiveFile, live_files, visible
 from storage_delta.read.follower import StoreFollower
@@ -335,16 +335,11 @@ def read_block(
     """
     fs, base = root.filesystem()
     verdicts: dict[str, bool] = {}
-    expr: pc.Expression | None = None
-    if partition.first_seq is not None:
-        expr = pc.field("seq") >= partition.first_seq
-    if partition.last_seq is not None:
-        upper = pc.field("seq") <= partition.last_seq
-        expr = upper if expr is None else expr & upper
+    bounds = RowBounds(first_seq=partition.first_seq, last_seq=partition.last_seq)
     for rel in partition.files:
         # A damaged file fails the task (DamagedFile names it) rather than handing Spark its bytes.
         table = read_verified(
-            fs, f"{base}/{sch.MESSAGES}/{rel}", sch.MESSAGE_FILE_SCHEMA.names, sch.MESSAGE_FILE_SCHEMA, expr
+            fs, f"{base}/{sch.MESSAGES}/{rel}", sch.MESSAGE_FILE_SCHEMA.names, sch.MESSAGE_FILE_SCHEMA, bounds
         )
         if partition.created or partition.removed:
             table = table.filter(visible(table, partition.created, partition.removed))

@@ -35,6 +35,7 @@ from typing import Any
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from bench.spark_read import spark_read
 from bench.targets import stream_state, wait_stream_messages
 from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.format import schema as sch
@@ -103,8 +104,10 @@ def _timed(read: Callable[[], int], count: int, trials: int) -> float:
     return _median(runs)
 
 
-def _readers(lake: Jetlake, count: int, trials: int) -> Result:
-    """An independent reader's time for every row of the stream: deltalake and DuckDB."""
+def _readers(lake: Jetlake, count: int, trials: int, spark: bool = False) -> Result:
+    """An independent reader's time for every row of the stream: deltalake and DuckDB, and with
+    ``spark`` a Spark batch read on the jetlake source (every row's payload summed; the median of
+    warm reads in a running session, :func:`bench.spark_read.spark_read`)."""
     table = str(lake.data_root / "messages")
 
     def delta_rs() -> int:  # a fresh handle each time, as an independent reader opens the table
@@ -118,10 +121,13 @@ def _readers(lake: Jetlake, count: int, trials: int) -> Result:
         rows: int = duckdb_connection().execute(sql, [table, STREAM]).to_arrow_table().num_rows
         return rows
 
-    return {
+    out: Result = {
         "deltalake_read_s": _timed(delta_rs, count, trials),
         "duckdb_read_s": _timed(duckdb, count, trials),
     }
+    if spark:
+        out["spark_read_s"] = spark_read(str(lake.data_root), count, STREAM)["seconds"]
+    return out
 
 
 def _restarts_and_drains(
@@ -191,7 +197,7 @@ def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials
         lake.stop()
 
 
-def _after_publish(lake: Jetlake, count: int, trials: int) -> Result:
+def _after_publish(lake: Jetlake, count: int, trials: int, spark: bool = False) -> Result:
     """Restarts after ``kill -9``, a new consumer's reads and the independent readers' of a
     stream of ``count`` messages that ``lake`` (running) holds."""
     root = StoreRoot(str(lake.data_root))
@@ -205,37 +211,47 @@ def _after_publish(lake: Jetlake, count: int, trials: int) -> Result:
         **_cold_reads(drains),
         "files_at_read": _settled(root),
     }
-    out.update(_readers(lake, count, trials))
+    out.update(_readers(lake, count, trials, spark))
     return out
 
 
-def _kept(kept: Path, trials: int) -> tuple[int, Result]:
+def _kept(kept: Path, trials: int, spark: bool) -> tuple[int, Result]:
     """The figures of the stream of a kept store, and its message count."""
     lake = Jetlake(kept)
     lake.start_server()
     try:
         lake.start_gateway(ready_s=3600)  # its first start may compact what the writer left
         count: int = asyncio.run(stream_state(lake.url, STREAM))["messages"]
-        return count, _after_publish(lake, count, trials)
+        return count, _after_publish(lake, count, trials, spark)
     finally:
         lake.stop()
 
 
 def measure_kept(
-    ref: ReferenceJetStream, workdir: Path, kept: Path, trials: int, large_kept: Path | None, js_window: int
+    ref: ReferenceJetStream,
+    workdir: Path,
+    kept: Path,
+    trials: int,
+    large_kept: Path | None,
+    js_window: int,
+    spark: bool = False,
 ) -> Result:
     """The same figures for the stream of a store written before (``--keep`` of an earlier run,
     e.g. one message per commit for an hour), against the same messages in large commits and on
     JetStream (sync publishes, as the kept stream's were). ``large_kept``: the large commits' store
     kept too (``bench.storage.one_per_commit --per-commit 256``), not published here; ``js_window``:
-    PubAcks in flight on JetStream (its file store holds the same blocks however they came)."""
-    count, kept_out = _kept(kept, trials)
+    PubAcks in flight on JetStream (its file store holds the same blocks however they came);
+    ``spark``: a Spark batch read of both stores too."""
+    count, kept_out = _kept(kept, trials, spark)
     if large_kept is None:
         large = _jetlake(workdir / "large", {}, count, 256, trials)
     else:
-        large_count, large = _kept(large_kept, trials)
+        large_count, large = _kept(large_kept, trials, spark)
         assert large_count == count, f"{large_kept} holds {large_count} messages, {kept} {count}"
     js = _jetstream(ref, count, trials, js_window)
+    ratios = _ratios("kept", kept_out, large, js)
+    if spark:
+        ratios["spark_kept_vs_large"] = _ratio(kept_out["spark_read_s"], large["spark_read_s"])
     return {
         "workload": "small_files_kept",
         "messages": count,
@@ -243,7 +259,7 @@ def measure_kept(
         "jetlake_kept": kept_out,
         "jetlake_large_commits": large,
         "jetstream": js,
-        **_ratios("kept", kept_out, large, js),
+        **ratios,
     }
 
 
@@ -307,6 +323,7 @@ def main() -> None:
     ap.add_argument(
         "--jetstream-window", type=int, default=1, help="with --kept: PubAcks in flight on JetStream"
     )
+    ap.add_argument("--spark", action="store_true", help="with --kept: a Spark batch read of both stores too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-smallfiles-") as tmp:
         work = Path(args.keep or tmp)
@@ -315,7 +332,9 @@ def main() -> None:
         try:
             if args.kept:
                 large = Path(args.large_kept) if args.large_kept else None
-                out = measure_kept(ref, work, Path(args.kept), args.trials, large, args.jetstream_window)
+                out = measure_kept(
+                    ref, work, Path(args.kept), args.trials, large, args.jetstream_window, args.spark
+                )
                 print(json.dumps(out), flush=True)
             else:
                 print(json.dumps(measure(ref, work, args.messages, args.trials)), flush=True)
