@@ -55,7 +55,7 @@ async def _use(jetlake: Jetlake, name: str) -> int:
             ConsumerConfig(
                 ack_policy=AckPolicy.NONE,
                 deliver_policy=DeliverPolicy.BY_START_TIME,
-                opt_start_time=first.time.isoformat() if first.time else None,
+                opt_start_time=first.time,
             ),
         )
         assert by_time.num_pending == 40
