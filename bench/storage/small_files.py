@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,39 +96,47 @@ def _cold_reads(runs: list[tuple[float, float]]) -> Result:
     return {"first_batch_s": _median(list(firsts)), "drain_per_s": round(statistics.median(rates))}
 
 
-def _timed(read: Callable[[], int], count: int, trials: int) -> float:
-    runs = []
-    for _ in range(trials):
-        t0 = time.monotonic()
-        assert read() == count
-        runs.append(time.monotonic() - t0)
-    return _median(runs)
+def _readers(roots: dict[str, Path], count: int, trials: int, with_spark: bool = False) -> dict[str, Result]:
+    """An independent reader's time for every row of the stream in each store (``roots``: name ->
+    store root), interleaved trial by trial so that every store meets the same load and the same
+    warm caches: deltalake and DuckDB, and with ``with_spark`` a Spark batch read on the jetlake source
+    (every row's payload summed, in one running session after a first read of each store, as
+    :func:`bench.spark_read.spark_read` reads)."""
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in roots}
 
+    def timed(read: Callable[[Path], int]) -> Callable[[Path], float]:
+        def run(root: Path) -> float:
+            t0 = time.monotonic()
+            assert read(root) == count
+            return time.monotonic() - t0
 
-def _readers(lake: Jetlake, count: int, trials: int, spark: bool = False) -> Result:
-    """An independent reader's time for every row of the stream: deltalake and DuckDB, and with
-    ``spark`` a Spark batch read on the jetlake source (every row's payload summed; the median of
-    warm reads in a running session, :func:`bench.spark_read.spark_read`)."""
-    table = str(lake.data_root / "messages")
+        return run
 
-    def delta_rs() -> int:  # a fresh handle each time, as an independent reader opens the table
-        dt = open_existing(StoreRoot(str(lake.data_root)), sch.MESSAGES)
+    def delta_rs(root: Path) -> int:  # a fresh handle each time, as an independent reader opens the table
+        dt = open_existing(StoreRoot(str(root)), sch.MESSAGES)
         assert dt is not None
         rows: int = dt.to_pyarrow_table(filters=[("stream", "=", STREAM)]).num_rows
         return rows
 
-    def duckdb() -> int:
+    def duckdb(root: Path) -> int:
         sql = "SELECT * FROM delta_scan(?) WHERE stream = ?"
-        rows: int = duckdb_connection().execute(sql, [table, STREAM]).to_arrow_table().num_rows
-        return rows
+        table = duckdb_connection().execute(sql, [str(root / "messages"), STREAM]).to_arrow_table()
+        return int(table.num_rows)
 
-    out: Result = {
-        "deltalake_read_s": _timed(delta_rs, count, trials),
-        "duckdb_read_s": _timed(duckdb, count, trials),
-    }
-    if spark:
-        out["spark_read_s"] = spark_read(str(lake.data_root), count, STREAM)["seconds"]
-    return out
+    def spark(root: Path) -> float:  # the read's own clock: the session is started outside it
+        seconds: float = spark_read(str(root), count, STREAM, warm_reads=0)["seconds"]
+        return seconds
+
+    readers = {"deltalake_read_s": timed(delta_rs), "duckdb_read_s": timed(duckdb)}
+    if with_spark:
+        for root in roots.values():
+            spark(root)  # the session's and each store's first read, not counted
+        readers["spark_read_s"] = spark
+    for _ in range(trials):
+        for name, root in roots.items():
+            for key, read in readers.items():
+                runs[name].setdefault(key, []).append(read(root))
+    return {name: {key: _median(times) for key, times in got.items()} for name, got in runs.items()}
 
 
 def _restarts_and_drains(
@@ -197,34 +206,39 @@ def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials
         lake.stop()
 
 
-def _after_publish(lake: Jetlake, count: int, trials: int, spark: bool = False) -> Result:
+def _after_publish(lake: Jetlake, count: int, trials: int, readers: bool = True) -> Result:
     """Restarts after ``kill -9``, a new consumer's reads and the independent readers' of a
     stream of ``count`` messages that ``lake`` (running) holds."""
-    root = StoreRoot(str(lake.data_root))
-    files = len(live_files(root, STREAM))
+    files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
     restarts, drains = _restarts_and_drains(
-        lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count, trials
+        lake.kill_gateway, partial(lake.start_gateway, ready_s=3600), lake.url, count, trials
     )
-    out: Result = {
-        "files_at_kill": files,
-        "restart_after_kill9_s": _median(restarts, 2),
-        **_cold_reads(drains),
-        "files_at_read": _settled(root),
-    }
-    out.update(_readers(lake, count, trials, spark))
+    out = _figures(lake, files, restarts, drains)
+    if readers:
+        out.update(_readers({"it": lake.data_root}, count, trials)["it"])
     return out
 
 
-def _kept(kept: Path, trials: int, spark: bool) -> tuple[int, Result]:
-    """The figures of the stream of a kept store, and its message count."""
+def _figures(lake: Jetlake, files: int, restarts: list[float], drains: list[tuple[float, float]]) -> Result:
+    return {
+        "files_at_kill": files,
+        "restart_after_kill9_s": _median(restarts, 2),
+        **_cold_reads(drains),
+        "files_at_read": _settled(StoreRoot(str(lake.data_root))),
+    }
+
+
+def _serving_kept(kept: Path) -> tuple[Jetlake, int]:
+    """A gateway on a kept store (its first start may compact what the writer left), and the
+    stream's message count."""
     lake = Jetlake(kept)
     lake.start_server()
     try:
-        lake.start_gateway(ready_s=3600)  # its first start may compact what the writer left
-        count: int = asyncio.run(stream_state(lake.url, STREAM))["messages"]
-        return count, _after_publish(lake, count, trials, spark)
-    finally:
+        lake.start_gateway(ready_s=3600)
+        return lake, int(asyncio.run(stream_state(lake.url, STREAM))["messages"])
+    except BaseException:
         lake.stop()
+        raise
 
 
 def measure_kept(
@@ -241,13 +255,41 @@ def measure_kept(
     JetStream (sync publishes, as the kept stream's were). ``large_kept``: the large commits' store
     kept too (``bench.storage.one_per_commit --per-commit 256``), not published here; ``js_window``:
     PubAcks in flight on JetStream (its file store holds the same blocks however they came);
-    ``spark``: a Spark batch read of both stores too."""
-    count, kept_out = _kept(kept, trials, spark)
-    if large_kept is None:
-        large = _jetlake(workdir / "large", {}, count, 256, trials)
-    else:
-        large_count, large = _kept(large_kept, trials, spark)
-        assert large_count == count, f"{large_kept} holds {large_count} messages, {kept} {count}"
+    ``spark``: a Spark batch read of both stores too. Both stores are served side by side and
+    measured in turn, trial by trial (restart, drain; then each reader), so that both meet the same
+    load."""
+    lakes: dict[str, Jetlake] = {}
+    try:
+        lakes["kept"], count = _serving_kept(kept)
+        if large_kept is None:
+            lakes["large"] = Jetlake(workdir / "large")
+            lakes["large"].start()
+            asyncio.run(_publish(lakes["large"].url, count, 256))
+        else:
+            lakes["large"], large_count = _serving_kept(large_kept)
+            assert large_count == count, f"{large_kept} holds {large_count} messages, {kept} {count}"
+        files = {
+            name: len(live_files(StoreRoot(str(lake.data_root)), STREAM)) for name, lake in lakes.items()
+        }
+        restarts: dict[str, list[float]] = {name: [] for name in lakes}
+        drains: dict[str, list[tuple[float, float]]] = {name: [] for name in lakes}
+        for _ in range(trials):
+            for name, lake in lakes.items():
+                start = partial(lake.start_gateway, ready_s=3600)
+                restarted, drained = _restarts_and_drains(lake.kill_gateway, start, lake.url, count, 1)
+                restarts[name] += restarted
+                drains[name] += drained
+        out = {
+            name: _figures(lake, files[name], restarts[name], drains[name]) for name, lake in lakes.items()
+        }
+    finally:
+        for lake in lakes.values():
+            lake.stop()
+    for name, read in _readers(
+        {n: lake.data_root for n, lake in lakes.items()}, count, trials, spark
+    ).items():
+        out[name].update(read)
+    kept_out, large = out["kept"], out["large"]
     js = _jetstream(ref, count, trials, js_window)
     ratios = _ratios("kept", kept_out, large, js)
     if spark:

@@ -223,6 +223,7 @@ class Gateway:
                 settings.compact_min_files,
                 settings.compact_max_file_bytes,
                 settings.compact_interval_ms / 1000,
+                settings.compact_idle_ms / 1000,
             )
         core = Core(
             leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots, compactor
