@@ -3,7 +3,8 @@ machines and :class:`~storage_delta.acklog.AckLogWriter`.
 
 Each method is called right after the state machine made the change, so the row carries the
 consumer's positions (last delivered, ack floor) as they now stand. Lifecycle rows (create,
-config, delete) are awaited: the API answers only once they are committed. Deliveries and plain
+config, delete) are not awaited: the catalog's commit, durable before the API answers, is what a
+restart reads of a consumer's definition (#23); a reset is awaited. Deliveries and plain
 acks are committed within the writer's flush interval; an ack with a reply gets a future that
 resolves once its row is committed.
 """
@@ -57,8 +58,9 @@ class AckRecorder:
         assert fut is not None
         await fut
 
-    async def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
-        await self._durable(
+    def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
+        """The start of the consumer's incarnation, ahead of its other rows (``Registry.add_consumer``)."""
+        self.writer.submit(
             self._row(
                 consumer,
                 al.CREATE,
@@ -109,8 +111,10 @@ class AckRecorder:
         await self._durable(records[-1])
         return records
 
-    async def config_changed(self, consumer: Consumer) -> None:
-        await self._durable(self._row(consumer, al.CONFIG, config=consumer.config))
+    def config_changed(self, consumer: Consumer) -> None:
+        """The new config, for the log's readers (compaction folds it into the state row); a
+        restart takes the catalog's (``Registry.update_consumer``)."""
+        self.writer.submit(self._row(consumer, al.CONFIG, config=consumer.config))
 
     async def reset(self, consumer: Consumer) -> None:
         """``CONSUMER.RESET``: it starts again after its (new) delivered stream sequence."""

@@ -187,10 +187,18 @@ class Registry:
         start_after: int,
         skip: list[int],
     ) -> Consumer:
-        body = {"config": to_json(config), "created": created_ns, "start_after": start_after}
+        """One durable commit, the catalog's: its entry holds all a restart needs of a new consumer
+        (config, start and the ``last_per_subject`` sequences still to deliver). The ack log's
+        create row follows unawaited, ahead of every row of the consumer's (#23): should a crash
+        cut it off, the rows after it go with it (the log lands in order) and the restart starts
+        the consumer afresh from the catalog's entry, which is where it stood."""
+        body: dict[str, object] = {"config": to_json(config), "created": created_ns}
+        body["start_after"] = start_after
+        if skip:
+            body["skip"] = skip
         await self._persist(CatalogChange("consumer", stream.name, name, body))
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
-        await self.recorder.created(consumer, start_after, skip)
+        self.recorder.created(consumer, start_after, skip)
         self.consumer_changed.emit(consumer)
         return consumer
 
@@ -203,6 +211,8 @@ class Registry:
         await self._persist(CatalogChange("consumer", stream.name, name, body))
 
     async def update_consumer(self, consumer: Consumer, config: ConsumerConfig) -> None:
+        """One durable commit, the catalog's, whose config a restart takes over the ack log's; the
+        ack log's config row (for the log's readers) follows unawaited (#23)."""
         body = {
             "config": to_json(config),
             "created": consumer.created_ns,
@@ -210,7 +220,7 @@ class Registry:
         }
         await self._persist(CatalogChange("consumer", consumer.stream.name, consumer.name, body))
         consumer.reconfigure(config)
-        await self.recorder.config_changed(consumer)
+        self.recorder.config_changed(consumer)
         self.consumer_changed.emit(consumer)
 
     async def remove_consumer(self, consumer: Consumer) -> bool:
