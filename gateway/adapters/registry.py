@@ -57,6 +57,10 @@ class Registry:
         #: theirs (``storage_delta.tables.scope``): not installed, answered as offline streams.
         self.quarantine = Quarantine()
         self.consumers: dict[str, dict[str, Consumer]] = {}
+        #: The configs of streams whose create or update is being committed: the API's checks
+        #: across streams (overlapping subjects, sources) see them, as other streams' requests
+        #: run meanwhile (#23).
+        self.in_flight: dict[str, StreamConfig] = {}
         self.server_version = "2.15.1"
         self.api_total = 0
         self.api_errors = 0
@@ -87,6 +91,22 @@ class Registry:
         if stream is None:
             raise errors.STREAM_NOT_FOUND
         return stream
+
+    def stream_config(self, name: str) -> StreamConfig | None:
+        """A stream's config as it is about to stand (one being committed), else the live one."""
+        config = self.in_flight.get(name)
+        if config is None and (stream := self.streams.get(name)) is not None:
+            config = stream.config
+        return config
+
+    async def _persist_stream(self, config: StreamConfig, body: dict[str, object] | None) -> None:
+        """Commit a stream's new config; while in flight the API's cross-stream checks see it."""
+        self.in_flight[config.name] = config
+        try:
+            await self._persist(CatalogChange("stream", config.name, config.name, body))
+        finally:
+            if self.in_flight.get(config.name) is config:
+                del self.in_flight[config.name]
 
     def route(self, subject: str) -> Stream | None:
         """The stream that captures ``subject`` (None: no stream does)."""
@@ -172,8 +192,7 @@ class Registry:
         return consumer
 
     async def add_stream(self, config: StreamConfig, created_ns: int) -> Stream:
-        body = {"config": to_json(config), "created": created_ns}
-        await self._persist(CatalogChange("stream", config.name, config.name, body))
+        await self._persist_stream(config, {"config": to_json(config), "created": created_ns})
         stream = self.install_stream(config, created_ns)
         self.stream_added.emit(stream)
         return stream
@@ -238,8 +257,7 @@ class Registry:
 
     async def update_stream(self, stream: Stream, config: StreamConfig) -> None:
         """Store a stream's new config, then make it the live one (subjects re-routed)."""
-        body = {"config": to_json(config), "created": stream.created_ns}
-        await self._persist(CatalogChange("stream", stream.name, stream.name, body))
+        await self._persist_stream(config, {"config": to_json(config), "created": stream.created_ns})
         old = stream.subjects
         stream.config = config
         if old != stream.subjects:
