@@ -458,3 +458,56 @@ def test_kill_9_before_the_ack_log_holds_a_create_or_an_update(tmp_path: Path) -
         assert delivered == [7, 8, 9]
     finally:
         gw.stop()
+
+
+async def create_then_update_at_once(url: str) -> dict[str, Any]:
+    """``LAST`` (``last_per_subject``, whose messages are 8, 9 and 11, not a run) created and,
+    right after its answer, updated."""
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=STREAM, subjects=["restart.>"])
+        for i in range(11):
+            await nc.jetstream().publish(f"restart.s{i % 3 if i < 9 else 0}", f"m{i}".encode())
+        cfg = {
+            "durable_name": "LAST",
+            "ack_policy": "explicit",
+            "deliver_policy": "last_per_subject",
+            "filter_subject": "restart.>",
+        }
+        for config in (cfg, {**cfg, "max_deliver": 7}):
+            body = {"stream_name": STREAM, "config": config}
+            answer = await api(nc, f"CONSUMER.CREATE.{STREAM}.LAST", body)
+            assert "error" not in answer
+        return answer
+    finally:
+        await nc.close()
+
+
+async def last_delivers(url: str) -> tuple[dict[str, Any], list[int]]:
+    nc = await nats.connect(url)
+    try:
+        info = await api(nc, f"CONSUMER.INFO.{STREAM}.LAST")
+        sub = await nc.jetstream().pull_subscribe_bind("LAST", STREAM)
+        return info, [m.metadata.sequence.stream for m in await sub.fetch(11, timeout=2)]
+    finally:
+        await nc.close()
+
+
+def test_kill_9_after_an_update_that_came_right_after_the_create(tmp_path: Path) -> None:
+    """The update's catalog entry replaces the create's, whose start (``last_per_subject``'s
+    sequences) a restart needs while the ack log lacks the create row: the update waits for that
+    row first. With rows otherwise left to a 60 s flush, ``kill -9`` after the update's answer:
+    the consumer comes back updated and at its start (the last message of each subject)."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env["JETLAKE_ACK_FLUSH_INTERVAL_MS"] = "60000"
+    gw.start()
+    try:
+        before = asyncio.run(create_then_update_at_once(gw.url))
+        gw.kill_gateway()
+        gw.start_gateway()
+        info, delivered = asyncio.run(last_delivers(gw.url))
+        assert info["config"] == before["config"]
+        assert info["config"]["max_deliver"] == 7
+        assert delivered == [8, 9, 11]
+    finally:
+        gw.stop()

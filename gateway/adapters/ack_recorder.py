@@ -58,9 +58,11 @@ class AckRecorder:
         assert fut is not None
         await fut
 
-    def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
-        """The start of the consumer's incarnation, ahead of its other rows (``Registry.add_consumer``)."""
-        self.writer.submit(
+    def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> asyncio.Future[None]:
+        """The start of the consumer's incarnation, ahead of its other rows, committed at once
+        but not awaited by the create (``Registry.add_consumer``); the future resolves once it is
+        durable."""
+        landed = self.writer.submit(
             self._row(
                 consumer,
                 al.CREATE,
@@ -68,8 +70,11 @@ class AckRecorder:
                 created=consumer.created_ns,
                 start_after=start_after,
                 skip=skip,
-            )
+            ),
+            sync=True,
         )
+        assert landed is not None
+        return landed
 
     async def restored(self, stream: str, name: str, state: ConsumerState) -> list[al.AckRecord]:
         """A consumer restored from a stream archive: its create, a ``state`` row with its
