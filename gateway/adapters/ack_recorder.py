@@ -58,11 +58,10 @@ class AckRecorder:
         assert fut is not None
         await fut
 
-    def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> asyncio.Future[None]:
-        """The start of the consumer's incarnation, ahead of its other rows, committed at once
-        but not awaited by the create (``Registry.add_consumer``); the future resolves once it is
-        durable."""
-        landed = self.writer.submit(
+    def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> int:
+        """The start of the consumer's incarnation, ahead of its other rows, not awaited by the
+        create (``Registry.add_consumer``); returns its lsn (:meth:`durable_through`)."""
+        self.writer.submit(
             self._row(
                 consumer,
                 al.CREATE,
@@ -70,11 +69,14 @@ class AckRecorder:
                 created=consumer.created_ns,
                 start_after=start_after,
                 skip=skip,
-            ),
-            sync=True,
+            )
         )
-        assert landed is not None
-        return landed
+        return self.writer.last_lsn
+
+    async def durable_through(self, lsn: int) -> None:
+        """Return once the row of ``lsn`` is committed (at once if it is)."""
+        if lsn > self.writer.committed_lsn:
+            await self.writer.flush()
 
     async def restored(self, stream: str, name: str, state: ConsumerState) -> list[al.AckRecord]:
         """A consumer restored from a stream archive: its create, a ``state`` row with its

@@ -6,10 +6,8 @@ survives a crash; the leaf is told of new stream subjects only after that.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from functools import partial
 from typing import Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
@@ -63,9 +61,10 @@ class Registry:
         #: across streams (overlapping subjects, sources) see them, as other streams' requests
         #: run meanwhile (#23).
         self.in_flight: dict[str, StreamConfig] = {}
-        #: The ack log's create rows not yet durable, by consumer: until its row is, a consumer's
-        #: start is in its catalog entry alone, which an update must not replace (#23).
-        self._create_rows: dict[Consumer, asyncio.Future[None]] = {}
+        #: The lsn of each consumer's create row in the ack log, until an update has seen it
+        #: durable: until then a consumer's start is in its catalog entry alone, which an update
+        #: must not replace (#23).
+        self._create_rows: dict[Consumer, int] = {}
         self.server_version = "2.15.1"
         self.api_total = 0
         self.api_errors = 0
@@ -222,18 +221,9 @@ class Registry:
             body["skip"] = skip
         await self._persist(CatalogChange("consumer", stream.name, name, body))
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
-        row = self._create_rows[consumer] = self.recorder.created(consumer, start_after, skip)
-        row.add_done_callback(partial(self._create_row_done, consumer))
+        self._create_rows[consumer] = self.recorder.created(consumer, start_after, skip)
         self.consumer_changed.emit(consumer)
         return consumer
-
-    def _create_row_done(self, consumer: Consumer, row: asyncio.Future[None]) -> None:
-        """Its create row is durable (or failed: the ack log's own failure policy reports it, and
-        fails every later row of the consumer with it)."""
-        if self._create_rows.get(consumer) is row:
-            del self._create_rows[consumer]
-        if not row.cancelled():
-            row.exception()  # retrieved: the failure is the ack log's to report
 
     async def persist_consumer(
         self, stream: Stream, config: ConsumerConfig, created_ns: int, name: str, start_after: int
@@ -250,7 +240,8 @@ class Registry:
         lacks the create row: so an update right after a create first waits for that row."""
         row = self._create_rows.get(consumer)
         if row is not None:
-            await asyncio.shield(row)
+            await self.recorder.durable_through(row)
+            self._create_rows.pop(consumer, None)
         body = {
             "config": to_json(config),
             "created": consumer.created_ns,
@@ -270,6 +261,7 @@ class Registry:
         if by_name.get(consumer.name) is not consumer:
             return False
         del by_name[consumer.name]
+        self._create_rows.pop(consumer, None)
         self.consumer_removed.emit(consumer)
         self.recorder.deleted(consumer)
         return True
@@ -297,6 +289,7 @@ class Registry:
         stream.end()  # a removal waiting for one of its commits is released
         self.stream_removed.emit(stream)
         for gone in self.consumers.pop(stream.name, {}).values():
+            self._create_rows.pop(gone, None)
             self.consumer_removed.emit(gone)
             self.recorder.deleted(gone)
         self._subjects_changed(stream.name, stream.subjects, ())
