@@ -421,16 +421,16 @@ async def define_then_change(url: str, acks_log: Path) -> tuple[int, dict[str, A
         await nc.close()
 
 
-async def after_cut(url: str) -> tuple[dict[str, Any], list[int]]:
-    """``U``'s info, and the stream sequences ``LAST`` delivers."""
+async def info_and_last(url: str, name: str) -> tuple[dict[str, Any], list[int]]:
+    """Consumer ``name``'s info, and the stream sequences ``LAST`` delivers (none: [])."""
     nc = await nats.connect(url)
     try:
-        info = await api(nc, f"CONSUMER.INFO.{STREAM}.U")
+        info = await api(nc, f"CONSUMER.INFO.{STREAM}.{name}")
         sub = await nc.jetstream().pull_subscribe_bind("LAST", STREAM)
-        got = [m.metadata.sequence.stream for m in await sub.fetch(9, timeout=2)]
-        return info, got
-    except nats.errors.TimeoutError:
-        return info, []
+        try:
+            return info, [m.metadata.sequence.stream for m in await sub.fetch(11, timeout=2)]
+        except nats.errors.TimeoutError:
+            return info, []
     finally:
         await nc.close()
 
@@ -451,7 +451,7 @@ def test_kill_9_before_the_ack_log_holds_a_create_or_an_update(tmp_path: Path) -
             if int(entry.stem) > cut:
                 entry.unlink()
         gw.start_gateway()
-        info, delivered = asyncio.run(after_cut(gw.url))
+        info, delivered = asyncio.run(info_and_last(gw.url, "U"))
         assert info["config"] == before["config"]
         assert info["config"]["max_deliver"] == 7
         assert info["paused"] is True
@@ -483,16 +483,6 @@ async def create_then_update_at_once(url: str) -> dict[str, Any]:
         await nc.close()
 
 
-async def last_delivers(url: str) -> tuple[dict[str, Any], list[int]]:
-    nc = await nats.connect(url)
-    try:
-        info = await api(nc, f"CONSUMER.INFO.{STREAM}.LAST")
-        sub = await nc.jetstream().pull_subscribe_bind("LAST", STREAM)
-        return info, [m.metadata.sequence.stream for m in await sub.fetch(11, timeout=2)]
-    finally:
-        await nc.close()
-
-
 def test_kill_9_after_an_update_that_came_right_after_the_create(tmp_path: Path) -> None:
     """The update's catalog entry replaces the create's, whose start (``last_per_subject``'s
     sequences) a restart needs while the ack log lacks the create row: the update waits for that
@@ -505,7 +495,7 @@ def test_kill_9_after_an_update_that_came_right_after_the_create(tmp_path: Path)
         before = asyncio.run(create_then_update_at_once(gw.url))
         gw.kill_gateway()
         gw.start_gateway()
-        info, delivered = asyncio.run(last_delivers(gw.url))
+        info, delivered = asyncio.run(info_and_last(gw.url, "LAST"))
         assert info["config"] == before["config"]
         assert info["config"]["max_deliver"] == 7
         assert delivered == [8, 9, 11]
