@@ -230,3 +230,30 @@ def test_an_idle_streams_active_block_is_merged_down_to_one_file_per_tier(root: 
     assert MessageReader(root).read_range("S", 1, 200, 1000).equals(before)
     assert seqs_in_table(root) == {"S": list(range(1, 201))}
     assert plan_recent(live_files(root), {"S": TS0}, 4, 1 << 30, idle=True) == []
+
+
+def test_a_trickle_into_an_idle_stream_grows_its_largest_file_by_a_share_at_a_time(root: StoreRoot) -> None:
+    """A file of 160 messages, then 80 one-message commits with idle rounds after each (a publisher
+    that pauses after every message): the small files merge among themselves, and the large file
+    is rewritten only once they hold a quarter (1/fanout) of its rows, once in all, not at every
+    pause; the block stays at a few files and every message reads back."""
+    table = MessageTable(root)
+    compaction = Compaction(root)
+    table.commit([message(seq) for seq in range(1, 161)], 1)
+    largest = ordered(root)[0].log_path
+    rewrites = 0
+    for seq in range(161, 241):
+        table.commit([message(seq)], seq - 159)
+        while compaction.round({"S": TS0}, 4, 1 << 30, idle=True)[0]:
+            pass
+        first = ordered(root)[0]
+        if first.log_path != largest:
+            rewrites += 1
+            largest = first.log_path
+            assert first.rows == 200  # at the 40th message: a quarter of 160
+    table.close()
+    files = ordered(root)
+    assert rewrites == 1
+    assert len(files) <= 4, [f.rows for f in files]
+    assert_no_overlap(files)
+    assert seqs_in_table(root) == {"S": list(range(1, 241))}

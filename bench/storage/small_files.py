@@ -38,6 +38,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from bench.spark_read import spark_read
 from bench.targets import stream_state, wait_stream_messages
+from gateway.runtime.settings import Settings
 from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import live_files
@@ -229,12 +230,15 @@ def _figures(lake: Jetlake, files: int, restarts: list[float], drains: list[tupl
 
 
 def _serving_kept(kept: Path) -> tuple[Jetlake, int]:
-    """A gateway on a kept store (its first start may compact what the writer left), and the
-    stream's message count."""
+    """A gateway on a kept store, and the stream's message count, once the gateway's compaction
+    is done with what the writer left: its rounds at start and, ``compact_idle_ms`` later, its idle
+    rounds, as a gateway that served the writer's publishes would have left the stream."""
     lake = Jetlake(kept)
     lake.start_server()
     try:
         lake.start_gateway(ready_s=3600)
+        time.sleep(Settings().compact_idle_ms / 1000)
+        _settled(StoreRoot(str(lake.data_root)))
         return lake, int(asyncio.run(stream_state(lake.url, STREAM))["messages"])
     except BaseException:
         lake.stop()

@@ -119,8 +119,8 @@ class Settings:
     )
     compact_idle_ms: int = setting(
         10_000,
-        "a stream without a new commit file for this long is idle: its active block's files are merged "
-        "down to about one per size tier, so readers of a paused stream open few files",
+        "a stream without a new commit file for this long is idle: its active block's small files are "
+        "merged further, so readers of a paused stream open about as few files as after large commits",
     )
     leaf_name: str = setting("jetlake", "name the gateway's leaf connection reports to the server")
     creds_file: str = setting(

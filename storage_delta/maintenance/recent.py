@@ -10,11 +10,13 @@ of at least ``fanout`` files of one tier that lie side by side (in sequence orde
 of a higher tier. So each message is rewritten about log(block size) / log(fanout) times and a
 block holds fewer than ``fanout`` files per tier. A full block (one below the stream's highest:
 nothing more arrives there) is merged whole as soon as it has two small files, as sealing would.
-Once a stream is idle (the gateway's ``compact_idle_ms`` without a commit), two files of one tier
-side by side are a run too, round after round until none is left: the active block of a publisher
-that paused holds about one file per tier, so a reader opens about as many files as after large
-commits (a sync publisher's 50,000 messages: 34 files left by the tiers alone, 3 after large
-commits). A trickle of messages costs a merge of its small files per pause, of a few rows each.
+Once a stream is idle (the gateway's ``compact_idle_ms`` without a commit), its active block is
+merged further, round after round until nothing is left to do: a stretch of files side by side
+becomes one file once the files besides its largest hold at least 1/``fanout`` of the largest's
+rows, else two files of one tier side by side are a run. A publisher that paused then leaves about
+as few files as large commits do (a sync publisher's 59,081 messages: 34 files left by the tiers,
+small ones stranded between larger ones, against 2 after large commits), and a trickle of messages
+grows the active block's largest file by 1/``fanout`` at a time, not with a rewrite per pause.
 
 Only files of the stream's current incarnation (stored at or after its ``created`` time) and smaller
 than ``max_file_bytes`` are merged (an earlier incarnation's files, which every read skips by their
@@ -81,9 +83,28 @@ def plan_recent(
     for (stream, block), block_files in sorted(by_block.items()):
         block_files.sort(key=lambda f: (f.min_seq or 0, f.log_path))
         full = block < top[stream]
+        if idle and not full:
+            runs.extend(_idle_runs(block_files, created[stream], fanout, max_file_bytes))
+            continue
         for run in _runs(block_files, created[stream], fanout, max_file_bytes, full):
-            runs.extend(_within(run, max_file_bytes, 2 if full or idle else fanout))
+            runs.extend(_within(run, max_file_bytes, 2 if full else fanout))
     return runs
+
+
+def _idle_runs(
+    files: list[LiveFile], created: int, fanout: int, max_file_bytes: int
+) -> Iterator[list[LiveFile]]:
+    """An idle stream's active block: a stretch of mergeable files becomes one file once its files
+    besides the largest hold at least 1/``fanout`` of the largest's rows (the tiers' leftovers
+    stranded between larger files go, and a trickle of messages grows the largest file by 1/16 at
+    a time, not a rewrite per pause); else its neighbours of one tier merge from two files."""
+    for stretch in _runs(files, created, fanout, max_file_bytes, True):
+        rows = [f.rows or 0 for f in stretch]
+        if len(stretch) >= 2 and (sum(rows) - max(rows)) * fanout >= max(rows):
+            yield from _within(stretch, max_file_bytes, 2)
+            continue
+        for run in _runs(stretch, created, fanout, max_file_bytes, False):
+            yield from _within(run, max_file_bytes, 2)
 
 
 def _runs(
