@@ -17,7 +17,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.deltalog import checkpointed_version
+from storage_delta.commit.store import StoreRoot, newest_version
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.files import live_files
 from storage_delta.maintenance.recent import ROUND_FILES
@@ -229,8 +230,9 @@ def idle_soon(tmp_path: Path) -> Iterator[Jetlake]:
 
 def test_a_paused_publishers_small_files_are_merged_once_it_is_idle(idle_soon: Jetlake) -> None:
     """Fifteen sync publishes (one file each, below the 16 files of a tier that a busy stream waits
-    for), then a pause longer than ``compact_idle_ms``: the active block is merged into one file,
-    and a consumer and DuckDB read the same fifteen messages (without the idle rounds: 15 files)."""
+    for), then a pause longer than ``compact_idle_ms``: the active block is merged into one file
+    (without the idle rounds: 15 files) and the table checkpointed at its newest version (without:
+    no checkpoint before 100 commits), and a consumer and DuckDB read the same fifteen messages."""
 
     async def publish() -> None:
         nc = await nats.connect(idle_soon.url)
@@ -258,6 +260,11 @@ def test_a_paused_publishers_small_files_are_merged_once_it_is_idle(idle_soon: J
     while len(live_files(root, "PAUSE")) > 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(live_files(root, "PAUSE")) == 1
+    # and the quiet table is checkpointed at its newest version: a reader loads one file
+    log_dir = str(idle_soon.data_root / "messages" / "_delta_log")
+    while checkpointed_version(log_dir) < newest_version(log_dir, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert checkpointed_version(log_dir) == newest_version(log_dir, 0)
     assert asyncio.run(consume()) == [b"m%d" % i for i in range(15)]
     sql = "SELECT seq FROM delta_scan(?) WHERE stream = 'PAUSE' ORDER BY seq"
     rows = duckdb_connection().execute(sql, [str(idle_soon.data_root / "messages")]).fetchall()

@@ -1,20 +1,22 @@
 """Continuous compaction in the gateway: a stream's recent commit files merged in the background
-(``storage_delta/maintenance/recent.py``), so a stream written one message per commit does not leave a parquet
-file per message for restarts and readers to open.
+(``storage_delta/maintenance/recent.py``), so a stream written one message per commit does not leave a
+parquet file per message for restarts and readers to open.
 
 The task sleeps until the publish path has told it of ``min_files`` committed runs of some stream
-(``PublishPath.files_added``: each adds a file to the stream's partition), then runs one round for the streams
-that are due, on the executor, and waits at least ``interval_s`` before the next, so that under a steady sync
-publisher a round merges many files rather than a few. A round reads at most ``ROUND_FILES`` files; when there
-is more to do the next round follows at once (a wait would cap the compaction at ``ROUND_FILES`` a round plus
-an interval, below a sync publisher's rate on a loaded machine, and the small files then pile up for every
-restart and cold read to open). At start it runs one round for every stream: a crash, or a process with
-compaction off, may have left small files. A stream that gained files and then none for ``idle_s`` (and every
-stream at start) gets idle rounds (``recent.py``: runs from two files of a tier), one after another while they
-merge something, on a timer set for the stream that went quiet first. A round that fails on the store (full,
-unreachable, a log listing that kept racing commits) is logged and tried again after the interval; the files
-stay as they were, which is correct, only slower to read. Anything else the task raises ends it, and
-``/healthz`` reports it (``TaskOwner``).
+(``PublishPath.files_added``: each adds a file to the stream's partition), then runs one round for the
+streams that are due, on the executor, and waits at least ``interval_s`` before the next, so that under
+a steady sync publisher a round merges many files rather than a few. A round reads at most
+``ROUND_FILES`` files; when there is more to do the next round follows at once (a wait would cap the
+compaction at ``ROUND_FILES`` a round plus an interval, below a sync publisher's rate on a loaded
+machine, and the small files then pile up for every restart and cold read to open). At start it runs one
+round for every stream: a crash, or a process with compaction off, may have left small files. A stream
+that gained files and then none for ``idle_s`` (and every stream at start) gets idle rounds
+(``recent.py``: runs from two files of a tier), one after another while they merge something, on a timer
+set for the stream that went quiet first; then ``settled`` checkpoints the table if it has versions past
+its checkpoint, so that readers of the quiet table read one file. A round that fails on the store (full,
+unreachable, a log listing that kept racing commits) is logged and tried again after the interval; the
+files stay as they were, which is correct, only slower to read. Anything else the task raises ends it,
+and ``/healthz`` reports it (``TaskOwner``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -55,6 +57,7 @@ class Compactor:
         max_file_bytes: int,
         interval_s: float,
         idle_s: float,
+        settled: Callable[[], object],
     ) -> None:
         if min_files < 2:
             raise ValueError(f"compact_min_files is {min_files}: 0 (off) or at least 2")
@@ -65,6 +68,8 @@ class Compactor:
         self.max_file_bytes = max_file_bytes
         self.interval_s = interval_s
         self.idle_s = idle_s
+        #: called on the executor once idle rounds are done (the ``messages`` checkpoint)
+        self._settled = settled
         self._compaction = Compaction(root)
         #: stream name -> when (monotonic) its commits last added a file, until its idle rounds ran
         self._settling: dict[str, float] = {}
@@ -125,6 +130,7 @@ class Compactor:
                     del self._settling[name]
                 while idle and (await self.compact(idle, idle=True))[0] and not self._due.is_set():
                     pass  # each merge may leave two files of the next tier side by side
+                await asyncio.get_running_loop().run_in_executor(self.executor, self._settled)
                 continue
             self._due.clear()
             names = {name for name, count in self._added.items() if count >= self.min_files}

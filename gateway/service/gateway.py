@@ -224,6 +224,7 @@ class Gateway:
                 settings.compact_max_file_bytes,
                 settings.compact_interval_ms / 1000,
                 settings.compact_idle_ms / 1000,
+                table.checkpoint_if_newer,
             )
         core = Core(
             leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots, compactor
