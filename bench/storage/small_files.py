@@ -133,8 +133,9 @@ def _readers(roots: dict[str, Path], count: int, trials: int, with_spark: bool =
         for root in roots.values():
             spark(root)  # the session's and each store's first read, not counted
         readers["spark_read_s"] = spark
-    for _ in range(trials):
-        for name, root in roots.items():
+    for trial in range(trials):
+        order = list(roots.items())
+        for name, root in order[::-1] if trial % 2 else order:  # neither store always read first
             for key, read in readers.items():
                 runs[name].setdefault(key, []).append(read(root))
     return {name: {key: _median(times) for key, times in got.items()} for name, got in runs.items()}
