@@ -12,11 +12,11 @@ machine, and the small files then pile up for every restart and cold read to ope
 round for every stream: a crash, or a process with compaction off, may have left small files. A stream
 that gained files and then none for ``idle_s`` (and every stream at start) gets idle rounds
 (``recent.py``: runs from two files of a tier), one after another while they merge something, on a timer
-set for the stream that went quiet first; then ``settled`` checkpoints the table if it has versions past
-its checkpoint, so that readers of the quiet table read one file. A round that fails on the store (full,
-unreachable, a log listing that kept racing commits) is logged and tried again after the interval; the
-files stay as they were, which is correct, only slower to read. Anything else the task raises ends it,
-and ``/healthz`` reports it (``TaskOwner``).
+set for the stream that went quiet first; once none is left unsettled, ``settled`` checkpoints the table
+if it has versions past its checkpoint, so that readers of the quiet table read one file. A round that
+fails on the store (full, unreachable, a log listing that kept racing commits) is logged and tried again
+after the interval; the files stay as they were, which is correct, only slower to read. Anything else
+the task raises ends it, and ``/healthz`` reports it (``TaskOwner``).
 """
 
 from __future__ import annotations
@@ -115,11 +115,16 @@ class Compactor:
 
     async def _next_due(self) -> set[str]:
         """The streams of the next round, once some have ``min_files`` new files; meanwhile the idle
-        rounds of the streams whose last file is ``idle_s`` old."""
+        rounds of the streams whose last file is ``idle_s`` old, at most one pass an ``interval_s``
+        (streams that go quiet one after another are settled together), and the checkpoint once no
+        stream is left unsettled (a table that keeps a trickle somewhere is checkpointed by its
+        commits' interval only)."""
+        next_pass = 0.0
         while True:
             wait = None
             if self._settling:
-                wait = max(0.0, min(self._settling.values()) + self.idle_s - time.monotonic())
+                due = max(min(self._settling.values()) + self.idle_s, next_pass)
+                wait = max(0.0, due - time.monotonic())
             try:
                 async with asyncio.timeout(wait):
                     await self._due.wait()
@@ -130,7 +135,9 @@ class Compactor:
                     del self._settling[name]
                 while idle and (await self.compact(idle, idle=True))[0] and not self._due.is_set():
                     pass  # each merge may leave two files of the next tier side by side
-                await asyncio.get_running_loop().run_in_executor(self.executor, self._settled)
+                if not self._settling:
+                    await asyncio.get_running_loop().run_in_executor(self.executor, self._settled)
+                next_pass = time.monotonic() + self.interval_s
                 continue
             self._due.clear()
             names = {name for name, count in self._added.items() if count >= self.min_files}
