@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from gateway.service import dispatcher as dispatch
 from gateway.service.dispatcher import LinkDispatcher
 from gateway.wire.protocol import Msg
-from tests.differential import api, assert_same
+from tests.differential import api, run_case
 from tests.harness import Jetlake
 
 
@@ -200,4 +200,13 @@ async def concurrent_overlapping(nc: Client, name: str) -> list[Any]:
 async def test_concurrent_creates_of_overlapping_streams_let_one_through(
     targets: dict[str, str], unique: str
 ) -> None:
-    assert await assert_same(targets, concurrent_overlapping, unique) == [0] + [10065] * 5
+    """Not an equality: the real server (2.15.1) checks the overlap as each request is handled and
+    let two of the six through in a clean-clone CI run (``[0, 0, 10065, 10065, 10065, 10065]``),
+    one in others. What it always gives, jetlake gives: at least one stream created and every
+    refusal 10065. jetlake also checks against the creates still being committed in other lanes
+    (``Registry.in_flight``), so exactly one is created: no two stored streams ever overlap."""
+    results = await run_case(targets, concurrent_overlapping, unique)
+    for answers in results.values():
+        assert answers[0] == 0
+        assert set(answers) <= {0, 10065}
+    assert results["jetlake"] == [0] + [10065] * 5
