@@ -11,12 +11,12 @@ compaction at ``ROUND_FILES`` a round plus an interval, below a sync publisher's
 machine, and the small files then pile up for every restart and cold read to open). At start it runs one
 round for every stream: a crash, or a process with compaction off, may have left small files. A stream
 that gained files and then none for ``idle_s`` (and every stream at start) gets idle rounds
-(``recent.py``: runs from two files of a tier), one after another while they merge something, on a timer
-set for the stream that went quiet first; once none is left unsettled, ``settled`` checkpoints the table
-if it has versions past its checkpoint, so that readers of the quiet table read one file. A round that
-fails on the store (full, unreachable, a log listing that kept racing commits) is logged and tried again
-after the interval; the files stay as they were, which is correct, only slower to read. Anything else
-the task raises ends it, and ``/healthz`` reports it (``TaskOwner``).
+(``recent.py``: a block's small files merged further), one after another while they merge something, on
+a timer set for the stream that went quiet first; once none is left unsettled, ``settled`` checkpoints
+the table if it has versions past its checkpoint, so that readers of the quiet table read one file. A
+round that fails on the store (full, unreachable, a log listing that kept racing commits) is logged and
+tried again after the interval; the files stay as they were, which is correct, only slower to read.
+Anything else the task raises ends it, and ``/healthz`` reports it (``TaskOwner``).
 """
 
 from __future__ import annotations
@@ -133,8 +133,10 @@ class Compactor:
                 idle = {name for name, last in self._settling.items() if last <= quiet}
                 for name in idle:
                     del self._settling[name]
-                while idle and (await self.compact(idle, idle=True))[0] and not self._due.is_set():
-                    pass  # each merge may leave two files of the next tier side by side
+                while idle and (await self.compact(idle, idle=True))[0]:  # each merge may make a new run
+                    if self._due.is_set():  # busy streams' rounds first; these settle at the next pass
+                        self._settling.update(dict.fromkeys(idle, quiet))
+                        break
                 if not self._settling:
                     await asyncio.get_running_loop().run_in_executor(self.executor, self._settled)
                 next_pass = time.monotonic() + self.interval_s

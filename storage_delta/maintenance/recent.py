@@ -72,7 +72,7 @@ def plan_recent(
     idle: bool = False,
 ) -> list[list[LiveFile]]:
     """The runs to merge among ``files``, for the streams in ``created`` (name → incarnation);
-    ``idle``: those streams are idle, their active blocks' runs start at two files."""
+    ``idle``: those streams are idle, their active blocks are planned by :func:`_idle_runs`."""
     by_block: dict[tuple[str, int], list[LiveFile]] = defaultdict(list)
     top: dict[str, int] = {}
     for f in files:
@@ -96,8 +96,8 @@ def _idle_runs(
 ) -> Iterator[list[LiveFile]]:
     """An idle stream's active block: a stretch of mergeable files becomes one file once its files
     besides the largest hold at least 1/``fanout`` of the largest's rows (the tiers' leftovers
-    stranded between larger files go, and a trickle of messages grows the largest file by 1/16 at
-    a time, not a rewrite per pause); else its neighbours of one tier merge from two files."""
+    stranded between larger files go, and a trickle of messages grows the largest file by
+    1/``fanout`` at a time, not a rewrite per pause); else its neighbours of one tier merge from two files."""
     for stretch in _runs(files, created, fanout, max_file_bytes, True):
         rows = [f.rows or 0 for f in stretch]
         if len(stretch) >= 2 and (sum(rows) - max(rows)) * fanout >= max(rows):
