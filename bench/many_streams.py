@@ -158,7 +158,7 @@ def run(
 
     def reference_restart() -> None:
         reference.stop()
-        reference.start()
+        reference.start(ready_s=3600)  # it recovers every stream before it opens its port
 
     for _ in serving(reference) if "jetstream" in servers else ():
         out["jetstream"] = asyncio.run(

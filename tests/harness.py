@@ -110,7 +110,9 @@ class ReferenceJetStream:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def start(self, ready_s: float = 15.0) -> None:
+        """``ready_s``: how long its client port may take to open (a server with many streams
+        recovers them all first)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.workdir / "js")]
         if self.domain or self.sync_interval or self.leaf_port or self.leaf_remotes:
@@ -131,7 +133,7 @@ class ReferenceJetStream:
             args += ["--profile", str(self.profile_port)]
         self.proc = spawn([nats_server_binary(), *args], self.workdir / "nats-server.log")
         try:
-            wait_port(self.port, self.proc)
+            wait_port(self.port, self.proc, ready_s)
             if self.monitor_port:
                 wait_port(self.monitor_port, self.proc)
         except BaseException:
