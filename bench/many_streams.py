@@ -173,7 +173,7 @@ def run(
 
     def lake_restart() -> None:
         lake.stop_gateway()
-        lake.start_gateway()
+        lake.start_gateway(ready_s=3600)  # as the reference: its restart is measured, not bounded
 
     for _ in serving(lake) if "jetlake" in servers else ():
         out["jetlake"] = asyncio.run(
