@@ -46,6 +46,7 @@ def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Resu
     with py-spy on jetlake's gateway when ``profile`` names a directory."""
     pids = t.processes()
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+    threads_before = thread_cpu_seconds(t.pid()) if t.name == "jetlake" else {}
     if profile is None:
         res = run()
     else:
@@ -61,7 +62,41 @@ def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Resu
         res["cpu_us_per_msg"] = {
             role: round((cpu_seconds(pid) - before[role]) * 1e6 / messages, 1) for role, pid in pids.items()
         }
+        if threads_before:
+            res["gateway_threads_us_per_msg"] = per_thread_kind(
+                threads_before, thread_cpu_seconds(t.pid()), res["cpu_us_per_msg"]["gateway"], messages
+            )
     return res
+
+
+def thread_cpu_seconds(pid: int) -> dict[tuple[int, str], float]:
+    """CPU time of each live thread of ``pid`` by (thread id, kind): ``loop`` (the main thread,
+    which runs the event loop), ``workers`` (Python's other threads: the commits, compaction,
+    checkpoints, syncs, reads), else the kernel's name of the thread (``tokio-rt-worker``:
+    delta-rs's runtime)."""
+    out: dict[tuple[int, str], float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        kind = "loop" if int(tid) == pid else "workers" if name.startswith("python") else name
+        out[(int(tid), kind)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def per_thread_kind(
+    before: dict[tuple[int, str], float], after: dict[tuple[int, str], float], total_us: float, messages: int
+) -> dict[str, float]:
+    """µs per message by kind of thread; ``ended``: what threads that ended during the step used
+    (the process's total less the live threads')."""
+    kinds: dict[str, float] = {}
+    for (tid, kind), secs in after.items():
+        kinds[kind] = kinds.get(kind, 0.0) + secs - before.get((tid, kind), 0.0)
+    out = {kind: round(secs * 1e6 / messages, 1) for kind, secs in sorted(kinds.items()) if secs > 0}
+    out["ended"] = round(max(0.0, total_us - sum(out.values())), 1)
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
