@@ -113,6 +113,12 @@ class Seen:
             if failed is not None and failed.is_set():
                 return
 
+    def restart(self, since_seq: int) -> None:
+        """Forget what was seen: from now on only messages after ``since_seq`` count."""
+        with self.lock:
+            self.since_seq = since_seq
+            self.latency = {}
+
     def highest(self) -> int:
         with self.lock:
             return max(self.latency, default=self.since_seq)
@@ -134,8 +140,9 @@ class Seen:
         }
 
 
-async def publish_steady(url: str, rate: float, seconds: float) -> int:
-    """``rate`` messages a second for ``seconds``, each PubAck awaited; the stream's last sequence."""
+async def publish_steady(url: str, rate: float, seconds: float, acks: dict[int, float] | None = None) -> int:
+    """``rate`` messages a second for ``seconds``, each PubAck awaited; the stream's last sequence.
+    ``acks``: gets each message's PubAck time (ms after its send time, when its commit is durable)."""
     async with await nats.connect(url) as nc:
         js = nc.jetstream()
         start = time.monotonic()
@@ -144,7 +151,10 @@ async def publish_steady(url: str, rate: float, seconds: float) -> int:
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            last = (await js.publish(SUBJECT, struct.pack(">q", time.time_ns()))).seq
+            sent = time.time_ns()
+            last = (await js.publish(SUBJECT, struct.pack(">q", sent))).seq
+            if acks is not None:
+                acks[last] = (time.time_ns() - sent) / 1e6
         return last
 
 
@@ -213,11 +223,16 @@ def spark_stream_phase(
     options: dict[str, str] | None = None,
     conf: Mapping[str, str] | None = None,
     gc_log: Path | None = None,
+    settle_s: float = 0.0,
 ) -> Result:
     """``options``: more options of the jetlake source (``prefetch_bytes`` for the comparison);
     ``conf``: Spark properties over jetlake's; ``gc_log``: the driver's ``-Xlog:gc`` file, whose
-    pauses during the measured phase are reported."""
-    spark = build_spark_session(quiet=True, conf=conf)
+    pauses during the measured phase are reported; ``settle_s``: seconds of the steady rate after
+    the warm-up before measuring (the driver's JIT compiles for minutes after start)."""
+    # Every micro-batch's progress kept (Spark keeps the last 100), so the parts cover the phase.
+    spark = build_spark_session(
+        quiet=True, conf={"spark.sql.streaming.numRecentProgressUpdates": "100000", **(conf or {})}
+    )
     since = asyncio.run(last_seq(url))
     # Warm-up messages first: the query's first micro-batches start its Python processes and a cold
     # JVM, which is not part of any message's way and on a loaded machine takes tens of seconds.
@@ -251,17 +266,26 @@ def spark_stream_phase(
         while not warm.wait(1):
             if query.exception() is not None or not query.isActive or time.monotonic() > deadline:
                 raise RuntimeError(f"the streaming query never read the warm-up: {query.exception()}")
+        if settle_s > 0:
+            seen.restart(asyncio.run(publish_steady(url, rate, settle_s)))
         first = query.lastProgress["batchId"] if query.lastProgress else 0
         began, cpu_before = jvm_uptime_s(spark), process_cpu()
-        last = asyncio.run(publish_steady(url, rate, seconds))
+        acks: dict[int, float] = {}
+        last = asyncio.run(publish_steady(url, rate, seconds, acks))
         seen.wait(last)
         window, cpu_after = (began, jvm_uptime_s(spark)), process_cpu()
-        progress = [p for p in query.recentProgress if p["numInputRows"] and p["batchId"] > first]
+        progress = [p for p in query.recentProgress if p["batchId"] > first]
     finally:
         query.stop()
     if query.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {query.exception()}")
     out = seen.summary(last - seen.since_seq)
+    out["puback_ms"] = {
+        "p50": percentile(list(acks.values()), 0.5),
+        "p95": percentile(list(acks.values()), 0.95),
+    }
+    out["micro_batches"] = len(progress)
+    progress = [p for p in progress if p["numInputRows"]]
     parts = sorted({k for p in progress for k in p["durationMs"]})
     out["micro_batch_p50_ms"] = {
         k: statistics.median(p["durationMs"].get(k, 0) for p in progress) for k in parts
@@ -271,9 +295,9 @@ def spark_stream_phase(
         k: percentile([p["durationMs"].get(k, 0) for p in progress], 0.95) for k in parts
     }
     out["micro_batch_p95_ms"]["collect_ms"] = percentile(collects, 0.95)
-    out["micro_batches"] = len(progress)
-    out["cpu_ms_per_micro_batch"] = {
-        role: round((cpu_after[role] - cpu_before.get(role, 0.0)) * 1000 / max(1, len(progress)), 1)
+    out["micro_batches_with_rows"] = len(progress)
+    out["cpu_ms_per_message"] = {
+        role: round((cpu_after[role] - cpu_before.get(role, 0.0)) * 1000 / max(1, len(acks)), 1)
         for role in cpu_after
     }
     if gc_log is not None:
@@ -329,12 +353,19 @@ def gc_pauses(log: Path, start_s: float, end_s: float) -> Result:
 
 
 def isolated_stream_phase(
-    url: str, root: str, work: Path, rate: float, seconds: float, conf: dict[str, str], gc_log: Path
+    url: str,
+    root: str,
+    work: Path,
+    rate: float,
+    seconds: float,
+    conf: dict[str, str],
+    gc_log: Path,
+    settle_s: float,
 ) -> Result:
     """:func:`spark_stream_phase` as the whole life of a process (its own JVM), with the load average
     at its start and end."""
     load_before = os.getloadavg()[0]
-    out = spark_stream_phase(url, root, work, rate, seconds, conf=conf, gc_log=gc_log)
+    out = spark_stream_phase(url, root, work, rate, seconds, conf=conf, gc_log=gc_log, settle_s=settle_s)
     out["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return out
 
@@ -347,6 +378,7 @@ def compare_conf(
     seconds: float,
     variants: Mapping[str, Mapping[str, str]],
     rounds: int,
+    settle_s: float = 0.0,
 ) -> list[Result]:
     """``rounds`` rounds of the streaming phase with jetlake's settings (``main``) and with each
     variant's properties over them, taking turns, each run in a process (and JVM) of its own."""
@@ -361,7 +393,9 @@ def compare_conf(
             conf["spark.driver.extraJavaOptions"] = f"{java} -Xlog:gc:file={gc_log}:uptime".strip()
             spawn = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                job = pool.submit(isolated_stream_phase, url, root, work, rate, seconds, conf, gc_log)
+                job = pool.submit(
+                    isolated_stream_phase, url, root, work, rate, seconds, conf, gc_log, settle_s
+                )
                 round_out[name] = job.result()
             print(json.dumps({"round": r, "variant": name, **round_out[name]}), flush=True)
         out.append(round_out)
@@ -413,6 +447,7 @@ def freshness(
     compare_prefetch: int = 0,
     compare_rounds: int = 0,
     variants: Mapping[str, Mapping[str, str]] | None = None,
+    settle_s: float = 0.0,
 ) -> Result:
     wanted = set(readers)
     out: Result = {"workload": "freshness", "rate_per_s": rate, "seconds": seconds, "poll_s": POLL_S}
@@ -427,7 +462,9 @@ def freshness(
             if name in wanted:
                 out["jetlake"][name] = polling_phase(lake.url, fetch, rate, seconds)
     if "spark_stream" in wanted:
-        out["jetlake"]["spark_stream"] = spark_stream_phase(lake.url, root, work, rate, seconds)
+        out["jetlake"]["spark_stream"] = spark_stream_phase(
+            lake.url, root, work, rate, seconds, settle_s=settle_s
+        )
     # Before and after the planner's prefetch, taking turns in one session (the same warm JVM and
     # the same load on the machine for both).
     out["jetlake"]["spark_stream_prefetch_rounds"] = [
@@ -439,7 +476,7 @@ def freshness(
     ]
     if compare_rounds:
         out["jetlake"]["spark_stream_conf_rounds"] = compare_conf(
-            lake.url, root, work, rate, seconds, variants or {}, compare_rounds
+            lake.url, root, work, rate, seconds, variants or {}, compare_rounds, settle_s
         )
     if "consumer" in wanted:
         js, jl = out["jetstream"]["consumer"], out["jetlake"]["consumer"]
@@ -473,6 +510,13 @@ def main() -> None:
         metavar="NAME:KEY=VALUE",
         help="a Spark property of the variant NAME for --compare-conf (repeat for more)",
     )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="streaming phases: S seconds of the steady rate after the warm-up before measuring",
+    )
     args = ap.parse_args()
     variants: dict[str, dict[str, str]] = {}
     for v in args.variant:
@@ -498,6 +542,7 @@ def main() -> None:
                 rounds,
                 args.compare_conf,
                 variants,
+                args.settle,
             )
         finally:
             lake.stop()
