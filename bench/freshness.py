@@ -26,8 +26,15 @@ the offset log, ``queryPlanning``, ``addBatch``: the ``foreachBatch`` call with 
 planner's prefetch of small micro-batches (the source's ``prefetch_bytes`` 0 and its default), taking
 turns in one session.
 
+``--compare-conf N`` with ``--variant NAME:KEY=VALUE`` (repeated; a name's entries add up) runs the
+streaming phase N rounds, each round once with jetlake's Spark settings as they are (``main``) and
+once per variant with its properties on top, taking turns. Each run is a process of its own, so JVM
+options (``spark.driver.extraJavaOptions``: the collector, the heap) and Hadoop settings take effect;
+each reports the load average at its start and end and the driver's GC pauses during its measured
+phase (from ``-Xlog:gc``, which every run gets).
+
     python -m bench.freshness [--rate 20] [--seconds 20] [--readers spark_stream,duckdb]
-        [--compare-prefetch N]
+        [--compare-prefetch N] [--compare-conf N --variant NAME:KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -35,12 +42,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import os
+import re
 import statistics
 import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +60,9 @@ import polars as pl
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from bench.targets import Target, start_targets
+from bench.workloads import cpu_seconds
 from spark_jobs.session import build_spark_session
+from spark_jobs.settings import SPARK_LOADER
 from tests.harness import duckdb_connection
 
 Result = dict[str, Any]
@@ -100,6 +113,12 @@ class Seen:
             if failed is not None and failed.is_set():
                 return
 
+    def restart(self, since_seq: int) -> None:
+        """Forget what was seen: from now on only messages after ``since_seq`` count."""
+        with self.lock:
+            self.since_seq = since_seq
+            self.latency = {}
+
     def highest(self) -> int:
         with self.lock:
             return max(self.latency, default=self.since_seq)
@@ -121,8 +140,9 @@ class Seen:
         }
 
 
-async def publish_steady(url: str, rate: float, seconds: float) -> int:
-    """``rate`` messages a second for ``seconds``, each PubAck awaited; the stream's last sequence."""
+async def publish_steady(url: str, rate: float, seconds: float, acks: dict[int, float] | None = None) -> int:
+    """``rate`` messages a second for ``seconds``, each PubAck awaited; the stream's last sequence.
+    ``acks``: gets each message's PubAck time (ms after its send time, when its commit is durable)."""
     async with await nats.connect(url) as nc:
         js = nc.jetstream()
         start = time.monotonic()
@@ -131,7 +151,10 @@ async def publish_steady(url: str, rate: float, seconds: float) -> int:
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            last = (await js.publish(SUBJECT, struct.pack(">q", time.time_ns()))).seq
+            sent = time.time_ns()
+            last = (await js.publish(SUBJECT, struct.pack(">q", sent))).seq
+            if acks is not None:
+                acks[last] = (time.time_ns() - sent) / 1e6
         return last
 
 
@@ -192,10 +215,24 @@ def polling_phase(url: str, fetch: Fetch, rate: float, seconds: float) -> Result
 
 
 def spark_stream_phase(
-    url: str, root: str, work: Path, rate: float, seconds: float, options: dict[str, str] | None = None
+    url: str,
+    root: str,
+    work: Path,
+    rate: float,
+    seconds: float,
+    options: dict[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
+    gc_log: Path | None = None,
+    settle_s: float = 0.0,
 ) -> Result:
-    """``options``: more options of the jetlake source (``prefetch_bytes`` for the comparison)."""
-    spark = build_spark_session(quiet=True)
+    """``options``: more options of the jetlake source (``prefetch_bytes`` for the comparison);
+    ``conf``: Spark properties over jetlake's; ``gc_log``: the driver's ``-Xlog:gc`` file, whose
+    pauses during the measured phase are reported; ``settle_s``: seconds of the steady rate after
+    the warm-up before measuring (the driver's JIT compiles for minutes after start)."""
+    # Every micro-batch's progress kept (Spark keeps the last 100), so the parts cover the phase.
+    spark = build_spark_session(
+        quiet=True, conf={"spark.sql.streaming.numRecentProgressUpdates": "100000", **(conf or {})}
+    )
     since = asyncio.run(last_seq(url))
     # Warm-up messages first: the query's first micro-batches start its Python processes and a cold
     # JVM, which is not part of any message's way and on a loaded machine takes tens of seconds.
@@ -229,20 +266,139 @@ def spark_stream_phase(
         while not warm.wait(1):
             if query.exception() is not None or not query.isActive or time.monotonic() > deadline:
                 raise RuntimeError(f"the streaming query never read the warm-up: {query.exception()}")
+        if settle_s > 0:
+            seen.restart(asyncio.run(publish_steady(url, rate, settle_s)))
         first = query.lastProgress["batchId"] if query.lastProgress else 0
-        last = asyncio.run(publish_steady(url, rate, seconds))
+        began, cpu_before = jvm_uptime_s(spark), process_cpu()
+        acks: dict[int, float] = {}
+        last = asyncio.run(publish_steady(url, rate, seconds, acks))
         seen.wait(last)
-        progress = [p for p in query.recentProgress if p["numInputRows"] and p["batchId"] > first]
+        window, cpu_after = (began, jvm_uptime_s(spark)), process_cpu()
+        progress = [p for p in query.recentProgress if p["batchId"] > first]
     finally:
         query.stop()
     if query.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {query.exception()}")
     out = seen.summary(last - seen.since_seq)
+    out["puback_ms"] = {
+        "p50": percentile(list(acks.values()), 0.5),
+        "p95": percentile(list(acks.values()), 0.95),
+    }
+    out["micro_batches"] = len(progress)
+    progress = [p for p in progress if p["numInputRows"]]
     parts = sorted({k for p in progress for k in p["durationMs"]})
     out["micro_batch_p50_ms"] = {
         k: statistics.median(p["durationMs"].get(k, 0) for p in progress) for k in parts
     }
     out["micro_batch_p50_ms"]["collect_ms"] = round(statistics.median(collects or [0.0]), 1)
+    out["micro_batch_p95_ms"] = {
+        k: percentile([p["durationMs"].get(k, 0) for p in progress], 0.95) for k in parts
+    }
+    out["micro_batch_p95_ms"]["collect_ms"] = percentile(collects, 0.95)
+    out["micro_batches_with_rows"] = len(progress)
+    out["cpu_ms_per_message"] = {
+        role: round((cpu_after[role] - cpu_before.get(role, 0.0)) * 1000 / max(1, len(acks)), 1)
+        for role in cpu_after
+    }
+    if gc_log is not None:
+        out["gc"] = gc_pauses(gc_log, *window)
+    return out
+
+
+def percentile(values: list[float], p: float) -> float:
+    got = sorted(values) or [0.0]
+    return round(got[min(len(got) - 1, int(p * len(got)))], 1)
+
+
+def process_cpu() -> dict[str, float]:
+    """CPU seconds used so far by this process (the publisher, ``foreachBatch``) and, by command
+    name, by the processes below it (the driver's ``java``, the source's ``python`` workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out = {"bench": cpu_seconds(os.getpid())}
+    todo = list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            role = Path(f"/proc/{pid}/comm").read_text().strip()
+            out[role] = out.get(role, 0.0) + cpu_seconds(pid)
+        except OSError:
+            continue
+    return out
+
+
+def jvm_uptime_s(spark: Any) -> float:
+    """The driver JVM's uptime, the clock of its GC log's ``uptime`` decoration."""
+    return float(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getUptime()) / 1000
+
+
+#: A stop-the-world pause in ``-Xlog:gc:file=...:uptime``: its time since JVM start and its length.
+_GC_PAUSE = re.compile(r"^\[(\d+\.\d+)s\].*\bPause\b.* (\d+\.\d+)ms$")
+
+
+def gc_pauses(log: Path, start_s: float, end_s: float) -> Result:
+    """Count, sum and longest of the pauses logged between ``start_s`` and ``end_s`` of JVM uptime."""
+    pauses = []
+    for line in log.read_text().splitlines():
+        m = _GC_PAUSE.match(line)
+        if m and start_s <= float(m.group(1)) <= end_s:
+            pauses.append(float(m.group(2)))
+    return {"n": len(pauses), "sum_ms": round(sum(pauses)), "max_ms": round(max(pauses, default=0.0))}
+
+
+def isolated_stream_phase(
+    url: str,
+    root: str,
+    work: Path,
+    rate: float,
+    seconds: float,
+    conf: dict[str, str],
+    gc_log: Path,
+    settle_s: float,
+) -> Result:
+    """:func:`spark_stream_phase` as the whole life of a process (its own JVM), with the load average
+    at its start and end."""
+    load_before = os.getloadavg()[0]
+    out = spark_stream_phase(url, root, work, rate, seconds, conf=conf, gc_log=gc_log, settle_s=settle_s)
+    out["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    return out
+
+
+def compare_conf(
+    url: str,
+    root: str,
+    work: Path,
+    rate: float,
+    seconds: float,
+    variants: Mapping[str, Mapping[str, str]],
+    rounds: int,
+    settle_s: float = 0.0,
+) -> list[Result]:
+    """``rounds`` rounds of the streaming phase with jetlake's settings (``main``) and with each
+    variant's properties over them, taking turns, each run in a process (and JVM) of its own."""
+    base = SPARK_LOADER.load().conf
+    out = []
+    for r in range(rounds):
+        round_out: Result = {}
+        for name, extra in {"main": {}, **variants}.items():
+            conf = {**base, **extra}
+            gc_log = work / f"gc-{name}-{r}.log"
+            java = conf.get("spark.driver.extraJavaOptions", "")
+            conf["spark.driver.extraJavaOptions"] = f"{java} -Xlog:gc:file={gc_log}:uptime".strip()
+            spawn = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+                job = pool.submit(
+                    isolated_stream_phase, url, root, work, rate, seconds, conf, gc_log, settle_s
+                )
+                round_out[name] = job.result()
+            print(json.dumps({"round": r, "variant": name, **round_out[name]}), flush=True)
+        out.append(round_out)
     return out
 
 
@@ -289,6 +445,9 @@ def freshness(
     seconds: float,
     readers: Iterable[str] = READERS,
     compare_prefetch: int = 0,
+    compare_rounds: int = 0,
+    variants: Mapping[str, Mapping[str, str]] | None = None,
+    settle_s: float = 0.0,
 ) -> Result:
     wanted = set(readers)
     out: Result = {"workload": "freshness", "rate_per_s": rate, "seconds": seconds, "poll_s": POLL_S}
@@ -303,7 +462,9 @@ def freshness(
             if name in wanted:
                 out["jetlake"][name] = polling_phase(lake.url, fetch, rate, seconds)
     if "spark_stream" in wanted:
-        out["jetlake"]["spark_stream"] = spark_stream_phase(lake.url, root, work, rate, seconds)
+        out["jetlake"]["spark_stream"] = spark_stream_phase(
+            lake.url, root, work, rate, seconds, settle_s=settle_s
+        )
     # Before and after the planner's prefetch, taking turns in one session (the same warm JVM and
     # the same load on the machine for both).
     out["jetlake"]["spark_stream_prefetch_rounds"] = [
@@ -313,6 +474,10 @@ def freshness(
         }
         for _ in range(compare_prefetch)
     ]
+    if compare_rounds:
+        out["jetlake"]["spark_stream_conf_rounds"] = compare_conf(
+            lake.url, root, work, rate, seconds, variants or {}, compare_rounds, settle_s
+        )
     if "consumer" in wanted:
         js, jl = out["jetstream"]["consumer"], out["jetlake"]["consumer"]
         out["ratio_consumer_p50"] = round(jl["p50_ms"] / js["p50_ms"], 2)
@@ -331,7 +496,35 @@ def main() -> None:
         metavar="N",
         help="then N rounds of the streaming phase without and with the planner's prefetch",
     )
+    ap.add_argument(
+        "--compare-conf",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N rounds of the streaming phase with jetlake's Spark settings and with each --variant",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE",
+        help="a Spark property of the variant NAME for --compare-conf (repeat for more)",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="streaming phases: S seconds of the steady rate after the warm-up before measuring",
+    )
     args = ap.parse_args()
+    variants: dict[str, dict[str, str]] = {}
+    for v in args.variant:
+        name, sep, prop = v.partition(":")
+        key, eq, value = prop.partition("=")
+        if not (sep and eq and name and key) or name == "main":
+            ap.error(f"--variant wants NAME:KEY=VALUE (NAME not main), got {v!r}")
+        variants.setdefault(name, {})[key] = value
     readers = args.readers.split(",") if args.readers else []
     if unknown := set(readers) - set(READERS):
         ap.error(f"unknown readers: {', '.join(sorted(unknown))}")
@@ -339,7 +532,18 @@ def main() -> None:
         ref, lake, targets = start_targets(Path(tmp))
         try:
             root, rounds = str(lake.data_root), args.compare_prefetch
-            res = freshness(targets, root, Path(tmp), args.rate, args.seconds, readers, rounds)
+            res = freshness(
+                targets,
+                root,
+                Path(tmp),
+                args.rate,
+                args.seconds,
+                readers,
+                rounds,
+                args.compare_conf,
+                variants,
+                args.settle,
+            )
         finally:
             lake.stop()
             ref.stop()

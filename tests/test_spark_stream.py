@@ -155,6 +155,11 @@ def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str,
     assert json.loads(last["sources"][0]["endOffset"]) == {"seq": COUNT + 1}
     got = spark.table("ticks_bounded")
     assert_df_equality(got.orderBy("seq"), _batch(spark, store, STREAM, view="raw").orderBy("seq"))
+    # The offset and commit logs hold one file per micro-batch and no Hadoop .crc beside it: jetlake's
+    # sessions write Spark's local files through the raw local file system (conf/spark.toml), so
+    # each log entry of a micro-batch is one file and one rename, not two.
+    for log in ("offsets", "commits"):
+        assert sorted(os.listdir(tmp_path / "ckpt" / log)) == ["0", "1", "2", "3"]
 
 
 @pytest.mark.spark
