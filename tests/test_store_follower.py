@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.checkpoint import checkpoint_table
+from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.commit.writer import MessageTable, StoredMessage
-from storage_delta.maintenance.files import live_files
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import LiveFile, live_files
+from storage_delta.maintenance.seal import merge_runs
 from storage_delta.read.follower import StoreFollower
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import (
@@ -32,8 +35,12 @@ def _messages(stream: str, first: int, last: int) -> list[StoredMessage]:
     ]
 
 
+def _by_path(files: list[LiveFile]) -> list[LiveFile]:
+    return sorted(files, key=lambda f: f.log_path)
+
+
 def _same_as_fresh(follower: StoreFollower, root: StoreRoot, stream: str) -> None:
-    assert follower.files(stream) == live_files(root, stream)
+    assert _by_path(follower.files(stream)) == _by_path(live_files(root, stream))
     assert follower.states() == load_stream_states(root)
 
 
@@ -92,3 +99,41 @@ def test_the_removal_log_feed_skips_its_fold(tmp_path: Path) -> None:
         (1, 9),
         (20, 20),
     ]
+
+
+def test_the_listing_follows_the_commit_files_and_loads_again_only_when_it_must(tmp_path: Path) -> None:
+    # A local root's listing is brought forward from each new commit file (appends of several
+    # streams, a compaction's swap), the same as delta-rs's listing of the table, without loading
+    # the table again; an entry trimmed before the follower read it makes it load the table afresh.
+    root = StoreRoot(str(tmp_path))
+    follower = StoreFollower(root)
+    table = MessageTable(root)
+    table.commit(_messages("A", 1, 5), 1)
+    assert [f.max_seq for f in follower.files("A")] == [5]
+    logged = follower._logged
+    assert logged is not None
+    version = 1
+    for first in range(6, 60, 5):  # a stream name delta-rs might encode in a path: as it lists it
+        version += 1
+        table.commit(_messages("A", first, first + 4) + _messages("Strömung-1", first, first + 1), version)
+    _same_as_fresh(follower, root, "A")
+    _same_as_fresh(follower, root, "Strömung-1")
+    assert follower._logged is logged  # brought forward, not loaded again
+
+    files = follower.files("A")
+    assert merge_runs(root, [files[1:6]]) == 1  # a swap: five files removed, one added
+    _same_as_fresh(follower, root, "A")
+    assert len(follower.files("A")) == len(files) - 4
+    assert follower._logged is logged
+
+    # Past the follower's version the log is checkpointed and trimmed: it loads the table again.
+    stale = logged.version
+    for _ in range(3):
+        version += 1
+        table.commit(_messages("A", 10 * version, 10 * version), version)
+        dt = open_existing(root, sch.MESSAGES)
+        assert dt is not None
+        checkpoint_table(root, dt, sch.MESSAGES, keep_entries=1)
+    assert not (tmp_path / sch.MESSAGES / "_delta_log" / f"{stale + 1:020d}.json").exists()
+    _same_as_fresh(follower, root, "A")
+    assert follower._logged is not logged
