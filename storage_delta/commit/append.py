@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -36,7 +36,7 @@ from deltalake.transaction import AddAction
 from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
 from storage_delta.commit.durable import sync_together
-from storage_delta.commit.owner import OWNER_APP, check_epoch
+from storage_delta.commit.owner import OWNER_APP, StreamEpochs, StreamFenced, check_epoch, stream_owner_app
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -73,17 +73,29 @@ class TableAppender:
         app_id: str | None,
         checkpoint_every: int = 100,
         retries: int = 5,
+        streams: StreamEpochs | None = None,
     ) -> None:
         self.root = root
         self.spec = spec
         self.app_id = app_id
         self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
         local = root.local_path()
-        #: The owner epoch of the store's lease this appender writes under (None: outside it).
-        self.epoch = root.epoch if app_id is not None else None
+        #: The stream leases this appender's writer holds, when each stream has an owner of its own:
+        #: then every commit is fenced per stream (the streams it touches) instead of by the
+        #: store's epoch, which other gateways' commits to the same table do not carry.
+        self.streams = streams
+        #: The owner epoch of the store's lease this appender writes under (None: outside it, or
+        #: fenced per stream).
+        self.epoch = root.epoch if app_id is not None and streams is None else None
         self._local = (
             LocalLogAppender(
-                f"{local}/{spec.name}", self.dt.version() + 1, root.fsync, root.unsynced, self.epoch
+                f"{local}/{spec.name}",
+                self.dt.version() + 1,
+                root.fsync,
+                root.unsynced,
+                self.epoch,
+                streams,
+                self._stream_epoch,
             )
             if local is not None and app_id is not None and blind_appends_allowed(self.dt)
             else None
@@ -107,6 +119,32 @@ class TableAppender:
         else:
             self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
 
+    def _stream_epoch(self, stream: str) -> int:
+        """``stream``'s owner epoch as of the handle's version."""
+        return self.dt.transaction_version(stream_owner_app(stream)) or 0
+
+    def _check_streams(self, streams: Collection[str]) -> None:
+        """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
+        if self.streams is not None and streams:
+            fenced = self.streams.fenced(streams, self._stream_epoch)
+            if fenced:
+                raise StreamFenced(fenced)
+
+    def fence_stream(self, stream: str) -> None:
+        """Commit ``stream``'s owner epoch (as held in :attr:`streams`) alone, before anything of
+        the stream is read to recover: a writer of an older epoch of it meets the fence on its way
+        to any later version and drops the stream's rows. :class:`StreamFenced` when a newer epoch
+        is there already (the lease moved on again)."""
+        assert self.streams is not None, "fence_stream on an appender fenced by the store's epoch"
+        epoch = self.streams.epoch(stream)
+        if epoch is None:
+            raise StreamFenced(frozenset([stream]))
+        with self._lock:
+            if self._local is not None:
+                self._local.append([], (stream_owner_app(stream), epoch), streams=[stream])
+            else:
+                self._commit_delta_rs([], None, [], [stream])
+
     def committed_version(self) -> int:
         """The newest version of this appender's app id the table holds (0 before the first).
         :class:`~storage_delta.commit.owner.Fenced` when a newer owner holds the table: its
@@ -128,15 +166,23 @@ class TableAppender:
         return max(self._landed, self.committed_version()) + 1
 
     def append(
-        self, parts: Sequence[Part], version: int | None, more_txns: Sequence[tuple[str, int]] = ()
+        self,
+        parts: Sequence[Part],
+        version: int | None,
+        more_txns: Sequence[tuple[str, int]] = (),
+        streams: Collection[str] = (),
     ) -> None:
         """Write ``parts`` as data files and commit them as one version tagged ``(app_id, version)``.
 
         A version that already landed is not stored again. Without an app id (``version`` None) the
-        append is not idempotent: for rows that are never retried after a reported success."""
+        append is not idempotent: for rows that are never retried after a reported success.
+        ``streams``: the streams whose rows ``parts`` hold, when :attr:`streams` fences per stream;
+        :class:`StreamFenced` names those this writer may no longer commit, and nothing is
+        committed then (the caller commits the rest without them)."""
         with self._lock:
             if version is not None and version <= self._landed:
                 return
+            self._check_streams(streams)
             # On a root that syncs, the data files (and their directories) are synced together
             # with the log entry, just before it is linked: one round of syncs per commit.
             unsynced: list[str] = []
@@ -144,7 +190,7 @@ class TableAppender:
                 write_data_file(self.root, self.spec.name, partition, rows, later=unsynced)
                 for partition, rows in parts
             ]
-            self._commit(adds, version, more_txns, unsynced)
+            self._commit(adds, version, more_txns, unsynced, streams)
             if version is not None:
                 self._landed = version
             self._commits += 1
@@ -157,12 +203,13 @@ class TableAppender:
         version: int | None,
         more_txns: Sequence[tuple[str, int]],
         unsynced: Sequence[str],
+        streams: Collection[str],
     ) -> None:
         """Commit ``adds``; ``unsynced``: the paths of their files still to be synced before
         anything names them."""
         if self._local is not None and version is not None and self.app_id is not None:
             try:
-                self._local.append(adds, (self.app_id, version), more_txns, unsynced)
+                self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
                 return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
@@ -171,24 +218,34 @@ class TableAppender:
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
-                    self._local.append(adds, (self.app_id, version), more_txns, unsynced)
+                    self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
                     return
                 self._local = None
         if unsynced:
             sync_together(unsynced)
-        self._commit_delta_rs(adds, version, more_txns)
+        self._commit_delta_rs(adds, version, more_txns, streams)
 
     def _commit_delta_rs(
-        self, adds: list[AddAction], version: int | None, more_txns: Sequence[tuple[str, int]]
+        self,
+        adds: list[AddAction],
+        version: int | None,
+        more_txns: Sequence[tuple[str, int]],
+        streams: Collection[str] = (),
     ) -> None:
         txn = (self.app_id, version) if self.app_id is not None and version is not None else None
         if self.epoch is not None and not any(app == OWNER_APP for app, _ in more_txns):
             more_txns = [*more_txns, (OWNER_APP, self.epoch)]
+        if self.streams is not None and streams:
+            # Two commits carrying one stream's owner app id conflict in delta-rs (its check of
+            # the app transactions a commit depends on): a stale writer of a stream loses the
+            # version to the new owner's fence, and the check below judges it by the epoch.
+            more_txns = [*more_txns, *self.streams.txns(streams)]
         before = self.dt.version()
         for attempt in range(self._retries + 1):
             # A handle loaded after a newer owner's fence (hygiene's fresh one) commits on top of it
             # without a conflict: the fence must be looked for in its snapshot first.
             check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+            self._check_streams(streams)
             try:
                 partitions = list(self.spec.partition_by)
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
@@ -199,6 +256,7 @@ class TableAppender:
             except CommitConflict:
                 catch_up(self.dt)
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+                self._check_streams(streams)
                 if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
                     break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:

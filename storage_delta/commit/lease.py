@@ -18,6 +18,11 @@ A reader judges a member live when its count changed within a lease by the reade
   ``(jetlake-owner, n)`` committed to the small Delta table ``_jetlake_owner`` (delta-rs's commit
   is the put-if-absent; two claims of one epoch conflict on the app id, and the loser sees the
   epoch taken); the beat is the object ``_jetlake_owner_beats/beat-<n>.json``, one PUT each.
+
+Per-stream ownership adds a lease per stream, claimed the same way and naming the claiming gateway:
+locally the file ``streams/<S>/epoch-<n>`` (``O_EXCL``), on an object store the app transaction
+``(jetlake-owner/<S>, n)`` in the claims table and the object ``streams/<S>/epoch-<n>.json`` beside
+the beats. A stream lease has no beat of its own: it lives while its gateway's member record does.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from storage_delta.commit.durable import fsync_path
-from storage_delta.commit.owner import OWNER_APP
+from storage_delta.commit.owner import OWNER_APP, stream_owner_app
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -86,6 +91,20 @@ class Lease(ABC):
     @abstractmethod
     def claim(self, epoch: int) -> bool:
         """Claim ``epoch`` if no one has; True when this call did (and beat at once)."""
+
+    @abstractmethod
+    def stream_current(self, stream: str) -> int:
+        """The highest epoch of ``stream``'s lease claimed so far (0: none)."""
+
+    @abstractmethod
+    def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
+        """Claim epoch ``epoch`` of ``stream``'s lease for gateway ``name`` if no one has; True
+        when this call did. The claimant then holds the epoch (``StreamEpochs.hold``) and fences
+        the stream in each table it writes before it reads the stream to recover."""
+
+    @abstractmethod
+    def stream_holder(self, stream: str, epoch: int) -> str | None:
+        """The gateway that claimed ``epoch`` of ``stream`` (None: unclaimed or unreadable)."""
 
     @abstractmethod
     def _put_beat(self, epoch: int, body: bytes) -> None: ...
@@ -186,6 +205,39 @@ class LocalLease(Lease):
         self._prune(epoch)
         return True
 
+    def _stream_dir(self, stream: str) -> str:
+        return os.path.join(self.dir, "streams", stream)
+
+    def stream_current(self, stream: str) -> int:
+        try:
+            names = os.listdir(self._stream_dir(stream))
+        except FileNotFoundError:
+            return 0
+        return max((int(n[6:]) for n in names if n.startswith("epoch-") and n[6:].isdigit()), default=0)
+
+    def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
+        folder = self._stream_dir(stream)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"epoch-{epoch:020d}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, json.dumps({"name": name, "host": self.host, "pid": self.pid}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_path(folder)
+        return True
+
+    def stream_holder(self, stream: str, epoch: int) -> str | None:
+        try:
+            with open(os.path.join(self._stream_dir(stream), f"epoch-{epoch:020d}"), "rb") as fh:
+                return str(json.loads(fh.read())["name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def _put_beat(self, epoch: int, body: bytes) -> None:
         # per thread: a clean stop's last beat may overlap the holding loop's
         tmp = os.path.join(self.dir, f".beat-{self.pid}-{threading.get_ident()}.tmp")
@@ -254,6 +306,32 @@ class ObjectStoreLease(Lease):
             return False  # another claim of this epoch won the version
         self.beat(epoch)
         return True
+
+    def stream_current(self, stream: str) -> int:
+        catch_up(self._claims)
+        return self._claims.transaction_version(stream_owner_app(stream)) or 0
+
+    def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
+        if self.stream_current(stream) != epoch - 1:
+            return False
+        try:
+            commit_adds(self._claims, [], CLAIMS_SCHEMA, [], (stream_owner_app(stream), epoch))
+        except CommitConflict:
+            return False  # another claim of this epoch won the version
+        # the holder's name is written after the claim: a reader may find none for a moment
+        with self._fs.open_output_stream(self._stream_holder_path(stream, epoch)) as out:
+            out.write(json.dumps({"name": name, "host": self.host, "pid": self.pid}).encode())
+        return True
+
+    def _stream_holder_path(self, stream: str, epoch: int) -> str:
+        return f"{self._beats}/streams/{stream}/epoch-{epoch:020d}.json"
+
+    def stream_holder(self, stream: str, epoch: int) -> str | None:
+        try:
+            with self._fs.open_input_stream(self._stream_holder_path(stream, epoch)) as fh:
+                return str(json.loads(bytes(fh.read()))["name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _put_beat(self, epoch: int, body: bytes) -> None:
         with self._fs.open_output_stream(f"{self._beats}/beat-{epoch:020d}.json") as out:

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.loop import CommitLoop
+from storage_delta.commit.owner import LeftOutThenFailed, StreamEpochs, StreamFenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 
@@ -102,9 +103,26 @@ class MessageTable:
     through the one append primitive (:class:`~storage_delta.commit.append.TableAppender`).
     """
 
-    def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
+    #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
+    per_stream = False
+
+    def __init__(
+        self,
+        root: StoreRoot,
+        checkpoint_every: int = 100,
+        app_id: str = APP_ID,
+        streams: StreamEpochs | None = None,
+    ) -> None:
+        """``streams``: the stream leases this writer holds when each stream has an owner of its
+        own; then ``app_id`` must be the writer's own (``jetlake-gateway/<name>``), so that two
+        owners' commit numbers never meet in the table."""
         self.root = root
-        self._appender = TableAppender(root, MESSAGES_TABLE, APP_ID, checkpoint_every)
+        self.per_stream = streams is not None
+        self._appender = TableAppender(root, MESSAGES_TABLE, app_id, checkpoint_every, streams=streams)
+
+    def fence_stream(self, stream: str) -> None:
+        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
+        self._appender.fence_stream(stream)
 
     def last_txn_version(self) -> int:
         return self._appender.committed_version()
@@ -114,11 +132,31 @@ class MessageTable:
         Blocking: belongs on a worker thread."""
         return self._appender.transaction_version(app_id)
 
-    def commit(self, batch: list[StoredMessage], version: int) -> None:
+    def commit(self, batch: list[StoredMessage], version: int) -> frozenset[str]:
+        """Commit ``batch`` as version ``version``; returns the streams found fenced (per-stream
+        ownership), whose rows were left out while the others' were committed. When every stream
+        was fenced nothing is committed and ``version`` stays unused: txn versions only need to
+        grow, not to be contiguous."""
+        fenced: frozenset[str] = frozenset()
+        while batch:
+            try:
+                self._append(batch, version)
+                break
+            except StreamFenced as exc:
+                fenced |= exc.streams
+                batch = [m for m in batch if m.stream not in fenced]
+            except Exception as exc:
+                if fenced:
+                    raise LeftOutThenFailed(fenced) from exc
+                raise
+        return fenced
+
+    def _append(self, batch: list[StoredMessage], version: int) -> None:
         positions: dict[str, int] = {}
         for m in batch:
             if m.origin is not None:
                 positions[m.origin[0]] = max(positions.get(m.origin[0], 0), m.origin[1])
+        groups = _groups(batch)
         self._appender.append(
             [
                 (
@@ -128,10 +166,11 @@ class MessageTable:
                         schema=sch.MESSAGE_FILE_SCHEMA,
                     ),
                 )
-                for (stream, block), rows in _groups(batch).items()
+                for (stream, block), rows in groups.items()
             ],
             version,
             sorted(positions.items()),
+            {stream for stream, _ in groups},
         )
 
     def close(self) -> None:
@@ -164,7 +203,9 @@ class GroupCommitWriter:
             table.last_txn_version,
             lambda rows, _exc: on_failure({m.stream for m in rows}),
             drained=self._drained,
+            stream_of=_STREAM,
         )
+        self._per_stream = table.per_stream
         self.refused = 0  # messages turned away because too many bytes were waiting
 
     async def start(self) -> None:
@@ -195,7 +236,11 @@ class GroupCommitWriter:
         if not admitted:
             self.admit(sum(m.nbytes for m in messages), len(messages))
         self.loop.pending.extend(messages)
-        fut = self.loop.queued(sync=True, added=len(messages))
+        # per stream: a submit of one stream's messages (a publish, a batch) fails only with it
+        stream = messages[0].stream if self._per_stream and messages else None
+        if stream is not None and any(m.stream != stream for m in messages):
+            stream = None
+        fut = self.loop.queued(sync=True, added=len(messages), stream=stream)
         assert fut is not None
         return fut
 

@@ -1,0 +1,234 @@
+"""The per-stream fence in the commit itself (#19, docs/perstream-status.md): two writers on one
+store root, each holding streams under a lease of their own; when one takes a stream over, the
+other can never commit that stream's rows again, whatever the timing (paused mid-commit too),
+while its other streams' rows in the very same group commits still land. Locally (the log
+appender's put-if-absent) and on S3 through moto (delta-rs's commit)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from storage_delta.commit.lease import LocalLease, ObjectStoreLease, open_lease
+from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_owner_app, stream_owner_app
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import GroupCommitWriter, MessageTable
+from tests.harness import moto_s3, s3_options
+from tests.stream_writer_proc import message
+
+
+def writer(root: StoreRoot, name: str, epochs: dict[str, int]) -> tuple[MessageTable, StreamEpochs]:
+    """A writer of ``root`` named ``name`` that claims ``epochs`` of the streams' leases, holds
+    and fences them, as a new owner does first (before it reads the streams to recover)."""
+    lease = open_lease(root)
+    held = StreamEpochs()
+    table = MessageTable(root, app_id=f"jetlake-gateway/{name}", streams=held)
+    for stream, epoch in epochs.items():
+        assert lease.stream_current(stream) == epoch - 1
+        assert lease.claim_stream(stream, epoch, name)
+        held.hold(stream, epoch)
+        table.fence_stream(stream)
+    return table, held
+
+
+def take_over(root: StoreRoot, name: str, stream: str, lease_epoch: int) -> tuple[MessageTable, StreamEpochs]:
+    return writer(root, name, {stream: lease_epoch})
+
+
+def rows(root: StoreRoot, stream: str) -> list[bytes]:
+    """The data of ``stream``'s rows, in sequence order (duplicated sequences show twice)."""
+    table = DeltaTable(root.table_uri("messages"), storage_options=dict(root.storage_options or {}))
+    got = table.to_pyarrow_table(columns=["stream", "seq", "data"]).to_pylist()
+    return [r["data"] for r in sorted((r for r in got if r["stream"] == stream), key=lambda r: r["seq"])]
+
+
+def check_epochs_in_log(table_path: Path) -> None:
+    """Every version that adds rows of a stream carries that stream's owner epoch, and no epoch of
+    a stream is below one committed earlier: a stale owner's rows never follow a newer fence."""
+    newest: dict[str, int] = {}
+    log_dir = table_path / "_delta_log"
+    for entry in sorted(p for p in os.listdir(log_dir) if p.endswith(".json")):
+        actions = [json.loads(line) for line in (log_dir / entry).read_text().splitlines() if line]
+        carried = {}
+        for action in actions:
+            txn = action.get("txn")
+            if txn is not None and (stream := stream_of_owner_app(txn["appId"])) is not None:
+                carried[stream] = int(txn["version"])
+        for stream, epoch in carried.items():
+            assert epoch >= newest.get(stream, 0), f"{entry}: epoch {epoch} of {stream} after a newer one"
+            newest[stream] = epoch
+        for action in actions:
+            add = action.get("add")
+            if add is not None:
+                stream = add["partitionValues"]["stream"]
+                assert carried.get(stream) == newest[stream], f"{entry}: rows of {stream} without its epoch"
+
+
+def test_a_stale_writer_loses_only_the_fenced_stream(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path))
+    a, a_held = writer(root, "a", {"S": 1, "T": 1})
+    assert a.commit([message("S", 1, "a"), message("T", 1, "a")], 1) == frozenset()
+    b, _ = take_over(root, "b", "S", 2)
+    # a's next group commit meets b's fence on its way to a free version: S is left out, T lands
+    assert a.commit([message("S", 2, "a"), message("T", 2, "a")], 2) == {"S"}
+    b.commit([message("S", 2, "b")], 1)
+    # the fence is remembered: a commit of S alone is refused before anything is linked
+    assert a.commit([message("S", 3, "a")], 3) == {"S"}
+    # a stream never held is never written
+    a_held.drop("T")
+    assert a.commit([message("T", 3, "a")], 3) == {"T"}
+    assert rows(root, "S") == [b"a1", b"b2"]
+    assert rows(root, "T") == [b"a1", b"a2"]
+    check_epochs_in_log(tmp_path / "messages")
+
+
+def test_a_fence_found_while_passing_a_version_is_remembered(tmp_path: Path) -> None:
+    """The writer passes b's fence while committing T only; its later commit of S finds the next
+    version free, and must not link there: it remembers what it passed."""
+    root = StoreRoot(str(tmp_path))
+    a, _ = writer(root, "a", {"S": 1, "T": 1})
+    take_over(root, "b", "S", 2)
+    assert a.commit([message("T", 1, "a")], 1) == frozenset()
+    assert a.commit([message("S", 1, "a")], 2) == {"S"}
+    assert rows(root, "S") == []
+    check_epochs_in_log(tmp_path / "messages")
+
+
+def test_a_new_owner_is_fenced_by_a_newer_one_still(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path))
+    b, b_held = take_over(root, "b", "S", 1)
+    take_over(root, "c", "S", 2)
+    with pytest.raises(StreamFenced):
+        b.fence_stream("S")  # b's fence came late: the lease moved on again
+    assert b.commit([message("S", 1, "b")], 1) == {"S"}
+    assert b_held.epoch("S") == 1
+
+
+async def test_the_commit_loop_fails_only_the_fenced_streams_waiters(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path))
+    a, _ = writer(root, "a", {"S": 1, "T": 1})
+    executor = ThreadPoolExecutor(2)
+    heard: list[str] = []
+    front = GroupCommitWriter(a, executor, 1 << 20, lambda s: heard.append(f"rollback {sorted(s)}"))
+    front.loop.on_stream_fenced = lambda streams: heard.append(f"fenced {sorted(streams)}")
+    await front.start()
+    await front.submit([message("S", 1, "a")])
+    await asyncio.get_running_loop().run_in_executor(executor, take_over, root, "b", "S", 2)
+    s_fut = front.submit([message("S", 2, "a")])
+    t_fut = front.submit([message("T", 1, "a")])  # in the same group commit as S's
+    with pytest.raises(StreamFenced):
+        await s_fut
+    await t_fut
+    assert heard == ["fenced ['S']", "rollback ['S']"]
+    assert front.running  # the writer goes on with its other streams
+    await front.submit([message("T", 2, "a")])
+    await front.close()
+    executor.shutdown()
+    assert rows(root, "S") == [b"a1"]
+    assert rows(root, "T") == [b"a1", b"a2"]
+    check_epochs_in_log(tmp_path / "messages")
+
+
+def test_the_stream_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> None:
+    a, b = LocalLease(str(tmp_path)), LocalLease(str(tmp_path))
+    assert a.stream_current("S") == 0
+    assert a.claim_stream("S", 1, "a")
+    assert not b.claim_stream("S", 1, "b")
+    assert b.claim_stream("T", 1, "b")  # each stream's lease is its own
+    assert (b.stream_current("S"), b.stream_holder("S", 1)) == (1, "a")
+    assert b.claim_stream("S", 2, "b")
+    assert (a.stream_current("S"), a.stream_holder("S", 2)) == (2, "b")
+    assert a.current() == 0  # the store lease is untouched
+
+
+def test_a_writer_paused_mid_stream_is_refused_after_a_takeover(tmp_path: Path) -> None:
+    """SIGSTOP a writer of S and T (in another process, between or inside commits), take S over,
+    write S, SIGCONT: its S rows are refused (it hears so), its T rows go on landing; nothing it
+    acknowledged is lost, no sequence of S is stored twice."""
+    root = StoreRoot(str(tmp_path))
+    lease = LocalLease(str(tmp_path))
+    assert lease.claim_stream("S", 1, "a")
+    assert lease.claim_stream("T", 1, "a")
+    rounds = 200
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.stream_writer_proc", str(tmp_path), "1", str(rounds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.strip() == "acked S 20":
+                break
+        os.kill(proc.pid, signal.SIGSTOP)
+        b, _ = take_over(root, "b", "S", 2)
+        recovered = rows(root, "S")  # read after the fence: everything a committed before it
+        first = len(recovered) + 1
+        for i, seq in enumerate(range(first, first + 5), start=1):
+            b.commit([message("S", seq, "b")], i)
+        os.kill(proc.pid, signal.SIGCONT)
+        lines += [line.strip() for line in proc.stdout]
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=120)
+        proc.stdout.close()
+    assert proc.returncode == 0
+    assert lines[-1] == "done"
+    assert "fenced S" in lines
+    acked = {s: [int(x.split()[2]) for x in lines if x.startswith(f"acked {s} ")] for s in ("S", "T")}
+    assert acked["T"] == list(range(1, rounds + 1))
+    assert rows(root, "T") == [b"a%d" % i for i in acked["T"]]
+    # S: what a acknowledged, then b's, each sequence once
+    assert acked["S"] == list(range(1, len(acked["S"]) + 1))
+    assert len(recovered) == len(acked["S"]) >= 20
+    assert rows(root, "S") == [b"a%d" % i for i in acked["S"]] + [b"b%d" % i for i in range(first, first + 5)]
+    check_epochs_in_log(tmp_path / "messages")
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+def test_the_stream_fence_holds_on_s3(s3_endpoint: str) -> None:
+    """delta-rs commits: a's handle still predates b's fence when it commits S and T, so its
+    commit loses the version to the fence and the conflict is judged by S's epoch; after a
+    fresh load (no conflict left to meet) the epoch in the snapshot refuses S just the same."""
+    root = StoreRoot("s3://lake/perstream", s3_options(s3_endpoint))
+    a, _ = writer(root, "a", {"S": 1, "T": 1})
+    assert a.commit([message("S", 1, "a"), message("T", 1, "a")], 1) == frozenset()
+    b, _ = take_over(root, "b", "S", 2)
+    assert a.commit([message("S", 2, "a"), message("T", 2, "a")], 2) == {"S"}
+    b.commit([message("S", 2, "b")], 1)
+    a._appender.hygiene()  # a fresh handle, loaded after the fence
+    assert a.commit([message("S", 3, "a"), message("T", 3, "a")], 3) == {"S"}
+    assert rows(root, "S") == [b"a1", b"b2"]
+    assert rows(root, "T") == [b"a1", b"a2", b"a3"]
+    table = DeltaTable(root.table_uri("messages"), storage_options=dict(root.storage_options or {}))
+    assert table.transaction_version(stream_owner_app("S")) == 2
+
+
+def test_the_stream_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> None:
+    root = StoreRoot("s3://lake/perstream-lease", s3_options(s3_endpoint))
+    a, b = ObjectStoreLease(root), ObjectStoreLease(root)
+    assert b.stream_current("S") == 0
+    assert a.claim_stream("S", 1, "a")
+    assert not b.claim_stream("S", 1, "b")
+    assert (b.stream_current("S"), b.stream_holder("S", 1)) == (1, "a")
+    assert b.claim_stream("S", 2, "b")
+    assert a.stream_holder("S", 2) == "b"
+    assert a.current() == 0
