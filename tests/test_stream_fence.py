@@ -23,6 +23,7 @@ from storage_delta.commit.lease import LocalLease, ObjectStoreLease, open_lease
 from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_owner_app, stream_owner_app
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
+from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
 from tests.harness import moto_s3, s3_options
 from tests.stream_writer_proc import message
 
@@ -52,9 +53,11 @@ def rows(root: StoreRoot, stream: str) -> list[bytes]:
     return [r["data"] for r in sorted((r for r in got if r["stream"] == stream), key=lambda r: r["seq"])]
 
 
-def check_epochs_in_log(table_path: Path) -> None:
+def check_epochs_in_log(table_path: Path, partitioned: bool = True) -> None:
     """Every version that adds rows of a stream carries that stream's owner epoch, and no epoch of
-    a stream is below one committed earlier: a stale owner's rows never follow a newer fence."""
+    a stream is below one committed earlier: a stale owner's rows never follow a newer fence.
+    (Which streams an unpartitioned table's file holds is not in its log: there only the order
+    of the epochs is checked.)"""
     newest: dict[str, int] = {}
     log_dir = table_path / "_delta_log"
     for entry in sorted(p for p in os.listdir(log_dir) if p.endswith(".json")):
@@ -69,7 +72,7 @@ def check_epochs_in_log(table_path: Path) -> None:
             newest[stream] = epoch
         for action in actions:
             add = action.get("add")
-            if add is not None:
+            if add is not None and partitioned:
                 stream = add["partitionValues"]["stream"]
                 assert carried.get(stream) == newest[stream], f"{entry}: rows of {stream} without its epoch"
 
@@ -137,6 +140,56 @@ async def test_the_commit_loop_fails_only_the_fenced_streams_waiters(tmp_path: P
     assert rows(root, "S") == [b"a1"]
     assert rows(root, "T") == [b"a1", b"a2"]
     check_epochs_in_log(tmp_path / "messages")
+
+
+def ack_log(root: StoreRoot, name: str, epochs: dict[str, int]) -> AckLogTable:
+    """``name``'s ack log holding ``epochs`` of the streams' leases (claimed already), fenced."""
+    held = StreamEpochs()
+    table = AckLogTable(root, app_id=f"jetlake-acklog/{name}", streams=held)
+    for stream, epoch in epochs.items():
+        held.hold(stream, epoch)
+        table.fence_stream(stream)
+    return table
+
+
+def ack(stream: str, seq: int) -> AckRecord:
+    return AckRecord(stream, "C", "ack", seq)
+
+
+def acked(root: StoreRoot) -> list[tuple[str, int]]:
+    return sorted(
+        (r["stream"], r["seq"]) for r in DeltaTable(root.table_uri("acks")).to_pyarrow_table().to_pylist()
+    )
+
+
+async def test_the_ack_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path) -> None:
+    """The ack log is one unpartitioned table of every stream's consumers: a commit holding acks
+    of S and T after another gateway took S over lands T's rows alone, and the waiter of an
+    ``AckSync`` on S fails while T's is answered."""
+    root = StoreRoot(str(tmp_path))
+    writer(root, "a", {"S": 1, "T": 1})  # the leases, and the messages table's fences
+    a = ack_log(root, "a", {"S": 1, "T": 1})
+    assert a.append([ack("S", 1), ack("T", 1)], 1) == frozenset()
+    writer(root, "b", {"S": 2})
+    ack_log(root, "b", {"S": 2})
+    assert a.append([ack("S", 2), ack("T", 2)], 2) == {"S"}
+    executor = ThreadPoolExecutor(2)
+    front = AckLogWriter(a, executor, 2, flush_interval_s=5.0, max_pending=100, compact_every=0)
+    await front.start()
+    s_fut = front.submit(ack("S", 3), sync=False)
+    t_fut = front.add("T", "C", "ack", 3, 0, 0, 0, (0, 0, 0, 0), sync=True)
+    assert s_fut is None
+    assert t_fut is not None
+    await t_fut  # T's rows land although S's in the same commit are refused
+    s_sync = front.submit(ack("S", 4), sync=True)
+    assert s_sync is not None
+    with pytest.raises(StreamFenced):
+        await s_sync
+    assert front.loop.running
+    await front.close()
+    executor.shutdown()
+    assert acked(root) == [("S", 1), ("T", 1), ("T", 2), ("T", 3)]
+    check_epochs_in_log(tmp_path / "acks", partitioned=False)
 
 
 def test_the_stream_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> None:

@@ -72,6 +72,23 @@ class LeftOutThenFailed(Exception):
         self.streams = streams
 
 
+def commit_without_fenced(attempt: Callable[[frozenset[str]], None]) -> frozenset[str]:
+    """Run ``attempt(left_out)`` (a commit of a batch's rows but those of the ``left_out``
+    streams, idempotent by its txn version) until it commits, leaving out every stream it finds
+    fenced; returns those. An error after streams were left out is :class:`LeftOutThenFailed`."""
+    fenced: frozenset[str] = frozenset()
+    while True:
+        try:
+            attempt(fenced)
+            return fenced
+        except StreamFenced as exc:
+            fenced |= exc.streams
+        except Exception as exc:
+            if fenced:
+                raise LeftOutThenFailed(fenced) from exc
+            raise
+
+
 class StreamEpochs:
     """The stream leases one writer (a gateway) holds: stream name → the epoch it claimed. Shared
     by that writer's appenders; :meth:`hold` is called after the claim and before the stream's

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.loop import CommitLoop
-from storage_delta.commit.owner import LeftOutThenFailed, StreamEpochs, StreamFenced
+from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 
@@ -137,19 +137,13 @@ class MessageTable:
         ownership), whose rows were left out while the others' were committed. When every stream
         was fenced nothing is committed and ``version`` stays unused: txn versions only need to
         grow, not to be contiguous."""
-        fenced: frozenset[str] = frozenset()
-        while batch:
-            try:
-                self._append(batch, version)
-                break
-            except StreamFenced as exc:
-                fenced |= exc.streams
-                batch = [m for m in batch if m.stream not in fenced]
-            except Exception as exc:
-                if fenced:
-                    raise LeftOutThenFailed(fenced) from exc
-                raise
-        return fenced
+
+        def attempt(left_out: frozenset[str]) -> None:
+            rows = [m for m in batch if m.stream not in left_out] if left_out else batch
+            if rows:
+                self._append(rows, version)
+
+        return commit_without_fenced(attempt)
 
     def _append(self, batch: list[StoredMessage], version: int) -> None:
         positions: dict[str, int] = {}

@@ -34,6 +34,7 @@ from deltalake import DeltaTable
 
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.loop import CommitLoop
+from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import StoreRoot, read_checked, write_data_file
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
@@ -336,9 +337,25 @@ class AckLogTable:
     delta-rs transaction with its reload costs ~11 ms of CPU: a fifth of the delivery path's CPU
     under load at ten commits a second)."""
 
-    def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
+    #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
+    per_stream = False
+
+    def __init__(
+        self,
+        root: StoreRoot,
+        checkpoint_every: int = 100,
+        app_id: str = APP_ID,
+        streams: StreamEpochs | None = None,
+    ) -> None:
+        """``streams``: the stream leases this writer holds when each stream has an owner of its
+        own; then ``app_id`` must be the writer's own (``jetlake-acklog/<name>``)."""
         self.root = root
-        self._appender = TableAppender(root, ACKS_TABLE, APP_ID, checkpoint_every)
+        self.per_stream = streams is not None
+        self._appender = TableAppender(root, ACKS_TABLE, app_id, checkpoint_every, streams=streams)
+
+    def fence_stream(self, stream: str) -> None:
+        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
+        self._appender.fence_stream(stream)
 
     @property
     def dt(self) -> DeltaTable:
@@ -347,11 +364,22 @@ class AckLogTable:
     def last_txn_version(self) -> int:
         return self._appender.committed_version()
 
-    def append(self, records: list[AckRecord] | pa.Table, version: int) -> None:
+    def append(self, records: list[AckRecord] | pa.Table, version: int) -> frozenset[str]:
         """Commit rows as one Delta version tagged ``(jetlake-acklog, version)``; a version that
-        already landed (a retry after an error that hid a success) is not stored again."""
+        already landed (a retry after an error that hid a success) is not stored again. Fenced
+        per stream, the rows of streams a newer owner holds are left out; returns those streams."""
         table = records if isinstance(records, pa.Table) else to_arrow(records)
-        self._appender.append([({}, table)], version)
+        if not self.per_stream:
+            self._appender.append([({}, table)], version)
+            return frozenset()
+        streams = set(pc.unique(table["stream"]).to_pylist())
+
+        def attempt(left_out: frozenset[str]) -> None:
+            rows = table.filter(pc.invert(pc.is_in(table["stream"], pa.array(sorted(left_out), pa.string()))))
+            if rows.num_rows:
+                self._appender.append([({}, rows)], version, streams=streams - left_out)
+
+        return commit_without_fenced(attempt)
 
     def load(self) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
@@ -415,6 +443,10 @@ def compact_store(root: StoreRoot) -> Compaction:
     return AckLogTable(root).compact(live)
 
 
+def _row_stream(row: AckRow) -> str:
+    return row[0]
+
+
 class AckLogWriter:
     """The ack log's front of the commit loop: rows become durable in submission order.
 
@@ -463,7 +495,9 @@ class AckLogWriter:
             retry_s=self.RETRY_S,
             committed=self._committed,
             drained=self._drained,
+            stream_of=_row_stream,
         )
+        self._per_stream = table.per_stream
         self.compactions = 0
 
     async def start(self) -> None:
@@ -484,7 +518,7 @@ class AckLogWriter:
         self._lsn += 1
         record.lsn = self._lsn
         self.loop.pending.append(_as_row(record))
-        return self.loop.queued(sync)
+        return self.loop.queued(sync, stream=record.stream if self._per_stream else None)
 
     def add(
         self,
@@ -502,7 +536,7 @@ class AckLogWriter:
         ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
         self._lsn += 1
         self.loop.pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
-        return self.loop.queued(sync)
+        return self.loop.queued(sync, stream=stream if self._per_stream else None)
 
     def add_rows(self, rows: list[AckRow]) -> None:
         """:meth:`add` for many rows in one call (no sync)."""
@@ -519,10 +553,10 @@ class AckLogWriter:
         self._batch_first_lsn = self._taken_lsn + 1
         self._taken_lsn += len(rows)
 
-    def _append(self, batch: list[AckRow], version: int) -> None:
+    def _append(self, batch: list[AckRow], version: int) -> frozenset[str]:
         """On the executor: the batch's columns are built there, not on the event loop. Only one
         batch is in flight, so its first lsn is the one noted when it was taken."""
-        self._table.append(rows_to_arrow(batch, self._batch_first_lsn), version)
+        return self._table.append(rows_to_arrow(batch, self._batch_first_lsn), version)
 
     def _failed(self, rows: list[AckRow], exc: BaseException) -> None:
         """The rows are not in the log: the consumers' state in memory is ahead of it, which a
