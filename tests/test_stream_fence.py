@@ -24,6 +24,7 @@ from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_own
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
+from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import moto_s3, s3_options
 from tests.stream_writer_proc import message
 
@@ -190,6 +191,25 @@ async def test_the_ack_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Pat
     executor.shutdown()
     assert acked(root) == [("S", 1), ("T", 1), ("T", 2), ("T", 3)]
     check_epochs_in_log(tmp_path / "acks", partitioned=False)
+
+
+def test_the_removal_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path) -> None:
+    root = StoreRoot(str(tmp_path))
+    writer(root, "a", {"S": 1, "T": 1})
+    held = StreamEpochs()
+    a = RemovalLog(root, "jetlake-removals/a", held)
+    for stream in ("S", "T"):
+        held.hold(stream, 1)
+        a.fence_stream(stream)
+    assert a.append([Removal("S", 1, 1, 1), Removal("T", 1, 1, 1)]) == frozenset()
+    writer(root, "b", {"S": 2})
+    b_held = StreamEpochs()
+    b_held.hold("S", 2)
+    RemovalLog(root, "jetlake-removals/b", b_held).fence_stream("S")
+    assert a.append([Removal("S", 1, 2, 2), Removal("T", 1, 2, 2)]) == {"S"}
+    rows = DeltaTable(root.table_uri("removals")).to_pyarrow_table().to_pylist()
+    assert sorted((r["stream"], r["first"]) for r in rows) == [("S", 1), ("T", 1), ("T", 2)]
+    check_epochs_in_log(tmp_path / "removals", partitioned=False)
 
 
 def test_the_stream_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from deltalake.transaction import RemoveAction
 from storage_delta.commit.append import TableAppender, TableSpec
 from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
     open_existing,
@@ -96,18 +97,41 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 class RemovalLog:
     """Blocking access to the ``removals`` table; callers run it on a worker thread."""
 
-    def __init__(self, root: StoreRoot) -> None:
+    def __init__(self, root: StoreRoot, app_id: str = APP_ID, streams: StreamEpochs | None = None) -> None:
+        """``streams``: the stream leases this writer holds when each stream has an owner of its
+        own; then ``app_id`` must be the writer's own (``jetlake-removals/<name>``)."""
         self.root = root
-        self._appender = TableAppender(root, REMOVALS_TABLE, APP_ID)
+        self._appender = TableAppender(root, REMOVALS_TABLE, app_id, streams=streams)
+        self._per_stream = streams is not None
         self._version = self._appender.committed_version()
 
-    def append(self, removals: list[Removal]) -> None:
-        """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once)."""
+    def fence_stream(self, stream: str) -> None:
+        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
+        self._appender.fence_stream(stream)
+
+    def append(self, removals: list[Removal]) -> frozenset[str]:
+        """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once).
+        Fenced per stream, the removals of streams a newer owner holds are left out; returns
+        those streams."""
         if not removals:
-            return
+            return frozenset()
         self._version += 1
+        if not self._per_stream:
+            self._appender.append([({}, self._rows(removals))], self._version)
+            return frozenset()
+
+        def attempt(left_out: frozenset[str]) -> None:
+            kept = [r for r in removals if r.stream not in left_out]
+            if kept:
+                streams = {r.stream for r in kept}
+                self._appender.append([({}, self._rows(kept))], self._version, streams=streams)
+
+        return commit_without_fenced(attempt)
+
+    @staticmethod
+    def _rows(removals: list[Removal]) -> pa.Table:
         now = time.time_ns()
-        rows = pa.table(
+        return pa.table(
             {
                 "stream": [r.stream for r in removals],
                 "created": [r.created for r in removals],
@@ -117,7 +141,6 @@ class RemovalLog:
             },
             schema=sch.REMOVALS_SCHEMA,
         )
-        self._appender.append([({}, rows)], self._version)
 
 
 #: The columns of the catalog and of the removal log that the logical view is made from.
