@@ -3,13 +3,16 @@ under a per-stream epoch each and commits one message of each per round, printin
 commit acknowledged, until ``rounds`` rounds are done. A test pauses it (SIGSTOP) while another
 writer takes ``S`` over, then lets it go on: its ``S`` rows must be refused, its ``T`` rows not.
 
-Run as ``python -m tests.stream_writer_proc <root> <epoch> <rounds>``; prints ``ready``, then per
-round ``acked <stream> <seq>`` for each row committed and ``fenced <stream>`` when a stream was
-left out, then ``done``.
+Run as ``python -m tests.stream_writer_proc <root> <epoch> <rounds>`` (an object store's storage
+options as JSON in ``JETLAKE_TEST_STORAGE_OPTIONS``); prints ``ready``, then per round
+``acked <stream> <seq>`` for each row committed and ``fenced <stream>`` when a stream was left
+out, then ``done``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from storage_delta.commit.owner import StreamEpochs
@@ -26,7 +29,8 @@ def message(stream: str, seq: int, writer: str) -> StoredMessage:
 
 def main(root: str, epoch: int, rounds: int) -> None:
     held = StreamEpochs()
-    table = MessageTable(StoreRoot(root), app_id="jetlake-gateway/a", streams=held)
+    options = json.loads(os.environ.get("JETLAKE_TEST_STORAGE_OPTIONS", "null"))
+    table = MessageTable(StoreRoot(root, options), app_id="jetlake-gateway/a", streams=held)
     for stream in STREAMS:
         held.hold(stream, epoch)
         table.fence_stream(stream)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
@@ -54,15 +55,17 @@ def rows(root: StoreRoot, stream: str) -> list[bytes]:
     return [r["data"] for r in sorted((r for r in got if r["stream"] == stream), key=lambda r: r["seq"])]
 
 
-def check_epochs_in_log(table_path: Path, partitioned: bool = True) -> None:
+def check_epochs_in_log(root: StoreRoot, table: str, partitioned: bool = True) -> None:
     """Every version that adds rows of a stream carries that stream's owner epoch, and no epoch of
     a stream is below one committed earlier: a stale owner's rows never follow a newer fence.
     (Which streams an unpartitioned table's file holds is not in its log: there only the order
     of the epochs is checked.)"""
     newest: dict[str, int] = {}
-    log_dir = table_path / "_delta_log"
-    for entry in sorted(p for p in os.listdir(log_dir) if p.endswith(".json")):
-        actions = [json.loads(line) for line in (log_dir / entry).read_text().splitlines() if line]
+    fs, base = root.filesystem()
+    listing = fs.get_file_info(pafs.FileSelector(f"{base}/{table}/_delta_log"))
+    for entry in sorted(i.path for i in listing if i.path.endswith(".json")):
+        with fs.open_input_stream(entry) as fh:
+            actions = [json.loads(line) for line in bytes(fh.read()).splitlines() if line]
         carried = {}
         for action in actions:
             txn = action.get("txn")
@@ -93,7 +96,7 @@ def test_a_stale_writer_loses_only_the_fenced_stream(tmp_path: Path) -> None:
     assert a.commit([message("T", 3, "a")], 3) == {"T"}
     assert rows(root, "S") == [b"a1", b"b2"]
     assert rows(root, "T") == [b"a1", b"a2"]
-    check_epochs_in_log(tmp_path / "messages")
+    check_epochs_in_log(root, "messages")
 
 
 def test_a_fence_found_while_passing_a_version_is_remembered(tmp_path: Path) -> None:
@@ -105,7 +108,7 @@ def test_a_fence_found_while_passing_a_version_is_remembered(tmp_path: Path) -> 
     assert a.commit([message("T", 1, "a")], 1) == frozenset()
     assert a.commit([message("S", 1, "a")], 2) == {"S"}
     assert rows(root, "S") == []
-    check_epochs_in_log(tmp_path / "messages")
+    check_epochs_in_log(root, "messages")
 
 
 def test_a_new_owner_is_fenced_by_a_newer_one_still(tmp_path: Path) -> None:
@@ -140,7 +143,7 @@ async def test_the_commit_loop_fails_only_the_fenced_streams_waiters(tmp_path: P
     executor.shutdown()
     assert rows(root, "S") == [b"a1"]
     assert rows(root, "T") == [b"a1", b"a2"]
-    check_epochs_in_log(tmp_path / "messages")
+    check_epochs_in_log(root, "messages")
 
 
 def ack_log(root: StoreRoot, name: str, epochs: dict[str, int]) -> AckLogTable:
@@ -190,7 +193,7 @@ async def test_the_ack_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Pat
     await front.close()
     executor.shutdown()
     assert acked(root) == [("S", 1), ("T", 1), ("T", 2), ("T", 3)]
-    check_epochs_in_log(tmp_path / "acks", partitioned=False)
+    check_epochs_in_log(root, "acks", partitioned=False)
 
 
 def test_the_removal_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path) -> None:
@@ -209,7 +212,7 @@ def test_the_removal_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path)
     assert a.append([Removal("S", 1, 2, 2), Removal("T", 1, 2, 2)]) == {"S"}
     rows = DeltaTable(root.table_uri("removals")).to_pyarrow_table().to_pylist()
     assert sorted((r["stream"], r["first"]) for r in rows) == [("S", 1), ("T", 1), ("T", 2)]
-    check_epochs_in_log(tmp_path / "removals", partitioned=False)
+    check_epochs_in_log(root, "removals", partitioned=False)
 
 
 def test_the_stream_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> None:
@@ -224,20 +227,30 @@ def test_the_stream_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> No
     assert a.current() == 0  # the store lease is untouched
 
 
-def test_a_writer_paused_mid_stream_is_refused_after_a_takeover(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_writer_paused_mid_stream_is_refused_after_a_takeover(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """SIGSTOP a writer of S and T (in another process, between or inside commits), take S over,
     write S, SIGCONT: its S rows are refused (it hears so), its T rows go on landing; nothing it
-    acknowledged is lost, no sequence of S is stored twice."""
-    root = StoreRoot(str(tmp_path))
-    lease = LocalLease(str(tmp_path))
+    acknowledged is lost, no sequence of S is stored twice. On a local root and on S3 (moto)."""
+    if store == "s3":
+        root = StoreRoot("s3://lake/paused", s3_options(request.getfixturevalue("s3_endpoint")))
+    else:
+        root = StoreRoot(str(tmp_path))
+    lease = open_lease(root)
     assert lease.claim_stream("S", 1, "a")
     assert lease.claim_stream("T", 1, "a")
-    rounds = 200
+    rounds = 200 if store == "local" else 60
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.stream_writer_proc", str(tmp_path), "1", str(rounds)],
+        [sys.executable, "-m", "tests.stream_writer_proc", root.uri, "1", str(rounds)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.getcwd(),
+            "JETLAKE_TEST_STORAGE_OPTIONS": json.dumps(root.storage_options),
+        },
     )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -268,7 +281,7 @@ def test_a_writer_paused_mid_stream_is_refused_after_a_takeover(tmp_path: Path) 
     assert acked["S"] == list(range(1, len(acked["S"]) + 1))
     assert len(recovered) == len(acked["S"]) >= 20
     assert rows(root, "S") == [b"a%d" % i for i in acked["S"]] + [b"b%d" % i for i in range(first, first + 5)]
-    check_epochs_in_log(tmp_path / "messages")
+    check_epochs_in_log(root, "messages")
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +306,7 @@ def test_the_stream_fence_holds_on_s3(s3_endpoint: str) -> None:
     assert rows(root, "T") == [b"a1", b"a2", b"a3"]
     table = DeltaTable(root.table_uri("messages"), storage_options=dict(root.storage_options or {}))
     assert table.transaction_version(stream_owner_app("S")) == 2
+    check_epochs_in_log(root, "messages")
 
 
 def test_the_stream_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> None:
