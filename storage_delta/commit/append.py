@@ -294,3 +294,32 @@ class TableAppender:
         one for the next reader to skip, which costs it a full replay)."""
         if self._hygiene_pool is not None:
             self._hygiene_pool.shutdown(wait=True)
+
+
+class WriterTable:
+    """A table one writer appends to through one :class:`TableAppender` (messages, the ack log,
+    removals): :attr:`SPEC` under the app id :attr:`APP_ID` and the store's owner epoch, or, given
+    ``streams`` (the stream leases the writer holds), fenced per stream under ``app_id``, which
+    must then be the writer's own (``<APP_ID>/<name>``) so that two owners' commit numbers never
+    meet in the table."""
+
+    SPEC: TableSpec
+    APP_ID: str
+    #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
+    per_stream = False
+
+    def __init__(
+        self,
+        root: StoreRoot,
+        checkpoint_every: int = 100,
+        app_id: str | None = None,
+        streams: StreamEpochs | None = None,
+    ) -> None:
+        self.root = root
+        self.per_stream = streams is not None
+        app = self.APP_ID if app_id is None else app_id
+        self._appender = TableAppender(root, self.SPEC, app, checkpoint_every, streams=streams)
+
+    def fence_stream(self, stream: str) -> None:
+        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
+        self._appender.fence_stream(stream)

@@ -21,10 +21,9 @@ from operator import attrgetter
 
 import pyarrow as pa
 
-from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.loop import CommitLoop
-from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.owner import commit_without_fenced
 from storage_delta.format import schema as sch
 
 APP_ID = "jetlake-gateway"
@@ -96,33 +95,15 @@ _STREAM = attrgetter("stream")
 _COLUMNS = [(f.name, attrgetter(f.name), f.type) for f in sch.MESSAGE_FILE_SCHEMA]
 
 
-class MessageTable:
+class MessageTable(WriterTable):
     """The ``messages`` table's commit routine; runs on a worker thread, never the event loop.
 
     One file per (stream, block) touched, all in one Delta version tagged ``(jetlake-gateway, n)``,
     through the one append primitive (:class:`~storage_delta.commit.append.TableAppender`).
     """
 
-    #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
-    per_stream = False
-
-    def __init__(
-        self,
-        root: StoreRoot,
-        checkpoint_every: int = 100,
-        app_id: str = APP_ID,
-        streams: StreamEpochs | None = None,
-    ) -> None:
-        """``streams``: the stream leases this writer holds when each stream has an owner of its
-        own; then ``app_id`` must be the writer's own (``jetlake-gateway/<name>``), so that two
-        owners' commit numbers never meet in the table."""
-        self.root = root
-        self.per_stream = streams is not None
-        self._appender = TableAppender(root, MESSAGES_TABLE, app_id, checkpoint_every, streams=streams)
-
-    def fence_stream(self, stream: str) -> None:
-        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
-        self._appender.fence_stream(stream)
+    SPEC = MESSAGES_TABLE
+    APP_ID = APP_ID
 
     def last_txn_version(self) -> int:
         return self._appender.committed_version()

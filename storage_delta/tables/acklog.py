@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.loop import CommitLoop
-from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
+from storage_delta.commit.owner import commit_without_fenced
 from storage_delta.commit.store import StoreRoot, read_checked, write_data_file
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
@@ -331,31 +331,14 @@ class Compaction:
     version: int
 
 
-class AckLogTable:
+class AckLogTable(WriterTable):
     """Blocking access to the ``acks`` table; the gateway calls it on a worker thread. Appends go
     through the one append primitive (locally a blind append of about a millisecond, where a
     delta-rs transaction with its reload costs ~11 ms of CPU: a fifth of the delivery path's CPU
     under load at ten commits a second)."""
 
-    #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
-    per_stream = False
-
-    def __init__(
-        self,
-        root: StoreRoot,
-        checkpoint_every: int = 100,
-        app_id: str = APP_ID,
-        streams: StreamEpochs | None = None,
-    ) -> None:
-        """``streams``: the stream leases this writer holds when each stream has an owner of its
-        own; then ``app_id`` must be the writer's own (``jetlake-acklog/<name>``)."""
-        self.root = root
-        self.per_stream = streams is not None
-        self._appender = TableAppender(root, ACKS_TABLE, app_id, checkpoint_every, streams=streams)
-
-    def fence_stream(self, stream: str) -> None:
-        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
-        self._appender.fence_stream(stream)
+    SPEC = ACKS_TABLE
+    APP_ID = APP_ID
 
     @property
     def dt(self) -> DeltaTable:

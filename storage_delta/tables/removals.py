@@ -24,7 +24,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 from deltalake.transaction import RemoveAction
 
-from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
@@ -94,20 +94,17 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-class RemovalLog:
+class RemovalLog(WriterTable):
     """Blocking access to the ``removals`` table; callers run it on a worker thread."""
 
-    def __init__(self, root: StoreRoot, app_id: str = APP_ID, streams: StreamEpochs | None = None) -> None:
-        """``streams``: the stream leases this writer holds when each stream has an owner of its
-        own; then ``app_id`` must be the writer's own (``jetlake-removals/<name>``)."""
-        self.root = root
-        self._appender = TableAppender(root, REMOVALS_TABLE, app_id, streams=streams)
-        self._per_stream = streams is not None
-        self._version = self._appender.committed_version()
+    SPEC = REMOVALS_TABLE
+    APP_ID = APP_ID
 
-    def fence_stream(self, stream: str) -> None:
-        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
-        self._appender.fence_stream(stream)
+    def __init__(
+        self, root: StoreRoot, app_id: str | None = None, streams: StreamEpochs | None = None
+    ) -> None:
+        super().__init__(root, app_id=app_id, streams=streams)
+        self._version = self._appender.committed_version()
 
     def append(self, removals: list[Removal]) -> frozenset[str]:
         """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once).
@@ -116,7 +113,7 @@ class RemovalLog:
         if not removals:
             return frozenset()
         self._version += 1
-        if not self._per_stream:
+        if not self.per_stream:
             self._appender.append([({}, self._rows(removals))], self._version)
             return frozenset()
 
