@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from storage_delta.commit.lease import LocalLease, ObjectStoreLease, open_lease
 from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_owner_app, stream_owner_app
 from storage_delta.commit.store import StoreRoot
-from storage_delta.commit.writer import GroupCommitWriter, MessageTable
+from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
 from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import moto_s3, s3_options
@@ -138,12 +138,52 @@ async def test_the_commit_loop_fails_only_the_fenced_streams_waiters(tmp_path: P
     await t_fut
     assert heard == ["fenced ['S']", "rollback ['S']"]
     assert front.running  # the writer goes on with its other streams
+    assert front.loop.rows_committed == 2  # S1, T1: not the S row left out
     await front.submit([message("T", 2, "a")])
     await front.close()
     executor.shutdown()
     assert rows(root, "S") == [b"a1"]
     assert rows(root, "T") == [b"a1", b"a2"]
     check_epochs_in_log(root, "messages")
+
+
+class LandsThenFails(MessageTable):
+    """A table whose next commit that lands reports an error all the same (delta-rs #2509)."""
+
+    fail_next = False
+
+    def _append(self, batch: list[StoredMessage], version: int) -> None:
+        super()._append(batch, version)
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("connection reset after the commit landed")
+
+
+async def test_a_commit_that_left_a_stream_out_and_failed_after_landing_fails_that_streams_waiters(
+    tmp_path: Path,
+) -> None:
+    """The loop's landed check after an error must not take the rows left out for committed: the
+    fenced stream's publisher gets no PubAck for a row that was never stored."""
+    root = StoreRoot(str(tmp_path))
+    writer(root, "a", {"S": 1, "T": 1})
+    held = StreamEpochs()
+    held.hold("S", 1)
+    held.hold("T", 1)
+    a = LandsThenFails(root, app_id="jetlake-gateway/a", streams=held)
+    executor = ThreadPoolExecutor(2)
+    front = GroupCommitWriter(a, executor, 1 << 20, lambda s: None)
+    await front.start()
+    await asyncio.get_running_loop().run_in_executor(executor, take_over, root, "b", "S", 2)
+    a.fail_next = True
+    s_fut = front.submit([message("S", 1, "a")])
+    t_fut = front.submit([message("T", 1, "a")])
+    with pytest.raises(StreamFenced):
+        await s_fut
+    await t_fut
+    await front.close()
+    executor.shutdown()
+    assert rows(root, "S") == []
+    assert rows(root, "T") == [b"a1"]
 
 
 def ack_log(root: StoreRoot, name: str, epochs: dict[str, int]) -> AckLogTable:

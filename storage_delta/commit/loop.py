@@ -283,12 +283,12 @@ class CommitLoop(Generic[Row]):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_CAP_S)
         self._version = version
+        if fenced:
+            batch = self._drop_fenced(batch, fenced)
         self.commits += 1
         self.rows_committed += len(batch)
         self.commit_seconds.observe(time.perf_counter() - started)
         self.batch_rows.observe(len(batch))
-        if fenced:
-            batch = self._drop_fenced(batch, fenced)
         if self._committed is not None:
             self._committed(batch)
         return True
