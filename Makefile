@@ -58,12 +58,17 @@ nats-jetstream-client: $(NATS_JS_STAMP)
 run: $(STAMP) java
 	$(VENV)/bin/jetlake serve
 
-# Every test; then the wire tests and the consume and publish differential tests again with the
-# gateway on the Python implementation of its hot path (JETLAKE_NO_EXTENSIONS; the first run fails
-# if the compiled one is not in use).
+# Every test. Most of them wait (on servers, timers, JVMs), so they run in two processes
+# (pytest-xdist; a module stays in one process, with its fixtures); those marked `alone` assert
+# wall-clock bounds or sync the disk hard (crash trials, checkpoints, faulty stores),
+# and run after, by themselves. Then the wire tests and the consume and publish
+# differential tests again with the gateway on the Python implementation of its hot path
+# (JETLAKE_NO_EXTENSIONS; the first run fails if the compiled one is not in use).
+PARALLEL := -n 2 --dist loadfile
 test: $(STAMP) java chromium fuse $(NODE_MODULES) $(NATS_JS_STAMP)
-	$(PY) -m pytest
-	JETLAKE_NO_EXTENSIONS=1 $(PY) -m pytest tests/test_protocol.py tests/test_consumers_pull.py \
+	$(PY) -m pytest $(PARALLEL) -m "not alone"
+	$(PY) -m pytest -m alone
+	JETLAKE_NO_EXTENSIONS=1 $(PY) -m pytest $(PARALLEL) tests/test_protocol.py tests/test_consumers_pull.py \
 	  tests/test_consumers_push.py tests/test_consumers_acks.py tests/test_publish_semantics.py
 
 # The inner loop: the unit and the quick differential tests, without the slow, Spark, Node,

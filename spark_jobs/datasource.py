@@ -18,7 +18,15 @@ without a deleted stream's rows; ``raw``: every stored row; ``changes``: the cha
 micro-batch); ``prefetch_bytes`` (streaming: the planner reads a micro-batch of one partition whose
 files add up to at most this many bytes itself, :data:`PREFETCH_BYTES` by default, 0: never; see
 :class:`JetlakeStreamReader`); ``storage.<KEY>`` (a delta-rs storage option for an object-store root, e.g.
-``storage.AWS_REGION``).
+``storage.AWS_REGION``); ``read_offline`` (``true``: read a stream the gateway took offline for
+damage, below).
+
+A stream the gateway took offline because a damaged log entry of its table was set aside at start
+(``storage_delta.tables.unresolved``: the entry was rewritten without lines nothing could make
+again, so the table parses and every Delta reader reads the stream with a hole, silently) is not
+read: planning a batch read or a micro-batch fails with :class:`StreamOffline`, which names the
+stream, the entry and ``jetlake repair``, until repair has recorded the loss. ``read_offline=true``
+reads what the table still holds instead.
 
 :func:`list_blocks` and :func:`read_block` hold all the work; the batch reader and the stream
 reader differ only in how they pick the sequence range (options, or micro-batch offsets).
@@ -65,6 +73,7 @@ from storage_delta.format.nats import parse_headers, subject_matches
 from storage_delta.maintenance.files import LiveFile, live_files, visible
 from storage_delta.read.follower import StoreFollower
 from storage_delta.tables.removals import StreamLogicalState, recorded_at, recorded_between
+from storage_delta.tables.unresolved import taking_offline
 
 NAME = "jetlake"
 
@@ -168,6 +177,8 @@ class ReadOptions:
     prefetch_bytes: int = PREFETCH_BYTES
     #: One of :data:`VIEWS`.
     view: str = "logical"
+    #: Read a stream the gateway took offline for damage (its rows may be missing).
+    read_offline: bool = False
 
     @property
     def schema(self) -> StructType:
@@ -198,6 +209,7 @@ class ReadOptions:
             max_per_trigger=_int_option(options, "max_messages_per_trigger"),
             prefetch_bytes=PREFETCH_BYTES if prefetch is None else prefetch,
             view=_view_option(options),
+            read_offline=_bool_option(options, "read_offline"),
         )
 
 
@@ -206,6 +218,13 @@ def _view_option(options: Mapping[str, str]) -> str:
     if view not in VIEWS:
         raise ValueError(f"jetlake option 'view' must be one of {', '.join(VIEWS)}, got {view!r}")
     return view
+
+
+def _bool_option(options: Mapping[str, str], key: str) -> bool:
+    value = options.get(key, "false").lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"jetlake option {key!r} must be true or false, got {value!r}")
+    return value == "true"
 
 
 def _int_option(options: Mapping[str, str], key: str) -> int | None:
@@ -457,6 +476,28 @@ class JetlakeDataSource(DataSource):
         return JetlakeStreamReader(ReadOptions.parse(self.options), schema)
 
 
+class StreamOffline(RuntimeError):
+    """The stream read is offline for damage (``storage_delta.tables.unresolved``)."""
+
+
+def refuse_offline(options: ReadOptions) -> None:
+    """Raise :class:`StreamOffline` when the gateway took the stream offline for a damaged log
+    entry it set aside at start, unless ``read_offline`` was asked for. Only a local root can have
+    one (the gateway sets entries aside on local roots only)."""
+    local = options.root.local_path()
+    if options.read_offline or local is None:
+        return
+    entries = taking_offline(local, options.stream)
+    if entries:
+        first = entries[0]
+        raise StreamOffline(
+            f"stream {options.stream} is offline: log entry {first.table}/{first.entry} was set aside "
+            f"at start ({first.reason}; it may concern {first.describe()}), so the table may lack "
+            f"rows of it without a word; run `jetlake repair --data-root {local}` (with the gateway "
+            "stopped) to record what is lost, or set the option read_offline=true to read what is left"
+        )
+
+
 def _plan(
     options: ReadOptions, store: StoreFollower, first: int | None, last: int | None
 ) -> list[BlockPartition]:
@@ -508,6 +549,7 @@ class JetlakeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
+        refuse_offline(o)
         store = StoreFollower(o.root)
         # The change feed's removals first: each covers messages already stored, so listed below.
         removals = store.removals_version() if o.view == "changes" else -1
@@ -621,6 +663,7 @@ class JetlakeStreamReader(_SimpleStreamReaderWrapper, SupportsTriggerAvailableNo
         return offset
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        refuse_offline(self.options)
         parts: list[InputPartition] = []
         if end["seq"] > start["seq"]:
             parts += _plan(self.options, self.store, start["seq"], end["seq"] - 1)

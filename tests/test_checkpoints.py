@@ -5,6 +5,7 @@ keeps a bounded log while every version within the retention stays loadable."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,16 +14,24 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 from storage_delta.commit import checkpoint as ckpt
+from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender
 from storage_delta.commit.durable import fsync_path
 from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_version
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import checkpoint_digest_path, scan_log
+from storage_delta.maintenance.files import live_files, swap_files, vacuum
+from storage_delta.maintenance.recent import Compaction
 from storage_delta.tables.repair import check_at_start
+from tests.test_storage_hazards import seqs_in_table
+
+#: ``alone``: hundreds of synced one-message commits; beside another process they slow both.
+pytestmark = pytest.mark.alone
 
 STREAM = "S"
 
@@ -310,3 +319,190 @@ def test_a_handle_that_lagged_behind_a_trim_catches_up(tmp_path: Path) -> None:
     catch_up(lagging)
     assert lagging.version() == 39
     assert lagging.to_pyarrow_table(columns=["seq"]).num_rows == 39
+
+
+def merged_table(root: StoreRoot, count: int) -> MessageTable:
+    """``count`` one-message commits, merged by the gateway's compaction every four, then one
+    file removed by a retention rewrite (``dataChange`` true), then a checkpoint."""
+    table = MessageTable(root, checkpoint_every=10**9)
+    compaction = Compaction(root)
+    for seq in range(1, count + 1):
+        table.commit([message(seq)], seq)
+        if seq % 4 == 0:
+            compaction.round({STREAM: 0}, 4, 1 << 30)
+    last = max(live_files(root, STREAM), key=lambda f: f.min_seq or 0)
+    assert swap_files(root, [last], [], data_change=True)
+    table._appender.hygiene()
+    return table
+
+
+def checkpoint_removes(root: StoreRoot) -> list[dict[str, object]]:
+    newest = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))[-1]
+    actions = pq.read_table(log_dir(root) / newest)
+    return [r for r in actions.column("remove").to_pylist() if r is not None]
+
+
+def test_a_checkpoint_carries_no_tombstone_of_a_merge_and_readers_read_the_same_rows(tmp_path: Path) -> None:
+    """The compaction's removes (``dataChange`` false) stay in the log entries but not in the
+    checkpoint; the retention rewrite's remove stays in both. deltalake, DuckDB and a load of a
+    version before the merges read the rows they read before; ``_last_checkpoint`` counts what
+    the checkpoint holds."""
+    root = StoreRoot(str(tmp_path))
+    merged_table(root, 200).close()
+    in_log = [
+        json.loads(line)["remove"]
+        for entry in log_dir(root).glob("*.json")
+        for line in entry.read_text().splitlines()
+        if '"remove"' in line
+    ]
+    assert sum(not r["dataChange"] for r in in_log) > 150  # what the checkpoint leaves out
+    assert [r["dataChange"] for r in checkpoint_removes(root)] == [True]
+    last = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))[-1]
+    pointer = json.loads((log_dir(root) / "_last_checkpoint").read_text())
+    assert pointer["size"] == pq.read_metadata(log_dir(root) / last).num_rows
+    assert pointer["sizeInBytes"] == (log_dir(root) / last).stat().st_size
+    kept = [s for s in range(1, 201) if s < 197]  # the last merged file held 197..200
+    assert rows(root) == kept
+    assert seqs_in_table(root) == {STREAM: kept}
+    assert check_at_start(root).problems == []
+    early = open_version(root, sch.MESSAGES, 8)  # before the second merge: its files are still read
+    assert early is not None
+    assert sorted(early.to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()) == list(range(1, 8))
+
+
+def test_the_full_vacuum_keeps_a_merged_file_for_its_margin_from_the_merge(tmp_path: Path) -> None:
+    """Files written three hours ago and merged now lose their tombstones at the checkpoint; the
+    vacuum (margin one hour) still keeps them, as a reader that planned before the merge may read
+    them, and deletes them once the margin has passed since the merge: none is left for ever."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 9):
+        table.commit([message(seq)], seq)
+    hours_ago = time.time() - 3 * 3600
+    small = [tmp_path / sch.MESSAGES / f.path for f in live_files(root, STREAM)]
+    for path in small:
+        os.utime(path, (hours_ago, hours_ago))
+    assert Compaction(root).round({STREAM: 0}, 4, 1 << 30)[0] == 8
+    table._appender.hygiene()
+    table.close()
+    assert checkpoint_removes(root) == []
+    assert vacuum(root, margin_hours=1, dry_run=True) == []
+    merged_ago = time.time() - 2 * 3600  # two hours after the merge
+    for path in small:
+        os.utime(path, (merged_ago, merged_ago))
+    assert sorted(vacuum(root, margin_hours=1, dry_run=True)) == sorted(
+        str(p.relative_to(tmp_path / sch.MESSAGES)) for p in small
+    )
+    assert rows(root) == list(range(1, 9))
+
+
+def test_a_table_opened_a_whole_interval_past_its_newest_checkpoint_is_checkpointed(tmp_path: Path) -> None:
+    """Versions the appender did not make itself (here the compaction's swaps; or a writer killed
+    while its checkpoints lagged) start no checkpoint, so every load would replay them until the
+    appender made an interval of commits: the gateway asks for one once it serves."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10)
+    for seq in range(1, 10):  # nine commits: below the interval
+        table.commit([message(seq)], seq)
+    assert Compaction(root).round({STREAM: 0}, 4, 1 << 30)[0] == 9  # version 10
+    table.close()
+    assert ckpt._last_checkpoint(str(log_dir(root))) is None
+    reopened = MessageTable(root, checkpoint_every=10)
+    assert reopened.checkpoint_if_behind()
+    reopened.close()
+    pointer = ckpt._last_checkpoint(str(log_dir(root)))
+    assert pointer is not None
+    assert pointer["version"] == reopened._appender.dt.version()
+    again = MessageTable(root, checkpoint_every=10)
+    assert not again.checkpoint_if_behind()
+    again.close()
+    assert rows(root) == list(range(1, 10))
+
+
+def test_the_messages_log_is_bounded_by_entries_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An hour's retention keeps every entry of 300 one-message commits; the bound by entries of
+    ``messages`` (30 here) trims below the newest checkpoint that many versions back, keeping a
+    whole checkpoint below the newest. Every row stays; versions within the bound load."""
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", 30)
+    root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    commit_each(table, range(1, 301))
+    entries = [n for n in os.listdir(log_dir(root)) if n.endswith(".json")]
+    assert len(entries) <= 50, len(entries)
+    assert rows(root) == list(range(1, 301))
+    old = open_version(root, sch.MESSAGES, 270)
+    assert old is not None
+    assert old.to_pyarrow_table(columns=["seq"]).num_rows == 270
+    unbounded = StoreRoot(str(tmp_path / "unbounded"), log_retention_s=3600.0)
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", None)
+    commit_each(MessageTable(unbounded, checkpoint_every=10**9), range(1, 101))
+    assert len([n for n in os.listdir(log_dir(unbounded)) if n.endswith(".json")]) == 101
+
+
+def test_a_swap_planned_below_a_trim_is_abandoned_not_linked_at_a_trimmed_version(tmp_path: Path) -> None:
+    """A version below the newest checkpoint may have been trimmed: its free name is not a free
+    version. A swap whose writer is that far behind is refused (``BelowTrim``) and leaves the log
+    as it was; before the guard it was linked there, under a version the table had long passed."""
+    root = StoreRoot(str(tmp_path), log_retention_s=0.0)
+    table = MessageTable(root, checkpoint_every=10**9)
+    commit_each(table, range(1, 101))
+    table.close()
+    gone = min(int(n[:20]) for n in os.listdir(log_dir(root)) if n.endswith(".json")) - 1
+    assert gone > 0  # trimmed below
+    stale = LocalLogAppender(str(tmp_path / sch.MESSAGES), gone)
+    before = sorted(os.listdir(log_dir(root)))
+    with pytest.raises(BelowTrim):
+        stale.swap([], [], "OPTIMIZE")
+    assert sorted(os.listdir(log_dir(root))) == before
+    assert rows(root) == list(range(1, 101))
+
+
+def test_a_writer_behind_a_checkpoint_passes_the_versions_still_there(tmp_path: Path) -> None:
+    """The gateway's writer, then the compaction's swaps and a checkpoint at their version (the
+    hygiene's, or a start's): the writer's next version is below the checkpoint, its entries all
+    there. It passes them one by one, as any version another writer took, and commits after them;
+    with the guard refusing every version at or below a checkpoint, each later publish of the
+    gateway failed (503/10077 "version … is at or below the newest checkpoint")."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    for seq in range(1, 9):
+        table.commit([message(seq)], seq)
+    assert Compaction(root).round({STREAM: 0}, 4, 1 << 30)[0] > 0
+    newest = open_existing(root, sch.MESSAGES)
+    assert newest is not None
+    assert newest.version() > 8
+    ckpt.checkpoint_table(root, newest, sch.MESSAGES)
+    table.commit([message(9)], 9)
+    table.close()
+    assert rows(root) == list(range(1, 10))
+
+
+def test_an_append_behind_a_trim_catches_up_from_the_checkpoint(tmp_path: Path) -> None:
+    """A writer whose next version was trimmed below a checkpoint (another writer of the table
+    went on meanwhile) cannot look at the commits in between: it catches up from the checkpoint
+    (the owner's fence and its own txn are in the snapshot) and commits past it."""
+    root = StoreRoot(str(tmp_path), log_retention_s=0.0)
+    behind = MessageTable(root, checkpoint_every=10**9)
+    behind.commit([message(1)], 1)
+    ahead = MessageTable(root, checkpoint_every=10**9)
+    commit_each(ahead, range(2, 101))
+    ahead.close()
+    assert not (log_dir(root) / f"{3:020d}.json").exists()  # trimmed past the writer's next
+    behind.commit([message(101)], 101)
+    behind.close()
+    assert rows(root) == list(range(1, 102))
+
+
+def test_a_long_log_left_from_before_the_bound_is_trimmed_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", None)
+    commit_each(MessageTable(root, checkpoint_every=10**9), range(1, 201))
+    assert len([n for n in os.listdir(log_dir(root)) if n.endswith(".json")]) == 201
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", 30)
+    reopened = MessageTable(root, checkpoint_every=10**9)
+    assert not reopened.checkpoint_if_behind()  # not behind: only the trim runs
+    reopened.close()
+    assert len([n for n in os.listdir(log_dir(root)) if n.endswith(".json")]) <= 50
+    assert rows(root) == list(range(1, 201))

@@ -33,6 +33,7 @@ from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
 from storage_delta.format.schema import MESSAGE_FILE_SCHEMA, MESSAGE_PARTITIONS
 from storage_delta.maintenance.files import rewrite_files, swap_actions
+from storage_delta.read import index_snapshot
 from storage_delta.read.reader import MessageReader
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog, live_streams, load_stream_states
@@ -40,8 +41,8 @@ from storage_delta.tables.repair import check_at_start
 from storage_delta.tables.scope import Scope, load_store_state
 from storage_delta.tables.unresolved import UnresolvedEntry
 from tests.differential import api
-from tests.harness import ROOT, Jetlake, duckdb_connection
-from tests.monitor_fixtures import http_get
+from tests.harness import ROOT, Jetlake, duckdb_connection, wait_log
+from tests.monitor_fixtures import get_json, http_get
 
 BAD, GOOD = "BAD", "GOOD"
 #: A third stream with a deleted message (its removal is the ``removals`` table's one row).
@@ -542,6 +543,78 @@ def test_a_log_entry_of_another_table_that_lost_its_commit_info_is_set_aside(
         store.stop()
 
 
+def _flip_a_column_name(body: bytes) -> bytes:
+    """One bit of the schema's first column name flipped: the entry still parses, and a reader
+    would take the table for one with another column."""
+    at = body.index(b'[{\\"name\\":\\"') + len(b'[{\\"name\\":\\"')
+    return body[:at] + bytes([body[at] ^ 1]) + body[at + 1 :]
+
+
+#: Damage to a table's creation (version 0: its protocol and metaData, which delta-rs wrote from
+#: jetlake's spec of the table; jetlake adds the digests of its lines, so a damaged line is one
+#: whose digest differs, one that does not parse, and a missing protocol or metaData).
+CREATION_DAMAGES: dict[str, Callable[[bytes], bytes]] = {
+    "cut": lambda body: body[: len(body) * 2 // 3],
+    "to nothing": lambda body: b"",
+    "cut after the table id": lambda body: body[: body.index(b'"name":null')],
+    "a flipped bit that still parses": _flip_a_column_name,
+}
+
+
+@pytest.mark.slow  # two gateway starts
+@pytest.mark.parametrize(
+    ("table", "damage"),
+    [
+        (sch.CATALOG, "cut"),
+        (sch.REMOVALS, "to nothing"),
+        (sch.ACKS, "cut after the table id"),
+        (sch.CATALOG, "a flipped bit that still parses"),
+    ],
+)
+def test_a_damaged_creation_of_a_table_without_a_checkpoint_is_rebuilt_from_its_spec(
+    store: Jetlake, table: str, damage: str
+) -> None:
+    """The creation of a table with no checkpoint yet (every load reads it) damaged: delta-rs would
+    refuse the table, and the gateway did not start. Its protocol and metaData are what jetlake
+    wrote from the table's spec (schema, partition columns, properties), so they are made again
+    from it (the table id kept when it survived), the original kept aside, and the gateway starts
+    and serves everything; DuckDB reads every row the table held (and those the run added) and
+    repair finds nothing."""
+    log_dir = store.data_root / table / "_delta_log"
+    assert not list(log_dir.glob("*.checkpoint.parquet"))
+    creation = log_dir / f"{0:020d}.json"
+    body = creation.read_bytes()
+    table_id = json.loads(body.split(b"\n")[2])["metaData"]["id"]
+    before = _duckdb_rows(store.data_root, table)
+    damaged = CREATION_DAMAGES[damage](body)
+    creation.write_bytes(damaged)
+    store.start()
+    try:
+        assert healthz(store) == (200, {"status": "ok"})
+        _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        assert store.stop_gateway() == 0
+        assert f"rewrote {creation}" in (store.workdir / "gateway.log").read_text()
+        assert (store.data_root / table / "_jetlake_quarantine" / creation.name).read_bytes() == damaged
+        rebuilt = [json.loads(line) for line in creation.read_bytes().splitlines()]
+        assert [next(iter(action)) for action in rebuilt] == ["commitInfo", "protocol", "metaData"]
+        assert (rebuilt[2]["metaData"]["id"] == table_id) is (table_id.encode() in damaged)
+        after = _duckdb_rows(store.data_root, table)  # the rows before, and what the run added
+        assert before
+        assert [row for row in before if row not in after] == []
+        assert repair(store.data_root)[0] == 0
+    finally:
+        store.stop()
+
+
+def _duckdb_rows(data_root: Path, table: str) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = (
+        duckdb_connection()
+        .execute("SELECT * FROM delta_scan(?) ORDER BY ALL", [str(data_root / table)])
+        .fetchall()
+    )
+    return rows
+
+
 async def _infos(url: str) -> dict[str, dict[str, Any]]:
     async with await nats.connect(url) as nc:
         return {name: await api(nc, f"STREAM.INFO.{name}") for name in (BAD, GOOD)}
@@ -610,17 +683,53 @@ def test_a_checkpoint_hint_naming_a_missing_checkpoint_is_set_aside(store: Jetla
         store.stop()
 
 
+@pytest.mark.slow  # three gateway starts
 @pytest.mark.parametrize("damage", ["flip", "cut"])
-def test_a_damaged_index_snapshot_is_ignored(store: Jetlake, damage: str) -> None:
+def test_a_damaged_index_snapshot_is_reported_and_written_again(store: Jetlake, damage: str) -> None:
+    """The snapshot is a cache: recovery reads the message files instead and serves everything. It
+    is reported (the log, ``/healthz``, the stream's ``index_snapshot`` in ``/lake``) until a good
+    snapshot is written over it: at a clean stop, and at the next snapshot round of a running
+    gateway, whatever ``index_snapshot_min_new`` says."""
     snapshot = store.data_root / "_jetlake_index" / f"{BAD}.parquet"
-    (flip_in_seq_page if damage == "flip" else cut)(snapshot)
-    store.start()
+    created = _created(store.data_root, BAD)
+    damage_snapshot = flip_in_seq_page if damage == "flip" else cut
+    damage_snapshot(snapshot)
+    store.start_server()
     try:
-        assert healthz(store) == (200, {"status": "ok"})
-        assert f"index snapshot of {BAD}" in (store.workdir / "gateway.log").read_text()
+        store.start_gateway({"JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "3600000"})
+        status, health = healthz(store)
+        assert status == 503
+        (said,) = [p for p in health["problems"] if "index snapshot" in p]
+        assert said.startswith(f"damaged index snapshot of stream {BAD}: ")
+        assert "recovered from the message files" in said
+        lake = get_json(f"http://127.0.0.1:{store.monitor_port}/lake", None)
+        damaged = {s["name"]: s["index_snapshot"]["damaged"] for s in lake["streams"]}
+        assert damaged[GOOD] is None
+        assert damaged[GONE] is None
+        assert damaged[BAD]
+        assert damaged[BAD] in said
+        assert f"index snapshot of {BAD} damaged" in (store.workdir / "gateway.log").read_text()
         _check_served(asyncio.run(_observe(store.url, range(0))), range(0))
+        with pytest.raises(index_snapshot.DamagedSnapshot):
+            index_snapshot.read(StoreRoot(str(store.data_root)), BAD, created)
+        assert store.stop_gateway() == 0  # a clean stop writes a good one over it
+        assert index_snapshot.read(StoreRoot(str(store.data_root)), BAD, created) is not None
+        store.start_gateway()
+        assert healthz(store) == (200, {"status": "ok"})
+        assert store.stop_gateway() == 0
+
+        damage_snapshot(snapshot)  # a running gateway writes it again at its next round
+        (store.workdir / "gateway.log").unlink()  # what the clean stop said is not what is looked for
+        store.start_gateway({"JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "300"})
+        wait_log(store.workdir / "gateway.log", f"index snapshot of {BAD} written again over the damaged one")
+        assert healthz(store) == (200, {"status": "ok"})
+        assert index_snapshot.read(StoreRoot(str(store.data_root)), BAD, created) is not None
     finally:
         store.stop()
+
+
+def _created(data_root: Path, stream: str) -> int:
+    return live_streams(StoreRoot(str(data_root)))[stream]
 
 
 def test_a_job_refuses_to_rewrite_a_damaged_file(store: Jetlake) -> None:

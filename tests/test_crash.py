@@ -14,6 +14,9 @@ import pytest
 
 from tests.harness import Jetlake, duckdb_connection, scrub, stop
 
+#: ``alone``: kill -9 trials under sync publishing; a neighbour's fsyncs would stretch their waits.
+pytestmark = pytest.mark.alone
+
 
 async def publish_until_killed(
     gw: Jetlake, stream: str, kill_after_s: float, publishers: int = 8

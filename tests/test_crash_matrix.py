@@ -40,6 +40,9 @@ from nats.aio.msg import Msg
 from tests.differential import api
 from tests.harness import Jetlake, duckdb_connection
 
+#: ``alone``: kill -9 trials under sync publishing; a neighbour's fsyncs would stretch their waits.
+pytestmark = pytest.mark.alone
+
 STREAM = "MATRIX"
 TRIALS = int(os.environ.get("JETLAKE_CRASH_TRIALS", "6"))
 PUBLISHERS = 4

@@ -23,6 +23,9 @@ import pytest
 
 from tests.harness import Jetlake, duckdb_connection, free_port, stop
 
+#: ``alone``: full, read-only and slow stores; their timings assume the disk to themselves.
+pytestmark = pytest.mark.alone
+
 WORKERS = 8
 RESUMED = 50  # PubAcks after the fault that show publishing resumed
 

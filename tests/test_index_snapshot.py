@@ -77,10 +77,12 @@ def test_a_stream_restored_from_its_snapshot_is_the_same_stream(tmp_path: Path) 
     table = pq.read_table(path)
     meta = {**(table.schema.metadata or {}), b"jetlake.through": b"190"}
     pq.write_table(table.replace_schema_metadata(meta), path)
-    assert index_snapshot.read(root, "S", CREATED) is None
+    with pytest.raises(index_snapshot.DamagedSnapshot, match="digest"):
+        index_snapshot.read(root, "S", CREATED)
     index_snapshot.write(root, "S", IndexSnapshot(CREATED, through, stored))
     path.write_bytes(path.read_bytes()[:100])
-    assert index_snapshot.read(root, "S", CREATED) is None
+    with pytest.raises(index_snapshot.DamagedSnapshot, match="unreadable"):
+        index_snapshot.read(root, "S", CREATED)
     index_snapshot.remove_others(root, {"OTHER"})
     assert not path.exists()
 
@@ -103,8 +105,11 @@ def test_load_index_reads_no_file_the_snapshot_covers(tmp_path: Path) -> None:
     for f in live_files(root, "S"):
         if f.max_seq is not None and f.max_seq <= 120:
             os.remove(tmp_path / "messages" / f.path)
-    index, through = index_snapshot.load_index(root, MessageReader(root), "S", CREATED, CREATED, FILE_RECORD)
+    index, through, damage = index_snapshot.load_index(
+        root, MessageReader(root), "S", CREATED, CREATED, FILE_RECORD
+    )
     assert through == 120
+    assert damage is None
     for name in ("seq", "ts", "size"):
         assert np.array_equal(getattr(index, name), getattr(full, name)), name
     assert [index.subjects[c] for c in index.subject_codes] == [full.subjects[c] for c in full.subject_codes]

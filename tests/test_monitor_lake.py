@@ -154,7 +154,7 @@ NOW = 2_000_000_000_000_000_000
 
 
 def lake_stream(**files: int) -> StreamLake:
-    return StreamLake("S", StreamFiles(**files), 0, NOW - 10**9, 0, None)
+    return StreamLake("S", StreamFiles(**files), 0, NOW - 10**9, 0, None, None)
 
 
 def test_a_healthy_stream_gets_no_warning() -> None:
@@ -210,6 +210,7 @@ def neglected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MonitoredJet
     yield from serving(MonitoredJetlake(Path(tmp_path_factory.mktemp("neglected")), settings))
 
 
+@pytest.mark.alone  # 300 synced one-file commits: beside another process, both slow
 async def test_a_neglected_lake_is_reported_with_what_to_do(neglected: MonitoredJetlake) -> None:
     """300 publishes, each awaited (one commit and one file each), of 4 KiB that do not compress,
     into a stream that keeps 10: /lake counts the files and the removed bytes, warns about the

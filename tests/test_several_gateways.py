@@ -29,7 +29,8 @@ from gateway.runtime.embedded import nats_server_binary, server_config
 from storage_delta.commit.store import StoreRoot
 from tests.harness import Jetlake, Peer, free_port, spawn, stop, wait_log, wait_port
 
-pytestmark = pytest.mark.slow
+#: ``alone``: the handover bounds (2 s) are wall-clock bounds.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 #: Each try of a publish waits this long for its PubAck before it is sent again (same Nats-Msg-Id).
 TRY_S = 0.25

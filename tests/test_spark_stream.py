@@ -27,6 +27,7 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format.schema import DEFAULT_BLOCK_SIZE
 from storage_delta.maintenance.files import live_files
+from storage_delta.tables.repair import check_at_start
 from tests.differential import api
 from tests.harness import Jetlake
 
@@ -56,6 +57,17 @@ def _stream(spark: SparkSession, root: str, stream: str, **options: str) -> Data
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
+
+
+def _available_now(df: DataFrame, name: str, checkpoint: str) -> StreamingQuery:
+    """A ``Trigger.AvailableNow`` query of ``df`` into the memory table ``name``."""
+    return (
+        df.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
 
 
 def _batch(spark: SparkSession, root: str, stream: str, **options: str) -> DataFrame:
@@ -96,13 +108,10 @@ def test_planner_reads_a_small_micro_batch(store: str) -> None:
 
 @pytest.mark.spark
 def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str, tmp_path: Path) -> None:
-    query = (
-        _stream(spark, store, STREAM, view="raw", max_messages_per_trigger="300")
-        .writeStream.format("memory")
-        .queryName("ticks_bounded")
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
+    query = _available_now(
+        _stream(spark, store, STREAM, view="raw", max_messages_per_trigger="300"),
+        "ticks_bounded",
+        str(tmp_path / "ckpt"),
     )
     query.awaitTermination(120)
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
@@ -119,13 +128,10 @@ def test_available_now_in_bounded_micro_batches(spark: SparkSession, store: str,
 def test_start_time_and_subject_filter(spark: SparkSession, store: str, tmp_path: Path) -> None:
     # Message s is stored at BASE_TS + s seconds: 12:00:00.5 after second 700 starts at 701.
     start = datetime.fromtimestamp(BASE_TS / 1e9 + 700.5, UTC).replace(tzinfo=None).isoformat()
-    query = (
-        _stream(spark, store, STREAM, view="raw", start_time=start, subject="t.1")
-        .writeStream.format("memory")
-        .queryName("ticks_late")
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
+    query = _available_now(
+        _stream(spark, store, STREAM, view="raw", start_time=start, subject="t.1"),
+        "ticks_late",
+        str(tmp_path / "ckpt"),
     )
     query.awaitTermination(120)
     seqs = [r.seq for r in spark.table("ticks_late").orderBy("seq").collect()]
@@ -336,3 +342,57 @@ def test_a_running_query_and_its_restart_survive_log_trims(spark: SparkSession, 
     second.stop()
     seqs = sorted(r.seq for r in spark.read.parquet(str(sink)).select("seq").collect())
     assert seqs == list(range(1, 181))
+
+
+@pytest.fixture
+def set_aside(tmp_path: Path) -> tuple[str, range]:
+    """A store whose ``messages`` entry of version 2 (sequences 101-200 of ``TICKS``) lost its
+    ``add`` line past the stream's name and its file: the gateway's start check sets it aside
+    (rewritten without the line, the marker taking ``TICKS`` offline), so every Delta reader now
+    reads ``TICKS`` with a hole. ``OTHER`` is whole."""
+    root = str(tmp_path / "store")
+    table = MessageTable(StoreRoot(root))
+    for version in range(1, 4):
+        seqs = range(100 * (version - 1) + 1, 100 * version + 1)
+        table.commit(
+            [StoredMessage(STREAM, BLOCK_SIZE, s, BASE_TS + s, "t.x", None, b"%d" % s) for s in seqs], version
+        )
+    table.commit(
+        [StoredMessage("OTHER", BLOCK_SIZE, s, BASE_TS + s, "o.x", None, b"o") for s in range(1, 11)], 4
+    )
+    entry = Path(root) / "messages" / "_delta_log" / f"{2:020d}.json"
+    body = entry.read_bytes()
+    start = body.index(b'{"add":{"path":"')
+    path = body[start + len(b'{"add":{"path":"') :].split(b'"', 1)[0].decode()
+    entry.write_bytes(body[: start + len(f'{{"add":{{"path":"stream={STREAM}/')])
+    (Path(root) / "messages" / path).unlink()
+    check = check_at_start(StoreRoot(root))
+    assert [scope.names(STREAM) for scope, _ in check.offline] == [True]
+    return root, range(101, 201)
+
+
+@pytest.mark.spark
+def test_a_stream_offline_for_damage_is_not_read_unless_asked(
+    spark: SparkSession, set_aside: tuple[str, range], tmp_path: Path
+) -> None:
+    """A stream the gateway took offline for a set-aside log entry (its rows may be missing
+    without a word) fails a batch read and a streaming query with an error naming it and
+    ``jetlake repair``; other streams read as before; ``read_offline`` reads what is left."""
+    root, lost = set_aside
+    says = rf"stream {STREAM} is offline: .*_delta_log/{2:020d}\.json.*jetlake repair.*read_offline"
+    with pytest.raises(Exception, match=says):
+        _batch(spark, root, STREAM, view="raw").count()
+    assert _batch(spark, root, "OTHER", view="raw").count() == 10
+    query = _available_now(
+        _stream(spark, root, STREAM, view="raw"), "offline_refused", str(tmp_path / "refused")
+    )
+    with pytest.raises(Exception, match=says):
+        query.awaitTermination(120)
+    kept = [s for s in range(1, 301) if s not in lost]
+    batch = _batch(spark, root, STREAM, view="raw", read_offline="true")
+    assert [r.seq for r in batch.orderBy("seq").collect()] == kept
+    query = _available_now(
+        _stream(spark, root, STREAM, view="raw", read_offline="true"), "offline_read", str(tmp_path / "read")
+    )
+    query.awaitTermination(120)
+    assert [r.seq for r in spark.table("offline_read").orderBy("seq").collect()] == kept

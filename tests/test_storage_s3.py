@@ -197,6 +197,7 @@ def claim_landed(lease: ObjectStoreLease, epoch: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a handover: its waits are wall-clock bounds
 def test_a_standby_takes_an_s3_root_over_after_kill_9(s3_endpoint: str, tmp_path: Path) -> None:
     """Two gateways on one s3:// root (the lease's claims a Delta table, its beats objects): kill -9
     of the owner under retrying publishers and an acking consumer, the standby takes over, every

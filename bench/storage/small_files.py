@@ -13,7 +13,8 @@ With ``--kept DIR`` the jetlake stream is not written but taken from a store kep
 (``--keep``; e.g. ``python -m bench.storage.recovery --keep DIR``, hours of one commit per message),
 compared with the same count in large commits and on JetStream.
 
-    python -m bench.storage.small_files [--messages 20000] [--trials 3] [--keep DIR] [--kept DIR]
+    python -m bench.storage.small_files [--messages 20000] [--trials 3] [--keep DIR]
+        [--kept DIR [--large-kept DIR] [--jetstream-window N]]
     (or python -m bench.run --only small_files)
 """
 
@@ -208,20 +209,33 @@ def _after_publish(lake: Jetlake, count: int, trials: int) -> Result:
     return out
 
 
-def measure_kept(ref: ReferenceJetStream, workdir: Path, kept: Path, trials: int) -> Result:
-    """The same figures for the stream of a store written before (``--keep`` of an earlier run,
-    e.g. one message per commit for an hour), against the same messages in large commits and on
-    JetStream (sync publishes, as the kept stream's were)."""
+def _kept(kept: Path, trials: int) -> tuple[int, Result]:
+    """The figures of the stream of a kept store, and its message count."""
     lake = Jetlake(kept)
     lake.start_server()
     try:
         lake.start_gateway(ready_s=3600)  # its first start may compact what the writer left
-        count = asyncio.run(stream_state(lake.url, STREAM))["messages"]
-        kept_out = _after_publish(lake, count, trials)
+        count: int = asyncio.run(stream_state(lake.url, STREAM))["messages"]
+        return count, _after_publish(lake, count, trials)
     finally:
         lake.stop()
-    large = _jetlake(workdir / "large", {}, count, 256, trials)
-    js = _jetstream(ref, count, trials)
+
+
+def measure_kept(
+    ref: ReferenceJetStream, workdir: Path, kept: Path, trials: int, large_kept: Path | None, js_window: int
+) -> Result:
+    """The same figures for the stream of a store written before (``--keep`` of an earlier run,
+    e.g. one message per commit for an hour), against the same messages in large commits and on
+    JetStream (sync publishes, as the kept stream's were). ``large_kept``: the large commits' store
+    kept too (``bench.storage.one_per_commit --per-commit 256``), not published here; ``js_window``:
+    PubAcks in flight on JetStream (its file store holds the same blocks however they came)."""
+    count, kept_out = _kept(kept, trials)
+    if large_kept is None:
+        large = _jetlake(workdir / "large", {}, count, 256, trials)
+    else:
+        large_count, large = _kept(large_kept, trials)
+        assert large_count == count, f"{large_kept} holds {large_count} messages, {kept} {count}"
+    js = _jetstream(ref, count, trials, js_window)
     return {
         "workload": "small_files_kept",
         "messages": count,
@@ -233,8 +247,8 @@ def measure_kept(ref: ReferenceJetStream, workdir: Path, kept: Path, trials: int
     }
 
 
-def _jetstream(ref: ReferenceJetStream, count: int, trials: int) -> Result:
-    publish_s = asyncio.run(_publish(ref.url, count, 1))
+def _jetstream(ref: ReferenceJetStream, count: int, trials: int, window: int = 1) -> Result:
+    publish_s = asyncio.run(_publish(ref.url, count, window))
     restarts, drains = _restarts_and_drains(
         lambda: stop(ref.proc, signal.SIGKILL), ref.start, ref.url, count, trials
     )
@@ -289,6 +303,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--keep", default="", help="work in this directory and keep it (the servers' logs)")
     ap.add_argument("--kept", default="", help="measure the stream of this kept store instead of writing one")
+    ap.add_argument("--large-kept", default="", help="with --kept: the same messages in large commits, kept")
+    ap.add_argument(
+        "--jetstream-window", type=int, default=1, help="with --kept: PubAcks in flight on JetStream"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-smallfiles-") as tmp:
         work = Path(args.keep or tmp)
@@ -296,7 +314,9 @@ def main() -> None:
         ref.start()
         try:
             if args.kept:
-                print(json.dumps(measure_kept(ref, work, Path(args.kept), args.trials)), flush=True)
+                large = Path(args.large_kept) if args.large_kept else None
+                out = measure_kept(ref, work, Path(args.kept), args.trials, large, args.jetstream_window)
+                print(json.dumps(out), flush=True)
             else:
                 print(json.dumps(measure(ref, work, args.messages, args.trials)), flush=True)
         finally:

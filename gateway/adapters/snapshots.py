@@ -8,6 +8,11 @@ the copy is then durable, and only then is the copy written. A stream is written
 messages were committed since its last snapshot, however long the stream (a restart after a crash
 then reads at most about ``min_new`` messages beyond the snapshot, not a share of the stream: with
 a quarter, a 1M-message stream read up to 250,000 after ``kill -9``), and at every clean stop.
+
+A damaged snapshot (``index_snapshot.DamagedSnapshot``: recovery read the message files instead)
+is reported (:attr:`Snapshots.damaged`: ``/healthz``, ``/lake``) until one is written over it,
+which the next round does (``interval_s`` after the start) whatever ``min_new`` says, and a clean
+stop too: the report says what is wrong now, not what was wrong once.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from gateway.adapters.removals import RemovalRecorder
 from gateway.engine.stream import Stream
 from storage_delta.commit.store import StoreRoot
 from storage_delta.read import index_snapshot
-from storage_delta.read.index_snapshot import IndexSnapshot
+from storage_delta.read.index_snapshot import DamagedSnapshot, IndexSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +49,16 @@ class Snapshots:
         self.executor = executor
         #: stream name -> (incarnation, sequence) of the newest snapshot it has
         self._taken: dict[str, tuple[int, int]] = {}
+        #: stream name -> why its snapshot was found damaged, until a good one is written over it
+        self.damaged: dict[str, str] = {}
         self._lock = asyncio.Lock()
 
-    def restored(self, stream: Stream, through: int) -> None:
-        """Recovery read a snapshot of the stream up to ``through`` (0: none)."""
+    def restored(self, stream: Stream, through: int, damage: DamagedSnapshot | None = None) -> None:
+        """Recovery read a snapshot of the stream up to ``through`` (0: none), or found it
+        ``damage``d: it is reported and written again at the next round."""
         self._taken[stream.name] = (stream.created_ns, through)
+        if damage is not None:
+            self.damaged[stream.name] = damage.reason
 
     def behind(self, stream: Stream) -> int:
         """Committed messages of ``stream`` beyond its newest snapshot: what a restart after a crash
@@ -57,7 +67,7 @@ class Snapshots:
         return stream.durable_last_seq - (through if created == stream.created_ns else 0)
 
     def _due(self, stream: Stream) -> bool:
-        return self.behind(stream) >= self.min_new
+        return stream.name in self.damaged or self.behind(stream) >= self.min_new
 
     async def take(self, every_changed: bool = False) -> int:
         """Snapshot the streams that are due (every stream with something new, at a clean stop);
@@ -65,10 +75,12 @@ class Snapshots:
         async with self._lock:
             loop = asyncio.get_running_loop()
             streams = list(self.registry.streams.values())
+            # a deleted stream's damaged snapshot is deleted with it (``remove_others``)
+            self.damaged = {s.name: self.damaged[s.name] for s in streams if s.name in self.damaged}
             copies = [
                 (stream.name, IndexSnapshot(stream.created_ns, *stream.stored_snapshot()))
                 for stream in streams
-                if (self.behind(stream) > 0 if every_changed else self._due(stream))
+                if self._due(stream) or (every_changed and self.behind(stream) > 0)
             ]
             if not copies:
                 return 0
@@ -76,6 +88,8 @@ class Snapshots:
             for name, snapshot in copies:
                 await loop.run_in_executor(self.executor, index_snapshot.write, self.root, name, snapshot)
                 self._taken[name] = (snapshot.created, snapshot.through)
+                if self.damaged.pop(name, None) is not None:
+                    log.warning("index snapshot of %s written again over the damaged one", name)
             live = {s.name for s in streams} | set(self.registry.quarantine.streams)  # offline: kept
             self._taken = {name: taken for name, taken in self._taken.items() if name in live}
             await loop.run_in_executor(self.executor, index_snapshot.remove_others, self.root, live)

@@ -65,6 +65,8 @@ class StreamLake:
     unreclaimed_bytes: int
     snapshot_written_ns: int | None
     snapshot_behind: int
+    #: why its index snapshot was found damaged, until one is written over it (None: not damaged)
+    snapshot_damage: str | None
     compaction: RoundRecord | None
 
 
@@ -247,6 +249,7 @@ class Lake:
                     unreclaimed(files, r.visible.get(name, 0)),
                     r.snapshots.get(name),
                     core.snapshots.behind(stream),
+                    core.snapshots.damaged.get(name),
                     compactor.last.get(name) if compactor is not None else None,
                 )
             )
@@ -287,6 +290,7 @@ def render_lake(report: LakeReport, now_ns: int) -> dict[str, Any]:
                 "written": rfc3339(s.snapshot_written_ns) if s.snapshot_written_ns else None,
                 "age_s": age(s.snapshot_written_ns) if s.snapshot_written_ns else None,
                 "behind": s.snapshot_behind,
+                "damaged": s.snapshot_damage,
             },
             "compaction": None
             if c is None

@@ -101,7 +101,8 @@ class Settings:
         3_600_000,
         "how long a table's Delta log keeps the entries and checkpoints of past versions (Delta's "
         "`delta.logRetentionDuration`): older ones below a checkpoint are deleted when the next checkpoint "
-        "is written; a version within it stays loadable (time travel, a change feed's offsets)",
+        "is written; a version within it stays loadable (time travel, a change feed's offsets), "
+        "in `messages` only the last 10,000",
     )
     compact_min_files: int = setting(
         16,

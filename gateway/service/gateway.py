@@ -243,6 +243,8 @@ class Gateway:
         sourcing.start()
         await leaf.start(dispatcher)
         phases.append(time.monotonic())
+        # A crash may have left the newest checkpoint far behind (#22): every start would replay it.
+        await loop.run_in_executor(self.executor, table.checkpoint_if_behind)
         took = [f"{b - a:.2f}" for a, b in itertools.pairwise(phases)]
         log.info(
             "started in %.2f s (check, tables, ack log, recovery, serving: %s s)",
@@ -272,7 +274,7 @@ class Gateway:
                 stream = registry.install_stream(config, int(entry.body["created"]))
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)
-                stored, through = await loop.run_in_executor(
+                stored, through, damage = await loop.run_in_executor(
                     self.executor,
                     index_snapshot.load_index,
                     self.root,
@@ -283,7 +285,7 @@ class Gateway:
                     stream.record_overhead,
                 )
                 stream.restore_stored(stored)
-                snapshots.restored(stream, through)
+                snapshots.restored(stream, through, damage)
                 state = logical.get(stream.name)
                 if state is not None and state.created == stream.created_ns:
                     for first, last in state.removed:
@@ -393,6 +395,11 @@ class Gateway:
             problems += [
                 f"stream {name} is offline: {why}"
                 for name, why in sorted(self.core.registry.quarantine.streams.items())
+            ]
+            problems += [
+                f"damaged index snapshot of stream {name}: {why}; not read (recovered from the "
+                "message files), written again at the next snapshot round"
+                for name, why in sorted(self.core.snapshots.damaged.items())
             ]
             for loop in (self.core.writer.loop, self.core.acklog.loop, self.core.registry.catalog_loop):
                 if not loop.running:

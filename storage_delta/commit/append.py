@@ -24,6 +24,7 @@ The rules, in the order a commit meets them (docs/storage.md):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,8 +34,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
-from storage_delta.commit.checkpoint import checkpoint_table
-from storage_delta.commit.deltalog import LocalLogAppender, UnsupportedTable
+from storage_delta.commit.checkpoint import checkpoint_table, trim_log
+from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
 from storage_delta.commit.owner import OWNER_APP, StreamEpochs, StreamFenced, check_epoch, stream_owner_app
 from storage_delta.commit.store import (
@@ -73,6 +74,7 @@ class TableAppender:
         app_id: str | None,
         checkpoint_every: int = 100,
         retries: int = 5,
+        log_keep_entries: int | None = None,
         streams: StreamEpochs | None = None,
     ) -> None:
         self.root = root
@@ -102,6 +104,8 @@ class TableAppender:
         )
         self._retries = retries
         self._checkpoint_every = checkpoint_every
+        #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
+        self._log_keep_entries = log_keep_entries
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -211,6 +215,16 @@ class TableAppender:
             try:
                 self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
                 return
+            except BelowTrim:
+                # Behind a trim: the versions in between are in the checkpoint only. Look again
+                # from there (the owner's fence and our txn are in the snapshot) and go on past it.
+                catch_up(self.dt)
+                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+                if (self.dt.transaction_version(self.app_id) or 0) >= version:
+                    return  # it landed before the trim
+                self._local.next_version = self.dt.version() + 1
+                self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
+                return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
                 # let delta-rs judge it from now on unless it still allows blind appends.
@@ -263,12 +277,43 @@ class TableAppender:
                     raise
         self.root.settle_log_entries(self.spec.name, before + 1, self.dt.version())
 
-    def _start_hygiene(self) -> None:
+    def checkpoint_if_behind(self) -> bool:
+        """Start a checkpoint (on the hygiene thread) when the table's newest checkpoint is a whole
+        interval or more behind the version this appender opened at; whether one started. The
+        interval counts this appender's commits only, so versions it did not make (a compaction's
+        swaps, a job's, those of a writer killed while its checkpoints lagged) leave every later
+        load replaying them, restarts and takeovers included, until this appender has made another
+        interval of commits: a gateway calls this once it serves."""
+        local = self.root.local_path()
+        if local is None:
+            return False
+        log_dir = os.path.join(local, self.spec.name, "_delta_log")
+        behind = self.dt.version() - checkpointed_version(log_dir) >= self._checkpoint_every
+        if behind or self._log_keep_entries is not None:
+            # not behind: the trim alone, for a log longer than the bound left from before it
+            self._start_hygiene(checkpoint=behind)
+        return behind
+
+    def _start_hygiene(self, checkpoint: bool = True) -> None:
         if self._hygiene_running is not None and not self._hygiene_running.done():
             return  # the previous round is still at it; the next interval tries again
         if self._hygiene_pool is None:
             self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
-        self._hygiene_running = self._hygiene_pool.submit(self.hygiene)
+        self._hygiene_running = self._hygiene_pool.submit(self.hygiene if checkpoint else self._trim)
+
+    def _trim(self) -> None:
+        """The log's trim alone (a log longer than the bound, left from before it), logged when it
+        fails as a checkpoint is: the next checkpoint trims again."""
+        local = self.root.local_path()
+        assert local is not None  # only local roots are trimmed by jetlake
+        try:
+            trim_log(
+                os.path.join(local, self.spec.name),
+                self.root.log_retention_s,
+                keep_entries=self._log_keep_entries,
+            )
+        except Exception:
+            log.exception("trim of %s failed", self.spec.name)
 
     def hygiene(self) -> None:
         """Checkpoint and trim the log through a fresh handle (a long-lived ``DeltaTable`` grows
@@ -278,7 +323,7 @@ class TableAppender:
         meanwhile: the checkpoint is written and synced beside the log before it enters it."""
         try:
             dt = open_or_create(self.root, self.spec.name, self.spec.schema, list(self.spec.partition_by))
-            checkpoint_table(self.root, dt, self.spec.name)
+            checkpoint_table(self.root, dt, self.spec.name, self._log_keep_entries)
         except Exception:  # hygiene is best effort; the next interval tries again
             log.exception("checkpoint of %s failed", self.spec.name)
             return
@@ -305,6 +350,9 @@ class WriterTable:
 
     SPEC: TableSpec
     APP_ID: str
+    #: The bound on the table's log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`),
+    #: for a table nothing of jetlake reads older versions of; None: by ``log_retention_ms`` only.
+    LOG_KEEP_ENTRIES: int | None = None
     #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
     per_stream = False
 
@@ -318,7 +366,9 @@ class WriterTable:
         self.root = root
         self.per_stream = streams is not None
         app = self.APP_ID if app_id is None else app_id
-        self._appender = TableAppender(root, self.SPEC, app, checkpoint_every, streams=streams)
+        self._appender = TableAppender(
+            root, self.SPEC, app, checkpoint_every, log_keep_entries=self.LOG_KEEP_ENTRIES, streams=streams
+        )
 
     def fence_stream(self, stream: str) -> None:
         """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""

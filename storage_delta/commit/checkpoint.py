@@ -17,6 +17,18 @@ A checkpoint is derived data: every reader can replay the log entries instead. T
   bounded: about (commit rate × retention) entries plus two checkpoint intervals. Unlike Delta,
   the newest checkpoint is never that floor: a whole checkpoint below it always remains, so a
   damaged newest one can be set aside and replayed from there (#16).
+* **A checkpoint carries no tombstone of a merge.** A ``remove`` with ``dataChange`` false (the
+  gateway's compaction, the ``seal`` job: the rows live on in the merged file) is needed by no
+  reader of a checkpoint: a read of the version it belongs to, or of any later one, never opens a
+  removed file; a read of an earlier version loads that version's own checkpoint and entries; the
+  change feed reads the ``removals`` table, a swap's conflict check the entries since its version.
+  Only the vacuum looks at tombstones: a full one spares what a tombstone younger than its margin
+  names. So the merge sets each file's modification time to the time of its removal before it
+  commits (:func:`storage_delta.maintenance.files.swap_files`), which the full vacuum's margin
+  counts from when no tombstone names the file. Delta keeps them for
+  ``delta.deletedFileRetentionDuration`` (an hour here): a stream written one message per commit then
+  had a checkpoint of 8.7 MB, 104,831 actions for 75 live files, after 105,523 commits, which every
+  load (a restart, a takeover, deltalake, DuckDB, Spark through the data source) decoded.
 
 On an object store delta-rs writes the checkpoint (a completed PUT is atomic and durable) and
 removes expired entries by the table's own ``delta.logRetentionDuration``.
@@ -33,6 +45,8 @@ import shutil
 import time
 import uuid
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from storage_delta.commit.deltalog import commit_path
@@ -50,9 +64,10 @@ STALE_STAGE_S = 3600.0
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|checkpoint(?:\.\d+\.\d+)?\.parquet|crc)$")
 
 
-def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
-    """A checkpoint of table ``name`` at ``dt``'s version, then the trim of its expired log files.
-    Never holds anything a commit waits for; call it on a thread of its own."""
+def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str, keep_entries: int | None = None) -> None:
+    """A checkpoint of table ``name`` at ``dt``'s version, then the trim of its expired log files
+    (``keep_entries``: see :func:`trim_log`). Never holds anything a commit waits for; call it on
+    a thread of its own."""
     local = root.local_path()
     if local is None:
         retry_listing(dt.create_checkpoint)
@@ -63,7 +78,7 @@ def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str) -> None:
         digest = record_checkpoint_digest(table_path, dt.version())
         if digest is not None:
             root.settle_file(digest, [table_path])
-    trim_log(table_path, root.log_retention_s)
+    trim_log(table_path, root.log_retention_s, keep_entries=keep_entries)
 
 
 def _last_checkpoint(log_dir: str) -> dict[str, object] | None:
@@ -110,6 +125,7 @@ def _staged_checkpoint(root: StoreRoot, table_path: str, version: int) -> bool:
     if written is None or written["version"] != version:
         raise RuntimeError(f"delta-rs wrote no checkpoint at version {version} in {stage_log}")
     names = _checkpoint_names(version, written.get("parts"))
+    _drop_merge_tombstones(stage_log, names, written)
     for file_name in [*names, "_last_checkpoint"]:
         fsync_path(os.path.join(stage_log, file_name))  # bytes down before the name is in the log
     # The checkpoint first: a ``_last_checkpoint`` naming a checkpoint not yet there would send
@@ -124,6 +140,28 @@ def _staged_checkpoint(root: StoreRoot, table_path: str, version: int) -> bool:
     return True
 
 
+def _drop_merge_tombstones(log_dir: str, names: list[str], pointer: dict[str, object]) -> None:
+    """Rewrite the checkpoint ``names`` in ``log_dir`` without the ``remove`` actions whose
+    ``dataChange`` is false, and ``_last_checkpoint`` (``pointer``) with the new action count and
+    bytes; nothing when it holds none."""
+    kept_rows, size_bytes, changed = 0, 0, False
+    for name in names:
+        path = os.path.join(log_dir, name)
+        actions = pq.read_table(path)
+        removes = actions.column("remove")
+        keep = pc.fill_null(pc.or_kleene(pc.is_null(removes), pc.struct_field(removes, "dataChange")), True)
+        if not pc.all(keep).as_py():
+            changed = True
+            pq.write_table(actions.filter(keep), path)
+            actions = actions.filter(keep)
+        kept_rows += actions.num_rows
+        size_bytes += os.path.getsize(path)
+    if changed:
+        pointer = {**pointer, "size": kept_rows, "sizeInBytes": size_bytes}
+        with open(os.path.join(log_dir, "_last_checkpoint"), "w") as fh:
+            json.dump(pointer, fh, separators=(",", ":"))
+
+
 def _clear_stale_stages(stages: str) -> None:
     """Remove stages a crash left behind (never read, never needed); a stage younger than
     :data:`STALE_STAGE_S` may be another writer's checkpoint under way."""
@@ -136,14 +174,19 @@ def _clear_stale_stages(stages: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def trim_log(table_path: str, retention_s: float, now: float | None = None) -> int:
+def trim_log(
+    table_path: str, retention_s: float, now: float | None = None, keep_entries: int | None = None
+) -> int:
     """Delete the log entries, checkpoints and checksums of a local table below its newest
     checkpoint written at least ``retention_s`` ago, never the newest checkpoint itself (and the
     checkpoints' digests); returns how many log files went. Every version at or above that
     checkpoint stays loadable, and so does a damaged newest checkpoint's table: a whole one below
     it and the entries since remain, so the start can set the damaged one aside
     (``storage_delta.tables.repair.set_aside_checkpoint``) even on a table idle for longer than
-    the retention, for one checkpoint interval of entries more."""
+    the retention, for one checkpoint interval of entries more. With ``keep_entries`` a checkpoint
+    that many versions below the newest entry is old enough too, whatever its age: the log of a
+    table written one message per commit then stays at about that many entries (an hour of them
+    cost every load of the table a listing of hundreds of thousands of files)."""
     log_dir = os.path.join(table_path, "_delta_log")
     cutoff = (time.time() if now is None else now) - retention_s
     files: list[tuple[int, str]] = []
@@ -158,6 +201,9 @@ def trim_log(table_path: str, retention_s: float, now: float | None = None) -> i
             if found.group(2).startswith("checkpoint") and _mtime(entry.path) <= cutoff:
                 old.append(version)
     newest = max((v for v, name in files if ".checkpoint" in name), default=-1)
+    if keep_entries is not None and files:
+        last = max(v for v, _ in files)
+        old += [v for v, name in files if ".checkpoint" in name and v <= last - keep_entries]
     floor = max((v for v in old if v < newest), default=-1)
     removed = 0
     for version, file_name in files:

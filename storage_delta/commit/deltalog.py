@@ -52,8 +52,27 @@ class ConcurrentRemoval(Exception):
     """A commit that landed meanwhile removed a file this swap removes: the swap's plan is stale."""
 
 
+class BelowTrim(ConcurrentRemoval):
+    """The version this writer would claim is at or below the newest checkpoint and its entry is
+    gone: the log was trimmed there, so the version's free name does not mean a free version, and
+    the commits in between cannot be looked at. Only a writer that fell behind by a trim gets there
+    (a swap planned on a stale handle: abandoned, as a swap that lost a race is; an append: it
+    catches up from the checkpoint, :meth:`~storage_delta.commit.append.TableAppender._commit`).
+    Versions at or below the checkpoint whose entries are still there are passed one by one, as
+    any version another writer took (a compaction's swaps and the checkpoint after them)."""
+
+
 def commit_path(log_dir: str, version: int) -> str:
     return os.path.join(log_dir, f"{version:020d}.json")
+
+
+def checkpointed_version(log_dir: str) -> int:
+    """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
+    try:
+        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
+            return int(json.load(fh)["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 def add_line(add: AddAction) -> dict[str, Any]:
@@ -216,6 +235,10 @@ class LocalLogAppender:
         try:
             while True:
                 version = self.next_version
+                if version <= checkpointed_version(self.log_dir) and not os.path.exists(
+                    commit_path(self.log_dir, version)
+                ):
+                    raise BelowTrim(f"version {version} is below the newest checkpoint and trimmed")
                 try:
                     os.link(tmp, commit_path(self.log_dir, version))
                 except FileExistsError:

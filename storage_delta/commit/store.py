@@ -7,8 +7,10 @@ actions through one live table handle (``create_write_transaction``) rather than
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +26,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.deltalog import checkpointed_version, commit_path
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
@@ -33,7 +35,7 @@ from storage_delta.commit.durable import (
     sync_new_file,
     sync_tree,
 )
-from storage_delta.format.integrity import DamagedFile, crc_hex, read_verified
+from storage_delta.format.integrity import LINES_KEY, DamagedFile, crc_hex, lines_digest, read_verified
 
 
 class CommitConflict(Exception):
@@ -169,7 +171,7 @@ def newest_version(log_dir: str, known: int) -> int:
     if not os.path.exists(commit_path(log_dir, high)):
         # Either nothing after ``known``, or a handle that lagged behind the log's trim: the entries
         # after its version are gone below a newer checkpoint, from which the log goes on.
-        checkpointed = _checkpointed(log_dir)
+        checkpointed = checkpointed_version(log_dir)
         if checkpointed <= known:
             return known
         low, high = checkpointed, checkpointed + 1
@@ -185,15 +187,6 @@ def newest_version(log_dir: str, known: int) -> int:
     return low
 
 
-def _checkpointed(log_dir: str) -> int:
-    """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
-    try:
-        with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
-            return int(json.load(fh)["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
-
-
 def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
     """A handle at the table's newest version. Locally at the version :func:`newest_version`
     found, so delta-rs's listing of ``_delta_log`` needs only commit files that existed before it
@@ -203,7 +196,7 @@ def _load(uri: str, opts: dict[str, str] | None) -> DeltaTable:
     log_dir = _local_log_dir(uri)
     if log_dir is None:
         return retry_listing(lambda: DeltaTable(uri, storage_options=opts))
-    newest = newest_version(log_dir, _checkpointed(log_dir))
+    newest = newest_version(log_dir, checkpointed_version(log_dir))
     version = newest if newest >= 0 else None
     return retry_listing(lambda: DeltaTable(uri, version=version, storage_options=opts))
 
@@ -221,11 +214,12 @@ def catch_up(dt: DeltaTable) -> None:
         retry_listing(lambda: dt.load_as_version(newest))
 
 
-def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
-    uri = root.table_uri(name)
-    opts = dict(root.storage_options) if root.storage_options else None
-    if DeltaTable.is_deltatable(uri, storage_options=opts):
-        return _load(uri, opts)
+def create_table(
+    uri: str, schema: pa.Schema, partition_by: list[str], opts: dict[str, str] | None = None
+) -> None:
+    """Create an empty table (its version 0: the protocol and metaData delta-rs writes for this
+    schema, partitioning and :data:`TABLE_PROPERTIES`), unless one is there. Also how a damaged
+    creation is made again (``storage_delta.tables.repair``): the same call gives the same lines."""
     write_deltalake(
         uri,
         schema.empty_table(),
@@ -234,12 +228,56 @@ def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: 
         storage_options=opts,
         configuration=TABLE_PROPERTIES,
     )
+
+
+def open_or_create(root: StoreRoot, name: str, schema: pa.Schema, partition_by: list[str]) -> DeltaTable:
+    uri = root.table_uri(name)
+    opts = dict(root.storage_options) if root.storage_options else None
+    if DeltaTable.is_deltatable(uri, storage_options=opts):
+        return _load(uri, opts)
     local = root.local_path()
-    if local is not None:
-        # delta-rs syncs neither its first log entry nor the folders; synced whatever the
-        # sync_interval: a table whose first entry a power cut took cannot be opened at all
+    if local is None:
+        create_table(uri, schema, partition_by, opts)
+    else:
+        _create_with_digests(os.path.join(local, name), schema, partition_by)
+        # synced whatever the sync_interval: a table whose first entry a power cut took cannot be
+        # opened at all
         sync_tree(os.path.join(local, name))
     return DeltaTable(uri, storage_options=opts)
+
+
+def creation_lines(schema: pa.Schema, partition_by: list[str]) -> list[bytes]:
+    """The lines of a table's creation (version 0) as :func:`create_table` writes them for this
+    schema and partitioning (``commitInfo``, ``protocol``, ``metaData``: byte for byte but for the
+    table id and the times), made in a scratch folder: what jetlake writes, and what repair makes
+    a damaged creation again from (``storage_delta.tables.repair``)."""
+    with tempfile.TemporaryDirectory(prefix="jetlake-creation-") as scratch:
+        create_table(scratch, schema, partition_by)
+        with open(commit_path(os.path.join(scratch, "_delta_log"), 0), "rb") as fh:
+            return fh.read().splitlines()
+
+
+def _create_with_digests(path: str, schema: pa.Schema, partition_by: list[str]) -> None:
+    """A local table's creation (version 0) as delta-rs writes it, with the CRC-32 of its protocol
+    and metaData lines in its ``commitInfo`` (``format.integrity.LINES_KEY``), as every later
+    entry has: without them a flipped bit that still parses (a letter of a column name in the
+    schema) is taken at its word by every reader, and the start cannot know the entry is damaged.
+    Staged beside the log, as the commits are, then linked into place (put-if-absent: a gateway
+    that created the table first wins)."""
+    lines = creation_lines(schema, partition_by)
+    info = json.loads(lines[0])
+    info["commitInfo"][LINES_KEY] = lines_digest(lines[1:])
+    log_dir, staging = os.path.join(path, "_delta_log"), os.path.join(path, "_jetlake_staging")
+    make_dirs(log_dir)
+    make_dirs(staging)
+    staged = os.path.join(staging, f"{uuid.uuid4().hex}.json")
+    with open(staged, "wb") as out:
+        out.write(b"\n".join([json.dumps(info, separators=(",", ":")).encode(), *lines[1:]]) + b"\n")
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(staged, commit_path(log_dir, 0))
+    finally:
+        os.unlink(staged)
 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:

@@ -27,6 +27,13 @@ from storage_delta.commit.owner import commit_without_fenced
 from storage_delta.format import schema as sch
 
 APP_ID = "jetlake-gateway"
+#: Entries of ``messages``' log kept below its newest checkpoint at most, whatever
+#: ``log_retention_ms`` says: delta-rs lists all of ``_delta_log`` on every load, and an hour of a
+#: stream written one message per commit (300,000 entries) cost each load of the table (every
+#: restart, takeover, cold read's catch-up and independent reader) about a second. Nothing of
+#: jetlake reads an older version of ``messages`` (queries plan from the newest; the change feed's
+#: offsets are the ``removals`` table's), so only time travel further back than this is lost.
+LOG_KEEP_ENTRIES = 10_000
 MESSAGES_TABLE = TableSpec(sch.MESSAGES, sch.MESSAGE_TABLE_SCHEMA, tuple(sch.MESSAGE_PARTITIONS))
 
 
@@ -104,6 +111,7 @@ class MessageTable(WriterTable):
 
     SPEC = MESSAGES_TABLE
     APP_ID = APP_ID
+    LOG_KEEP_ENTRIES = LOG_KEEP_ENTRIES
 
     def last_txn_version(self) -> int:
         return self._appender.committed_version()
@@ -147,6 +155,10 @@ class MessageTable(WriterTable):
             sorted(positions.items()),
             {stream for stream, _ in groups},
         )
+
+    def checkpoint_if_behind(self) -> bool:
+        """See :meth:`TableAppender.checkpoint_if_behind`. Blocking (a file read)."""
+        return self._appender.checkpoint_if_behind()
 
     def close(self) -> None:
         self._appender.close()

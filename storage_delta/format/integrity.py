@@ -99,12 +99,14 @@ def lines_digest(lines: list[bytes]) -> list[str]:
     return [crc_hex(line) for line in lines]
 
 
-def check_log_entry(body: bytes) -> list[int]:
+def check_log_entry(body: bytes, creation: bool = False) -> list[int]:
     """The positions (0 = the first line) of the damaged lines of a log entry; empty when it is
     whole. A line that is not JSON is damaged; with digests (our commits) a line whose CRC-32
     differs, and a missing line (a cut tail), too: without them (commits delta-rs made) a cut at a
-    line's end goes unnoticed. A damaged ``commitInfo`` takes the digests with
-    it, so then every line that parses counts as whole."""
+    line's end goes unnoticed, except in a table's ``creation`` (version 0), which must hold a
+    ``protocol`` and a ``metaData``: one missing is a missing line (its position past the last).
+    A damaged ``commitInfo`` takes the digests with it, so then every line that parses counts as
+    whole."""
     raw = body.split(b"\n")
     if raw and raw[-1] == b"":
         raw.pop()
@@ -115,6 +117,10 @@ def check_log_entry(body: bytes) -> list[int]:
     first = parsed[0] if parsed else None
     digests = first.get("commitInfo", {}).get(LINES_KEY) if first is not None else None
     if not isinstance(digests, list):
+        if creation and not bad:
+            present = {key for obj in parsed if obj is not None for key in obj}
+            missing = [kind for kind in ("protocol", "metaData") if kind not in present]
+            bad.extend(range(len(raw), len(raw) + len(missing)))
         return bad  # delta-rs's own commits (no digests, no final newline): whether they parse
     for i, want in enumerate(digests, start=1):
         if i >= len(raw) or crc_hex(raw[i]) != want:
@@ -185,11 +191,11 @@ def _scan_listed(table_path: str, log_dir: str, newest_only: bool) -> Iterator[L
     for name in names[bisect_right(names, f"{floor:020d}.json") if floor >= 0 else 0 :]:
         path = os.path.join(log_dir, name)
         if entry := _ENTRY.match(name):
+            version = int(entry.group(1))
             with open(path, "rb") as fh:
-                bad = check_log_entry(fh.read())
+                bad = check_log_entry(fh.read(), creation=version == 0)
             if bad:
                 where = ", ".join(str(i + 1) for i in bad)
-                version = int(entry.group(1))
                 yield LogDamage(path, version, "log entry", f"damaged line(s) {where}", tuple(bad))
         elif not newest_only and (checkpoint := _CHECKPOINT.match(name)):
             damage = _checkpoint_damage(table_path, path, int(checkpoint.group(1)))

@@ -17,6 +17,7 @@ see :func:`vacuum`.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -175,8 +176,18 @@ def swap_files(
 
     Returns ``False``, committing nothing, when a file to remove is no longer live (another job got
     there first): the caller then deletes its new files, which no version references.
+
+    A merge (``data_change`` false) on a local root first sets each removed file's modification time
+    to now: its tombstone leaves the checkpoints (:mod:`storage_delta.commit.checkpoint`), and the
+    full vacuum then keeps the file for its margin from this time, as it would from the tombstone.
+    Before the commit, so no crash leaves a removed file that looks older than its removal (a swap
+    that does not land leaves a live file younger, which changes nothing).
     """
     now = int(time.time() * 1000)
+    local = root.local_path()
+    if not data_change and local is not None:
+        for f in removes:
+            os.utime(os.path.join(local, sch.MESSAGES, f.path), ns=(now * 1_000_000,) * 2)
     remove_actions = [
         RemoveAction(
             path=f.log_path,

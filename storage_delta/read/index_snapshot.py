@@ -5,8 +5,10 @@ written by the gateway: (``seq``, ``ts``, ``subject``, ``size``) of every messag
 incarnation (``created``) that was live at some moment, up to sequence ``through``, all of them
 committed. It is a cache derived from the tables, never the truth: recovery reads it, then only the
 files holding sequences above ``through`` (and the header blocks it still needs), and replays the
-removal log as before. A snapshot that is missing, of another incarnation or unreadable is ignored
-and recovery scans the files instead, as it would without one.
+removal log as before. A snapshot that is missing or of another incarnation is ignored and recovery
+scans the files instead, as it would without one; so is a damaged one (parquet's page checksums or
+its ``jetlake.digest`` fail), which is also reported (:class:`DamagedSnapshot`): the gateway lists
+it on ``/healthz`` and ``/lake`` until it has written a good one over it.
 
 What makes it exact: a sequence at or below ``through`` that the snapshot leaves out was removed,
 and the gateway writes a snapshot only after every removal it shows is in the removal log
@@ -105,8 +107,18 @@ def write(root: StoreRoot, stream: str, snapshot: IndexSnapshot) -> None:
         pq.write_table(table, path, filesystem=fs, **options)
 
 
+class DamagedSnapshot(Exception):
+    """A stream's snapshot that cannot be trusted: never read, reported, and written again."""
+
+    def __init__(self, stream: str, reason: str) -> None:
+        super().__init__(f"index snapshot of {stream} damaged: {reason}")
+        self.stream = stream
+        self.reason = reason
+
+
 def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
-    """The stream incarnation's snapshot, None when there is none that can be used."""
+    """The stream incarnation's snapshot, None when there is none (or one of another incarnation,
+    or of an older format); raises :class:`DamagedSnapshot` for a damaged one."""
     fs, _, path = _location(root, stream)
     try:
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
@@ -114,11 +126,8 @@ def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
         table = pq.read_table(
             path, filesystem=fs, read_dictionary=["subject"], page_checksum_verification=True
         )
-    except (OSError, pa.ArrowException):
-        log.warning(
-            "index snapshot of %s unreadable; recovering from the message files", stream, exc_info=True
-        )
-        return None
+    except (OSError, pa.ArrowException) as exc:
+        raise DamagedSnapshot(stream, f"unreadable ({exc})") from exc
     meta = table.schema.metadata or {}
     if meta.get(b"jetlake.format") != FORMAT or meta.get(b"jetlake.created") != str(created).encode():
         return None
@@ -136,8 +145,7 @@ def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
     through = meta.get(b"jetlake.through", b"")
     if not through.isdigit() or meta.get(b"jetlake.digest") != _digest(created, int(through), index).encode():
         # A flipped bit that parquet's checks passed (a value, the footer's metadata): not trusted.
-        log.warning("index snapshot of %s damaged (digest); recovering from the message files", stream)
-        return None
+        raise DamagedSnapshot(stream, "its digest does not match what it holds")
     return IndexSnapshot(created, int(through), index)
 
 
@@ -146,7 +154,11 @@ def unheld_tail(root: StoreRoot, reader: MessageReader, stream: str, created: in
     stream the table holds, None when none (or no snapshot): ``jetlake repair`` records them as
     removed when a log entry that may have added them was set aside, so they are never given out
     again."""
-    snapshot = read(root, stream, created)
+    try:
+        snapshot = read(root, stream, created)
+    except DamagedSnapshot as exc:
+        log.warning("%s: it tells no lost tail", exc)
+        return None
     held = max((f.max_seq for f in reader.stream_files(stream)), default=0)
     return (held + 1, snapshot.through) if snapshot is not None and snapshot.through > held else None
 
@@ -168,15 +180,19 @@ def load_index(
     created: int,
     headers_since: int,
     overhead: tuple[int, int],
-) -> tuple[StoredIndex, int]:
+) -> tuple[StoredIndex, int, DamagedSnapshot | None]:
     """Recovery's index of a stream: its snapshot and the files above it (every file without
-    one); and how far the snapshot went (0 without one). Sizes count ``overhead`` (the stream's
-    ``RECORD_OVERHEAD``; the snapshot holds the sizes the stream counted). Blocks: belongs on a
-    worker thread."""
-    snapshot = read(root, stream, created)
+    one, or with a damaged one); how far the snapshot went (0 without one); and the snapshot's
+    damage, to report. Sizes count ``overhead`` (the stream's ``RECORD_OVERHEAD``; the snapshot
+    holds the sizes the stream counted). Blocks: belongs on a worker thread."""
+    try:
+        snapshot, damage = read(root, stream, created), None
+    except DamagedSnapshot as exc:
+        log.error("%s; recovering from the message files", exc)
+        snapshot, damage = None, exc
     through = snapshot.through if snapshot is not None else 0
     tail = reader.stored_index(stream, created, headers_since, after=through, overhead=overhead)
-    return (snapshot.index.after(tail) if snapshot is not None else tail), through
+    return (snapshot.index.after(tail) if snapshot is not None else tail), through, damage
 
 
 def written_times(root: StoreRoot) -> dict[str, int]:

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage_delta.commit.append import TableSpec
 from storage_delta.commit.deltalog import add_line, commit_info, remove_line
 from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
-from storage_delta.commit.store import StoreRoot, file_stats, open_existing
+from storage_delta.commit.store import StoreRoot, creation_lines, file_stats, open_existing
 from storage_delta.commit.writer import MESSAGES_TABLE
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import (
@@ -70,6 +71,7 @@ from storage_delta.tables.unresolved import UnresolvedEntry, record, resolve, un
 log = logging.getLogger(__name__)
 
 TABLES = (MESSAGES_TABLE, ACKS_TABLE, CATALOG_TABLE, REMOVALS_TABLE, ACKFLOORS_TABLE, JOBRUNS_TABLE)
+_SPECS = {spec.name: spec for spec in TABLES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +392,11 @@ class EntryRewrite:
             dropped = [i for i in dropped if i not in found]
             for i in sorted(found):  # at its place among the lines kept
                 lines.insert(i - 1 - sum(1 for d in dropped if d < i), found[i])
+        spec = _SPECS.get(os.path.basename(table_path))
+        if int(os.path.basename(rel)[:20]) == 0 and spec is not None:
+            damaged = [raw[i] if i < len(raw) else b"" for i in bad_lines]
+            lines = _creation(spec, lines, damaged, os.path.join(table_path, rel))
+            dropped = [i for i in dropped if not _creation_line(raw[i] if i < len(raw) else b"")]
         return cls(table_path, rel, raw, bad_lines, lines, tuple(dropped))
 
     @property
@@ -437,6 +444,42 @@ class EntryRewrite:
             [i + 1 for i in self.dropped],
             kept,
         )
+
+
+#: The first bytes of the lines of a table's creation that its spec makes again.
+_CREATION_KINDS = {"protocol": b'{"protocol":', "metaData": b'{"metaData":'}
+_TABLE_ID = re.compile(rb'"id":"([0-9a-fA-F-]{36})"')
+_CREATED_TIME = re.compile(rb'"createdTime":(\d+)[,}]')
+
+
+def _creation_line(raw: bytes) -> bool:
+    """Whether a damaged line of a table's creation can have been its protocol or metaData (what
+    survives is the start of one; a missing line too): made again from the spec, it is no loss."""
+    return any(raw[: len(start)] == start[: len(raw)] for start in _CREATION_KINDS.values())
+
+
+def _creation(spec: TableSpec, lines: list[bytes], damaged: list[bytes], path: str) -> list[bytes]:
+    """The lines of a damaged creation (version 0) with its protocol and metaData, when damaged,
+    made again from the table's spec: jetlake wrote them (``store.creation_lines``), so the same
+    call in a scratch folder writes them again, byte for byte but for the metaData's table id and
+    creation time, which are taken from what survives of the damaged lines (a fresh id and the
+    entry's modification time when nothing does). No checkpoint holds them yet (else the start
+    would not read this entry), and no later entry repeats them."""
+    whole = {kind for kind in _CREATION_KINDS if any(_json_line(line).get(kind) for line in lines)}
+    if len(whole) == len(_CREATION_KINDS):
+        return lines
+    made_lines = creation_lines(spec.schema, list(spec.partition_by))
+    fresh = {next(iter(obj)): obj for obj in map(_json_line, made_lines) if obj}
+    meta = fresh["metaData"]["metaData"]
+    table_id = next((m.group(1) for raw in damaged if (m := _TABLE_ID.search(raw))), None)
+    created = next((m.group(1) for raw in damaged if (m := _CREATED_TIME.search(raw))), None)
+    meta["id"] = table_id.decode() if table_id is not None else str(uuid.uuid4())
+    meta["createdTime"] = int(created) if created is not None else int(os.stat(path).st_mtime * 1000)
+    made = {kind: json.dumps(fresh[kind], separators=(",", ":")).encode() for kind in _CREATION_KINDS}
+    kept = {next(iter(_json_line(line)), None): line for line in lines}
+    head = [kept[kind] if kind in whole else made[kind] for kind in _CREATION_KINDS]
+    log.warning("%s: the table's %s made again from its spec", path, ", ".join(sorted(set(made) - whole)))
+    return head + [line for line in lines if next(iter(_json_line(line)), None) not in _CREATION_KINDS]
 
 
 #: How long before its commit a lost ``add`` line's file may have been written and still be looked
@@ -713,7 +756,7 @@ def check_at_start(root: StoreRoot) -> StartCheck:
                 if not plan.dropped:
                     plan.write()  # every damaged line made again exactly: nothing is lost, nothing to decide
                     continue
-                if plan.leaves_a_hole and d.version > 0:  # not the creation: it holds the schema
+                if plan.leaves_a_hole:  # a creation's protocol and metaData are made again from its spec
                     plan.set_aside(spec.name, d.reason)  # reported below, with the other markers
                     continue
             entries_whole = False

@@ -143,3 +143,20 @@ def resolve(table_path: str, version: int) -> None:
     if os.path.exists(path):
         os.unlink(path)
         fsync_path(folder)
+
+
+#: The tables whose set-aside entries may take streams offline (``UnresolvedEntry.scopes``).
+_SCOPED_TABLES = (sch.MESSAGES, sch.CATALOG, sch.REMOVALS)
+
+
+def taking_offline(local_root: str, stream: str) -> list[UnresolvedEntry]:
+    """The set-aside entries, not yet repaired, that take ``stream`` offline: what the gateway
+    refuses to serve it for, and what a reader of the tables must not read without a word (the
+    rewritten entries parse, so every Delta reader reads the stream with a hole). A few listings;
+    blocking."""
+    return [
+        entry
+        for table in _SCOPED_TABLES
+        for entry in unresolved_entries(os.path.join(local_root, table), table)
+        if any(scope.names(stream) for scope in entry.scopes())
+    ]
