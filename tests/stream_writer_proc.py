@@ -30,7 +30,7 @@ def message(stream: str, seq: int, writer: str) -> StoredMessage:
 def main(root: str, epoch: int, rounds: int) -> None:
     held = StreamEpochs()
     options = json.loads(os.environ.get("JETLAKE_TEST_STORAGE_OPTIONS", "null"))
-    table = MessageTable(StoreRoot(root, options), app_id="jetlake-gateway/a", streams=held)
+    table = MessageTable(StoreRoot(root, options), streams=held)
     for stream in STREAMS:
         held.hold(stream, epoch)
         table.fence_stream(stream)

@@ -35,7 +35,7 @@ def writer(root: StoreRoot, name: str, epochs: dict[str, int]) -> tuple[MessageT
     and fences them, as a new owner does first (before it reads the streams to recover)."""
     lease = open_lease(root)
     held = StreamEpochs()
-    table = MessageTable(root, app_id=f"jetlake-gateway/{name}", streams=held)
+    table = MessageTable(root, streams=held)
     for stream, epoch in epochs.items():
         assert lease.stream_current(stream) == epoch - 1
         assert lease.claim_stream(stream, epoch, name)
@@ -121,6 +121,59 @@ def test_a_new_owner_is_fenced_by_a_newer_one_still(tmp_path: Path) -> None:
     assert b_held.epoch("S") == 1
 
 
+def dedup_versions(root: StoreRoot, table: str = "messages") -> dict[str, list[int]]:
+    """Per app id other than the owner epochs', the txn versions of the table's log in order."""
+    out: dict[str, list[int]] = {}
+    log_dir = os.path.join(root.local_path() or "", table, "_delta_log")
+    for entry in sorted(n for n in os.listdir(log_dir) if n.endswith(".json")):
+        with open(os.path.join(log_dir, entry), "rb") as fh:
+            for action in map(json.loads, fh):
+                txn = action.get("txn")
+                if txn is not None and not txn["appId"].startswith("jetlake-owner"):
+                    out.setdefault(txn["appId"], []).append(int(txn["version"]))
+    return out
+
+
+def test_each_stream_is_counted_under_one_app_id_across_owners(tmp_path: Path) -> None:
+    """The dedup txn is the stream's (``jetlake-gateway/<S>``), not the writer's: the table's app
+    ids stay one per stream however many gateways wrote it, its versions keep growing across
+    owners though each writer counts its own commits from 1, and each writer's landed check
+    (``last_txn_version``) reads its own count back, never the other owner's."""
+    root = StoreRoot(str(tmp_path))
+    a, _ = writer(root, "a", {"S": 1, "T": 1})
+    for v in range(1, 4):
+        assert a.commit([message("S", v, "a"), message("T", v, "a")], v) == frozenset()
+    assert a.last_txn_version() == 3
+    b, _ = take_over(root, "b", "S", 2)
+    assert b.last_txn_version() == 0  # b has committed nothing of its own yet
+    assert b.commit([message("S", 4, "b")], 1) == frozenset()
+    assert b.commit([message("S", 5, "b")], 2) == frozenset()
+    assert b.last_txn_version() == 2
+    # a's count is read from T only: S's goes on under b and is none of a's
+    assert a.last_txn_version() == 3
+    assert a.commit([message("T", 4, "a")], 4) == frozenset()
+    assert a.last_txn_version() == 4
+    versions = dedup_versions(root)
+    assert set(versions) == {"jetlake-gateway/S", "jetlake-gateway/T"}
+    assert versions["jetlake-gateway/S"] == [1, 2, 3, 4, 5]
+    assert versions["jetlake-gateway/T"] == [1, 2, 3, 4]
+    assert rows(root, "S") == [b"a1", b"a2", b"a3", b"b4", b"b5"]
+
+
+def test_a_stream_not_fenced_by_the_appender_is_not_written(tmp_path: Path) -> None:
+    """Holding a stream's lease is not enough to write it through a table: the appender's fence
+    of it comes first (that is where it reads where the stream's count stands)."""
+    root = StoreRoot(str(tmp_path))
+    a, held = writer(root, "a", {"S": 1})
+    assert a.commit([message("S", 1, "a")], 1) == frozenset()
+    other = MessageTable(root, streams=held)
+    assert other.commit([message("S", 2, "a")], 1) == {"S"}
+    other.fence_stream("S")
+    assert other.commit([message("S", 2, "a")], 1) == frozenset()
+    assert dedup_versions(root)["jetlake-gateway/S"] == [1, 2]
+    assert rows(root, "S") == [b"a1", b"a2"]
+
+
 async def test_the_commit_loop_fails_only_the_fenced_streams_waiters(tmp_path: Path) -> None:
     root = StoreRoot(str(tmp_path))
     a, _ = writer(root, "a", {"S": 1, "T": 1})
@@ -169,7 +222,9 @@ async def test_a_commit_that_left_a_stream_out_and_failed_after_landing_fails_th
     held = StreamEpochs()
     held.hold("S", 1)
     held.hold("T", 1)
-    a = LandsThenFails(root, app_id="jetlake-gateway/a", streams=held)
+    a = LandsThenFails(root, streams=held)
+    for stream in ("S", "T"):
+        a.fence_stream(stream)  # each appender fences before it writes (its streams' counts)
     executor = ThreadPoolExecutor(2)
     front = GroupCommitWriter(a, executor, 1 << 20, lambda s: None)
     await front.start()
@@ -189,7 +244,7 @@ async def test_a_commit_that_left_a_stream_out_and_failed_after_landing_fails_th
 def ack_log(root: StoreRoot, name: str, epochs: dict[str, int]) -> AckLogTable:
     """``name``'s ack log holding ``epochs`` of the streams' leases (claimed already), fenced."""
     held = StreamEpochs()
-    table = AckLogTable(root, app_id=f"jetlake-acklog/{name}", streams=held)
+    table = AckLogTable(root, streams=held)
     for stream, epoch in epochs.items():
         held.hold(stream, epoch)
         table.fence_stream(stream)
@@ -240,7 +295,7 @@ def test_the_removal_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path)
     root = StoreRoot(str(tmp_path))
     writer(root, "a", {"S": 1, "T": 1})
     held = StreamEpochs()
-    a = RemovalLog(root, "jetlake-removals/a", held)
+    a = RemovalLog(root, held)
     for stream in ("S", "T"):
         held.hold(stream, 1)
         a.fence_stream(stream)
@@ -248,7 +303,7 @@ def test_the_removal_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path)
     writer(root, "b", {"S": 2})
     b_held = StreamEpochs()
     b_held.hold("S", 2)
-    RemovalLog(root, "jetlake-removals/b", b_held).fence_stream("S")
+    RemovalLog(root, b_held).fence_stream("S")
     assert a.append([Removal("S", 1, 2, 2), Removal("T", 1, 2, 2)]) == {"S"}
     rows = DeltaTable(root.table_uri("removals")).to_pyarrow_table().to_pylist()
     assert sorted((r["stream"], r["first"]) for r in rows) == [("S", 1), ("T", 1), ("T", 2)]

@@ -106,6 +106,11 @@ class TableAppender:
         self._checkpoint_every = checkpoint_every
         #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
         self._log_keep_entries = log_keep_entries
+        #: Per stream, the epoch this appender fenced it under and the table's version of the
+        #: stream's dedup txn just after (:meth:`fence_stream`): its commits carry ``base +
+        #: version``, so the stream's versions keep growing across owners whatever each writer's
+        #: own count is. A stream held under another epoch than fenced here is not written.
+        self._bases: dict[str, tuple[int, int]] = {}
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -148,6 +153,38 @@ class TableAppender:
                 self._local.append([], (stream_owner_app(stream), epoch), streams=[stream])
             else:
                 self._commit_delta_rs([], None, [], [stream])
+            # After the fence no older owner's commit of the stream lands: the table's count of
+            # it is final, and ours goes on above it.
+            catch_up(self.dt)
+            self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
+
+    def dedup_app(self, stream: str) -> str:
+        """The app id of ``stream``'s commits in the table when fenced per stream: the landed
+        check of a commit asks it, and it is continued by each next owner of the stream (one app
+        id per stream, not one per writer: a writer's would add an app id to the table's snapshot
+        for every process ever started)."""
+        assert self.app_id is not None
+        return f"{self.app_id}/{stream}"
+
+    def _txns(self, version: int | None, streams: Collection[str]) -> list[tuple[str, int]]:
+        """The dedup txns a commit of ``version`` carries: ``(app_id, version)``, or fenced per
+        stream one ``(dedup_app(S), base + version)`` per stream ``S`` it touches."""
+        if self.app_id is None or version is None:
+            return []
+        if self.streams is None:
+            return [(self.app_id, version)]
+        return [(self.dedup_app(s), self._bases[s][1] + version) for s in sorted(set(streams))]
+
+    def _check_fenced_here(self, streams: Collection[str]) -> None:
+        """:class:`StreamFenced` for the streams of ``streams`` not fenced by this appender under
+        the epoch held now: a writer must fence a stream before it writes it (the count of the
+        stream's dedup txn is taken there)."""
+        if self.streams is not None:
+            unfenced = frozenset(
+                s for s in streams if (b := self._bases.get(s)) is None or b[0] != self.streams.epoch(s)
+            )
+            if unfenced:
+                raise StreamFenced(unfenced)
 
     def committed_version(self) -> int:
         """The newest version of this appender's app id the table holds (0 before the first).
@@ -157,7 +194,20 @@ class TableAppender:
             return 0
         catch_up(self.dt)
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
-        return self.dt.transaction_version(self.app_id) or 0
+        if self.streams is None:
+            return self.dt.transaction_version(self.app_id) or 0
+        # Fenced per stream: the newest of our versions among the streams we still hold (a
+        # fenced stream's count goes on under its new owner and says nothing of ours).
+        held = self.streams.streams()
+        ours = held - self.streams.fenced(held, self._stream_epoch)
+        return max(
+            (
+                (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
+                for s in ours
+                if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
+            ),
+            default=0,
+        )
 
     def transaction_version(self, app_id: str) -> int:
         """The newest version the table holds of another app id (a stream source's position)."""
@@ -186,6 +236,7 @@ class TableAppender:
         with self._lock:
             if version is not None and version <= self._landed:
                 return
+            self._check_fenced_here(streams)
             self._check_streams(streams)
             # On a root that syncs, the data files (and their directories) are synced together
             # with the log entry, just before it is linked: one round of syncs per commit.
@@ -211,19 +262,20 @@ class TableAppender:
     ) -> None:
         """Commit ``adds``; ``unsynced``: the paths of their files still to be synced before
         anything names them."""
-        if self._local is not None and version is not None and self.app_id is not None:
+        txns = self._txns(version, streams)
+        txn = txns[0] if txns else None
+        more_txns = [*txns[1:], *more_txns]
+        if self._local is not None and txn is not None:
             try:
-                self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
+                self._local.append(adds, txn, more_txns, unsynced, streams)
                 return
             except BelowTrim:
                 # Behind a trim: the versions in between are in the checkpoint only. Look again
                 # from there (the owner's fence and our txn are in the snapshot) and go on past it.
-                catch_up(self.dt)
-                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
-                if (self.dt.transaction_version(self.app_id) or 0) >= version:
+                if self._catch_up_landed(txn, streams):
                     return  # it landed before the trim
                 self._local.next_version = self.dt.version() + 1
-                self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
+                self._local.append(adds, txn, more_txns, unsynced, streams)
                 return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
@@ -232,21 +284,28 @@ class TableAppender:
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
-                    self._local.append(adds, (self.app_id, version), more_txns, unsynced, streams)
+                    self._local.append(adds, txn, more_txns, unsynced, streams)
                     return
                 self._local = None
         if unsynced:
             sync_together(unsynced)
-        self._commit_delta_rs(adds, version, more_txns, streams)
+        self._commit_delta_rs(adds, txn, more_txns, streams)
+
+    def _catch_up_landed(self, txn: tuple[str, int] | None, streams: Collection[str]) -> bool:
+        """Catch the handle up and say whether it holds ``txn`` (the commit landed; never without
+        a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours."""
+        catch_up(self.dt)
+        check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+        self._check_streams(streams)
+        return txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]
 
     def _commit_delta_rs(
         self,
         adds: list[AddAction],
-        version: int | None,
+        txn: tuple[str, int] | None,
         more_txns: Sequence[tuple[str, int]],
         streams: Collection[str] = (),
     ) -> None:
-        txn = (self.app_id, version) if self.app_id is not None and version is not None else None
         if self.epoch is not None and not any(app == OWNER_APP for app, _ in more_txns):
             more_txns = [*more_txns, (OWNER_APP, self.epoch)]
         if self.streams is not None and streams:
@@ -268,10 +327,7 @@ class TableAppender:
                 catch_up(self.dt)
                 break
             except CommitConflict:
-                catch_up(self.dt)
-                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
-                self._check_streams(streams)
-                if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
+                if self._catch_up_landed(txn, streams):
                     break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:
                     raise
@@ -344,9 +400,8 @@ class TableAppender:
 class WriterTable:
     """A table one writer appends to through one :class:`TableAppender` (messages, the ack log,
     removals): :attr:`SPEC` under the app id :attr:`APP_ID` and the store's owner epoch, or, given
-    ``streams`` (the stream leases the writer holds), fenced per stream under ``app_id``, which
-    must then be the writer's own (``<APP_ID>/<name>``) so that two owners' commit numbers never
-    meet in the table."""
+    ``streams`` (the stream leases the writer holds), fenced per stream, each stream's commits
+    counted under ``<APP_ID>/<stream>`` (:meth:`TableAppender.dedup_app`)."""
 
     SPEC: TableSpec
     APP_ID: str
@@ -360,14 +415,13 @@ class WriterTable:
         self,
         root: StoreRoot,
         checkpoint_every: int = 100,
-        app_id: str | None = None,
         streams: StreamEpochs | None = None,
     ) -> None:
         self.root = root
         self.per_stream = streams is not None
-        app = self.APP_ID if app_id is None else app_id
+        keep = self.LOG_KEEP_ENTRIES
         self._appender = TableAppender(
-            root, self.SPEC, app, checkpoint_every, log_keep_entries=self.LOG_KEEP_ENTRIES, streams=streams
+            root, self.SPEC, self.APP_ID, checkpoint_every, log_keep_entries=keep, streams=streams
         )
 
     def fence_stream(self, stream: str) -> None:

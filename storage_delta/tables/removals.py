@@ -100,10 +100,8 @@ class RemovalLog(WriterTable):
     SPEC = REMOVALS_TABLE
     APP_ID = APP_ID
 
-    def __init__(
-        self, root: StoreRoot, app_id: str | None = None, streams: StreamEpochs | None = None
-    ) -> None:
-        super().__init__(root, app_id=app_id, streams=streams)
+    def __init__(self, root: StoreRoot, streams: StreamEpochs | None = None) -> None:
+        super().__init__(root, streams=streams)
         self._version = self._appender.committed_version()
 
     def append(self, removals: list[Removal]) -> frozenset[str]:
