@@ -25,6 +25,7 @@ from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_own
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
+from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import moto_s3, s3_options
 from tests.stream_writer_proc import message
@@ -172,6 +173,38 @@ def test_a_stream_not_fenced_by_the_appender_is_not_written(tmp_path: Path) -> N
     assert other.commit([message("S", 2, "a")], 1) == frozenset()
     assert dedup_versions(root)["jetlake-gateway/S"] == [1, 2]
     assert rows(root, "S") == [b"a1", b"a2"]
+
+
+def catalog(root: StoreRoot, epochs: dict[str, int]) -> CatalogTable:
+    """A catalog appender holding ``epochs`` of the streams' leases (claimed already), fenced."""
+    held = StreamEpochs()
+    table = CatalogTable(root, streams=held)
+    for stream, epoch in epochs.items():
+        held.hold(stream, epoch)
+        table.fence_stream(stream)
+    return table
+
+
+def test_a_streams_catalog_rows_are_written_by_its_owner_and_ordered_across_owners(tmp_path: Path) -> None:
+    """A stream's definitions (the stream, its consumers) are fenced like its messages: a stale
+    owner's consumer change is left out while another stream's in the same commit lands, and the
+    next owner's change of an entity wins over the old owner's though the new owner's own count
+    is lower (``rev`` is the stream's count, not the writer's)."""
+    root = StoreRoot(str(tmp_path))
+    writer(root, "a", {"S": 1, "T": 1})  # the leases
+    a = catalog(root, {"S": 1, "T": 1})
+    body = {"stream_name": "S", "config": {"durable_name": "C", "ack_policy": "explicit"}}
+    for v in range(1, 6):
+        changes = [CatalogChange("consumer", s, "C", {**body, "n": v}) for s in ("S", "T")]
+        assert a.commit(changes, v) == frozenset()
+    writer(root, "b", {"S": 2})
+    b = catalog(root, {"S": 2})
+    assert b.commit([CatalogChange("consumer", "S", "C", {**body, "n": "b1"})], 1) == frozenset()
+    stale = [CatalogChange("consumer", s, "C", {**body, "n": "a6"}) for s in ("S", "T")]
+    assert a.commit(stale, 6) == {"S"}
+    got = {(e.stream, e.name): e.body["n"] for e in CatalogTable(root).load()}
+    assert got == {("S", "C"): "b1", ("T", "C"): "a6"}
+    check_epochs_in_log(root, "catalog", partitioned=False)
 
 
 async def test_the_commit_loop_fails_only_the_fenced_streams_waiters(tmp_path: Path) -> None:

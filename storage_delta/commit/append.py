@@ -173,7 +173,13 @@ class TableAppender:
             return []
         if self.streams is None:
             return [(self.app_id, version)]
-        return [(self.dedup_app(s), self._bases[s][1] + version) for s in sorted(set(streams))]
+        return [(self.dedup_app(s), self.stream_version(s, version)) for s in sorted(set(streams))]
+
+    def stream_version(self, stream: str, version: int) -> int:
+        """The version of ``stream``'s dedup txn a commit of ``version`` carries (fenced per stream;
+        the stream fenced by this appender): a table whose rows record their commit's number (the
+        catalog's ``rev``) records this one, which grows across the stream's owners."""
+        return self._bases[stream][1] + version
 
     def _check_fenced_here(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` not fenced by this appender under
