@@ -19,9 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from functools import partial
 
 from gateway.api.responses import Gateways
+from gateway.runtime.signals import Signal
+from storage_delta.commit.append import WriterTable
 from storage_delta.commit.lease import Beat, Lease
+from storage_delta.commit.owner import StreamEpochs
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.scope import StoreState, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +159,55 @@ class Ownership:
     async def leave(self) -> None:
         """A clean exit: this gateway no longer counts among the live ones."""
         await asyncio.to_thread(self.lease.withdraw, self.name)
+
+
+class StreamClaims:
+    """The stream leases one gateway holds (per-stream ownership, docs/perstream-status.md): the
+    way into a stream is :meth:`claim` (the next epoch of its lease, held, then fenced in every
+    table the gateway writes, and only then the stream read back), the way out :meth:`drop`, which
+    the commit loops call when a commit found a stream fenced (``on_stream_fenced``). Which streams
+    to claim is placement's call (:mod:`gateway.service.placement`), not this class's: it claims
+    whatever it is asked to, one epoch above the lease's newest, so a paused holder is fenced.
+
+    :attr:`held` is shared with the tables' appenders, built with ``streams=claims.held``."""
+
+    def __init__(self, lease: Lease, name: str, root: StoreRoot, executor: Executor) -> None:
+        self.lease = lease
+        self.name = name
+        self.root = root
+        self.executor = executor
+        self.held = StreamEpochs()
+        #: Told of the streams this gateway no longer owns (a newer owner fenced them), after they
+        #: left :attr:`held`: whoever serves them stops (registry, leaf subscriptions).
+        self.dropped: Signal[[frozenset[str]]] = Signal()
+
+    async def claim(self, stream: str, tables: Sequence[WriterTable]) -> StoreState | None:
+        """Claim ``stream``: the next epoch of its lease (None when another gateway claimed that
+        epoch first), held, fenced in each of ``tables`` (every table this gateway writes the
+        stream's rows to) before anything of it is read, then the stream's definitions and logical
+        state read back (the messages' index and consumers' ack history are the caller's, as at
+        a start). :class:`StreamFenced` when a newer epoch was claimed meanwhile (then the stream
+        is not held)."""
+        loop = asyncio.get_running_loop()
+        current = await loop.run_in_executor(self.executor, self.lease.stream_current, stream)
+        epoch = current + 1
+        if not await loop.run_in_executor(self.executor, self.lease.claim_stream, stream, epoch, self.name):
+            return None
+        self.held.hold(stream, epoch)
+        # side by side (each a commit, a few round trips on an object store), all awaited
+        fences = (loop.run_in_executor(self.executor, t.fence_stream, stream) for t in tables)
+        failed = [r for r in await asyncio.gather(*fences, return_exceptions=True) if r is not None]
+        if failed:
+            self.held.drop(stream)
+            raise failed[0]
+        log.info("owner of stream %s as its epoch %d", stream, epoch)
+        return await loop.run_in_executor(self.executor, partial(load_store_state, self.root, only={stream}))
+
+    def drop(self, streams: frozenset[str]) -> None:
+        """A commit found ``streams`` fenced: this gateway writes them no more, and says so."""
+        mine = frozenset(s for s in streams if self.held.epoch(s) is not None)
+        for stream in mine:
+            self.held.drop(stream)
+            log.warning("stream %s was taken over by a newer owner; no longer serving it", stream)
+        if mine:
+            self.dropped.emit(mine)

@@ -1,0 +1,141 @@
+"""A gateway's way into and out of a stream under per-stream ownership (#19,
+docs/perstream-status.md): :class:`gateway.service.ownership.StreamClaims` claims the next epoch of
+a stream's lease, holds it, fences the stream in every table it writes, and only then reads that
+stream (and no other) back; a commit that finds the stream fenced later drops it and says so. Two
+gateways on one local root, each with its own tables, as two processes would have."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway.service.ownership import StreamClaims
+from storage_delta.commit.append import WriterTable
+from storage_delta.commit.lease import open_lease
+from storage_delta.commit.owner import StreamFenced
+from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.writer import GroupCommitWriter, MessageTable
+from storage_delta.tables.acklog import AckLogTable
+from storage_delta.tables.catalog import CatalogChange, CatalogTable
+from storage_delta.tables.removals import Removal, RemovalLog
+from tests.stream_writer_proc import message
+
+
+@dataclass
+class Node:
+    """One gateway's claims and the tables it writes, all built on its claims' holder."""
+
+    claims: StreamClaims
+    messages: MessageTable
+    catalog: CatalogTable
+    removals: RemovalLog
+    acks: AckLogTable
+
+    @property
+    def tables(self) -> list[WriterTable]:
+        return [self.messages, self.catalog, self.removals, self.acks]
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(4) as pool:
+        yield pool
+
+
+def node(root: StoreRoot, name: str, executor: ThreadPoolExecutor) -> Node:
+    claims = StreamClaims(open_lease(root), name, root, executor)
+    held = claims.held
+    return Node(
+        claims,
+        MessageTable(root, streams=held),
+        CatalogTable(root, streams=held),
+        RemovalLog(root, held),
+        AckLogTable(root, streams=held),
+    )
+
+
+def create(n: Node, stream: str, version: int) -> None:
+    body = {"created": 1000 + version, "config": {"name": stream}}
+    assert n.catalog.commit([CatalogChange("stream", stream, stream, body)], version) == frozenset()
+
+
+async def test_a_claim_fences_every_table_then_reads_back_that_stream_alone(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    root = StoreRoot(str(tmp_path))
+    a = node(root, "a", executor)
+    for v, stream in enumerate(("S", "T"), 1):
+        got = await a.claims.claim(stream, a.tables)
+        assert got is not None
+        assert got.entries == []
+        create(a, stream, v)
+    assert a.removals.append([Removal("S", 1001, 1, 2), Removal("T", 1002, 1, 1)]) == frozenset()
+    assert a.messages.commit([message("S", 3, "a"), message("T", 2, "a")], 1) == frozenset()
+
+    b = node(root, "b", executor)
+    state = await b.claims.claim("S", b.tables)
+    assert state is not None
+    assert [(e.kind, e.stream) for e in state.entries] == [("stream", "S")]
+    assert list(state.streams) == ["S"]
+    assert state.streams["S"].removed == [(1, 2)]  # a's removal, made before the fence, read back
+    assert b.claims.held.epoch("S") == 2
+    assert [open_lease(root).stream_holder("S", e) for e in (1, 2)] == ["a", "b"]
+    # every table a writes now refuses a's rows of S, and only those
+    assert a.messages.commit([message("S", 4, "a"), message("T", 3, "a")], 2) == {"S"}
+    assert a.removals.append([Removal("S", 1001, 3, 3)]) == {"S"}
+    assert a.catalog.commit([CatalogChange("consumer", "S", "C", {"n": 1})], 3) == {"S"}
+    assert a.catalog.commit([CatalogChange("consumer", "T", "C", {"n": 1})], 4) == frozenset()
+
+
+async def test_a_stream_found_fenced_by_a_commit_is_dropped_and_told(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    """The commit loop's ``on_stream_fenced`` is :meth:`StreamClaims.drop`: the stream leaves the
+    held set (so no table of this gateway writes it again) and the listeners hear which."""
+    root = StoreRoot(str(tmp_path))
+    a = node(root, "a", executor)
+    for stream in ("S", "T"):
+        await a.claims.claim(stream, a.tables)
+    told: list[frozenset[str]] = []
+    a.claims.dropped.connect(told.append)
+    front = GroupCommitWriter(a.messages, executor, 1 << 20, lambda _rows: None)
+    front.loop.on_stream_fenced = a.claims.drop
+    await front.start()
+    await front.submit([message("S", 1, "a"), message("T", 1, "a")])
+    b = node(root, "b", executor)
+    assert await b.claims.claim("S", b.tables) is not None
+    with pytest.raises(StreamFenced):
+        await front.submit([message("S", 2, "a")])
+    await front.submit([message("T", 2, "a")])
+    await front.close()
+    assert told == [frozenset({"S"})]
+    assert a.claims.held.streams() == {"T"}
+
+
+async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothing(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    root = StoreRoot(str(tmp_path))
+    a, b = node(root, "a", executor), node(root, "b", executor)
+    # b claims epoch 1 between a's look at the lease and a's claim: a's claim of epoch 1 fails
+    lease = a.claims.lease
+    current = lease.stream_current
+    lease.stream_current = lambda stream: 0  # type: ignore[method-assign]
+    assert await b.claims.claim("S", b.tables) is not None
+    assert await a.claims.claim("S", a.tables) is None
+    assert a.claims.held.streams() == frozenset()
+    lease.stream_current = current  # type: ignore[method-assign]
+    # c claims epoch 3 and fences before a claims epoch 2: a's fences fail, a holds nothing
+    c = node(root, "c", executor)
+    assert c.claims.lease.claim_stream("S", 3, "c")
+    c.claims.held.hold("S", 3)
+    for t in c.tables:
+        t.fence_stream("S")
+    lease.stream_current = lambda stream: 1  # type: ignore[method-assign]
+    with pytest.raises(StreamFenced):
+        await a.claims.claim("S", a.tables)
+    assert a.claims.held.streams() == frozenset()
