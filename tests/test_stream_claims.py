@@ -19,7 +19,7 @@ from storage_delta.commit.lease import open_lease
 from storage_delta.commit.owner import StreamFenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
-from storage_delta.tables.acklog import AckLogTable
+from storage_delta.tables.acklog import AckLogTable, AckRecord
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog
 from tests.stream_writer_proc import message
@@ -69,19 +69,26 @@ async def test_a_claim_fences_every_table_then_reads_back_that_stream_alone(
     root = StoreRoot(str(tmp_path))
     a = node(root, "a", executor)
     for v, stream in enumerate(("S", "T"), 1):
-        got = await a.claims.claim(stream, a.tables)
+        got = await a.claims.claim(stream, a.tables, a.acks)
         assert got is not None
-        assert got.entries == []
+        assert got.state.entries == []
         create(a, stream, v)
     assert a.removals.append([Removal("S", 1001, 1, 2), Removal("T", 1002, 1, 1)]) == frozenset()
     assert a.messages.commit([message("S", 3, "a"), message("T", 2, "a")], 1) == frozenset()
+    assert (
+        a.acks.append([AckRecord(s, "C", "ack", 1, lsn=n) for n, s in enumerate("ST", 7)], 1) == frozenset()
+    )
 
     b = node(root, "b", executor)
-    state = await b.claims.claim("S", b.tables)
-    assert state is not None
+    claimed = await b.claims.claim("S", b.tables, b.acks)
+    assert claimed is not None
+    assert claimed.epoch == 2
+    state = claimed.state
     assert [(e.kind, e.stream) for e in state.entries] == [("stream", "S")]
     assert list(state.streams) == ["S"]
     assert state.streams["S"].removed == [(1, 2)]  # a's removal, made before the fence, read back
+    assert list(claimed.acks.consumers) == [("S", "C")]
+    assert claimed.acks.max_lsn == 8  # the whole table's: b's lsns go on above every row
     assert b.claims.held.epoch("S") == 2
     assert [open_lease(root).stream_holder("S", e) for e in (1, 2)] == ["a", "b"]
     # every table a writes now refuses a's rows of S, and only those
@@ -99,7 +106,7 @@ async def test_a_stream_found_fenced_by_a_commit_is_dropped_and_told(
     root = StoreRoot(str(tmp_path))
     a = node(root, "a", executor)
     for stream in ("S", "T"):
-        await a.claims.claim(stream, a.tables)
+        await a.claims.claim(stream, a.tables, a.acks)
     told: list[frozenset[str]] = []
     a.claims.dropped.connect(told.append)
     front = GroupCommitWriter(a.messages, executor, 1 << 20, lambda _rows: None)
@@ -107,7 +114,7 @@ async def test_a_stream_found_fenced_by_a_commit_is_dropped_and_told(
     await front.start()
     await front.submit([message("S", 1, "a"), message("T", 1, "a")])
     b = node(root, "b", executor)
-    assert await b.claims.claim("S", b.tables) is not None
+    assert await b.claims.claim("S", b.tables, b.acks) is not None
     with pytest.raises(StreamFenced):
         await front.submit([message("S", 2, "a")])
     await front.submit([message("T", 2, "a")])
@@ -125,8 +132,8 @@ async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothin
     lease = a.claims.lease
     current = lease.stream_current
     lease.stream_current = lambda stream: 0  # type: ignore[method-assign]
-    assert await b.claims.claim("S", b.tables) is not None
-    assert await a.claims.claim("S", a.tables) is None
+    assert await b.claims.claim("S", b.tables, b.acks) is not None
+    assert await a.claims.claim("S", a.tables, a.acks) is None
     assert a.claims.held.streams() == frozenset()
     lease.stream_current = current  # type: ignore[method-assign]
     # c claims epoch 3 and fences before a claims epoch 2: a's fences fail, a holds nothing
@@ -137,5 +144,5 @@ async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothin
         t.fence_stream("S")
     lease.stream_current = lambda stream: 1  # type: ignore[method-assign]
     with pytest.raises(StreamFenced):
-        await a.claims.claim("S", a.tables)
+        await a.claims.claim("S", a.tables, a.acks)
     assert a.claims.held.streams() == frozenset()

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from functools import partial
 
 from gateway.api.responses import Gateways
@@ -29,6 +30,7 @@ from storage_delta.commit.append import WriterTable
 from storage_delta.commit.lease import Beat, Lease
 from storage_delta.commit.owner import StreamEpochs
 from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.acklog import AckLog, AckLogTable
 from storage_delta.tables.scope import StoreState, load_store_state
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,15 @@ class Ownership:
         await asyncio.to_thread(self.lease.withdraw, self.name)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedStream:
+    """What a gateway reads back of a stream it just claimed and fenced."""
+
+    epoch: int
+    state: StoreState
+    acks: AckLog
+
+
 class StreamClaims:
     """The stream leases one gateway holds (per-stream ownership, docs/perstream-status.md): the
     way into a stream is :meth:`claim` (the next epoch of its lease, held, then fenced in every
@@ -181,13 +192,15 @@ class StreamClaims:
         #: left :attr:`held`: whoever serves them stops (registry, leaf subscriptions).
         self.dropped: Signal[[frozenset[str]]] = Signal()
 
-    async def claim(self, stream: str, tables: Sequence[WriterTable]) -> StoreState | None:
+    async def claim(
+        self, stream: str, tables: Sequence[WriterTable], acks: AckLogTable
+    ) -> ClaimedStream | None:
         """Claim ``stream``: the next epoch of its lease (None when another gateway claimed that
         epoch first), held, fenced in each of ``tables`` (every table this gateway writes the
-        stream's rows to) before anything of it is read, then the stream's definitions and logical
-        state read back (the messages' index and consumers' ack history are the caller's, as at
-        a start). :class:`StreamFenced` when a newer epoch was claimed meanwhile (then the stream
-        is not held)."""
+        stream's rows to, ``acks`` among them) before anything of it is read, then the stream's
+        definitions, logical state and consumers' ack history read back (the messages' index is
+        the caller's, as at a start). :class:`StreamFenced` when a newer epoch was claimed
+        meanwhile (then the stream is not held)."""
         loop = asyncio.get_running_loop()
         current = await loop.run_in_executor(self.executor, self.lease.stream_current, stream)
         epoch = current + 1
@@ -201,7 +214,11 @@ class StreamClaims:
             self.held.drop(stream)
             raise failed[0]
         log.info("owner of stream %s as its epoch %d", stream, epoch)
-        return await loop.run_in_executor(self.executor, partial(load_store_state, self.root, only={stream}))
+        state, history = await asyncio.gather(
+            loop.run_in_executor(self.executor, partial(load_store_state, self.root, only={stream})),
+            loop.run_in_executor(self.executor, acks.load, {stream}),
+        )
+        return ClaimedStream(epoch, state, history)
 
     def drop(self, streams: frozenset[str]) -> None:
         """A commit found ``streams`` fenced: this gateway writes them no more, and says so."""

@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -364,9 +364,11 @@ class AckLogTable(WriterTable):
 
         return commit_without_fenced(attempt)
 
-    def load(self) -> AckLog:
+    def load(self, only: Collection[str] | None = None) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
-        same state, and keeps a restart fast however long the log grew since its last compaction)."""
+        same state, and keeps a restart fast however long the log grew since its last compaction).
+        ``only``: the consumers of these streams (a gateway that just took them over); the highest
+        lsn is still the whole table's, as the writer's count goes on above every row."""
         table, damaged = read_checked(self.root, self.dt, sch.ACKS, sch.ACK_SCHEMA)
         for bad in damaged:  # its rows are lost: consumers restart from what the others say
             log.error(
@@ -375,6 +377,8 @@ class AckLogTable(WriterTable):
                 bad.path,
             )
         max_lsn = int(pc.max(table["lsn"]).as_py() or 0) if table.num_rows else 0
+        if only is not None:
+            table = table.filter(pc.is_in(table["stream"], pa.array(sorted(only), pa.string())))
         return AckLog(group(fold_table(table)), max_lsn, table.num_rows)
 
     def compact(self, live: Callable[[], set[tuple[str, str]]] | None = None) -> Compaction:
