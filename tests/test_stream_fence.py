@@ -15,11 +15,13 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
+from storage_delta.commit.append import WriterTable
 from storage_delta.commit.lease import LocalLease, ObjectStoreLease, open_lease
 from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_owner_app, stream_owner_app
 from storage_delta.commit.store import StoreRoot
@@ -30,19 +32,29 @@ from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import moto_s3, s3_options
 from tests.stream_writer_proc import message
 
+W = TypeVar("W", bound=WriterTable)
+
 
 def writer(root: StoreRoot, name: str, epochs: dict[str, int]) -> tuple[MessageTable, StreamEpochs]:
     """A writer of ``root`` named ``name`` that claims ``epochs`` of the streams' leases, holds
     and fences them, as a new owner does first (before it reads the streams to recover)."""
     lease = open_lease(root)
-    held = StreamEpochs()
-    table = MessageTable(root, streams=held)
     for stream, epoch in epochs.items():
         assert lease.stream_current(stream) == epoch - 1
         assert lease.claim_stream(stream, epoch, name)
+    held = StreamEpochs()
+    return fenced(MessageTable, root, epochs, held), held
+
+
+def fenced(kind: type[W], root: StoreRoot, epochs: dict[str, int], held: StreamEpochs | None = None) -> W:
+    """A table of ``kind`` holding ``epochs`` of the streams' leases (claimed already) in
+    ``held``, each stream fenced by it, as a new owner's tables are before it writes."""
+    held = StreamEpochs() if held is None else held
+    table = kind(root, streams=held)
+    for stream, epoch in epochs.items():
         held.hold(stream, epoch)
         table.fence_stream(stream)
-    return table, held
+    return table
 
 
 def take_over(root: StoreRoot, name: str, stream: str, lease_epoch: int) -> tuple[MessageTable, StreamEpochs]:
@@ -175,16 +187,6 @@ def test_a_stream_not_fenced_by_the_appender_is_not_written(tmp_path: Path) -> N
     assert rows(root, "S") == [b"a1", b"a2"]
 
 
-def catalog(root: StoreRoot, epochs: dict[str, int]) -> CatalogTable:
-    """A catalog appender holding ``epochs`` of the streams' leases (claimed already), fenced."""
-    held = StreamEpochs()
-    table = CatalogTable(root, streams=held)
-    for stream, epoch in epochs.items():
-        held.hold(stream, epoch)
-        table.fence_stream(stream)
-    return table
-
-
 def test_a_streams_catalog_rows_are_written_by_its_owner_and_ordered_across_owners(tmp_path: Path) -> None:
     """A stream's definitions (the stream, its consumers) are fenced like its messages: a stale
     owner's consumer change is left out while another stream's in the same commit lands, and the
@@ -192,13 +194,13 @@ def test_a_streams_catalog_rows_are_written_by_its_owner_and_ordered_across_owne
     is lower (``rev`` is the stream's count, not the writer's)."""
     root = StoreRoot(str(tmp_path))
     writer(root, "a", {"S": 1, "T": 1})  # the leases
-    a = catalog(root, {"S": 1, "T": 1})
+    a = fenced(CatalogTable, root, {"S": 1, "T": 1})
     body = {"stream_name": "S", "config": {"durable_name": "C", "ack_policy": "explicit"}}
     for v in range(1, 6):
         changes = [CatalogChange("consumer", s, "C", {**body, "n": v}) for s in ("S", "T")]
         assert a.commit(changes, v) == frozenset()
     writer(root, "b", {"S": 2})
-    b = catalog(root, {"S": 2})
+    b = fenced(CatalogTable, root, {"S": 2})
     assert b.commit([CatalogChange("consumer", "S", "C", {**body, "n": "b1"})], 1) == frozenset()
     stale = [CatalogChange("consumer", s, "C", {**body, "n": "a6"}) for s in ("S", "T")]
     assert a.commit(stale, 6) == {"S"}
@@ -252,12 +254,7 @@ async def test_a_commit_that_left_a_stream_out_and_failed_after_landing_fails_th
     fenced stream's publisher gets no PubAck for a row that was never stored."""
     root = StoreRoot(str(tmp_path))
     writer(root, "a", {"S": 1, "T": 1})
-    held = StreamEpochs()
-    held.hold("S", 1)
-    held.hold("T", 1)
-    a = LandsThenFails(root, streams=held)
-    for stream in ("S", "T"):
-        a.fence_stream(stream)  # each appender fences before it writes (its streams' counts)
+    a = fenced(LandsThenFails, root, {"S": 1, "T": 1})  # each appender fences before it writes
     executor = ThreadPoolExecutor(2)
     front = GroupCommitWriter(a, executor, 1 << 20, lambda s: None)
     await front.start()
@@ -272,16 +269,6 @@ async def test_a_commit_that_left_a_stream_out_and_failed_after_landing_fails_th
     executor.shutdown()
     assert rows(root, "S") == []
     assert rows(root, "T") == [b"a1"]
-
-
-def ack_log(root: StoreRoot, name: str, epochs: dict[str, int]) -> AckLogTable:
-    """``name``'s ack log holding ``epochs`` of the streams' leases (claimed already), fenced."""
-    held = StreamEpochs()
-    table = AckLogTable(root, streams=held)
-    for stream, epoch in epochs.items():
-        held.hold(stream, epoch)
-        table.fence_stream(stream)
-    return table
 
 
 def ack(stream: str, seq: int) -> AckRecord:
@@ -300,10 +287,10 @@ async def test_the_ack_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Pat
     ``AckSync`` on S fails while T's is answered."""
     root = StoreRoot(str(tmp_path))
     writer(root, "a", {"S": 1, "T": 1})  # the leases, and the messages table's fences
-    a = ack_log(root, "a", {"S": 1, "T": 1})
+    a = fenced(AckLogTable, root, {"S": 1, "T": 1})
     assert a.append([ack("S", 1), ack("T", 1)], 1) == frozenset()
     writer(root, "b", {"S": 2})
-    ack_log(root, "b", {"S": 2})
+    fenced(AckLogTable, root, {"S": 2})
     assert a.append([ack("S", 2), ack("T", 2)], 2) == {"S"}
     executor = ThreadPoolExecutor(2)
     front = AckLogWriter(a, executor, 2, flush_interval_s=5.0, max_pending=100, compact_every=0)
@@ -327,16 +314,10 @@ async def test_the_ack_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Pat
 def test_the_removal_log_leaves_out_only_the_fenced_streams_rows(tmp_path: Path) -> None:
     root = StoreRoot(str(tmp_path))
     writer(root, "a", {"S": 1, "T": 1})
-    held = StreamEpochs()
-    a = RemovalLog(root, held)
-    for stream in ("S", "T"):
-        held.hold(stream, 1)
-        a.fence_stream(stream)
+    a = fenced(RemovalLog, root, {"S": 1, "T": 1})
     assert a.append([Removal("S", 1, 1, 1), Removal("T", 1, 1, 1)]) == frozenset()
     writer(root, "b", {"S": 2})
-    b_held = StreamEpochs()
-    b_held.hold("S", 2)
-    RemovalLog(root, b_held).fence_stream("S")
+    fenced(RemovalLog, root, {"S": 2})
     assert a.append([Removal("S", 1, 2, 2), Removal("T", 1, 2, 2)]) == {"S"}
     rows = DeltaTable(root.table_uri("removals")).to_pyarrow_table().to_pylist()
     assert sorted((r["stream"], r["first"]) for r in rows) == [("S", 1), ("T", 1), ("T", 2)]
