@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable
 
 from storage_delta.commit.append import WriterTable
-from storage_delta.commit.lease import LocalLease, ObjectStoreLease, open_lease
+from storage_delta.commit.lease import BEATS_DIR, KEEP_EPOCHS, Lease, LocalLease, ObjectStoreLease, open_lease
 from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_owner_app, stream_owner_app
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
@@ -334,6 +334,16 @@ def test_the_stream_lease_gives_each_epoch_to_one_claimant(tmp_path: Path) -> No
     assert b.claim_stream("S", 2, "b")
     assert (a.stream_current("S"), a.stream_holder("S", 2)) == (2, "b")
     assert a.current() == 0  # the store lease is untouched
+    check_claims_pruned(a, lambda: os.listdir(os.path.join(a.dir, "streams", "S")))
+
+
+def check_claims_pruned(lease: Lease, names: Callable[[], list[str]]) -> None:
+    """A stream taken over again and again keeps the newest claims only (the highest always)."""
+    for epoch in range(lease.stream_current("S") + 1, 31):
+        assert lease.claim_stream("S", epoch, f"g{epoch}")
+    kept = sorted(int(n.removesuffix(".json")[6:]) for n in names())
+    assert kept == list(range(30 - KEEP_EPOCHS, 31))
+    assert (lease.stream_current("S"), lease.stream_holder("S", 30)) == (30, "g30")
 
 
 @pytest.mark.parametrize("store", ["local", "s3"])
@@ -428,3 +438,6 @@ def test_the_stream_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: st
     assert b.claim_stream("S", 2, "b")
     assert a.stream_holder("S", 2) == "b"
     assert a.current() == 0
+    fs, base = root.filesystem()
+    folder = f"{base}/{BEATS_DIR}/streams/S"
+    check_claims_pruned(a, lambda: [i.base_name for i in fs.get_file_info(pafs.FileSelector(folder))])

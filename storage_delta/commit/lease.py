@@ -229,6 +229,9 @@ class LocalLease(Lease):
         finally:
             os.close(fd)
         fsync_path(folder)
+        for old in superseded(os.listdir(folder), epoch):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, old))
         return True
 
     def stream_holder(self, stream: str, epoch: int) -> str | None:
@@ -282,6 +285,19 @@ class LocalLease(Lease):
                     os.unlink(os.path.join(self.dir, name))
 
 
+def superseded(names: list[str], epoch: int) -> list[str]:
+    """Of a stream lease's claim (or holder) names, ``epoch-<n>``, those more than
+    :data:`KEEP_EPOCHS` below ``epoch``, just claimed: they go, so a stream taken over again and
+    again keeps a bounded folder. Never the highest claim, and never the folder of a deleted
+    stream: its epochs stay in the tables' logs (``jetlake-owner/<S>``), so a stream made again
+    under the same name must claim above them, or its first fence would find itself fenced."""
+    return [
+        name
+        for name in names
+        if name.startswith("epoch-") and name[6:].isdigit() and int(name[6:]) < epoch - KEEP_EPOCHS
+    ]
+
+
 class ObjectStoreLease(Lease):
     """Claims are app transactions of a Delta table (delta-rs's commit is the put-if-absent),
     beats objects replaced by a PUT."""
@@ -321,6 +337,11 @@ class ObjectStoreLease(Lease):
         # the holder's name is written after the claim: a reader may find none for a moment
         with self._fs.open_output_stream(self._stream_holder_path(stream, epoch)) as out:
             out.write(json.dumps({"name": name, "host": self.host, "pid": self.pid}).encode())
+        folder = f"{self._beats}/streams/{stream}"
+        listing = self._fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        for old in superseded([i.base_name.removesuffix(".json") for i in listing], epoch):
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(f"{folder}/{old}.json")
         return True
 
     def _stream_holder_path(self, stream: str, epoch: int) -> str:
