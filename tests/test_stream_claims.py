@@ -6,6 +6,7 @@ gateways on one local root, each with its own tables, as two processes would hav
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from storage_delta.tables.acklog import AckLogTable, AckRecord
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog
 from tests.stream_writer_proc import message
+from tests.test_stream_fence import check_epochs_in_log, paused_while, rows
 
 
 @dataclass
@@ -146,3 +148,43 @@ async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothin
     with pytest.raises(StreamFenced):
         await a.claims.claim("S", a.tables, a.acks)
     assert a.claims.held.streams() == frozenset()
+
+
+def test_a_paused_owner_steps_down_from_the_stream_taken_over_and_keeps_the_other(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    """The issue's paused owner, per stream: a process owning S and T through its claims and its
+    group-commit writer is SIGSTOPped; b claims S (which fences it), reads it back and writes it;
+    SIGCONT: a's next publish of S is refused, a drops S (steps down from it) and keeps
+    publishing T, every round of which lands. Nothing a acknowledged of S is lost, no sequence of
+    S is stored twice."""
+    root = StoreRoot(str(tmp_path))
+    rounds = 200
+    recovered: list[bytes] = []
+
+    def take_s_over() -> None:
+        b = node(root, "b", executor)
+        assert asyncio.run(b.claims.claim("S", b.tables, b.acks)) is not None
+        recovered.extend(rows(root, "S"))  # read after the fence: everything a committed before it
+        for i, seq in enumerate(range(len(recovered) + 1, len(recovered) + 6), start=1):
+            assert b.messages.commit([message("S", seq, "b")], i) == frozenset()
+
+    lines = paused_while(["tests.stream_owner_proc", str(tmp_path), str(rounds)], {}, take_s_over)
+    first = len(recovered) + 1
+    assert lines[-2:] == ["held T", "done"]
+    assert lines.count("dropped S") == 1
+    seqs = {
+        (s, word): [int(x.split()[2]) for x in lines if x.startswith(f"{word} {s} ")]
+        for s in "ST"
+        for word in ("acked", "refused")
+    }
+    assert seqs["T", "acked"] == list(range(1, rounds + 1))
+    assert seqs["T", "refused"] == []
+    assert rows(root, "T") == [b"a%d" % i for i in range(1, rounds + 1)]
+    acked_s = seqs["S", "acked"]
+    assert acked_s == list(range(1, len(acked_s) + 1))
+    assert seqs["S", "refused"]  # the publish that found the fence
+    assert min(seqs["S", "refused"]) > max(acked_s)  # nothing of S acknowledged after it
+    assert len(recovered) == len(acked_s) >= 20
+    assert rows(root, "S") == [b"a%d" % i for i in acked_s] + [b"b%d" % i for i in range(first, first + 5)]
+    check_epochs_in_log(root, "messages")

@@ -361,36 +361,20 @@ def test_a_writer_paused_mid_stream_is_refused_after_a_takeover(
     assert lease.claim_stream("S", 1, "a")
     assert lease.claim_stream("T", 1, "a")
     rounds = 200 if store == "local" else 60
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.stream_writer_proc", root.uri, "1", str(rounds)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.getcwd(),
-            "JETLAKE_TEST_STORAGE_OPTIONS": json.dumps(root.storage_options),
-        },
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.strip() == "acked S 20":
-                break
-        os.kill(proc.pid, signal.SIGSTOP)
+    recovered: list[bytes] = []
+
+    def take_s_over() -> None:
         b, _ = take_over(root, "b", "S", 2)
-        recovered = rows(root, "S")  # read after the fence: everything a committed before it
-        first = len(recovered) + 1
-        for i, seq in enumerate(range(first, first + 5), start=1):
+        recovered.extend(rows(root, "S"))  # read after the fence: everything a committed before it
+        for i, seq in enumerate(range(len(recovered) + 1, len(recovered) + 6), start=1):
             b.commit([message("S", seq, "b")], i)
-        os.kill(proc.pid, signal.SIGCONT)
-        lines += [line.strip() for line in proc.stdout]
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.wait(timeout=120)
-        proc.stdout.close()
-    assert proc.returncode == 0
+
+    lines = paused_while(
+        ["tests.stream_writer_proc", root.uri, "1", str(rounds)],
+        {"JETLAKE_TEST_STORAGE_OPTIONS": json.dumps(root.storage_options)},
+        take_s_over,
+    )
+    first = len(recovered) + 1
     assert lines[-1] == "done"
     assert "fenced S" in lines
     acked = {s: [int(x.split()[2]) for x in lines if x.startswith(f"acked {s} ")] for s in ("S", "T")}
@@ -401,6 +385,34 @@ def test_a_writer_paused_mid_stream_is_refused_after_a_takeover(
     assert len(recovered) == len(acked["S"]) >= 20
     assert rows(root, "S") == [b"a%d" % i for i in acked["S"]] + [b"b%d" % i for i in range(first, first + 5)]
     check_epochs_in_log(root, "messages")
+
+
+def paused_while(args: list[str], env: dict[str, str], take_over: Callable[[], None]) -> list[str]:
+    """Run the writer module ``args`` in a process of its own, SIGSTOP it once it printed
+    ``acked S 20``, run ``take_over``, SIGCONT it; its lines once it exited with 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd(), **env},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.strip() == "acked S 20":
+                break
+        os.kill(proc.pid, signal.SIGSTOP)
+        take_over()
+        os.kill(proc.pid, signal.SIGCONT)
+        lines += [line.strip() for line in proc.stdout]
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=120)
+        proc.stdout.close()
+    assert proc.returncode == 0
+    return lines
 
 
 @pytest.fixture(scope="module")
