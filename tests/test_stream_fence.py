@@ -173,6 +173,39 @@ def test_each_stream_is_counted_under_one_app_id_across_owners(tmp_path: Path) -
     assert rows(root, "S") == [b"a1", b"a2", b"a3", b"b4", b"b5"]
 
 
+def test_a_stale_owner_behind_a_trim_is_still_fenced(tmp_path: Path) -> None:
+    """A writer whose next version was trimmed below a checkpoint cannot pass the versions in
+    between one by one: it catches up from the checkpoint, whose snapshot holds the stream epochs
+    it would have met there, so the stale owner of S is refused all the same, and T's rows land
+    under T's count."""
+    root = StoreRoot(str(tmp_path), log_retention_s=0.0)
+    a, _ = writer(root, "a", {"S": 1, "T": 1})
+    assert a.commit([message("S", 1, "a"), message("T", 1, "a")], 1) == frozenset()
+    b, _ = take_over(root, "b", "S", 2)
+    for v in range(1, 41):
+        assert b.commit([message("S", v + 1, "b")], v) == frozenset()
+        if v % 10 == 0:
+            b._appender.hygiene()  # a checkpoint, and the trim below it
+    b.close()
+    local = a._appender._local
+    assert local is not None
+    assert not os.path.exists(
+        os.path.join(str(tmp_path), "messages", "_delta_log", f"{local.next_version:020d}.json")
+    )
+    assert a.commit([message("S", 42, "a"), message("T", 2, "a")], 2) == {"S"}
+    assert rows(root, "T") == [b"a1", b"a2"]
+    assert rows(root, "S") == [b"a1"] + [b"b%d" % seq for seq in range(2, 42)]
+    table = DeltaTable(root.table_uri("messages"))
+    assert (
+        table.transaction_version("jetlake-gateway/S"),
+        table.transaction_version("jetlake-gateway/T"),
+    ) == (41, 2)
+    newest = os.path.join(str(tmp_path), "messages", "_delta_log", f"{table.version():020d}.json")
+    with open(newest, "rb") as fh:
+        txns = {(t["appId"], t["version"]) for line in fh if (t := json.loads(line).get("txn"))}
+    assert txns == {(stream_owner_app("T"), 1), ("jetlake-gateway/T", 2)}  # T's epoch, past the trim
+
+
 def test_a_stream_not_fenced_by_the_appender_is_not_written(tmp_path: Path) -> None:
     """Holding a stream's lease is not enough to write it through a table: the appender's fence
     of it comes first (that is where it reads where the stream's count stands)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction
 
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
@@ -129,8 +130,16 @@ class TableAppender:
             self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
 
     def _stream_epoch(self, stream: str) -> int:
-        """``stream``'s owner epoch as of the handle's version."""
-        return self.dt.transaction_version(stream_owner_app(stream)) or 0
+        """``stream``'s owner epoch as of the handle's version, or a newer one: delta-rs reads a
+        snapshot's app transactions from its log entries when first asked, and those of a handle
+        left behind a trim are gone (another writer's checkpoint went past it), so that handle
+        catches up first. A newer version's epoch only refuses sooner what a fence already
+        refuses (it landed before any commit of ours still to come)."""
+        try:
+            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+        except DeltaError:
+            catch_up(self.dt)
+            return self.dt.transaction_version(stream_owner_app(stream)) or 0
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
