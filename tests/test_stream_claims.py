@@ -2,7 +2,7 @@
 docs/perstream-status.md): :class:`gateway.service.ownership.StreamClaims` claims the next epoch of
 a stream's lease, holds it, fences the stream in every table it writes, and only then reads that
 stream (and no other) back; a commit that finds the stream fenced later drops it and says so. Two
-gateways on one local root, each with its own tables, as two processes would have."""
+gateways on one store root, each with its own tables, as two processes would have."""
 
 from __future__ import annotations
 
@@ -23,8 +23,14 @@ from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.tables.acklog import AckLogTable, AckRecord
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog
+from tests.harness import s3_options
 from tests.stream_writer_proc import message
-from tests.test_stream_fence import check_epochs_in_log, paused_while, rows
+from tests.test_stream_fence import (
+    check_epochs_in_log,
+    paused_while,
+    rows,
+    s3_endpoint,  # noqa: F401  (module fixture: a moto server)
+)
 
 
 @dataclass
@@ -65,10 +71,16 @@ def create(n: Node, stream: str, version: int) -> None:
     assert n.catalog.commit([CatalogChange("stream", stream, stream, body)], version) == frozenset()
 
 
+@pytest.mark.parametrize("store", ["local", "s3"])
 async def test_a_claim_fences_every_table_then_reads_back_that_stream_alone(
-    tmp_path: Path, executor: ThreadPoolExecutor
+    store: str, tmp_path: Path, executor: ThreadPoolExecutor, request: pytest.FixtureRequest
 ) -> None:
-    root = StoreRoot(str(tmp_path))
+    """On a local root (the log appender's put-if-absent) and on S3 through moto (delta-rs's
+    commits, the claims table's app transactions)."""
+    if store == "s3":
+        root = StoreRoot("s3://lake/claims", s3_options(request.getfixturevalue("s3_endpoint")))
+    else:
+        root = StoreRoot(str(tmp_path))
     a = node(root, "a", executor)
     for v, stream in enumerate(("S", "T"), 1):
         got = await a.claims.claim(stream, a.tables, a.acks)
