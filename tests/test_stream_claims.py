@@ -20,7 +20,7 @@ from storage_delta.commit.lease import open_lease
 from storage_delta.commit.owner import StreamFenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
-from storage_delta.tables.acklog import AckLogTable, AckRecord
+from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.removals import Removal, RemovalLog
 from tests.harness import s3_options
@@ -200,3 +200,29 @@ def test_a_paused_owner_steps_down_from_the_stream_taken_over_and_keeps_the_othe
     assert len(recovered) == len(acked_s) >= 20
     assert rows(root, "S") == [b"a%d" % i for i in acked_s] + [b"b%d" % i for i in range(first, first + 5)]
     check_epochs_in_log(root, "messages")
+
+
+async def test_the_new_owners_ack_rows_follow_the_previous_owners(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    """A gateway's ack log writer counts lsns from the table's highest at its start; a stream it
+    claims later may hold rows of the previous owner above that count. Continued above the
+    highest the claim read (``ClaimedStream.acks.max_lsn``), its rows of the stream's consumers
+    fold after the previous owner's: the consumer's newest ack is the new owner's."""
+    root = StoreRoot(str(tmp_path))
+    a = node(root, "a", executor)
+    assert await a.claims.claim("S", a.tables, a.acks) is not None
+    previous = [AckRecord("S", "C", "ack", seq, lsn=seq) for seq in range(1, 51)]
+    assert a.acks.append(previous, 1) == frozenset()
+    b = node(root, "b", executor)
+    writer = AckLogWriter(b.acks, executor, 0, flush_interval_s=5.0, max_pending=100, compact_every=0)
+    await writer.start()
+    claimed = await b.claims.claim("S", b.tables, b.acks)
+    assert claimed is not None
+    writer.continue_above(claimed.acks.max_lsn)
+    done = writer.submit(AckRecord("S", "C", "ack", 60), sync=True)
+    assert done is not None
+    await done
+    await writer.close()
+    log = b.acks.load()
+    assert [(r.seq, r.lsn) for r in log.consumers["S", "C"]][-1] == (60, 51)

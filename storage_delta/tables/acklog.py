@@ -535,6 +535,17 @@ class AckLogWriter:
         """Wait until every row submitted so far is committed."""
         await self.loop.flush()
 
+    def continue_above(self, lsn: int) -> None:
+        """Give the rows from now on (and those still queued) lsns above ``lsn``: the table's
+        highest when this gateway claimed a stream (per-stream ownership), whose consumers' rows
+        of the previous owner must stay below this writer's, or a fold would put its acks before
+        theirs. Queued rows keep their order among themselves; the batch in flight keeps its
+        lsns, which are below every queued row's still."""
+        gap = lsn - self._lsn
+        if gap > 0:
+            self._lsn += gap
+            self._taken_lsn += gap
+
     def _drained(self, rows: list[AckRow]) -> None:
         """Rows leave the queue in lsn order: a batch's lsns follow the last batch's."""
         self._batch_first_lsn = self._taken_lsn + 1
