@@ -6,7 +6,9 @@ commits otherwise, because it removes what it read.
 The rules, in the order a commit meets them (docs/storage.md):
 
 * a commit carries the Delta ``txn`` ``(app_id, version)``; ``version`` grows by one per commit of an
-  appender and is recovered from the table (``transaction_version``) when one opens;
+  appender and is recovered from the table (``transaction_version``) when one opens. Fenced per
+  stream (per-stream ownership, docs/perstream-status.md) it carries ``(app_id/<S>, base + version)``
+  for each stream ``S`` it touches instead, and the stream's owner epoch;
 * a version at or below what the table already holds for ``app_id`` is not written again: that is
   how a retry after an error that hid a success (delta-rs #2509) lands once;
 * on a local store root the commit is a blind append through :class:`LocalLogAppender` (put-if-absent
@@ -202,8 +204,9 @@ class TableAppender:
                 raise StreamFenced(unfenced)
 
     def committed_version(self) -> int:
-        """The newest version of this appender's app id the table holds (0 before the first).
-        :class:`~storage_delta.commit.owner.Fenced` when a newer owner holds the table: its
+        """The newest version of this appender's app id the table holds (0 before the first);
+        fenced per stream, the newest of this appender's versions among the streams it still
+        holds. :class:`~storage_delta.commit.owner.Fenced` when a newer owner holds the table: its
         versions are not ours, so they must not be taken for commits of ours that landed."""
         if self.app_id is None:
             return 0
