@@ -8,6 +8,8 @@ a gateway stops serving it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +23,7 @@ from tests.stream_writer_proc import STREAMS, message
 
 
 async def main(path: str, rounds: int) -> None:
-    root = StoreRoot(path)
+    root = StoreRoot(path, json.loads(os.environ.get("JETLAKE_TEST_STORAGE_OPTIONS", "null")))
     with ThreadPoolExecutor(4) as executor:
         claims = StreamClaims(open_lease(root), "a", root, executor)
         claims.dropped.connect(lambda streams: print(*(f"dropped {s}" for s in sorted(streams)), flush=True))

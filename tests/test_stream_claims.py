@@ -7,6 +7,7 @@ gateways on one store root, each with its own tables, as two processes would hav
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -162,16 +163,20 @@ async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothin
     assert a.claims.held.streams() == frozenset()
 
 
+@pytest.mark.parametrize("store", ["local", "s3"])
 def test_a_paused_owner_steps_down_from_the_stream_taken_over_and_keeps_the_other(
-    tmp_path: Path, executor: ThreadPoolExecutor
+    store: str, tmp_path: Path, executor: ThreadPoolExecutor, request: pytest.FixtureRequest
 ) -> None:
     """The issue's paused owner, per stream: a process owning S and T through its claims and its
     group-commit writer is SIGSTOPped; b claims S (which fences it), reads it back and writes it;
     SIGCONT: a's next publish of S is refused, a drops S (steps down from it) and keeps
     publishing T, every round of which lands. Nothing a acknowledged of S is lost, no sequence of
     S is stored twice."""
-    root = StoreRoot(str(tmp_path))
-    rounds = 200
+    if store == "s3":
+        root = StoreRoot("s3://lake/paused-owner", s3_options(request.getfixturevalue("s3_endpoint")))
+    else:
+        root = StoreRoot(str(tmp_path))
+    rounds = 200 if store == "local" else 60
     recovered: list[bytes] = []
 
     def take_s_over() -> None:
@@ -181,7 +186,11 @@ def test_a_paused_owner_steps_down_from_the_stream_taken_over_and_keeps_the_othe
         for i, seq in enumerate(range(len(recovered) + 1, len(recovered) + 6), start=1):
             assert b.messages.commit([message("S", seq, "b")], i) == frozenset()
 
-    lines = paused_while(["tests.stream_owner_proc", str(tmp_path), str(rounds)], {}, take_s_over)
+    lines = paused_while(
+        ["tests.stream_owner_proc", root.uri, str(rounds)],
+        {"JETLAKE_TEST_STORAGE_OPTIONS": json.dumps(root.storage_options)},
+        take_s_over,
+    )
     first = len(recovered) + 1
     assert lines[-2:] == ["held T", "done"]
     assert lines.count("dropped S") == 1
