@@ -3,8 +3,8 @@ each (each PubAck awaited), a durable consumer created on each, the server that 
 restarted (jetlake: the gateway), each consumer updated and deleted, then every stream deleted,
 on the real JetStream and on jetlake in one run; seconds per phase and jetlake's time
 over JetStream's. Requests go one at a time (each answer awaited), as a script or an application
-that sets up its streams does; ``--parallel`` keeps more requests in flight at once (jetlake's
-one API worker still answers them one at a time, so they do not share catalog commits yet).
+that sets up its streams does; ``--parallel`` keeps more requests in flight at once (jetlake
+answers the requests of different streams at once, so that their catalog changes share commits).
 
 Memory per idle stream and per idle consumer: the resident set (``VmRSS``) of each server process
 after the streams (with their one message) and again after the consumers, less what it held before,

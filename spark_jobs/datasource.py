@@ -68,7 +68,7 @@ from pyspark.sql.types import (
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
-from storage_delta.format.integrity import read_verified
+from storage_delta.format.integrity import RowBounds, read_verified
 from storage_delta.format.nats import parse_headers, subject_matches
 from storage_delta.maintenance.files import LiveFile, live_files, visible
 from storage_delta.read.follower import StoreFollower
@@ -335,16 +335,11 @@ def read_block(
     """
     fs, base = root.filesystem()
     verdicts: dict[str, bool] = {}
-    expr: pc.Expression | None = None
-    if partition.first_seq is not None:
-        expr = pc.field("seq") >= partition.first_seq
-    if partition.last_seq is not None:
-        upper = pc.field("seq") <= partition.last_seq
-        expr = upper if expr is None else expr & upper
+    bounds = RowBounds(first_seq=partition.first_seq, last_seq=partition.last_seq)
     for rel in partition.files:
         # A damaged file fails the task (DamagedFile names it) rather than handing Spark its bytes.
         table = read_verified(
-            fs, f"{base}/{sch.MESSAGES}/{rel}", sch.MESSAGE_FILE_SCHEMA.names, sch.MESSAGE_FILE_SCHEMA, expr
+            fs, f"{base}/{sch.MESSAGES}/{rel}", sch.MESSAGE_FILE_SCHEMA.names, sch.MESSAGE_FILE_SCHEMA, bounds
         )
         if partition.created or partition.removed:
             table = table.filter(visible(table, partition.created, partition.removed))
@@ -499,12 +494,16 @@ def refuse_offline(options: ReadOptions) -> None:
 
 
 def _plan(
-    options: ReadOptions, store: StoreFollower, first: int | None, last: int | None
+    options: ReadOptions,
+    store: StoreFollower,
+    files: Sequence[LiveFile],
+    first: int | None,
+    last: int | None,
 ) -> list[BlockPartition]:
-    """The partitions of ``first..last``; in the logical view, with what the API hides (the change
-    feed hides only earlier incarnations: its removals are rows of their own). The files are listed
-    before the removals are loaded, so every listed row's removal is already known."""
-    files = store.files(options.stream)
+    """The partitions of ``first..last`` among ``files`` (the stream's listing, taken by the caller
+    before this call: the removals are loaded here, after it, so every listed row's removal is
+    already known); in the logical view, with what the API hides (the change feed hides only
+    earlier incarnations: its removals are rows of their own)."""
     if options.view == "raw":
         return list_blocks(options.root, options.stream, first, last, files)
     state = store.states().get(options.stream)
@@ -553,11 +552,12 @@ class JetlakeReader(DataSourceReader):
         store = StoreFollower(o.root)
         # The change feed's removals first: each covers messages already stored, so listed below.
         removals = store.removals_version() if o.view == "changes" else -1
+        files = store.files(o.stream)
         first = o.first_seq
         if o.start_time_ns is not None:
-            at = first_seq_at(o.root, store.files(o.stream), o.start_time_ns)
+            at = first_seq_at(o.root, files, o.start_time_ns)
             first = at if first is None else max(first, at)
-        return [*_plan(o, store, first, o.last_seq), *_removals(o, store, -1, removals)]
+        return [*_plan(o, store, files, first, o.last_seq), *_removals(o, store, -1, removals)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, self.arrow_schema, partition)
@@ -664,16 +664,20 @@ class JetlakeStreamReader(_SimpleStreamReaderWrapper, SupportsTriggerAvailableNo
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         refuse_offline(self.options)
+        # One listing for the plan and the prefetch's sizes: a second one, taken after a commit
+        # of the gateway's compaction had swapped the batch's files, lacked them, and the batch went
+        # to a Python worker (whose start took 2 s at load 10: the worst micro-batch of a run).
+        files = self.store.files(self.options.stream)
         parts: list[InputPartition] = []
         if end["seq"] > start["seq"]:
-            parts += _plan(self.options, self.store, start["seq"], end["seq"] - 1)
+            parts += _plan(self.options, self.store, files, start["seq"], end["seq"] - 1)
         if "removals" in start:
             parts += _removals(self.options, self.store, start["removals"], end["removals"])
         self._prefetch = None
         limit = self.options.prefetch_bytes
         if limit > 0 and len(parts) == 1 and isinstance(parts[0], BlockPartition):
-            sizes = {f.path: f.size for f in self.store.files(self.options.stream)}
-            if sum(sizes.get(p, limit + 1) for p in parts[0].files) <= limit:
+            sizes = {f.path: f.size for f in files}
+            if sum(sizes[p] for p in parts[0].files) <= limit:
                 self._prefetch = (json.dumps(start), json.dumps(end), parts[0])
         return parts
 

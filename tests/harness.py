@@ -158,6 +158,7 @@ class Jetlake:
         # what the readiness check passes to nats.connect (credentials, where the server needs them)
         self.connect_opts: dict[str, Any] = {}
         self.gateway_env: dict[str, str] = {}  # JETLAKE_* settings for the gateway process
+        self.gateway_cwd = ROOT  # the checkout whose gateway runs (a bench compares two)
 
     @property
     def url(self) -> str:
@@ -220,7 +221,10 @@ class Jetlake:
     ) -> None:
         env = {**os.environ, **self.gateway_env, **(extra_env or {})}
         self.gateway = spawn(
-            self.gateway_command(self.monitor_port), self.workdir / "gateway.log", env=env, cwd=ROOT
+            self.gateway_command(self.monitor_port),
+            self.workdir / "gateway.log",
+            env=env,
+            cwd=self.gateway_cwd,
         )
         if wait:
             try:

@@ -383,3 +383,121 @@ def test_kill_9_keeps_acked_acked_and_redelivers_the_rest(tmp_path: Path, trial:
         assert gone["error"]["err_code"] == 10014
     finally:
         gw.stop()
+
+
+def newest_version(log: Path) -> int:
+    return max(int(p.stem) for p in log.glob("*.json"))
+
+
+async def define_then_change(url: str, acks_log: Path) -> tuple[int, dict[str, Any]]:
+    """A stream of three subjects, consumer ``U`` created and its first message acked; then, after
+    the ack log's newest version so far (returned), ``U`` updated, ``LAST`` created with
+    ``last_per_subject``, ``U`` paused."""
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=STREAM, subjects=["restart.>"])
+        for i in range(9):
+            await nc.jetstream().publish(f"restart.s{i % 3}", f"m{i}".encode())
+        base = {"durable_name": "U", "ack_policy": "explicit", "max_deliver": 5}
+        await api(nc, f"CONSUMER.CREATE.{STREAM}.U", {"stream_name": STREAM, "config": base})
+        sub = await nc.jetstream().pull_subscribe_bind("U", STREAM)
+        for m in await sub.fetch(1, timeout=5):
+            await m.ack_sync()  # durable, and with it U's create row before it
+        cut = await asyncio.to_thread(newest_version, acks_log)
+        changed = {"stream_name": STREAM, "config": {**base, "max_deliver": 7}}
+        assert "error" not in await api(nc, f"CONSUMER.CREATE.{STREAM}.U", changed)
+        last = {
+            "durable_name": "LAST",
+            "ack_policy": "explicit",
+            "deliver_policy": "last_per_subject",
+            "filter_subject": "restart.>",
+        }
+        created = await api(nc, f"CONSUMER.CREATE.{STREAM}.LAST", {"stream_name": STREAM, "config": last})
+        assert "error" not in created
+        paused = await api(nc, f"CONSUMER.PAUSE.{STREAM}.U", {"pause_until": "2099-01-01T00:00:00Z"})
+        assert paused["paused"] is True
+        return cut, await api(nc, f"CONSUMER.INFO.{STREAM}.U")
+    finally:
+        await nc.close()
+
+
+async def info_and_last(url: str, name: str) -> tuple[dict[str, Any], list[int]]:
+    """Consumer ``name``'s info, and the stream sequences ``LAST`` delivers (none: [])."""
+    nc = await nats.connect(url)
+    try:
+        info = await api(nc, f"CONSUMER.INFO.{STREAM}.{name}")
+        sub = await nc.jetstream().pull_subscribe_bind("LAST", STREAM)
+        try:
+            return info, [m.metadata.sequence.stream for m in await sub.fetch(11, timeout=2)]
+        except nats.errors.TimeoutError:
+            return info, []
+    finally:
+        await nc.close()
+
+
+def test_kill_9_before_the_ack_log_holds_a_create_or_an_update(tmp_path: Path) -> None:
+    """A consumer create or update is one durable commit, the catalog's; the ack log's create and
+    config rows follow unawaited (#23). ``kill -9`` after the answers, with the ack log's commits
+    of those rows cut off (as when they had not landed): the restart gives each consumer what its
+    answer said, the updated and paused config, and ``last_per_subject``'s start (the last message
+    of each subject, not every message)."""
+    gw = Jetlake(tmp_path)
+    gw.start()
+    try:
+        acks_log = gw.data_root / "acks" / "_delta_log"
+        cut, before = asyncio.run(define_then_change(gw.url, acks_log))
+        gw.kill_gateway()
+        for entry in acks_log.glob("*.json"):  # whichever of them landed before the kill
+            if int(entry.stem) > cut:
+                entry.unlink()
+        gw.start_gateway()
+        info, delivered = asyncio.run(info_and_last(gw.url, "U"))
+        assert info["config"] == before["config"]
+        assert info["config"]["max_deliver"] == 7
+        assert info["paused"] is True
+        assert delivered == [7, 8, 9]
+    finally:
+        gw.stop()
+
+
+async def create_then_update_at_once(url: str) -> dict[str, Any]:
+    """``LAST`` (``last_per_subject``, whose messages are 8, 9 and 11, not a run) created and,
+    right after its answer, updated."""
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=STREAM, subjects=["restart.>"])
+        for i in range(11):
+            await nc.jetstream().publish(f"restart.s{i % 3 if i < 9 else 0}", f"m{i}".encode())
+        cfg = {
+            "durable_name": "LAST",
+            "ack_policy": "explicit",
+            "deliver_policy": "last_per_subject",
+            "filter_subject": "restart.>",
+        }
+        for config in (cfg, {**cfg, "max_deliver": 7}):
+            body = {"stream_name": STREAM, "config": config}
+            answer = await api(nc, f"CONSUMER.CREATE.{STREAM}.LAST", body)
+            assert "error" not in answer
+        return answer
+    finally:
+        await nc.close()
+
+
+def test_kill_9_after_an_update_that_came_right_after_the_create(tmp_path: Path) -> None:
+    """The update's catalog entry replaces the create's, whose start (``last_per_subject``'s
+    sequences) a restart needs while the ack log lacks the create row: the update waits for that
+    row first. With rows otherwise left to a 60 s flush, ``kill -9`` after the update's answer:
+    the consumer comes back updated and at its start (the last message of each subject)."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env["JETLAKE_ACK_FLUSH_INTERVAL_MS"] = "60000"
+    gw.start()
+    try:
+        before = asyncio.run(create_then_update_at_once(gw.url))
+        gw.kill_gateway()
+        gw.start_gateway()
+        info, delivered = asyncio.run(info_and_last(gw.url, "LAST"))
+        assert info["config"] == before["config"]
+        assert info["config"]["max_deliver"] == 7
+        assert delivered == [8, 9, 11]
+    finally:
+        gw.stop()

@@ -145,22 +145,35 @@ async def _view(url: str) -> dict[str, Any]:
     return {"state": info["state"], "lasts": lasts, "duplicate": (dup.seq, dup.duplicate)}
 
 
+def _with_snap_stream(tmp_path: Path, interval_ms: int) -> tuple[Jetlake, StoreRoot]:
+    """A started jetlake whose snapshot rounds are ``interval_ms`` apart (due from 50 new
+    messages), with the stream ``SNAP`` created; the caller stops it."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env = {
+        "JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": str(interval_ms),
+        "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "50",
+    }
+    gw.start()
+
+    async def create() -> None:
+        nc = await nats.connect(gw.url)
+        try:
+            await nc.jetstream().add_stream(name="SNAP", subjects=["snap.>"], max_msgs_per_subject=60)
+        finally:
+            await nc.close()
+
+    try:
+        asyncio.run(create())
+    except BaseException:
+        gw.stop()
+        raise
+    return gw, StoreRoot(str(gw.data_root))
+
+
 @pytest.mark.waits
 def test_recovery_from_a_snapshot_equals_a_full_scan_after_kill_9(tmp_path: Path) -> None:
-    gw = Jetlake(tmp_path)
-    gw.gateway_env = {"JETLAKE_INDEX_SNAPSHOT_INTERVAL_MS": "100", "JETLAKE_INDEX_SNAPSHOT_MIN_NEW": "50"}
-    gw.start()
-    root = StoreRoot(str(gw.data_root))
+    gw, root = _with_snap_stream(tmp_path, interval_ms=100)
     try:
-
-        async def create() -> None:
-            nc = await nats.connect(gw.url)
-            try:
-                await nc.jetstream().add_stream(name="SNAP", subjects=["snap.>"], max_msgs_per_subject=60)
-            finally:
-                await nc.close()
-
-        asyncio.run(create())
         asyncio.run(_load(gw.url, 0, 400, [5, 17, 390]))
         created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "SNAP")
         for _ in range(100):  # the snapshot task runs every 100 ms
@@ -271,3 +284,27 @@ async def test_a_long_stream_is_due_after_min_new_messages_not_a_share_of_it(tmp
         await registry.close()
     finally:
         executor.shutdown()
+
+
+@pytest.mark.waits
+def test_a_start_that_read_many_messages_from_the_files_writes_their_snapshot_at_once(tmp_path: Path) -> None:
+    """Rounds an hour apart: the gateway killed before its first writes no snapshot; the next start
+    reads the 200 messages from the files and writes their snapshot right away, so a third start
+    would not read them again (without the start's round: none for an hour)."""
+    gw, root = _with_snap_stream(tmp_path, interval_ms=3_600_000)
+    try:
+        asyncio.run(_load(gw.url, 0, 200, []))
+        created = next(int(e.body["created"]) for e in CatalogTable(root).load() if e.name == "SNAP")
+        gw.kill_gateway()
+        assert index_snapshot.read(root, "SNAP", created) is None
+        gw.start_gateway()
+        snap = None
+        for _ in range(100):
+            snap = index_snapshot.read(root, "SNAP", created)
+            if snap is not None:
+                break
+            asyncio.run(asyncio.sleep(0.1))
+        assert snap is not None
+        assert snap.through == 200
+    finally:
+        gw.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
@@ -201,3 +202,58 @@ def test_a_round_merges_at_most_round_files_and_says_when_more_is_left(
     assert Compaction(root).round({"S": TS0}, 2, 1 << 30) == (4, False)  # the two 4s, and 9-10
     assert [f.rows for f in ordered(root)] == [8, 2]
     assert seqs_in_table(root) == {"S": list(range(1, 11))}
+
+
+def test_an_idle_streams_active_block_is_merged_down_to_one_file_per_tier(root: StoreRoot) -> None:
+    """200 one-message commits with the rounds of a busy stream leave up to ``fanout`` - 1 files of
+    each tier; idle rounds (runs from two files of a tier), repeated while they merge, leave at
+    most one file per tier, and every read answers as before."""
+    table = MessageTable(root)
+    reader = MessageReader(root)
+    compaction = Compaction(root)
+    for seq in range(1, 201):
+        table.commit([message(seq)], seq)
+        if seq % 4 == 0:
+            compaction.round({"S": TS0}, 4, 1 << 30)
+    table.close()
+    before = reader.read_range("S", 1, 200, 1000)
+    busy = ordered(root)
+    assert max(Counter(tier(f.rows or 0, 4) for f in busy).values()) > 1
+    rounds = 0
+    while compaction.round({"S": TS0}, 4, 1 << 30, idle=True)[0]:
+        rounds += 1
+    settled = ordered(root)
+    assert rounds >= 1
+    assert len(settled) < len(busy)
+    assert max(Counter(tier(f.rows or 0, 4) for f in settled).values()) == 1
+    assert_no_overlap(settled)
+    assert MessageReader(root).read_range("S", 1, 200, 1000).equals(before)
+    assert seqs_in_table(root) == {"S": list(range(1, 201))}
+    assert plan_recent(live_files(root), {"S": TS0}, 4, 1 << 30, idle=True) == []
+
+
+def test_a_trickle_into_an_idle_stream_grows_its_largest_file_by_a_share_at_a_time(root: StoreRoot) -> None:
+    """A file of 160 messages, then 80 one-message commits with idle rounds after each (a publisher
+    that pauses after every message): the small files merge among themselves, and the large file
+    is rewritten only once they hold a quarter (1/fanout) of its rows, once in all, not at every
+    pause; the block stays at a few files and every message reads back."""
+    table = MessageTable(root)
+    compaction = Compaction(root)
+    table.commit([message(seq) for seq in range(1, 161)], 1)
+    largest = ordered(root)[0].log_path
+    rewrites = 0
+    for seq in range(161, 241):
+        table.commit([message(seq)], seq - 159)
+        while compaction.round({"S": TS0}, 4, 1 << 30, idle=True)[0]:
+            pass
+        first = ordered(root)[0]
+        if first.log_path != largest:
+            rewrites += 1
+            largest = first.log_path
+            assert first.rows == 200  # at the 40th message: a quarter of 160
+    table.close()
+    files = ordered(root)
+    assert rewrites == 1
+    assert len(files) <= 4, [f.rows for f in files]
+    assert_no_overlap(files)
+    assert seqs_in_table(root) == {"S": list(range(1, 241))}

@@ -17,7 +17,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.deltalog import checkpointed_version
+from storage_delta.commit.store import StoreRoot, newest_version
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.maintenance.files import live_files
 from storage_delta.maintenance.recent import ROUND_FILES
@@ -218,3 +219,53 @@ def test_a_round_that_leaves_a_backlog_is_followed_at_once(tmp_path: Path) -> No
         assert asyncio.run(_stream_info(gw.url, "K"))["state"]["messages"] == ROUND_FILES + 76
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def idle_soon(tmp_path: Path) -> Iterator[Jetlake]:
+    target = Jetlake(tmp_path / "jetlake")
+    target.gateway_env = {"JETLAKE_COMPACT_IDLE_MS": "300"}
+    yield from serving(target)
+
+
+def test_a_paused_publishers_small_files_are_merged_once_it_is_idle(idle_soon: Jetlake) -> None:
+    """Fifteen sync publishes (one file each, below the 16 files of a tier that a busy stream waits
+    for), then a pause longer than ``compact_idle_ms``: the active block is merged into one file
+    (without the idle rounds: 15 files) and the table checkpointed at its newest version (without:
+    no checkpoint before 100 commits), and a consumer and DuckDB read the same fifteen messages."""
+
+    async def publish() -> None:
+        nc = await nats.connect(idle_soon.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="PAUSE", subjects=["pause.>"])
+            for i in range(15):
+                await js.publish(f"pause.{i % 2}", b"m%d" % i)
+        finally:
+            await nc.close()
+
+    async def consume() -> list[bytes]:
+        nc = await nats.connect(idle_soon.url)
+        try:
+            js = nc.jetstream()
+            await js.add_consumer("PAUSE", ConsumerConfig(durable_name="C", ack_policy=AckPolicy.NONE))
+            sub = await js.pull_subscribe_bind("C", stream="PAUSE")
+            return [m.data for m in await sub.fetch(15, timeout=10)]
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    root = StoreRoot(str(idle_soon.data_root))
+    deadline = time.monotonic() + 30
+    while len(live_files(root, "PAUSE")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(live_files(root, "PAUSE")) == 1
+    # and the quiet table is checkpointed at its newest version: a reader loads one file
+    log_dir = str(idle_soon.data_root / "messages" / "_delta_log")
+    while checkpointed_version(log_dir) < newest_version(log_dir, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert checkpointed_version(log_dir) == newest_version(log_dir, 0)
+    assert asyncio.run(consume()) == [b"m%d" % i for i in range(15)]
+    sql = "SELECT seq FROM delta_scan(?) WHERE stream = 'PAUSE' ORDER BY seq"
+    rows = duckdb_connection().execute(sql, [str(idle_soon.data_root / "messages")]).fetchall()
+    assert [r[0] for r in rows] == list(range(1, 16))

@@ -26,7 +26,7 @@ from spark_jobs.settings import JobSettings
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format.schema import DEFAULT_BLOCK_SIZE
-from storage_delta.maintenance.files import live_files
+from storage_delta.maintenance.files import LiveFile, live_files, rewrite_files, swap_files
 from storage_delta.tables.repair import check_at_start
 from tests.differential import api
 from tests.harness import Jetlake
@@ -104,6 +104,39 @@ def test_planner_reads_a_small_micro_batch(store: str) -> None:
         small = _reader(store, view="raw", prefetch_bytes=limit)
         assert len(small.partitions(start, end)) == 1
         assert small.getCache(start, end) is None
+
+
+def test_a_compaction_while_a_micro_batch_is_planned_leaves_it_to_the_planner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's compaction swaps the batch's one-message files for a merged one right after
+    the planner listed them: the batch is still read by the planner, from the files it planned."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root)
+    for seq in range(1, 11):
+        table.commit([StoredMessage(STREAM, BLOCK_SIZE, seq, BASE_TS + seq, "t.0", None, b"%d" % seq)], seq)
+    reader = _reader(str(tmp_path), view="raw")
+    listed = reader.store.files
+    swapped: list[int] = []
+
+    def list_then_compact(stream: str) -> list[LiveFile]:
+        files = listed(stream)
+        if not swapped:
+            _, merged = rewrite_files(root, STREAM, 0, [f.path for f in files])
+            assert merged is not None
+            swapped.append(int(swap_files(root, files, [merged], data_change=False)))
+        return files
+
+    monkeypatch.setattr(reader.store, "files", list_then_compact)
+    start, end = {"seq": 3}, {"seq": 9}
+    parts = reader.partitions(start, end)
+    assert swapped == [1]
+    assert len(live_files(root, STREAM)) == 1
+    fetched = reader.getCache(start, end)
+    assert fetched is not None
+    got = pa.Table.from_batches(list(fetched))
+    assert got["seq"].to_pylist() == list(range(3, 9))
+    assert got.equals(pa.Table.from_batches(list(reader.read(parts[0]))))
 
 
 @pytest.mark.spark

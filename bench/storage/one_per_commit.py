@@ -23,7 +23,7 @@ on the result recovers the stream from the files alone (no index snapshot covers
 ``python -m bench.storage.recovery --bulk 0 --tail N --keep DIR`` then measures restarts with a
 tail published through the gateway, ``python -m bench.storage.small_files --kept DIR`` the cold reads.
 
-    python -m bench.storage.one_per_commit --messages 1000000 --keep DIR [--per-commit 1]
+    python -m bench.storage.one_per_commit --messages 1000000 --keep DIR [--per-commit 1] [--resume]
 
 ``--per-commit 256`` writes the same messages in the commits a pipelined publisher's 256 PubAcks
 in flight make: what ``small_files --kept DIR --large-kept DIR2`` compares the cold reads with.
@@ -38,6 +38,8 @@ import os
 import threading
 import time
 from pathlib import Path
+
+import nats
 
 from bench.storage.small_files import STREAM, SUBJECT, _publish
 from gateway.runtime.settings import Settings
@@ -77,11 +79,25 @@ def _compact(
     return merged
 
 
-def produce(workdir: Path, count: int, per_commit: int = 1) -> dict[str, object]:
+async def _last_seq(url: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        return int((await nc.jetstream().stream_info(STREAM)).state.last_seq)
+    finally:
+        await nc.close()
+
+
+def produce(workdir: Path, count: int, per_commit: int = 1, resume: bool = False) -> dict[str, object]:
+    """Messages up to sequence ``count``; with ``resume`` after the last one a gateway on the kept
+    store reports (a store grown in several sittings), else into a stream created first."""
     lake = Jetlake(workdir)
     lake.start()
     try:
-        asyncio.run(_publish(lake.url, 0, 1))  # the stream, created as a client creates it
+        if resume:
+            after = asyncio.run(_last_seq(lake.url))
+        else:
+            asyncio.run(_publish(lake.url, 0, 1))  # the stream, created as a client creates it
+            after = 0
     finally:
         lake.stop()
     path = str(lake.data_root)
@@ -105,7 +121,7 @@ def produce(workdir: Path, count: int, per_commit: int = 1) -> dict[str, object]
     waits = 0
     started = time.monotonic()
     try:
-        for first in range(1, count + 1, per_commit):
+        for first in range(after + 1, count + 1, per_commit):
             batch = []
             for seq in range(first, min(first + per_commit, count + 1)):
                 last_ts = max(time.time_ns(), last_ts + 1)
@@ -119,9 +135,8 @@ def produce(workdir: Path, count: int, per_commit: int = 1) -> dict[str, object]
             if (first - 1) // 50_000 != batch[-1].seq // 50_000:
                 lease.beat(epoch)
                 written = batch[-1].seq
-                print(
-                    json.dumps({"written": written, "per_s": round(written / (time.monotonic() - started))})
-                )
+                per_s = round((written - after) / (time.monotonic() - started))
+                print(json.dumps({"written": written, "per_s": per_s}), flush=True)
     finally:
         done.set()
         compactor.join()
@@ -132,10 +147,11 @@ def produce(workdir: Path, count: int, per_commit: int = 1) -> dict[str, object]
     return {
         "workload": "one_per_commit",
         "messages": count,
+        "resumed_after": after,
         "per_commit": per_commit,
-        "commits": -(-count // per_commit),
+        "commits": -(-(count - after) // per_commit),
         "seconds": round(seconds),
-        "per_s": round(count / seconds),
+        "per_s": round((count - after) / seconds),
         "first_ts": t0,
         "files_merged": merged[0] if merged else 0,
         "waits_for_compaction": waits,
@@ -150,8 +166,11 @@ def main() -> None:
         "--per-commit", type=int, default=1, help="messages per commit (256: a pipelined publisher's)"
     )
     ap.add_argument("--keep", required=True, help="the store's work directory, kept for the other benches")
+    ap.add_argument(
+        "--resume", action="store_true", help="go on after the last message of a store --keep already holds"
+    )
     args = ap.parse_args()
-    print(json.dumps(produce(Path(args.keep), args.messages, args.per_commit)), flush=True)
+    print(json.dumps(produce(Path(args.keep), args.messages, args.per_commit, args.resume)), flush=True)
 
 
 if __name__ == "__main__":

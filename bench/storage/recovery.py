@@ -14,6 +14,7 @@ owner to the standby answering STREAM.INFO with every message; then a new standb
 waits, and its owner is killed in turn, ``trials`` times.
 
     python -m bench.storage.recovery [--bulk 0] [--tail 50000] [--trials 3] [--standby] [--keep DIR]
+        [--against OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -33,10 +34,25 @@ from bench.storage.small_files import STREAM, _publish
 from bench.targets import stream_state, wait_stream_messages
 from storage_delta.commit.store import StoreRoot
 from storage_delta.maintenance.files import live_files
-from tests.harness import Jetlake, Peer, stop, wait_log
+from tests.harness import ROOT, Jetlake, Peer, stop, wait_log
 
 
-def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
+def _restart(lake: Jetlake, count: int, tree: Path) -> float:
+    """``kill -9``, then seconds from starting the gateway of the checkout ``tree`` until the stream
+    answers with every message."""
+    lake.kill_gateway()
+    lake.gateway_cwd = tree
+    lake.gateway_env = {"PYTHONPATH": str(tree)}
+    t0 = time.monotonic()
+    lake.start_gateway(ready_s=3600)
+    asyncio.run(wait_stream_messages(lake.url, STREAM, count))
+    return time.monotonic() - t0
+
+
+def measure(workdir: Path, bulk: int, tail: int, trials: int, against: Path | None = None) -> dict[str, Any]:
+    """With ``against`` (another checkout, e.g. ``git worktree add DIR <commit>``), each trial
+    restarts this checkout's gateway and then that one's on the same store, interleaved, so that
+    both meet the same load."""
     lake = Jetlake(workdir)
     lake.start()
     try:
@@ -48,13 +64,19 @@ def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
         tail_s = asyncio.run(_publish(lake.url, tail, 1)) if tail else 0.0
         count = asyncio.run(stream_state(lake.url, STREAM))["messages"]  # and a kept store's before
         files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
-        restarts = []
+        restarts, others = [], []
         for _ in range(trials):
-            lake.kill_gateway()
-            t1 = time.monotonic()
-            lake.start_gateway(ready_s=3600)
-            asyncio.run(wait_stream_messages(lake.url, STREAM, count))
-            restarts.append(time.monotonic() - t1)
+            restarts.append(_restart(lake, count, ROOT))
+            if against is not None:
+                others.append(_restart(lake, count, against))
+        compared = {}
+        if against is not None:
+            compared = {
+                "against": str(against),
+                "against_restart_after_kill9_s": [round(r, 2) for r in others],
+                "against_restart_median_s": round(statistics.median(others), 2),
+                "restart_vs_against": round(statistics.median(restarts) / statistics.median(others), 3),
+            }
         return {
             "workload": "recovery",
             "bulk": bulk,
@@ -66,6 +88,7 @@ def measure(workdir: Path, bulk: int, tail: int, trials: int) -> dict[str, Any]:
             "files_at_kill": files,
             "restart_after_kill9_s": [round(r, 2) for r in restarts],
             "restart_median_s": round(statistics.median(restarts), 2),
+            **compared,
         }
     finally:
         lake.stop()
@@ -119,11 +142,18 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--standby", action="store_true", help="a standby's takeover, not a restart")
     ap.add_argument("--keep", default="", help="work in this directory and keep it (the gateway's log)")
+    ap.add_argument(
+        "--against", default="", help="another checkout whose gateway restarts interleaved with this one's"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-recovery-") as tmp:
         work = Path(args.keep or tmp)
-        run = measure_takeover if args.standby else measure
-        print(json.dumps(run(work, args.bulk, args.tail, args.trials)), flush=True)
+        if args.standby:
+            out = measure_takeover(work, args.bulk, args.tail, args.trials)
+        else:
+            against = Path(args.against) if args.against else None
+            out = measure(work, args.bulk, args.tail, args.trials, against)
+        print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from bench.spark_read import spark_read
 from bench.targets import stream_state, wait_stream_messages
+from gateway.runtime.settings import Settings
 from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import live_files
@@ -94,34 +97,48 @@ def _cold_reads(runs: list[tuple[float, float]]) -> Result:
     return {"first_batch_s": _median(list(firsts)), "drain_per_s": round(statistics.median(rates))}
 
 
-def _timed(read: Callable[[], int], count: int, trials: int) -> float:
-    runs = []
-    for _ in range(trials):
-        t0 = time.monotonic()
-        assert read() == count
-        runs.append(time.monotonic() - t0)
-    return _median(runs)
+def _readers(roots: dict[str, Path], count: int, trials: int, with_spark: bool = False) -> dict[str, Result]:
+    """An independent reader's time for every row of the stream in each store (``roots``: name ->
+    store root), interleaved trial by trial so that every store meets the same load and the same
+    warm caches: deltalake and DuckDB, and with ``with_spark`` a Spark batch read on the jetlake source
+    (every row's payload summed, in one running session after a first read of each store, as
+    :func:`bench.spark_read.spark_read` reads)."""
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in roots}
 
+    def timed(read: Callable[[Path], int]) -> Callable[[Path], float]:
+        def run(root: Path) -> float:
+            t0 = time.monotonic()
+            assert read(root) == count
+            return time.monotonic() - t0
 
-def _readers(lake: Jetlake, count: int, trials: int) -> Result:
-    """An independent reader's time for every row of the stream: deltalake and DuckDB."""
-    table = str(lake.data_root / "messages")
+        return run
 
-    def delta_rs() -> int:  # a fresh handle each time, as an independent reader opens the table
-        dt = open_existing(StoreRoot(str(lake.data_root)), sch.MESSAGES)
+    def delta_rs(root: Path) -> int:  # a fresh handle each time, as an independent reader opens the table
+        dt = open_existing(StoreRoot(str(root)), sch.MESSAGES)
         assert dt is not None
         rows: int = dt.to_pyarrow_table(filters=[("stream", "=", STREAM)]).num_rows
         return rows
 
-    def duckdb() -> int:
+    def duckdb(root: Path) -> int:
         sql = "SELECT * FROM delta_scan(?) WHERE stream = ?"
-        rows: int = duckdb_connection().execute(sql, [table, STREAM]).to_arrow_table().num_rows
-        return rows
+        table = duckdb_connection().execute(sql, [str(root / "messages"), STREAM]).to_arrow_table()
+        return int(table.num_rows)
 
-    return {
-        "deltalake_read_s": _timed(delta_rs, count, trials),
-        "duckdb_read_s": _timed(duckdb, count, trials),
-    }
+    def spark(root: Path) -> float:  # the read's own clock: the session is started outside it
+        seconds: float = spark_read(str(root), count, STREAM, warm_reads=0)["seconds"]
+        return seconds
+
+    readers = {"deltalake_read_s": timed(delta_rs), "duckdb_read_s": timed(duckdb)}
+    if with_spark:
+        for root in roots.values():
+            spark(root)  # the session's and each store's first read, not counted
+        readers["spark_read_s"] = spark
+    for trial in range(trials):
+        order = list(roots.items())
+        for name, root in order[::-1] if trial % 2 else order:  # neither store always read first
+            for key, read in readers.items():
+                runs[name].setdefault(key, []).append(read(root))
+    return {name: {key: _median(times) for key, times in got.items()} for name, got in runs.items()}
 
 
 def _restarts_and_drains(
@@ -191,51 +208,97 @@ def _jetlake(workdir: Path, env: dict[str, str], count: int, window: int, trials
         lake.stop()
 
 
-def _after_publish(lake: Jetlake, count: int, trials: int) -> Result:
+def _after_publish(lake: Jetlake, count: int, trials: int, readers: bool = True) -> Result:
     """Restarts after ``kill -9``, a new consumer's reads and the independent readers' of a
     stream of ``count`` messages that ``lake`` (running) holds."""
-    root = StoreRoot(str(lake.data_root))
-    files = len(live_files(root, STREAM))
+    files = len(live_files(StoreRoot(str(lake.data_root)), STREAM))
     restarts, drains = _restarts_and_drains(
-        lake.kill_gateway, lambda: lake.start_gateway(ready_s=3600), lake.url, count, trials
+        lake.kill_gateway, partial(lake.start_gateway, ready_s=3600), lake.url, count, trials
     )
-    out: Result = {
-        "files_at_kill": files,
-        "restart_after_kill9_s": _median(restarts, 2),
-        **_cold_reads(drains),
-        "files_at_read": _settled(root),
-    }
-    out.update(_readers(lake, count, trials))
+    out = _figures(lake, files, restarts, drains)
+    if readers:
+        out.update(_readers({"it": lake.data_root}, count, trials)["it"])
     return out
 
 
-def _kept(kept: Path, trials: int) -> tuple[int, Result]:
-    """The figures of the stream of a kept store, and its message count."""
+def _figures(lake: Jetlake, files: int, restarts: list[float], drains: list[tuple[float, float]]) -> Result:
+    return {
+        "files_at_kill": files,
+        "restart_after_kill9_s": _median(restarts, 2),
+        **_cold_reads(drains),
+        "files_at_read": _settled(StoreRoot(str(lake.data_root))),
+    }
+
+
+def _serving_kept(kept: Path) -> tuple[Jetlake, int]:
+    """A gateway on a kept store, and the stream's message count, once the gateway's compaction
+    is done with what the writer left: its rounds at start and, ``compact_idle_ms`` later, its idle
+    rounds, as a gateway that served the writer's publishes would have left the stream."""
     lake = Jetlake(kept)
     lake.start_server()
     try:
-        lake.start_gateway(ready_s=3600)  # its first start may compact what the writer left
-        count: int = asyncio.run(stream_state(lake.url, STREAM))["messages"]
-        return count, _after_publish(lake, count, trials)
-    finally:
+        lake.start_gateway(ready_s=3600)
+        time.sleep(Settings().compact_idle_ms / 1000)
+        _settled(StoreRoot(str(lake.data_root)))
+        return lake, int(asyncio.run(stream_state(lake.url, STREAM))["messages"])
+    except BaseException:
         lake.stop()
+        raise
 
 
 def measure_kept(
-    ref: ReferenceJetStream, workdir: Path, kept: Path, trials: int, large_kept: Path | None, js_window: int
+    ref: ReferenceJetStream,
+    workdir: Path,
+    kept: Path,
+    trials: int,
+    large_kept: Path | None,
+    js_window: int,
+    spark: bool = False,
 ) -> Result:
     """The same figures for the stream of a store written before (``--keep`` of an earlier run,
     e.g. one message per commit for an hour), against the same messages in large commits and on
     JetStream (sync publishes, as the kept stream's were). ``large_kept``: the large commits' store
     kept too (``bench.storage.one_per_commit --per-commit 256``), not published here; ``js_window``:
-    PubAcks in flight on JetStream (its file store holds the same blocks however they came)."""
-    count, kept_out = _kept(kept, trials)
-    if large_kept is None:
-        large = _jetlake(workdir / "large", {}, count, 256, trials)
-    else:
-        large_count, large = _kept(large_kept, trials)
-        assert large_count == count, f"{large_kept} holds {large_count} messages, {kept} {count}"
+    PubAcks in flight on JetStream (its file store holds the same blocks however they came);
+    ``spark``: a Spark batch read of both stores too. Both stores are served side by side and
+    measured in turn, trial by trial (restart, drain; then each reader), so that both meet the same
+    load."""
+    lakes: dict[str, Jetlake] = {}
+    try:
+        lakes["kept"], count = _serving_kept(kept)
+        if large_kept is None:
+            lakes["large"] = Jetlake(workdir / "large")
+            lakes["large"].start()
+            asyncio.run(_publish(lakes["large"].url, count, 256))
+        else:
+            lakes["large"], large_count = _serving_kept(large_kept)
+            assert large_count == count, f"{large_kept} holds {large_count} messages, {kept} {count}"
+        files = {
+            name: len(live_files(StoreRoot(str(lake.data_root)), STREAM)) for name, lake in lakes.items()
+        }
+        restarts: dict[str, list[float]] = {name: [] for name in lakes}
+        drains: dict[str, list[tuple[float, float]]] = {name: [] for name in lakes}
+        for _ in range(trials):
+            for name, lake in lakes.items():
+                start = partial(lake.start_gateway, ready_s=3600)
+                restarted, drained = _restarts_and_drains(lake.kill_gateway, start, lake.url, count, 1)
+                restarts[name] += restarted
+                drains[name] += drained
+        out = {
+            name: _figures(lake, files[name], restarts[name], drains[name]) for name, lake in lakes.items()
+        }
+    finally:
+        for lake in lakes.values():
+            lake.stop()
+    for name, read in _readers(
+        {n: lake.data_root for n, lake in lakes.items()}, count, trials, spark
+    ).items():
+        out[name].update(read)
+    kept_out, large = out["kept"], out["large"]
     js = _jetstream(ref, count, trials, js_window)
+    ratios = _ratios("kept", kept_out, large, js)
+    if spark:
+        ratios["spark_kept_vs_large"] = _ratio(kept_out["spark_read_s"], large["spark_read_s"])
     return {
         "workload": "small_files_kept",
         "messages": count,
@@ -243,7 +306,7 @@ def measure_kept(
         "jetlake_kept": kept_out,
         "jetlake_large_commits": large,
         "jetstream": js,
-        **_ratios("kept", kept_out, large, js),
+        **ratios,
     }
 
 
@@ -307,6 +370,7 @@ def main() -> None:
     ap.add_argument(
         "--jetstream-window", type=int, default=1, help="with --kept: PubAcks in flight on JetStream"
     )
+    ap.add_argument("--spark", action="store_true", help="with --kept: a Spark batch read of both stores too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="jetlake-smallfiles-") as tmp:
         work = Path(args.keep or tmp)
@@ -315,7 +379,9 @@ def main() -> None:
         try:
             if args.kept:
                 large = Path(args.large_kept) if args.large_kept else None
-                out = measure_kept(ref, work, Path(args.kept), args.trials, large, args.jetstream_window)
+                out = measure_kept(
+                    ref, work, Path(args.kept), args.trials, large, args.jetstream_window, args.spark
+                )
                 print(json.dumps(out), flush=True)
             else:
                 print(json.dumps(measure(ref, work, args.messages, args.trials)), flush=True)

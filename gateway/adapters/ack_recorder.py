@@ -3,7 +3,8 @@ machines and :class:`~storage_delta.acklog.AckLogWriter`.
 
 Each method is called right after the state machine made the change, so the row carries the
 consumer's positions (last delivered, ack floor) as they now stand. Lifecycle rows (create,
-config, delete) are awaited: the API answers only once they are committed. Deliveries and plain
+config, delete) are not awaited: the catalog's commit, durable before the API answers, is what a
+restart reads of a consumer's definition (#23); a reset is awaited. Deliveries and plain
 acks are committed within the writer's flush interval; an ack with a reply gets a future that
 resolves once its row is committed.
 """
@@ -57,8 +58,10 @@ class AckRecorder:
         assert fut is not None
         await fut
 
-    async def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> None:
-        await self._durable(
+    def created(self, consumer: Consumer, start_after: int, skip: list[int]) -> int:
+        """The start of the consumer's incarnation, ahead of its other rows, not awaited by the
+        create (``Registry.add_consumer``); returns its lsn (:meth:`durable_through`)."""
+        self.writer.submit(
             self._row(
                 consumer,
                 al.CREATE,
@@ -68,6 +71,12 @@ class AckRecorder:
                 skip=skip,
             )
         )
+        return self.writer.last_lsn
+
+    async def durable_through(self, lsn: int) -> None:
+        """Return once the row of ``lsn`` is committed (at once if it is)."""
+        if lsn > self.writer.committed_lsn:
+            await self.writer.flush()
 
     async def restored(self, stream: str, name: str, state: ConsumerState) -> list[al.AckRecord]:
         """A consumer restored from a stream archive: its create, a ``state`` row with its
@@ -109,8 +118,10 @@ class AckRecorder:
         await self._durable(records[-1])
         return records
 
-    async def config_changed(self, consumer: Consumer) -> None:
-        await self._durable(self._row(consumer, al.CONFIG, config=consumer.config))
+    def config_changed(self, consumer: Consumer) -> None:
+        """The new config, for the log's readers (compaction folds it into the state row); a
+        restart takes the catalog's (``Registry.update_consumer``)."""
+        self.writer.submit(self._row(consumer, al.CONFIG, config=consumer.config))
 
     async def reset(self, consumer: Consumer) -> None:
         """``CONSUMER.RESET``: it starts again after its (new) delivered stream sequence."""

@@ -57,6 +57,14 @@ class Registry:
         #: theirs (``storage_delta.tables.scope``): not installed, answered as offline streams.
         self.quarantine = Quarantine()
         self.consumers: dict[str, dict[str, Consumer]] = {}
+        #: The configs of streams whose create or update is being committed: the API's checks
+        #: across streams (overlapping subjects, sources) see them, as other streams' requests
+        #: run meanwhile (#23).
+        self.in_flight: dict[str, StreamConfig] = {}
+        #: The lsn of each consumer's create row in the ack log, until an update has seen it
+        #: durable: until then a consumer's start is in its catalog entry alone, which an update
+        #: must not replace (#23).
+        self._create_rows: dict[Consumer, int] = {}
         self.server_version = "2.15.1"
         self.api_total = 0
         self.api_errors = 0
@@ -87,6 +95,22 @@ class Registry:
         if stream is None:
             raise errors.STREAM_NOT_FOUND
         return stream
+
+    def stream_config(self, name: str) -> StreamConfig | None:
+        """A stream's config as it is about to stand (one being committed), else the live one."""
+        config = self.in_flight.get(name)
+        if config is None and (stream := self.streams.get(name)) is not None:
+            config = stream.config
+        return config
+
+    async def _persist_stream(self, config: StreamConfig, body: dict[str, object] | None) -> None:
+        """Commit a stream's new config; while in flight the API's cross-stream checks see it."""
+        self.in_flight[config.name] = config
+        try:
+            await self._persist(CatalogChange("stream", config.name, config.name, body))
+        finally:
+            if self.in_flight.get(config.name) is config:
+                del self.in_flight[config.name]
 
     def route(self, subject: str) -> Stream | None:
         """The stream that captures ``subject`` (None: no stream does)."""
@@ -172,8 +196,7 @@ class Registry:
         return consumer
 
     async def add_stream(self, config: StreamConfig, created_ns: int) -> Stream:
-        body = {"config": to_json(config), "created": created_ns}
-        await self._persist(CatalogChange("stream", config.name, config.name, body))
+        await self._persist_stream(config, {"config": to_json(config), "created": created_ns})
         stream = self.install_stream(config, created_ns)
         self.stream_added.emit(stream)
         return stream
@@ -187,10 +210,18 @@ class Registry:
         start_after: int,
         skip: list[int],
     ) -> Consumer:
-        body = {"config": to_json(config), "created": created_ns, "start_after": start_after}
+        """One durable commit, the catalog's: its entry holds all a restart needs of a new consumer
+        (config, start and the ``last_per_subject`` sequences still to deliver). The ack log's
+        create row follows unawaited, ahead of every row of the consumer's (#23): should a crash
+        cut it off, the rows after it go with it (the log lands in order) and the restart starts
+        the consumer afresh from the catalog's entry, which is where it stood."""
+        body: dict[str, object] = {"config": to_json(config), "created": created_ns}
+        body["start_after"] = start_after
+        if skip:
+            body["skip"] = skip
         await self._persist(CatalogChange("consumer", stream.name, name, body))
         consumer = self.install_consumer(stream, config, created_ns, name, start_after, skip)
-        await self.recorder.created(consumer, start_after, skip)
+        self._create_rows[consumer] = self.recorder.created(consumer, start_after, skip)
         self.consumer_changed.emit(consumer)
         return consumer
 
@@ -203,6 +234,14 @@ class Registry:
         await self._persist(CatalogChange("consumer", stream.name, name, body))
 
     async def update_consumer(self, consumer: Consumer, config: ConsumerConfig) -> None:
+        """One durable commit, the catalog's, whose config a restart takes over the ack log's; the
+        ack log's config row (for the log's readers) follows unawaited (#23). Its entry replaces
+        the create's, whose start (``start_after``, ``skip``) a restart needs while the ack log
+        lacks the create row: so an update right after a create first waits for that row."""
+        row = self._create_rows.get(consumer)
+        if row is not None:
+            await self.recorder.durable_through(row)
+            self._create_rows.pop(consumer, None)
         body = {
             "config": to_json(config),
             "created": consumer.created_ns,
@@ -210,7 +249,7 @@ class Registry:
         }
         await self._persist(CatalogChange("consumer", consumer.stream.name, consumer.name, body))
         consumer.reconfigure(config)
-        await self.recorder.config_changed(consumer)
+        self.recorder.config_changed(consumer)
         self.consumer_changed.emit(consumer)
 
     async def remove_consumer(self, consumer: Consumer) -> bool:
@@ -222,14 +261,14 @@ class Registry:
         if by_name.get(consumer.name) is not consumer:
             return False
         del by_name[consumer.name]
+        self._create_rows.pop(consumer, None)
         self.consumer_removed.emit(consumer)
         self.recorder.deleted(consumer)
         return True
 
     async def update_stream(self, stream: Stream, config: StreamConfig) -> None:
         """Store a stream's new config, then make it the live one (subjects re-routed)."""
-        body = {"config": to_json(config), "created": stream.created_ns}
-        await self._persist(CatalogChange("stream", stream.name, stream.name, body))
+        await self._persist_stream(config, {"config": to_json(config), "created": stream.created_ns})
         old = stream.subjects
         stream.config = config
         if old != stream.subjects:
@@ -250,6 +289,7 @@ class Registry:
         stream.end()  # a removal waiting for one of its commits is released
         self.stream_removed.emit(stream)
         for gone in self.consumers.pop(stream.name, {}).values():
+            self._create_rows.pop(gone, None)
             self.consumer_removed.emit(gone)
             self.recorder.deleted(gone)
         self._subjects_changed(stream.name, stream.subjects, ())

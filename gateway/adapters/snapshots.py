@@ -13,6 +13,10 @@ A damaged snapshot (``index_snapshot.DamagedSnapshot``: recovery read the messag
 is reported (:attr:`Snapshots.damaged`: ``/healthz``, ``/lake``) until one is written over it,
 which the next round does (``interval_s`` after the start) whatever ``min_new`` says, and a clean
 stop too: the report says what is wrong now, not what was wrong once.
+
+The first round comes right after the start, for the streams recovery read ``min_new`` or more
+messages of from the message files (a writer that bypassed the gateway, a gateway killed before
+its rounds): a gateway killed again before its first interval would read them all once more.
 """
 
 from __future__ import annotations
@@ -66,12 +70,12 @@ class Snapshots:
         created, through = self._taken.get(stream.name, (0, 0))
         return stream.durable_last_seq - (through if created == stream.created_ns else 0)
 
-    def _due(self, stream: Stream) -> bool:
-        return stream.name in self.damaged or self.behind(stream) >= self.min_new
+    def _due(self, stream: Stream, damaged: bool) -> bool:
+        return (damaged and stream.name in self.damaged) or self.behind(stream) >= self.min_new
 
-    async def take(self, every_changed: bool = False) -> int:
-        """Snapshot the streams that are due (every stream with something new, at a clean stop);
-        how many were written."""
+    async def take(self, every_changed: bool = False, damaged: bool = True) -> int:
+        """Snapshot the streams that are due (every stream with something new, at a clean stop; not
+        the ones due only for a damaged snapshot without ``damaged``); how many were written."""
         async with self._lock:
             loop = asyncio.get_running_loop()
             streams = list(self.registry.streams.values())
@@ -80,7 +84,7 @@ class Snapshots:
             copies = [
                 (stream.name, IndexSnapshot(stream.created_ns, *stream.stored_snapshot()))
                 for stream in streams
-                if self._due(stream) or (every_changed and self.behind(stream) > 0)
+                if self._due(stream, damaged) or (every_changed and self.behind(stream) > 0)
             ]
             if not copies:
                 return 0
@@ -96,9 +100,11 @@ class Snapshots:
             return len(copies)
 
     async def run(self) -> None:
+        damaged = False  # the start's round: a damaged snapshot stays reported until the next
         while True:
-            await asyncio.sleep(self.interval_s)
             try:
-                await self.take()
+                await self.take(damaged=damaged)
             except Exception:
                 log.exception("writing index snapshots failed; the next round tries again")
+            damaged = True
+            await asyncio.sleep(self.interval_s)

@@ -13,14 +13,13 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-import nats
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.errors import NoRespondersError, TimeoutError
+from typing import TYPE_CHECKING, Any
 
 from gateway.cli import tables as fmt
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 
@@ -38,6 +37,8 @@ class Js:
         self.timeout = timeout
 
     async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        from nats.errors import NoRespondersError
+
         data = json.dumps(body).encode() if body is not None else b""
         try:
             msg = await self.nc.request(self.prefix + subject, data, timeout=self.timeout)
@@ -340,6 +341,10 @@ def add_parsers(sub: Any) -> None:
 
 
 async def _run(args: argparse.Namespace) -> str:
+    # nats-py is imported here, not with the module: every ``jetlake`` command builds this module's
+    # parsers, and ``jetlake serve``'s start (a restart's time to its first answer) has no use for it.
+    import nats
+
     nc = await nats.connect(args.server, connect_timeout=args.timeout, max_reconnect_attempts=0)
     try:
         command: Command = args.run
@@ -350,11 +355,13 @@ async def _run(args: argparse.Namespace) -> str:
 
 async def execute(args: argparse.Namespace) -> tuple[int, str, str]:
     """One parsed command: exit status, standard output and standard error, as printed."""
+    from nats.errors import NoServersError
+
     try:
         return 0, await _run(args) + "\n", ""
     except CliError as err:
         return 1, "", f"nats: error: {err}\n"
-    except (OSError, nats.errors.NoServersError) as err:
+    except (OSError, NoServersError) as err:
         return 1, "", f"nats: error: cannot connect to {args.server}: {err}\n"
 
 

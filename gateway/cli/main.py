@@ -6,10 +6,13 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import importlib.abc
+import importlib.machinery
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+import types
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +31,23 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 GC_GEN0_THRESHOLD = 50_000  # allocations between young collections (CPython default: 700)
 
 
+class PandasUnavailable(importlib.abc.MetaPathFinder):
+    """Makes pandas look not installed to the serving process.
+
+    pyarrow imports pandas, if it is installed (pyspark needs it in the same environment), on its
+    first conversion of a Python object (``pa.array([...])``, ``Schema.empty_table()``, a filtered
+    parquet read): 0.3 to 0.4 s of a gateway's start on a quiet machine and up to a second on a
+    loaded one, all of it before a restarted gateway's first answer (#22). The gateway never makes
+    a DataFrame; pyarrow, deltalake and the monitor do without pandas when it is missing."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "pandas" or fullname.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {fullname!r} (jetlake serve)", name=fullname)
+        return None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jetlake", description="NATS JetStream served from a Delta Lake")
     sub = p.add_subparsers(dest="command", required=True)
@@ -43,19 +63,23 @@ async def serve(settings: Settings) -> int:
     # Imported here so the inspection commands start without loading the storage engine.
     from gateway.runtime.embedded import EmbeddedServer
 
-    # Loaded before standing by, not at takeover: importing the storage engine takes most of a second,
-    # the monitor's web stack about as much, and the monitor starts once the link is up: imported
-    # then, it held the event loop (every answer of a takeover) for seconds on a loaded machine.
+    # Loaded before standing by, not at takeover: importing the storage engine takes most of a second.
     from gateway.service.gateway import Gateway  # noqa: F401
     from gateway.service.ownership import Ownership
     from storage_delta.commit.lease import open_lease, warm_up
     from storage_delta.commit.store import StoreRoot
     from storage_delta.format.schema import CATALOG, CATALOG_SCHEMA
 
-    if settings.monitor_port:
-        import uvicorn  # noqa: F401
-
-        from gateway.monitor.app import build_app  # noqa: F401
+    # The monitor's web stack (FastAPI, pydantic, uvicorn: 0.5 s quiet, 1.5 s at a load of 12) is
+    # imported on a worker thread beside the lease, the tables and the leaf link, whose time is
+    # mostly the store's and the network's: a restart's first answer does not wait for it, a
+    # standby has it before it takes over, and the monitor starts once both are done. On the event
+    # loop after the link was up it held every answer of a takeover for seconds on a loaded machine.
+    monitor_stack = (
+        asyncio.create_task(asyncio.to_thread(_import_monitor_stack), name="monitor-import")
+        if settings.monitor_port
+        else None
+    )
     embedded: EmbeddedServer | None = None
     if settings.embedded:
         workdir = Path(settings.data_root if "://" not in settings.data_root else ".") / ".nats-server"
@@ -79,9 +103,11 @@ async def serve(settings: Settings) -> int:
         while not stop.is_set():
             if not await _first(ownership.acquire(), stop.wait()):
                 break  # stopped while standing by
-            if not await _serve_once(settings, ownership, stop):
+            if not await _serve_once(settings, ownership, stop, monitor_stack):
                 break
     finally:
+        if monitor_stack is not None:
+            await monitor_stack  # a thread's import cannot be cut short; its error surfaces here
         announcing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await announcing
@@ -89,6 +115,12 @@ async def serve(settings: Settings) -> int:
         if embedded is not None:
             await embedded.stop()
     return 0
+
+
+def _import_monitor_stack() -> None:
+    import uvicorn  # noqa: F401
+
+    from gateway.monitor.app import build_app  # noqa: F401
 
 
 async def _first(work: Coroutine[None, None, object], stop: Coroutine[None, None, object]) -> bool:
@@ -101,9 +133,12 @@ async def _first(work: Coroutine[None, None, object], stop: Coroutine[None, None
     return tasks[0] in done
 
 
-async def _serve_once(settings: Settings, ownership: Ownership, stop: asyncio.Event) -> bool:
+async def _serve_once(
+    settings: Settings, ownership: Ownership, stop: asyncio.Event, monitor_stack: asyncio.Task[None] | None
+) -> bool:
     """Serve the store until ``stop`` (False) or until it is lost to another gateway (True: stand
-    by again). The lease is beaten from before recovery begins."""
+    by again). The lease is beaten from before recovery begins; the monitor starts once its
+    ``monitor_stack`` is imported."""
     from gateway.service.gateway import Gateway
 
     holding = asyncio.create_task(ownership.hold(), name="owner-lease")
@@ -114,7 +149,8 @@ async def _serve_once(settings: Settings, ownership: Ownership, stop: asyncio.Ev
     try:
         await gateway.start()
         _tune_gc()
-        if settings.monitor_port:
+        if monitor_stack is not None:
+            await monitor_stack
             import uvicorn
 
             from gateway.monitor.app import MonitorServer, build_app
@@ -174,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        sys.meta_path.insert(0, PandasUnavailable())
         try:
             settings = LOADER.load(vars(args))
         except SettingsError as exc:

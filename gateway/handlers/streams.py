@@ -228,9 +228,15 @@ class StreamApi:
     # ---- definitions ------------------------------------------------------------------------------
 
     def _check_overlap(self, cfg: StreamConfig) -> None:
+        """Against the live streams' subjects and those of other streams being committed."""
         index, live = self.reg.subject_index, self.reg.streams
         for subject in cfg.subjects:
             if any(name != cfg.name and name in live for name in index.overlapping(subject)):
+                raise errors.STREAM_SUBJECT_OVERLAP
+        for other in self.reg.in_flight.values():
+            if other.name != cfg.name and any(
+                subjects_overlap(mine, theirs) for mine in cfg.subjects for theirs in other.subjects
+            ):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
     def _check_placement(self, replicas: int) -> None:
@@ -244,8 +250,8 @@ class StreamApi:
         must take messages as large as its origin's; a mirror serves direct gets as its origin does."""
         origins = [cfg.mirror] if cfg.mirror else list(cfg.sources)
         for src in origins:
-            origin = self.reg.streams.get(src["name"])
-            limit = origin.config.max_msg_size if origin is not None else 0
+            origin = self.reg.stream_config(src["name"])
+            limit = origin.max_msg_size if origin is not None else 0
             if 0 < cfg.max_msg_size < limit:
                 raise (
                     errors.MIRROR_MAX_MESSAGE_SIZE_TOO_BIG
@@ -253,9 +259,9 @@ class StreamApi:
                     else errors.SOURCE_MAX_MESSAGE_SIZE_TOO_BIG
                 )
         self._check_source_cycle(cfg)
-        mirrored = self.reg.streams.get(cfg.mirror["name"]) if cfg.mirror else None
+        mirrored = self.reg.stream_config(cfg.mirror["name"]) if cfg.mirror else None
         if mirrored is not None:
-            cfg = replace(cfg, mirror_direct=mirrored.config.allow_direct)
+            cfg = replace(cfg, mirror_direct=mirrored.allow_direct)
         return cfg
 
     def _check_source_cycle(self, cfg: StreamConfig) -> None:
@@ -272,8 +278,8 @@ class StreamApi:
                     only = src.get("filter_subject") or ""
                     if not only or any(subjects_overlap(subject, only) for subject in current.subjects):
                         raise errors.STREAM_INVALID_CONFIG.format(err="detected cycle")
-                elif (other := self.reg.streams.get(src["name"])) is not None:
-                    to_visit.append(other.config)
+                elif (other := self.reg.stream_config(src["name"])) is not None:
+                    to_visit.append(other)
 
     async def stream_create(self, name: str, body: bytes) -> StreamCreateResponse:
         req = load_request(body, stream_config.REQUEST)

@@ -117,6 +117,11 @@ class Settings:
         "shortest time between two compaction rounds, so that a round under steady load merges many files "
         "(a round that leaves a backlog is followed at once)",
     )
+    compact_idle_ms: int = setting(
+        10_000,
+        "a stream without a new commit file for this long is idle: its active block's small files are "
+        "merged further, so readers of a paused stream open about as few files as after large commits",
+    )
     leaf_name: str = setting("jetlake", "name the gateway's leaf connection reports to the server")
     creds_file: str = setting(
         "", "NATS credentials file (user JWT + seed, as `nsc` writes it) for the leaf connection"

@@ -4,10 +4,13 @@ requests, acks, flow-control replies) enters here, in the order the link read it
 Order is the contract (docs/architecture.md): a stream changes in wire order, so what a message sees
 or changes comes after everything read before it. Publishes are taken in runs and acks in runs for
 speed (``PublishPath.accept_queued``, ``Delivery.apply_acks``), so before any other kind of message
-the runs read so far are applied first. API requests are answered by one worker from a bounded
-queue, in order among themselves, after the publishes read before them were accepted; a request
-that finds the queue full is dropped and counted (the client's request times out, as when a server
-is overloaded), never queued without bound.
+the runs read so far are applied first. API requests are answered after the publishes read before
+them were accepted, in lanes (#23): the requests naming a stream in the lane of that stream, in
+order among themselves, while other streams' lanes run meanwhile, so that their catalog changes
+share group commits. A request that names no stream (``INFO``, ``STREAM.NAMES``, …) is a barrier:
+it runs once every request read before it is answered, alone, and those read after it wait for it.
+At most ``API_QUEUE_SIZE`` requests wait or run; beyond it a request is dropped and counted (the
+client's request times out, as when a server is overloaded), never queued without bound.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
 
 from gateway.adapters.archives import PREFIX as ARCHIVE_PREFIX
 from gateway.adapters.archives import Archives
@@ -22,20 +26,31 @@ from gateway.adapters.delivery import Delivery
 from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.adapters.sourcing import LINK_PREFIX, Sourcing
-from gateway.handlers.router import Api, split_api_subject
+from gateway.handlers.router import STREAM_TOKEN, Api, split_api_subject
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
 
 log = logging.getLogger(__name__)
 
-#: API requests waiting for the worker; beyond it a request is dropped (``LinkDispatcher.api_dropped``).
+#: API requests waiting or running; beyond it a request is dropped (``LinkDispatcher.api_dropped``).
 API_QUEUE_SIZE = 4096
 
 AckRun = list[tuple[bytes, bytes, bytes, bytes]]
+#: An API request as read: the subject's tokens after the API prefix, the reply, body and headers.
+ApiRequest = tuple[list[str], str, bytes, bytes | None]
+#: The lane of a request that names no stream (it runs alone).
+BARRIER = ""
+
+
+def lane_of(toks: list[str]) -> str | None:
+    """The stream a request names (its lane), or None for a request that names none."""
+    at = STREAM_TOKEN.get(".".join(toks[:2]))
+    return toks[at] if at is not None and len(toks) > at and toks[at] else None
 
 
 class LinkDispatcher:
-    """Routes each message of the link to its component; owns the API queue and its worker's loop."""
+    """Routes each message of the link to its component; owns the API lanes (their tasks belong to
+    :meth:`api_worker`)."""
 
     def __init__(
         self,
@@ -57,9 +72,13 @@ class LinkDispatcher:
         self._publish = publish
         self._delivery = delivery
         self._api = api
-        self._api_queue: asyncio.Queue[tuple[list[str], str, bytes, bytes | None]] = asyncio.Queue(
-            API_QUEUE_SIZE
-        )
+        #: The running lanes, by stream name (``BARRIER`` for a request that names none).
+        self._lanes: dict[str, deque[ApiRequest]] = {}
+        #: Requests that wait for a barrier (or are one): started in order by :meth:`_release`.
+        self._held: deque[ApiRequest] = deque()
+        self._lane_tasks: asyncio.TaskGroup | None = None
+        #: Requests waiting or running, bounded by ``API_QUEUE_SIZE``.
+        self._api_waiting = 0
         self.api_dropped = 0
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
@@ -115,28 +134,74 @@ class LinkDispatcher:
         if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return
-        try:
-            self._api_queue.put_nowait((toks, msg.reply, msg.data, msg.hdrs))
-        except asyncio.QueueFull:
+        if self._api_waiting >= API_QUEUE_SIZE:
             self.api_dropped += 1
+            return
+        self._api_waiting += 1
+        request = (toks, msg.reply, msg.data, msg.hdrs)
+        lane = lane_of(toks)
+        if lane is None or self._held or BARRIER in self._lanes or self._lane_tasks is None:
+            self._held.append(request)
+            self._release()
+        else:
+            self._enqueue(lane, request)
+
+    def _enqueue(self, lane: str, request: ApiRequest) -> None:
+        """Queue ``request`` in its lane, starting the lane's task if it is not running."""
+        assert self._lane_tasks is not None
+        queued = self._lanes.get(lane)
+        if queued is None:
+            queued = self._lanes[lane] = deque()
+            self._lane_tasks.create_task(self._run_lane(lane, queued), name=f"api-lane-{lane}")
+        queued.append(request)
+
+    def _release(self) -> None:
+        """Start the held requests that may run: those naming a stream up to the first barrier,
+        and a barrier once no lane runs any more (then nothing else starts until it is done)."""
+        while self._held and self._lane_tasks is not None and BARRIER not in self._lanes:
+            lane = lane_of(self._held[0][0])
+            if lane is None:
+                if self._lanes:
+                    return
+                lane = BARRIER
+            self._enqueue(lane, self._held.popleft())
+
+    async def _run_lane(self, lane: str, queued: deque[ApiRequest]) -> None:
+        """Answer a lane's requests in order; the lane ends when it is empty (its next request
+        starts it anew), which may let a held barrier start."""
+        while queued:
+            await self._answer(*queued[0])
+            queued.popleft()
+            self._api_waiting -= 1
+        del self._lanes[lane]
+        self._release()
 
     async def api_worker(self) -> None:
-        """Answer queued API requests one at a time; a request that raises is logged and gets no
-        answer (the client times out), and the worker goes on with the next."""
-        while True:
-            toks, reply, body, hdrs = await self._api_queue.get()
+        """Own the lanes' tasks until cancelled; then they are cancelled and awaited (the
+        requests they were answering get no answer, as when a server stops)."""
+        async with asyncio.TaskGroup() as lanes:
+            self._lane_tasks = lanes
+            self._release()  # what was read before this task started
             try:
-                answer = await self._api.handle(toks, body, hdrs)
-            except Exception:
-                log.exception("API request %s failed", ".".join(toks))
-                continue
-            if answer is None or not reply:
-                continue
-            if isinstance(answer, list):
-                for raw in answer:
-                    self._leaf.publish(reply, raw.data, hdrs=raw.hdrs or None)
-                continue
-            self._registry.api_total += 1
-            if "error" in answer:
-                self._registry.api_errors += 1
-            self._leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())
+                await asyncio.Event().wait()
+            finally:
+                self._lane_tasks = None
+
+    async def _answer(self, toks: list[str], reply: str, body: bytes, hdrs: bytes | None) -> None:
+        """Answer one request; one that raises is logged and gets no answer (the client times
+        out), and its lane goes on with the next."""
+        try:
+            answer = await self._api.handle(toks, body, hdrs)
+        except Exception:
+            log.exception("API request %s failed", ".".join(toks))
+            return
+        if answer is None or not reply:
+            return
+        if isinstance(answer, list):
+            for raw in answer:
+                self._leaf.publish(reply, raw.data, hdrs=raw.hdrs or None)
+            return
+        self._registry.api_total += 1
+        if "error" in answer:
+            self._registry.api_errors += 1
+        self._leaf.publish(reply, json.dumps(answer, separators=(",", ":")).encode())

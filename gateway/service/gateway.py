@@ -223,6 +223,8 @@ class Gateway:
                 settings.compact_min_files,
                 settings.compact_max_file_bytes,
                 settings.compact_interval_ms / 1000,
+                settings.compact_idle_ms / 1000,
+                table.checkpoint_if_newer,
             )
         core = Core(
             leaf, writer, acklog, registry, publish, delivery, dispatcher, api, recorder, snapshots, compactor
@@ -295,15 +297,19 @@ class Gateway:
                 replay_headers(stream, stored.headers, now)
                 stream.enforce_limits(time.time_ns())
             elif entry.kind == "consumer" and entry.stream in registry.streams:
+                # The catalog's entry is the definition (its commit answered the create or the
+                # update); the ack log gives the state, and the start only when its create row
+                # was cut off (no incarnation of this creation: a fresh state).
                 created = int(entry.body["created"])
                 cstate = reduce(history.consumers.get((entry.stream, entry.name), []), created)
+                logged = cstate.config is not None
                 consumer = registry.install_consumer(
                     registry.streams[entry.stream],
-                    from_json(ConsumerConfig, cstate.config or entry.body["config"]),
+                    from_json(ConsumerConfig, entry.body["config"]),
                     created,
                     entry.name,
-                    cstate.start_after if cstate.config else int(entry.body.get("start_after") or 0),
-                    cstate.skip,
+                    cstate.start_after if logged else int(entry.body.get("start_after") or 0),
+                    cstate.skip if logged else list(entry.body.get("skip") or ()),
                 )
                 consumer.restore(cstate)
 

@@ -47,6 +47,7 @@ from storage_delta.commit.store import (
     blind_appends_allowed,
     catch_up,
     commit_adds,
+    newest_version,
     open_or_create,
     write_data_file,
 )
@@ -362,13 +363,30 @@ class TableAppender:
         if local is None:
             return False
         log_dir = os.path.join(local, self.spec.name, "_delta_log")
-        behind = self.dt.version() - checkpointed_version(log_dir) >= self._checkpoint_every
-        if behind or self._log_keep_entries is not None:
-            # not behind: the trim alone, for a log longer than the bound left from before it
-            self._start_hygiene(checkpoint=behind)
+        with self._lock:  # the commit path starts hygiene too, under the same lock
+            behind = self.dt.version() - checkpointed_version(log_dir) >= self._checkpoint_every
+            if behind or self._log_keep_entries is not None:
+                # not behind: the trim alone, for a log longer than the bound left from before it
+                self._start_hygiene(checkpoint=behind)
         return behind
 
+    def checkpoint_if_newer(self) -> bool:
+        """Start a checkpoint when the table has any version past its newest checkpoint (others'
+        included: a compaction's swaps); whether one started. For a table gone quiet: every loader
+        (a restart, DuckDB, deltalake, Spark) then reads one checkpoint instead of a checkpoint and
+        up to an interval of entries, 10 to 40 ms of each independent reader's open."""
+        local = self.root.local_path()
+        if local is None:
+            return False
+        log_dir = os.path.join(local, self.spec.name, "_delta_log")
+        with self._lock:  # called from the compactor's thread while commits go on
+            newer = newest_version(log_dir, self.dt.version()) > checkpointed_version(log_dir)
+            if newer:
+                self._start_hygiene()
+        return newer
+
     def _start_hygiene(self, checkpoint: bool = True) -> None:
+        """Under ``_lock``: one pool, one round at a time, whichever thread asks."""
         if self._hygiene_running is not None and not self._hygiene_running.done():
             return  # the previous round is still at it; the next interval tries again
         if self._hygiene_pool is None:

@@ -147,7 +147,8 @@ def _drop_merge_tombstones(log_dir: str, names: list[str], pointer: dict[str, ob
     kept_rows, size_bytes, changed = 0, 0, False
     for name in names:
         path = os.path.join(log_dir, name)
-        actions = pq.read_table(path)
+        with pq.ParquetFile(path) as parquet:  # not read_table: pyarrow.dataset imports pandas
+            actions = parquet.read()
         removes = actions.column("remove")
         keep = pc.fill_null(pc.or_kleene(pc.is_null(removes), pc.struct_field(removes, "dataChange")), True)
         if not pc.all(keep).as_py():

@@ -160,6 +160,10 @@ class MessageTable(WriterTable):
         """See :meth:`TableAppender.checkpoint_if_behind`. Blocking (a file read)."""
         return self._appender.checkpoint_if_behind()
 
+    def checkpoint_if_newer(self) -> bool:
+        """See :meth:`TableAppender.checkpoint_if_newer`. Blocking (a listing of the log's tail)."""
+        return self._appender.checkpoint_if_newer()
+
     def close(self) -> None:
         self._appender.close()
 

@@ -71,27 +71,98 @@ def verified_bytes(fs: pafs.FileSystem, full: str) -> pa.Buffer:
     return buf
 
 
+@dataclass(frozen=True, slots=True)
+class RowBounds:
+    """The rows of a message file a read keeps: sequences from ``first_seq`` to ``last_seq``, stored
+    at or after ``min_ts``, on ``subject`` (each None for no bound).
+
+    Not a pyarrow expression: filtering by one (``pq.read_table(filters=...)``, ``Table.filter``)
+    goes through ``pyarrow.dataset``, whose import pulls in pandas, half a second to a second of
+    every gateway start on this kind of machine, for bounds this simple."""
+
+    first_seq: int | None = None
+    last_seq: int | None = None
+    min_ts: int | None = None
+    subject: str | None = None
+
+    def columns(self) -> list[str]:
+        """The columns the bounds look at."""
+        named = [
+            ("seq", self.first_seq, self.last_seq),
+            ("ts", self.min_ts, None),
+            ("subject", self.subject, None),
+        ]
+        return [name for name, low, high in named if low is not None or high is not None]
+
+    def may_hold(self, row_group: pq.RowGroupMetaData) -> bool:
+        """False when the row group's statistics show it holds no row within the bounds: the pruning
+        a filtered ``read_table`` did."""
+        for i in range(row_group.num_columns):
+            column = row_group.column(i)
+            stats = column.statistics
+            if stats is None or not stats.has_min_max:
+                continue
+            if column.path_in_schema == "seq":
+                low, high = self.first_seq, self.last_seq
+            elif column.path_in_schema == "ts":
+                low, high = self.min_ts, None
+            else:
+                continue
+            if (low is not None and stats.max < low) or (high is not None and stats.min > high):
+                return False
+        return True
+
+    def keep(self, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` within the bounds."""
+        conditions = []
+        if self.first_seq is not None:
+            conditions.append(pc.greater_equal(table["seq"], self.first_seq))
+        if self.last_seq is not None:
+            conditions.append(pc.less_equal(table["seq"], self.last_seq))
+        if self.min_ts is not None:
+            conditions.append(pc.greater_equal(table["ts"], self.min_ts))
+        if self.subject is not None:
+            conditions.append(pc.equal(table["subject"], self.subject))
+        if not conditions:
+            return table
+        mask = conditions[0]
+        for condition in conditions[1:]:
+            mask = pc.and_(mask, condition)
+        return table.filter(mask)
+
+
 def read_verified(
     fs: pafs.FileSystem,
     full: str,
     columns: list[str] | None,
     schema: pa.Schema,
-    expr: pc.Expression | None = None,
+    bounds: RowBounds | None = None,
 ) -> pa.Table:
-    """The file's rows that match ``expr`` (``columns`` of them), after its CRC-32 and every page
-    checksum and the footer were checked; raises :class:`DamagedFile`."""
+    """The file's rows within ``bounds`` (``columns`` of them, as ``schema`` types them; a column
+    the file lacks comes as nulls), after its CRC-32 and every page checksum and the footer were
+    checked; raises :class:`DamagedFile`."""
     buf = verified_bytes(fs, full)
+    wanted = schema.names if columns is None else columns
+    looked_at = [c for c in (bounds.columns() if bounds else []) if c not in wanted]
     try:
-        table = pq.read_table(
-            pa.BufferReader(buf),
-            columns=columns,
-            schema=schema,
-            filters=expr,
-            page_checksum_verification=True,
-        )
+        with pq.ParquetFile(pa.BufferReader(buf), page_checksum_verification=True) as parquet:
+            present = set(parquet.schema_arrow.names)
+            meta = parquet.metadata
+            groups = [
+                g for g in range(meta.num_row_groups) if bounds is None or bounds.may_hold(meta.row_group(g))
+            ]
+            table = parquet.read_row_groups(groups, columns=[c for c in wanted + looked_at if c in present])
     except (OSError, pa.ArrowException) as exc:
         raise DamagedFile(full, f"parquet: {exc}") from exc
-    return table
+    for name in wanted + looked_at:
+        if name not in present:
+            field = schema.field(name)
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    if bounds is not None:
+        table = bounds.keep(table)
+    target = pa.schema([schema.field(name) for name in wanted])
+    table = table.select(wanted)
+    return table if table.schema.equals(target) else table.cast(target)
 
 
 def lines_digest(lines: list[bytes]) -> list[str]:

@@ -10,6 +10,13 @@ of at least ``fanout`` files of one tier that lie side by side (in sequence orde
 of a higher tier. So each message is rewritten about log(block size) / log(fanout) times and a
 block holds fewer than ``fanout`` files per tier. A full block (one below the stream's highest:
 nothing more arrives there) is merged whole as soon as it has two small files, as sealing would.
+Once a stream is idle (the gateway's ``compact_idle_ms`` without a commit), its active block is
+merged further, round after round until nothing is left to do: a stretch of files side by side
+becomes one file once the files besides its largest hold at least 1/``fanout`` of the largest's
+rows, else two files of one tier side by side are a run. A publisher that paused then leaves about
+as few files as large commits do (a sync publisher's 59,081 messages: 34 files left by the tiers,
+small ones stranded between larger ones, against 2 after large commits), and a trickle of messages
+grows the active block's largest file by 1/``fanout`` at a time, not with a rewrite per pause.
 
 Only files of the stream's current incarnation (stored at or after its ``created`` time) and smaller
 than ``max_file_bytes`` are merged (an earlier incarnation's files, which every read skips by their
@@ -58,9 +65,14 @@ def tier(rows: int, fanout: int) -> int:
 
 
 def plan_recent(
-    files: Sequence[LiveFile], created: Mapping[str, int], fanout: int, max_file_bytes: int
+    files: Sequence[LiveFile],
+    created: Mapping[str, int],
+    fanout: int,
+    max_file_bytes: int,
+    idle: bool = False,
 ) -> list[list[LiveFile]]:
-    """The runs to merge among ``files``, for the streams in ``created`` (name → incarnation)."""
+    """The runs to merge among ``files``, for the streams in ``created`` (name → incarnation);
+    ``idle``: those streams are idle, their active blocks are planned by :func:`_idle_runs`."""
     by_block: dict[tuple[str, int], list[LiveFile]] = defaultdict(list)
     top: dict[str, int] = {}
     for f in files:
@@ -71,9 +83,28 @@ def plan_recent(
     for (stream, block), block_files in sorted(by_block.items()):
         block_files.sort(key=lambda f: (f.min_seq or 0, f.log_path))
         full = block < top[stream]
+        if idle and not full:
+            runs.extend(_idle_runs(block_files, created[stream], fanout, max_file_bytes))
+            continue
         for run in _runs(block_files, created[stream], fanout, max_file_bytes, full):
             runs.extend(_within(run, max_file_bytes, 2 if full else fanout))
     return runs
+
+
+def _idle_runs(
+    files: list[LiveFile], created: int, fanout: int, max_file_bytes: int
+) -> Iterator[list[LiveFile]]:
+    """An idle stream's active block: a stretch of mergeable files becomes one file once its files
+    besides the largest hold at least 1/``fanout`` of the largest's rows (the tiers' leftovers
+    stranded between larger files go, and a trickle of messages grows the largest file by
+    1/``fanout`` at a time, not a rewrite per pause); else its neighbours of one tier merge from two files."""
+    for stretch in _runs(files, created, fanout, max_file_bytes, True):
+        rows = [f.rows or 0 for f in stretch]
+        if len(stretch) >= 2 and (sum(rows) - max(rows)) * fanout >= max(rows):
+            yield from _within(stretch, max_file_bytes, 2)
+            continue
+        for run in _runs(stretch, created, fanout, max_file_bytes, False):
+            yield from _within(run, max_file_bytes, 2)
 
 
 def _runs(
@@ -136,14 +167,16 @@ class Compaction:
         self.root = root
         self._dt: DeltaTable | None = None
 
-    def round(self, created: Mapping[str, int], fanout: int, max_file_bytes: int) -> tuple[int, bool]:
-        """One round for the streams in ``created``: plan from the table's current version, merge
-        at most ``ROUND_FILES`` files, swap. Returns how many files the round removed (0 when there
-        was nothing to do or another job got there first) and whether the plan had more than one
-        round takes; :class:`RoundFailed` when the store failed it. The next round goes on with the
-        same handle: a fresh load would list more of ``_delta_log`` and lose the listing race more
-        often, and a handle behind is safe (the swap checks every commit since its version).
-        Blocks: belongs on a worker thread."""
+    def round(
+        self, created: Mapping[str, int], fanout: int, max_file_bytes: int, idle: bool = False
+    ) -> tuple[int, bool]:
+        """One round for the streams in ``created`` (``idle``: :func:`plan_recent`'s): plan from the table's
+        current version, merge at most ``ROUND_FILES`` files, swap. Returns how many files the round removed
+        (0 when there was nothing to do or another job got there first) and whether the plan had more than one
+        round takes; :class:`RoundFailed` when the store failed it. The next round goes on with the same
+        handle: a fresh load would list more of ``_delta_log`` and lose the listing race more often, and a
+        handle behind is safe (the swap checks every commit since its version). Blocks: belongs on a worker
+        thread."""
         try:
             if self._dt is None:
                 self._dt = open_existing(self.root, sch.MESSAGES)
@@ -151,7 +184,7 @@ class Compaction:
                 catch_up(self._dt)
             if self._dt is None:
                 return 0, False
-            planned = plan_recent(live_files_of(self._dt), created, fanout, max_file_bytes)
+            planned = plan_recent(live_files_of(self._dt), created, fanout, max_file_bytes, idle)
             runs: list[list[LiveFile]] = []
             for run in planned:
                 if sum(map(len, runs)) + len(run) > ROUND_FILES:

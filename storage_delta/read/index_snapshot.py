@@ -123,9 +123,11 @@ def read(root: StoreRoot, stream: str, created: int) -> IndexSnapshot | None:
     try:
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return None
-        table = pq.read_table(
+        # ParquetFile, not read_table: that one goes through pyarrow.dataset, which imports pandas.
+        with pq.ParquetFile(
             path, filesystem=fs, read_dictionary=["subject"], page_checksum_verification=True
-        )
+        ) as parquet:
+            table = parquet.read()
     except (OSError, pa.ArrowException) as exc:
         raise DamagedSnapshot(stream, f"unreadable ({exc})") from exc
     meta = table.schema.metadata or {}

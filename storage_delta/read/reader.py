@@ -17,12 +17,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from storage_delta.commit.store import StoreRoot, catch_up, open_existing
 from storage_delta.format import schema as sch
-from storage_delta.format.integrity import DamagedFile, read_verified, verified_bytes
+from storage_delta.format.integrity import DamagedFile, RowBounds, read_verified, verified_bytes
 
 log = logging.getLogger(__name__)
 
@@ -83,23 +82,23 @@ class MessageReader:
             self._verified &= {f.path for files in self._files.values() for f in files}
         return self._files.get(stream, [])
 
-    def _read(self, files: list[DataFile], columns: list[str], expr: ds.Expression | None) -> pa.Table:
+    def _read(self, files: list[DataFile], columns: list[str], bounds: RowBounds | None) -> pa.Table:
         """The files' rows, each file checked first (its CRC-32, its pages, its footer): a damaged
         file is left out, logged and remembered (:attr:`damaged`), never served."""
-        tables = list(self._verified_tables(files, columns, expr))
+        tables = list(self._verified_tables(files, columns, bounds))
         if not tables:
             return sch.MESSAGE_FILE_SCHEMA.empty_table().select(columns)
         return pa.concat_tables(tables)
 
     def _verified_tables(
-        self, files: list[DataFile], columns: list[str], expr: ds.Expression | None = None
+        self, files: list[DataFile], columns: list[str], bounds: RowBounds | None = None
     ) -> Iterator[pa.Table]:
         for f in files:
             if f.path in self.damaged:
                 continue
             try:
                 table = read_verified(
-                    self._fs, f"{self._base}/{f.path}", columns, sch.MESSAGE_FILE_SCHEMA, expr
+                    self._fs, f"{self._base}/{f.path}", columns, sch.MESSAGE_FILE_SCHEMA, bounds
                 )
             except DamagedFile as exc:
                 self._found_damage(f, exc.reason)
@@ -156,18 +155,18 @@ class MessageReader:
             for f in self.stream_files(stream)
             if f.max_seq >= first and f.min_seq <= last and f.max_ts >= min_ts
         ]
-        expr = (ds.field("seq") >= first) & (ds.field("seq") <= last) & (ds.field("ts") >= min_ts)
-        return self._read(files, sch.MESSAGE_FILE_SCHEMA.names, expr).sort_by("seq")
+        bounds = RowBounds(first_seq=first, last_seq=last, min_ts=min_ts)
+        return self._read(files, sch.MESSAGE_FILE_SCHEMA.names, bounds).sort_by("seq")
 
     def first_seq_at_time(self, stream: str, ts: int, min_ts: int = 0) -> int | None:
         """The first sequence stored at or after ``ts`` (Unix ns), as ``opt_start_time`` and
         ``MSG.GET start_time`` need; None when every message is older."""
         at = max(ts, min_ts)
-        expr = ds.field("ts") >= at
+        bounds = RowBounds(min_ts=at)
         for f in self.stream_files(stream):
             if f.max_ts < at:
                 continue
-            seqs = self._read([f], ["seq"], expr).column("seq")
+            seqs = self._read([f], ["seq"], bounds).column("seq")
             if len(seqs):
                 return int(pc.min(seqs).as_py())
         return None
@@ -175,11 +174,11 @@ class MessageReader:
     def last_for_subject(self, stream: str, subject: str, min_ts: int = 0) -> pa.Table:
         """The newest message stored on ``subject`` (zero or one row): ``MSG.GET last_by_subj`` and
         a KV get. Files are searched newest first, so a recent key costs one small file."""
-        expr = (ds.field("subject") == subject) & (ds.field("ts") >= min_ts)
+        bounds = RowBounds(min_ts=min_ts, subject=subject)
         for f in reversed(self.stream_files(stream)):
             if f.max_ts < min_ts:
                 continue  # an earlier stream of the same name
-            rows = self._read([f], sch.MESSAGE_FILE_SCHEMA.names, expr)
+            rows = self._read([f], sch.MESSAGE_FILE_SCHEMA.names, bounds)
             if rows.num_rows:
                 return rows.sort_by([("seq", "descending")]).slice(0, 1)
         return sch.MESSAGE_FILE_SCHEMA.empty_table()
@@ -188,7 +187,7 @@ class MessageReader:
         """Subject → last sequence stored on it, from a scan of only the ``seq`` and ``subject``
         columns (``deliver_policy: last_per_subject``, KV watchers, recovery)."""
         files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
-        table = self._read(files, ["seq", "subject"], ds.field("ts") >= min_ts)
+        table = self._read(files, ["seq", "subject"], RowBounds(min_ts=min_ts))
         if table.num_rows == 0:
             return {}
         last = table.group_by("subject").aggregate([("seq", "max")])
@@ -216,7 +215,7 @@ class MessageReader:
         headers = []
         if headers_since is not None:
             older = [f for f in files if f.max_seq <= after and f.max_ts >= headers_since and f.has_headers]
-            headers.append(self._read(older, ["seq", "ts", "hdrs"], ds.field("ts") >= headers_since))
+            headers.append(self._read(older, ["seq", "ts", "hdrs"], RowBounds(min_ts=headers_since)))
             rows = table.select(["seq", "ts", "hdrs"])
             headers.append(
                 rows.filter(pc.and_(pc.is_valid(rows["hdrs"]), pc.greater_equal(rows["ts"], headers_since)))

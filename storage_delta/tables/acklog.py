@@ -466,6 +466,9 @@ class AckLogWriter:
         self._lsn = next_lsn  # the last lsn given to a queued row
         self._taken_lsn = next_lsn  # the last lsn of rows that left the queue
         self._batch_first_lsn = next_lsn + 1
+        #: The last lsn of the rows committed (they land in lsn order): a row of lsn at or below
+        #: it is durable.
+        self.committed_lsn = next_lsn
         self._max_pending = max_pending
         self._compact_every = compact_every
         self._since_compaction = backlog
@@ -561,7 +564,13 @@ class AckLogWriter:
         restart repairs by redelivering what the log does not show acknowledged."""
         log.error("%d ack log rows were not committed: %r", len(rows), exc)
 
+    @property
+    def last_lsn(self) -> int:
+        """The lsn of the row queued last."""
+        return self._lsn
+
     def _committed(self, batch: list[AckRow]) -> None:
+        self.committed_lsn = self._batch_first_lsn + len(batch) - 1
         self._since_compaction += len(batch)
         due = self._compact_every and self._since_compaction >= self._compact_every
         if due and self._compaction is None and not self.loop.closed:
