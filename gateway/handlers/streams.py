@@ -289,6 +289,10 @@ class StreamApi:
         stream_config.check_create(req)
         cfg = self._with_origins(stream_config.normalize(req, self.reg.server_version))
         existing = self.reg.streams.get(name)
+        if existing is None and self.reg.claim is not None:
+            # per-stream ownership: owner first; a stream another gateway created comes with it
+            await self.reg.claim(name)
+            existing = self.reg.streams.get(name)
         if existing is not None:
             if not stream_config.same_config(existing.config, cfg):
                 raise errors.STREAM_NAME_EXISTS

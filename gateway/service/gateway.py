@@ -14,8 +14,10 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.archives import Archives
@@ -40,12 +42,12 @@ from gateway.handlers.streams import StreamApi
 from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
-from gateway.service.ownership import Ownership
+from gateway.service.ownership import Ownership, StreamClaims
 from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
 from storage_delta.commit.durable import Unsynced, flush_every
-from storage_delta.commit.owner import Fenced
+from storage_delta.commit.owner import Fenced, StreamFenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
@@ -78,11 +80,17 @@ class Core:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, ownership: Ownership | None = None) -> None:
+    def __init__(
+        self, settings: Settings, ownership: Ownership | None = None, claims: StreamClaims | None = None
+    ) -> None:
         """``ownership``: the lease this gateway holds the store under (its epoch fences every
-        table it writes); None for a root outside the lease (an object store)."""
+        table it writes); None for a root outside the lease (an object store). ``claims``:
+        per-stream ownership (#19, docs/perstream-status.md): the gateway serves only the streams
+        it claims (:meth:`claim`, and a create), each fenced on its own in every table, and the
+        store's epoch fences none of them; None: it serves the whole store."""
         self.settings = settings
         self.ownership = ownership
+        self.claims = claims
         sync_s = settings.sync_seconds
         local = StoreRoot(settings.data_root).local_path() is not None
         #: Seconds between two flushes of what the commits of a local root wrote without syncing
@@ -93,7 +101,7 @@ class Gateway:
             settings.storage_options or None,
             fsync=sync_s is None,
             unsynced=Unsynced() if self.flush_s is not None else None,
-            epoch=ownership.epoch if ownership is not None else None,
+            epoch=ownership.epoch if ownership is not None and claims is None else None,
             log_retention_s=settings.log_retention_ms / 1000,
         )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
@@ -106,6 +114,9 @@ class Gateway:
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
         self.sourcing: Sourcing | None = None
+        #: Per-stream ownership: the tables a claim fences (every table a stream's rows go to).
+        self._tables: tuple[MessageTable, CatalogTable, RemovalLog, AckLogTable] | None = None
+        self._stop_dropping: Callable[[], None] | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -118,14 +129,17 @@ class Gateway:
         check = await loop.run_in_executor(self.executor, check_at_start, self.root)
         phases.append(time.monotonic())
         self.store_damage = check.problems
+        held = self.claims.held if self.claims is not None else None
+        #: None: every stream of the store; per stream, none until claimed
+        only: set[str] | None = set() if self.claims is not None else None
         try:
             # The tables are fenced and loaded side by side: on an object store each is a few
             # round trips, which a takeover would otherwise wait for one table after another.
             table, catalog, removal_log, acks = await asyncio.gather(
-                loop.run_in_executor(self.executor, MessageTable, self.root),
-                loop.run_in_executor(self.executor, CatalogTable, self.root),
-                loop.run_in_executor(self.executor, RemovalLog, self.root),
-                loop.run_in_executor(self.executor, AckLogTable, self.root),
+                loop.run_in_executor(self.executor, partial(MessageTable, self.root, streams=held)),
+                loop.run_in_executor(self.executor, partial(CatalogTable, self.root, streams=held)),
+                loop.run_in_executor(self.executor, RemovalLog, self.root, held),
+                loop.run_in_executor(self.executor, partial(AckLogTable, self.root, streams=held)),
             )
         except Exception:
             if self.store_damage:  # e.g. a damaged checkpoint whose log entries have expired
@@ -133,9 +147,11 @@ class Gateway:
             raise
         phases.append(time.monotonic())
         # The streams' logical state loads while the ack log does (both only read, after the fence).
-        stored = loop.run_in_executor(self.executor, load_store_state, self.root, check.offline)
+        stored = loop.run_in_executor(
+            self.executor, partial(load_store_state, self.root, check.offline, only=only)
+        )
         try:
-            history = await loop.run_in_executor(self.executor, acks.load)
+            history = await loop.run_in_executor(self.executor, acks.load, only)
         except Exception:
             stored.cancel()
             if self.store_damage:  # a damaged file of the ack log that delta-rs cannot decode
@@ -161,6 +177,7 @@ class Gateway:
             self.executor,
             settings.index_snapshot_interval_ms / 1000,
             settings.index_snapshot_min_new,
+            prune=self.claims is None,  # per stream, the other streams' snapshots are their owners'
         )
         await acklog.start()
         await registry.start()
@@ -239,7 +256,13 @@ class Gateway:
             self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         self.sourcing = sourcing
-        if self.ownership is not None:  # before anything is copied, read or committed
+        if self.claims is not None:  # per stream: a fenced commit drops its streams, not the store
+            self._tables = (table, catalog, removal_log, acks)
+            for fenced_by in (writer.loop, acklog.loop, registry.catalog_loop, recorder):
+                fenced_by.on_stream_fenced = self.claims.drop
+            self._stop_dropping = self.claims.dropped.connect(self._dropped)
+            registry.claim = self._claim_new
+        elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
         sourcing.start()
@@ -254,16 +277,59 @@ class Gateway:
             ", ".join(took),
         )
 
+    async def claim(self, name: str) -> bool:
+        """Per-stream ownership: take stream ``name`` over and serve it. Its next epoch is claimed
+        and fenced in every table before anything of it is read (:meth:`StreamClaims.claim`),
+        then it is recovered from what was read as at a start (:meth:`_recover`) and its subjects
+        are subscribed. False when another gateway claimed that epoch first (nothing held);
+        :class:`StreamFenced` when a newer one was claimed meanwhile."""
+        core, claims, tables = self.core, self.claims, self._tables
+        assert core is not None, "started"
+        assert claims is not None, "per stream"
+        assert tables is not None, "per stream, started"
+        claimed = await claims.claim(name, tables, tables[3])
+        if claimed is None:
+            return False
+        # the previous owner's rows of the stream's consumers stay below this writer's
+        core.acklog.continue_above(claimed.acks.max_lsn)
+        for stream in await self._recover(core.registry, core.snapshots, claimed.acks, claimed.state):
+            core.recorder.changed(stream)  # its expiry timer and delete markers
+            core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
+            for consumer in core.registry.consumers.get(stream.name, {}).values():
+                core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
+        return True
+
+    async def _claim_new(self, name: str) -> None:
+        """``Registry.claim``: this gateway owns a stream before the catalog commit creating it
+        (a no-op for a stream held). Another gateway claiming it at once leaves the request
+        unanswered (the client times out and asks again), as :class:`StreamFenced`."""
+        assert self.claims is not None
+        if self.claims.held.epoch(name) is None and not await self.claim(name):
+            raise StreamFenced(frozenset({name}))
+
+    def _dropped(self, names: frozenset[str]) -> None:
+        """``StreamClaims.dropped``: a newer owner fenced these streams; they leave this gateway
+        (registry, subjects, timers, consumers) without a trace in the tables, which are theirs."""
+        if self.core is None:
+            return
+        for name in names:
+            stream = self.core.registry.streams.get(name)
+            if stream is not None:
+                self.core.registry.forget_stream(stream)
+
     async def _recover(
         self, registry: Registry, snapshots: Snapshots, history: AckLog, recovered: StoreState
-    ) -> None:
+    ) -> list[Stream]:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
         that came before the removal was recorded). Consumers' state comes from the ack log,
         ephemeral ones' too: as on the real server with file storage, they come back and go after
-        their ``inactive_threshold`` unless someone uses them."""
+        their ``inactive_threshold`` unless someone uses them. Returns the streams installed (all
+        of them at a start; per stream, the one claimed, if it is live)."""
         loop = asyncio.get_running_loop()
-        registry.quarantine = recovered.quarantine
+        registry.quarantine.streams.update(recovered.quarantine.streams)
+        registry.quarantine.ranges += recovered.quarantine.ranges
+        installed: list[Stream] = []
         self.store_damage += recovered.problems
         for problem in recovered.problems:
             log.error("%s", problem)
@@ -274,6 +340,7 @@ class Gateway:
             if entry.kind == "stream":
                 config = from_json(StreamConfig, entry.body["config"])
                 stream = registry.install_stream(config, int(entry.body["created"]))
+                installed.append(stream)
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)
                 stored, through, damage = await loop.run_in_executor(
@@ -312,6 +379,7 @@ class Gateway:
                     cstate.skip if logged else list(entry.body.get("skip") or ()),
                 )
                 consumer.restore(cstate)
+        return installed
 
     async def _restore_lost(self, stream: Stream) -> None:
         """A damaged data file's messages are lost, as JetStream's file store loses the records of a
@@ -350,8 +418,7 @@ class Gateway:
         core = self.core
         if lost:
             self.step_down()
-        if self.sourcing is not None:
-            self.sourcing.close()  # no copy starts after this; the ones in flight finish or fail
+        self._stop_taking()
         if core is not None:
             for stream in core.registry.streams.values():
                 for subject in stream.subjects:
@@ -374,6 +441,14 @@ class Gateway:
         if core is not None:
             await core.leaf.close()
         self.executor.shutdown(wait=True)
+
+    def _stop_taking(self) -> None:
+        """No stream comes or goes and no copy starts from here on (the copies in flight finish
+        or fail)."""
+        if self._stop_dropping is not None:
+            self._stop_dropping()
+        if self.sourcing is not None:
+            self.sourcing.close()
 
     @staticmethod
     async def _leave_state(core: Core) -> None:
