@@ -10,8 +10,7 @@ shows each stream's epochs never going down."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
@@ -21,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from gateway.runtime.embedded import EmbeddedServer
 from gateway.runtime.settings import Settings
 from gateway.service.gateway import Gateway
-from gateway.service.ownership import StreamClaims
+from gateway.service.ownership import Ownership
 from storage_delta.commit.lease import open_lease
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
@@ -38,17 +37,9 @@ async def hub(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
     await server.stop()
 
 
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    """The claims' executor (the lease's and the fences' blocking calls)."""
-    with ThreadPoolExecutor(4) as pool:
-        yield pool
-
-
-async def per_stream(root: str, hub: EmbeddedServer, name: str, executor: ThreadPoolExecutor) -> Gateway:
+async def per_stream(root: str, hub: EmbeddedServer, name: str) -> Gateway:
     settings = Settings(data_root=root, nats_url=hub.leaf_url, leaf_name=name)
-    store = StoreRoot(root)
-    gateway = Gateway(settings, claims=StreamClaims(open_lease(store), name, store, executor))
+    gateway = Gateway(settings, Ownership(open_lease(StoreRoot(root)), 1.0, name), per_stream=True)
     await gateway.start()
     return gateway
 
@@ -59,10 +50,11 @@ def seqs(root: str, stream: str) -> list[int]:
 
 
 async def test_a_stream_taken_over_leaves_its_old_gateway_and_the_other_stream_stays(
-    tmp_path: Path, hub: EmbeddedServer, executor: ThreadPoolExecutor
+    tmp_path: Path, hub: EmbeddedServer
 ) -> None:
     root = str(tmp_path / "data")
-    a = await per_stream(root, hub, "a", executor)
+    a = await per_stream(root, hub, "a")
+    a.meta = True  # what placing does for the store lease's holder: it answers creates
     b: Gateway | None = None
     nc = await nats.connect(hub.client_url)
     try:
@@ -82,7 +74,7 @@ async def test_a_stream_taken_over_leaves_its_old_gateway_and_the_other_stream_s
 
         dropped = asyncio.Event()
         a.claims.dropped.connect(lambda names: dropped.set() if "S" in names else None)
-        b = await per_stream(root, hub, "b", executor)
+        b = await per_stream(root, hub, "b")
         assert await b.claim("S")
         assert b.claims is not None
         assert b.claims.held.epoch("S") == 2
@@ -104,6 +96,17 @@ async def test_a_stream_taken_over_leaves_its_old_gateway_and_the_other_stream_s
         assert (await js.publish("t.x", b"6")).seq == 6
         assert (await js.publish("s.x", b"7")).seq == 7
         assert "T" in a.core.registry.streams
+        # placed: A now answers nothing of S (the meta owner is silent on a placed stream), B all
+        assert a.ownership is not None
+        assert b.ownership is not None
+        a.placement = {"S": b.ownership.name, "T": a.ownership.name}
+        msgs = await sub.fetch(2, timeout=5)
+        assert [m.metadata.sequence.stream for m in msgs] == [4, 5]  # 1-3 were acked at A
+        for msg in msgs:
+            await msg.ack_sync()
+        info = await js.consumer_info("S", "C")
+        assert (info.ack_floor.stream_seq, info.num_pending) == (5, 2)
+        assert (await js.stream_info("T")).state.last_seq == 6
     finally:
         await nc.close()
         await a.close()

@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from gateway.adapters.archives import PREFIX as ARCHIVE_PREFIX
 from gateway.adapters.archives import Archives
@@ -80,6 +81,10 @@ class LinkDispatcher:
         #: Requests waiting or running, bounded by ``API_QUEUE_SIZE``.
         self._api_waiting = 0
         self.api_dropped = 0
+        #: Per-stream ownership (#19): whether this gateway answers what names a stream (None: the
+        #: account-wide API); every gateway hears every request, and only one may answer it. None:
+        #: the gateway owns the whole store and answers everything.
+        self.answers: Callable[[str | None], bool] | None = None
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
 
@@ -102,9 +107,11 @@ class LinkDispatcher:
         if is_api:
             self._api_request(msg)
         elif subject.startswith("$JS.ACK."):
-            delivery.on_ack(subject, msg.reply, msg.data)
+            if self._answers_for(subject):
+                delivery.on_ack(subject, msg.reply, msg.data)
         elif subject.startswith("$JS.FC."):
-            delivery.on_flow_control(subject, msg.hdrs)
+            if self._answers_for(subject):
+                delivery.on_flow_control(subject, msg.hdrs)
         elif subject.startswith(LINK_PREFIX):
             self._sourcing.on_link_msg(msg)
         elif subject.startswith(ARCHIVE_PREFIX):
@@ -129,8 +136,19 @@ class LinkDispatcher:
 
     # ---- API requests -----------------------------------------------------------------------------
 
+    def _answers_for(self, subject: str) -> bool:
+        """Whether an ack or flow-control reply (``$JS.ACK.<stream>.…``, ``$JS.FC.<stream>.…``) is
+        this gateway's to take: another gateway's stream's would get "no responders" here. An ack
+        subject of the newer form names the domain and account hash first."""
+        if self.answers is None:
+            return True
+        toks = subject.split(".")
+        return self.answers(toks[4] if toks[1] == "ACK" and len(toks) >= 11 else toks[2])
+
     def _api_request(self, msg: Msg) -> None:
         toks = split_api_subject(msg.subject, self.api_prefix) or []
+        if self.answers is not None and not self.answers(lane_of(toks)):
+            return  # another gateway's to answer
         if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return

@@ -81,16 +81,16 @@ class Core:
 
 class Gateway:
     def __init__(
-        self, settings: Settings, ownership: Ownership | None = None, claims: StreamClaims | None = None
+        self, settings: Settings, ownership: Ownership | None = None, per_stream: bool = False
     ) -> None:
         """``ownership``: the lease this gateway holds the store under (its epoch fences every
-        table it writes); None for a root outside the lease (an object store). ``claims``:
-        per-stream ownership (#19, docs/perstream-status.md): the gateway serves only the streams
-        it claims (:meth:`claim`, and a create), each fenced on its own in every table, and the
-        store's epoch fences none of them; None: it serves the whole store."""
+        table it writes); None for a root outside the lease (an object store). ``per_stream``
+        (#19, docs/perstream-status.md; needs ``ownership``, whose lease and name it claims
+        streams under): the gateway serves only the streams it claims (:meth:`claim`, and a
+        create), each fenced on its own in every table; the store's epoch fences none of them and
+        makes its holder the meta owner (:attr:`meta`). Otherwise it serves the whole store."""
         self.settings = settings
         self.ownership = ownership
-        self.claims = claims
         sync_s = settings.sync_seconds
         local = StoreRoot(settings.data_root).local_path() is not None
         #: Seconds between two flushes of what the commits of a local root wrote without syncing
@@ -101,10 +101,21 @@ class Gateway:
             settings.storage_options or None,
             fsync=sync_s is None,
             unsynced=Unsynced() if self.flush_s is not None else None,
-            epoch=ownership.epoch if ownership is not None and claims is None else None,
+            epoch=ownership.epoch if ownership is not None and not per_stream else None,
             log_retention_s=settings.log_retention_ms / 1000,
         )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
+        claims = None
+        if per_stream:
+            assert ownership is not None, "per-stream ownership claims under the store's lease"
+            claims = StreamClaims(ownership.lease, ownership.name, self.root, self.executor)
+        #: Per stream: the stream leases this gateway holds (None: it serves the whole store).
+        self.claims = claims
+        #: Per stream: whether this gateway holds the store lease, which makes it the answerer of
+        #: the account-wide API and of streams placed on no gateway (``gateway.service.placing``).
+        self.meta = False
+        #: Per stream: the placement last followed (stream → gateway name).
+        self.placement: dict[str, str] = {}
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -262,6 +273,7 @@ class Gateway:
                 fenced_by.on_stream_fenced = self.claims.drop
             self._stop_dropping = self.claims.dropped.connect(self._dropped)
             registry.claim = self._claim_new
+            dispatcher.answers = self.answers
         elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
@@ -298,6 +310,39 @@ class Gateway:
             for consumer in core.registry.consumers.get(stream.name, {}).values():
                 core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
         return True
+
+    def answers(self, stream: str | None) -> bool:
+        """Per stream: whether this gateway answers what names ``stream`` (None: the account-wide
+        API). Every gateway hears every API request, ack and flow-control reply, so exactly one
+        must answer: the stream's owner; the meta owner answers the account-wide API and names no
+        gateway is placed on (a create, a stream that does not exist). A stream placed on a
+        gateway that has not claimed it yet gets no answer: its clients time out and ask again."""
+        core = self.core
+        if stream is not None and core is not None and stream in core.registry.streams:
+            return True
+        return self.meta and (stream is None or stream not in self.placement)
+
+    async def release(self, name: str) -> None:
+        """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then
+        it is no longer served, what was queued for it is committed (its publishers answered),
+        and its lease let go. The next owner's claim fences it in any case."""
+        core, claims = self.core, self.claims
+        assert core is not None, "started"
+        assert claims is not None, "per stream"
+        stream = core.registry.streams.get(name)
+        if stream is not None:
+            try:
+                await core.recorder.flush()
+            except Exception:  # the next owner applies the limits again at its recovery
+                log.exception("recording removals before handing %s over failed", name)
+            core.registry.forget_stream(stream)
+        for loop in (core.writer.loop, core.acklog.loop, core.registry.catalog_loop):
+            try:
+                await loop.flush()
+            except Exception as exc:  # their waiters heard it; the fence keeps the table right
+                log.warning("the %s commits before handing %s over failed: %s", loop.name, name, exc)
+        claims.held.drop(name)
+        log.info("stream %s handed over", name)
 
     async def _claim_new(self, name: str) -> None:
         """``Registry.claim``: this gateway owns a stream before the catalog commit creating it

@@ -34,6 +34,7 @@ import os
 import socket
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -57,6 +58,8 @@ LEASE_DIR = "_jetlake_owner"
 BEATS_DIR = "_jetlake_owner_beats"
 #: Beat content of an owner that stopped cleanly: a standby need not wait out the lease.
 RELEASED = "released"
+#: The record of the meta owner's placement of streams over gateways (per-stream ownership).
+PLACEMENT = "placement"
 #: Claims and beats of epochs this far below the current one are removed by the owner.
 KEEP_EPOCHS = 8
 #: Prefix of the members' records (one per live gateway, owner or standby).
@@ -107,10 +110,12 @@ class Lease(ABC):
         """The gateway that claimed ``epoch`` of ``stream`` (None: unclaimed or unreadable)."""
 
     @abstractmethod
-    def _put_beat(self, epoch: int, body: bytes) -> None: ...
+    def _put_record(self, name: str, body: bytes) -> None:
+        """Replace the small record ``name`` beside the claims (a beat, the placement)."""
 
     @abstractmethod
-    def _get_beat(self, epoch: int) -> bytes | None: ...
+    def _get_record(self, name: str) -> bytes | None:
+        """The record ``name`` (None: none yet)."""
 
     @abstractmethod
     def _put_member(self, name: str, body: bytes) -> None: ...
@@ -146,18 +151,36 @@ class Lease(ABC):
         standby wait a lease longer)."""
         self._count += 1
         body = {"host": self.host, "pid": self.pid, "count": self._count, RELEASED: released}
-        self._put_beat(epoch, json.dumps(body).encode())
+        self._put_record(f"beat-{epoch:020d}", json.dumps(body).encode())
 
     def read_beat(self, epoch: int) -> Beat | None:
         """The beat of ``epoch`` (None: none yet, or unreadable)."""
         try:
-            raw = self._get_beat(epoch)
+            raw = self._get_record(f"beat-{epoch:020d}")
             if raw is None:
                 return None
             body = json.loads(raw)
             return Beat(str(body["host"]), int(body["pid"]), int(body["count"]), bool(body.get(RELEASED)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def record_placement(self, epoch: int, owners: Mapping[str, str]) -> None:
+        """The meta owner's placement (stream → gateway name, per-stream ownership) under its store
+        epoch, which every gateway reads to claim its streams (not synced: a lost one is recorded
+        again at the meta owner's next tick)."""
+        self._put_record(PLACEMENT, json.dumps({"epoch": epoch, "owners": dict(owners)}).encode())
+
+    def placement(self) -> tuple[int, dict[str, str]]:
+        """The placement last recorded and the store epoch of its meta owner ((0, {}): none or
+        unreadable)."""
+        try:
+            raw = self._get_record(PLACEMENT)
+            if raw is None:
+                return 0, {}
+            body = json.loads(raw)
+            return int(body["epoch"]), {str(s): str(g) for s, g in body["owners"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return 0, {}
 
     def holder_gone(self, beat: Beat | None) -> bool:
         """The beat says the owner released the lease, or names a process of this host that is gone:
@@ -241,16 +264,16 @@ class LocalLease(Lease):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _put_beat(self, epoch: int, body: bytes) -> None:
+    def _put_record(self, name: str, body: bytes) -> None:
         # per thread: a clean stop's last beat may overlap the holding loop's
-        tmp = os.path.join(self.dir, f".beat-{self.pid}-{threading.get_ident()}.tmp")
+        tmp = os.path.join(self.dir, f".record-{self.pid}-{threading.get_ident()}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(body)
-        os.replace(tmp, os.path.join(self.dir, f"beat-{epoch:020d}"))
+        os.replace(tmp, os.path.join(self.dir, name))
 
-    def _get_beat(self, epoch: int) -> bytes | None:
+    def _get_record(self, name: str) -> bytes | None:
         try:
-            with open(os.path.join(self.dir, f"beat-{epoch:020d}"), "rb") as fh:
+            with open(os.path.join(self.dir, name), "rb") as fh:
                 return fh.read()
         except FileNotFoundError:
             return None
@@ -354,13 +377,13 @@ class ObjectStoreLease(Lease):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _put_beat(self, epoch: int, body: bytes) -> None:
-        with self._fs.open_output_stream(f"{self._beats}/beat-{epoch:020d}.json") as out:
+    def _put_record(self, name: str, body: bytes) -> None:
+        with self._fs.open_output_stream(f"{self._beats}/{name}.json") as out:
             out.write(body)
 
-    def _get_beat(self, epoch: int) -> bytes | None:
+    def _get_record(self, name: str) -> bytes | None:
         try:
-            with self._fs.open_input_stream(f"{self._beats}/beat-{epoch:020d}.json") as fh:
+            with self._fs.open_input_stream(f"{self._beats}/{name}.json") as fh:
                 return bytes(fh.read())
         except FileNotFoundError:
             return None

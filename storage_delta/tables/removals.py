@@ -19,6 +19,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -158,15 +159,28 @@ def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
 
 def live_streams_of(catalog: pa.Table) -> dict[str, int]:
     """:func:`live_streams` of the catalog's rows (:data:`CATALOG_COLUMNS`)."""
+    return {name: int(body["created"]) for name, body in _live_stream_bodies(catalog).items()}
+
+
+def stream_replicas(root: StoreRoot) -> dict[str, int]:
+    """Live stream name → its ``num_replicas`` (at least 1): what the meta owner places over the
+    gateways (per-stream ownership). A damaged catalog file raises, as for :func:`live_streams`."""
+    dt = open_existing(root, sch.CATALOG)
+    if dt is None:
+        return {}
+    bodies = _live_stream_bodies(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
+    return {name: max(1, int(body["config"].get("num_replicas") or 1)) for name, body in bodies.items()}
+
+
+def _live_stream_bodies(catalog: pa.Table) -> dict[str, dict[str, Any]]:
+    """Each live stream's newest catalog body (its ``created`` and ``config``)."""
     newest: dict[str, tuple[int, bool, str]] = {}
     for rev, kind, name, deleted, body in zip(
         *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
-    return {
-        name: int(json.loads(body)["created"]) for name, (_, deleted, body) in newest.items() if not deleted
-    }
+    return {name: json.loads(body) for name, (_, deleted, body) in newest.items() if not deleted}
 
 
 def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:

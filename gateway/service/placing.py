@@ -1,0 +1,111 @@
+"""Per-stream ownership as gateway processes live it (#19, docs/perstream-status.md, step 3).
+
+Every gateway serves the streams it claims (``Gateway(per_stream=True)``) and, beside that, stands
+by for the store lease (:mod:`gateway.service.ownership`); its holder is the **meta owner**. The
+meta owner places the store's streams over the live gateways every tick
+(:func:`gateway.service.placement.place`: rendezvous ranking, bounded load, sticky owners) and
+records the placement beside the member records under its store epoch
+(``Lease.record_placement``). Every gateway reads the record every tick (the lease is tick-based
+already: beats and announcements) and follows it: it claims the streams placed on it and hands
+over the ones placed on another gateway (``Gateway.release``). A record of an older meta owner
+than one already followed is ignored (a paused meta owner that wakes up writes one last record
+before it finds the store lost).
+
+Whatever the timing, two gateways never both commit for a stream: a claim fences the stream in
+every table, and the previous holder's next commit of it is refused (docs/architecture.md,
+protocol item 2). The placement only decides who should serve, and how soon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from gateway.service.gateway import Gateway
+from gateway.service.ownership import TICKS_PER_LEASE, Ownership
+from gateway.service.placement import place
+from storage_delta.tables.removals import stream_replicas
+
+log = logging.getLogger(__name__)
+
+
+class Placing:
+    """One gateway process's part in the placement: :meth:`lead` (stand by for the store lease,
+    place while holding it) and :meth:`follow` (claim and hand over as placed), both for the life
+    of the gateway; their caller cancels them."""
+
+    def __init__(self, ownership: Ownership, gateway: Gateway) -> None:
+        assert gateway.claims is not None, "a gateway in per-stream mode"
+        self.ownership = ownership
+        self.gateway = gateway
+        self.tick_s = ownership.lease_s / TICKS_PER_LEASE
+
+    async def lead(self) -> None:
+        """Stand by until this gateway holds the store lease, then beat it and place every tick
+        until it is lost; then stand by again."""
+        ownership = self.ownership
+        while True:
+            await ownership.acquire()
+            holding = asyncio.create_task(ownership.hold(), name="owner-lease")
+            placing = asyncio.create_task(self._place(), name="placement")
+            try:
+                await ownership.lost.wait()
+            finally:
+                for task in (placing, holding):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                self.gateway.meta = False
+
+    async def _place(self) -> None:
+        """The meta owner's ticks. For its first lease it only listens: a gateway's announcements
+        count as live only once seen to change, and placing at once would take every other
+        gateway's streams."""
+        ownership, gateway = self.ownership, self.gateway
+        claims = gateway.claims
+        assert claims is not None
+        gateway.meta = True
+        settled = time.monotonic() + ownership.lease_s
+        while True:
+            await asyncio.sleep(self.tick_s)
+            if time.monotonic() < settled:
+                continue
+            try:
+                replicas = await asyncio.to_thread(stream_replicas, gateway.root)
+                epoch, recorded = await asyncio.to_thread(ownership.lease.placement)
+                gateways = ownership.gateways()
+                live = [gateways.leader, *(name for name, _ in gateways.standbys)]
+                # the streams it created itself count as its own until first placed
+                current = {stream: ownership.name for stream in claims.held.streams()} | recorded
+                owners = place(replicas, live, current)
+                if (epoch, recorded) != (ownership.epoch, owners):
+                    await asyncio.to_thread(ownership.lease.record_placement, ownership.epoch, owners)
+                    moved = {s: g for s, g in owners.items() if recorded.get(s) != g}
+                    log.info("placed %s over %d gateways", moved, len(live))
+            except Exception:  # the store out of reach, a damaged catalog: the next tick again
+                log.exception("placing the streams failed")
+
+    async def follow(self) -> None:
+        """Every tick: the newest placement's streams of this gateway claimed, those placed on
+        another gateway handed over, one after another."""
+        gateway, name = self.gateway, self.ownership.name
+        claims = gateway.claims
+        assert claims is not None
+        newest = 0
+        while True:
+            try:
+                epoch, owners = await asyncio.to_thread(self.ownership.lease.placement)
+                if epoch >= newest:
+                    newest = epoch
+                    gateway.placement = owners
+                    for stream in sorted(s for s, g in owners.items() if g == name):
+                        if claims.held.epoch(stream) is None and not await gateway.claim(stream):
+                            log.info("stream %s was claimed by another gateway first", stream)
+                    for stream in sorted(claims.held.streams()):
+                        if owners.get(stream, name) != name:
+                            await gateway.release(stream)
+            except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
+                log.exception("following the placement failed")
+            await asyncio.sleep(self.tick_s)
