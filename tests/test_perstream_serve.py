@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import signal
+import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import nats
@@ -18,10 +22,12 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
-from tests.harness import Jetlake, Peer, wait_log
+from tests.harness import Jetlake, Peer, stop, wait_log
 from tests.test_several_gateways import Publisher, stored_payloads
 from tests.test_stream_fence import check_epochs_in_log
 
@@ -43,6 +49,40 @@ async def leaders(nc: Client, streams: list[str]) -> dict[str, str]:
         if leader:
             found[stream] = leader
     return found
+
+
+async def create_two(js: JetStreamContext) -> None:
+    """S and T with ``num_replicas`` 2: two gateways ready to serve each, among which placement
+    spreads them (a stream of R 1 stays on its first-ranked gateway, whatever the load). Asked
+    again while the meta owner has not yet heard the other gateway live (400/10005)."""
+    deadline = time.monotonic() + 30
+    for stream in ("S", "T"):
+        while True:
+            try:
+                await js.add_stream(
+                    name=stream, subjects=[f"{stream.lower()}.>"], duplicate_window=120, num_replicas=2
+                )
+                break
+            except APIError as exc:
+                if exc.err_code != 10005 or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+
+async def spread(nc: Client) -> dict[str, str]:
+    """Once the meta owner (which created S and T) has placed them one per gateway: who owns
+    which."""
+    deadline = time.monotonic() + 30
+    while len(set((placed := await leaders(nc, ["S", "T"])).values())) < 2 or len(placed) < 2:
+        assert time.monotonic() < deadline, f"never placed one per gateway: {placed}"
+        await asyncio.sleep(0.1)
+    return placed
+
+
+def owner_proc(gw: Jetlake, peer: Peer, name: str) -> subprocess.Popen[bytes]:
+    """The process of the gateway ``name`` (``<leaf name>-<host>-<pid>``)."""
+    assert gw.gateway is not None
+    return next(p for p in (gw.gateway, peer.proc) if name.endswith(f"-{p.pid}"))
 
 
 def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path: Path) -> None:
@@ -73,18 +113,11 @@ async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> t
     nc = await nats.connect(gw.url)
     js = nc.jetstream()
     try:
-        for stream in ("S", "T"):
-            await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"], duplicate_window=120)
-        # the meta owner created both; placement spreads them, one per gateway
-        deadline = time.monotonic() + 30
-        while len(set((placed := await leaders(nc, ["S", "T"])).values())) < 2 or len(placed) < 2:
-            assert time.monotonic() < deadline, f"never placed one per gateway: {placed}"
-            await asyncio.sleep(0.1)
-        assert gw.gateway is not None
-        by_pid = {gw.gateway.pid: gw.kill_gateway, peer.proc.pid: lambda: peer.proc.kill()}
-        killed_stream = "S"
-        kill = next(k for pid, k in by_pid.items() if placed[killed_stream].endswith(f"-{pid}"))
-        other = "T"
+        await create_two(js)
+        placed = await spread(nc)
+        killed_stream, other = "S", "T"
+        # reaped by ``stop``: a zombie would still look alive to the survivor's look at its pid
+        kill = partial(stop, owner_proc(gw, peer, placed[killed_stream]), signal.SIGKILL)
 
         pub = Publisher(js)
         acked: dict[str, list[float]] = {"S": [], "T": []}
@@ -110,5 +143,63 @@ async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> t
         around = [t for t in acked[other] if killed_at[0] - 1 < t < killed_at[0] + 3]
         other_gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
         return moved_in, other_gap
+    finally:
+        await nc.close()
+
+
+def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: Path) -> None:
+    """SIGSTOP S's owner: the other gateway takes S over (after a lease of silence, or two when
+    the paused one held the store lease too) and serves it while T goes on; SIGCONT: what the
+    paused gateway read meanwhile is not answered from its old state of S (it looks at S's lease
+    and drops it), it serves T no more than before, and every acknowledged message is stored
+    exactly once."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env = dict(PER_STREAM)
+    gw.start()
+    peer = Peer(gw, "gateway2", PER_STREAM)
+    try:
+        wait_log(peer.log, "per stream")
+        asyncio.run(_paused_owner(gw, peer, StoreRoot(str(gw.data_root))))
+    finally:
+        peer.stop()
+        gw.stop()
+    store = StoreRoot(str(gw.data_root))
+    for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
+        if (gw.data_root / table).exists():
+            check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
+
+
+async def _paused_owner(gw: Jetlake, peer: Peer, root: StoreRoot) -> None:
+    nc = await nats.connect(gw.url)
+    js = nc.jetstream()
+    try:
+        await create_two(js)
+        placed = await spread(nc)
+        paused = owner_proc(gw, peer, placed["S"]).pid
+        log = peer.log if paused == peer.proc.pid else gw.workdir / "gateway.log"
+        pub = Publisher(js)
+        for i in range(10):
+            await pub.publish("s.x", f"S-{i}")
+            await pub.publish("t.x", f"T-{i}")
+        os.kill(paused, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            for i in range(10, 20):  # S waits for the takeover; T is the other gateway's
+                await pub.publish("s.x", f"S-{i}")
+                await pub.publish("t.x", f"T-{i}")
+            served = pub.acks["S-10"][1] - stopped
+        finally:
+            os.kill(paused, signal.SIGCONT)
+        await asyncio.to_thread(wait_log, log, "stream S was taken over by a newer owner")
+        for i in range(20, 30):
+            await pub.publish("s.x", f"S-{i}")
+            await pub.publish("t.x", f"T-{i}")
+        assert pub.errors == []
+        for stream in ("S", "T"):
+            assert stored_payloads(root, stream) == [f"{stream}-{i}" for i in range(30)], stream
+            info = await js.stream_info(stream)
+            assert (info.state.messages, info.state.last_seq) == (30, 30)
+        print(f"SIGSTOP of S's owner to S's next PubAck: {served:.2f} s")
+        assert served > 1.0  # the paused owner's lease ran out first: its process was alive
     finally:
         await nc.close()

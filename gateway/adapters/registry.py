@@ -146,10 +146,12 @@ class Registry:
         self._route_cache[subject] = found
         return found
 
-    def _subjects_changed(self, name: str, old: Sequence[str], new: Sequence[str]) -> None:
+    def _subjects_changed(
+        self, name: str, old: Sequence[str], new: Sequence[str], listen: bool = True
+    ) -> None:
         """Stream ``name`` was added, updated or deleted: route its subjects anew and tell the
         server which subjects the gateway listens to (a deleted stream's subjects get no responders
-        again)."""
+        again; ``listen`` False: not yet, :meth:`listen` will)."""
         self._route_cache.clear()
         for subject in old:
             self.subject_index.remove(subject, name)
@@ -157,8 +159,14 @@ class Registry:
                 self._subscriptions.unsubscribe(subject)
         for subject in new:
             self.subject_index.add(subject, name)
-            if subject not in old:
+            if subject not in old and listen:
                 self._subscriptions.subscribe(subject)
+
+    def listen(self, stream: Stream) -> None:
+        """Subscribe the subjects of a stream installed with ``listen=False`` (a stream claimed
+        mid-life: its publishes must not reach it before it is recovered)."""
+        for subject in stream.subjects:
+            self._subscriptions.subscribe(subject)
 
     def listed_consumers(self, stream: str) -> list[Consumer]:
         """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
@@ -184,10 +192,10 @@ class Registry:
         assert done is not None
         await done
 
-    def install_stream(self, config: StreamConfig, created_ns: int) -> Stream:
+    def install_stream(self, config: StreamConfig, created_ns: int, listen: bool = True) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self._subjects_changed(stream.name, (), stream.subjects)
+        self._subjects_changed(stream.name, (), stream.subjects, listen)
         consumers = self.consumers.setdefault(stream.name, {})
 
         def removed(seq: int, subject: str) -> None:

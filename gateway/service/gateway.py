@@ -116,6 +116,9 @@ class Gateway:
         self.meta = False
         #: Per stream: the placement last followed (stream → gateway name).
         self.placement: dict[str, str] = {}
+        self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
+        #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.
+        self._recovering: set[str] = set()
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -274,6 +277,7 @@ class Gateway:
             self._stop_dropping = self.claims.dropped.connect(self._dropped)
             registry.claim = self._claim_new
             dispatcher.answers = self.answers
+            leaf.admits = self._admits
         elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
@@ -304,7 +308,13 @@ class Gateway:
             return False
         # the previous owner's rows of the stream's consumers stay below this writer's
         core.acklog.continue_above(claimed.acks.max_lsn)
-        for stream in await self._recover(core.registry, core.snapshots, claimed.acks, claimed.state):
+        self._recovering.add(name)
+        try:
+            recovered = await self._recover(core.registry, core.snapshots, claimed.acks, claimed.state)
+        finally:
+            self._recovering.discard(name)
+        for stream in recovered:
+            core.registry.listen(stream)  # its publishes from now on
             core.recorder.changed(stream)  # its expiry timer and delete markers
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
             for consumer in core.registry.consumers.get(stream.name, {}).values():
@@ -318,9 +328,31 @@ class Gateway:
         gateway is placed on (a create, a stream that does not exist). A stream placed on a
         gateway that has not claimed it yet gets no answer: its clients time out and ask again."""
         core = self.core
+        if stream in self._recovering:
+            return False  # claimed, not yet recovered
         if stream is not None and core is not None and stream in core.registry.streams:
             return True
         return self.meta and (stream is None or stream not in self.placement)
+
+    def _admits(self) -> bool:
+        """Per stream, ``LeafConnection.admits``: what the link reads is served while this
+        gateway's last announcement is less than a lease old (no meta owner can have placed its
+        streams elsewhere). Older (a pause, a stalled loop), the held streams' leases are looked
+        at first (on this slow path only) and those another gateway claimed meanwhile are dropped,
+        so nothing is answered from a state their new owner has moved on from. A stream whose
+        lease is still this gateway's may be served: no other gateway has written it."""
+        ownership, claims = self.ownership, self.claims
+        assert ownership is not None, "per stream"
+        assert claims is not None, "per stream"
+        now = time.monotonic()
+        if now - max(ownership.announced_at, self._leases_checked) < ownership.lease_s:
+            return True
+        held = claims.held
+        taken = frozenset(s for s in held.streams() if ownership.lease.stream_current(s) != held.epoch(s))
+        if taken:
+            claims.drop(taken)
+        self._leases_checked = now
+        return True
 
     async def release(self, name: str) -> None:
         """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then
@@ -384,7 +416,8 @@ class Gateway:
         for entry in recovered.entries:
             if entry.kind == "stream":
                 config = from_json(StreamConfig, entry.body["config"])
-                stream = registry.install_stream(config, int(entry.body["created"]))
+                # claimed mid-life: its publishes reach it once it is recovered (``claim``)
+                stream = registry.install_stream(config, int(entry.body["created"]), self.claims is None)
                 installed.append(stream)
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)

@@ -56,6 +56,12 @@ class Ownership:
         #: Set when the store was lost (a newer epoch, or a commit that was fenced).
         self.lost = asyncio.Event()
         self._beaten = 0.0  # time.monotonic() of the last beat
+        #: time.monotonic() of this gateway's last announcement that was written: while less than
+        #: a lease old, no meta owner can have judged it gone (per-stream ownership).
+        self.announced_at = 0.0
+        #: How many times the announcements were read (while owner): a new owner's first look
+        #: comes a tick after it took the store.
+        self.listens = 0
 
     async def acquire(self) -> int:
         """Stand by until this process claims an epoch; returns it."""
@@ -109,6 +115,7 @@ class Ownership:
         while True:
             try:
                 await asyncio.to_thread(self.lease.announce, self.name)
+                self.announced_at = time.monotonic()
                 if self.epoch and not self.lost.is_set():
                     await self._listen()
             except OSError as exc:  # the store is out of reach for now: the next tick tries again
@@ -118,6 +125,7 @@ class Ownership:
     async def _listen(self) -> None:
         """Note which gateways' announcements changed; remove those silent for long."""
         counts = await asyncio.to_thread(self.lease.members)
+        self.listens += 1
         now = time.monotonic()
         for name, count in counts.items():
             if name == self.name:
@@ -138,6 +146,11 @@ class Ownership:
         now = time.monotonic()
         live = sorted((name, now - at) for name, (_, at) in self._heard.items() if now - at < self.lease_s)
         return Gateways(self.name, tuple((name, int(quiet * 1e9)) for name, quiet in live))
+
+    def heard(self) -> list[str]:
+        """This gateway and every other whose announcement it has read, live or not yet judged
+        (a meta owner's first lease, per-stream placement)."""
+        return [self.name, *sorted(self._heard)]
 
     def fresh(self) -> bool:
         """Whether what the link reads may be served: the last beat is less than a lease old (no

@@ -60,23 +60,31 @@ class Placing:
                 self.gateway.meta = False
 
     async def _place(self) -> None:
-        """The meta owner's ticks. For its first lease it only listens: a gateway's announcements
-        count as live only once seen to change, and placing at once would take every other
-        gateway's streams."""
+        """The meta owner's ticks. For its first lease every gateway it has heard of counts as
+        live (announcements count as live only once seen to change, and judging by that at once
+        would take every other gateway's streams); at any time a gateway whose record names a
+        process of this host that is gone is not (``kill -9`` on one machine: its streams move at
+        the next tick, not a lease later)."""
         ownership, gateway = self.ownership, self.gateway
         claims = gateway.claims
         assert claims is not None
         gateway.meta = True
         settled = time.monotonic() + ownership.lease_s
+        listened = ownership.listens
         while True:
             await asyncio.sleep(self.tick_s)
-            if time.monotonic() < settled:
-                continue
+            if ownership.listens == listened:
+                continue  # it has not read the others' announcements since it took the store
             try:
                 replicas = await asyncio.to_thread(stream_replicas, gateway.root)
                 epoch, recorded = await asyncio.to_thread(ownership.lease.placement)
-                gateways = ownership.gateways()
-                live = [gateways.leader, *(name for name, _ in gateways.standbys)]
+                gone = await asyncio.to_thread(ownership.lease.gone_members)
+                if time.monotonic() < settled:
+                    heard = ownership.heard()
+                else:
+                    gateways = ownership.gateways()
+                    heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
+                live = [name for name in heard if name not in gone]
                 # the streams it created itself count as its own until first placed
                 current = {stream: ownership.name for stream in claims.held.streams()} | recorded
                 owners = place(replicas, live, current)

@@ -134,11 +134,19 @@ class Lease(ABC):
 
     def members(self) -> dict[str, int]:
         """Every gateway's announced count by name (unreadable records left out)."""
-        found: dict[str, int] = {}
+        return {name: count for name, (count, _host, _pid) in self._members().items()}
+
+    def gone_members(self) -> frozenset[str]:
+        """The gateways whose record names a process of this host that no longer exists (``kill
+        -9`` on one machine): gone now, not a lease of silence from now."""
+        return frozenset(n for n, (_c, host, pid) in self._members().items() if self._process_gone(host, pid))
+
+    def _members(self) -> dict[str, tuple[int, str, int]]:
+        found: dict[str, tuple[int, str, int]] = {}
         for raw in self._member_records():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 body = json.loads(raw)
-                found[str(body["name"])] = int(body["count"])
+                found[str(body["name"])] = (int(body["count"]), str(body["host"]), int(body["pid"]))
         return found
 
     def withdraw(self, name: str) -> None:
@@ -187,12 +195,14 @@ class Lease(ABC):
         no need to wait the lease out (a restart after ``kill -9`` of the only gateway)."""
         if beat is None:
             return False
-        if beat.released:
-            return True
-        if beat.host != self.host or beat.pid == self.pid:
+        return beat.released or self._process_gone(beat.host, beat.pid)
+
+    def _process_gone(self, host: str, pid: int) -> bool:
+        """``pid`` is a process of this host that no longer exists."""
+        if host != self.host or pid == self.pid:
             return False
         try:
-            os.kill(beat.pid, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
             return True
         except PermissionError:
