@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, ServiceUnavailableError
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
@@ -132,8 +132,16 @@ async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> t
                     await asyncio.to_thread(kill)
                     killed_at.append(time.monotonic())
 
-        await asyncio.wait_for(asyncio.gather(publisher("S"), publisher("T")), timeout=120)
+        expected = {f"{killed_stream}-{i}" for i in range(per_stream)}
+        consumer = AckingConsumer(js, await js.pull_subscribe("s.>", "C", stream="S"), killed_at)
+        await asyncio.wait_for(
+            asyncio.gather(publisher("S"), publisher("T"), consumer.run(expected)), timeout=120
+        )
         assert pub.errors == []
+        # the consumer went on from its durable state at the new owner: nothing it had acked
+        # (ack_sync answered) before the kill came again
+        assert consumer.acked_before_kill
+        assert not consumer.acked_before_kill & set(consumer.delivered_after_kill)
         for stream in ("S", "T"):
             payloads = stored_payloads(root, stream)
             assert sorted(payloads) == sorted(f"{stream}-{i}" for i in range(per_stream)), stream
@@ -145,6 +153,45 @@ async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> t
         return moved_in, other_gap
     finally:
         await nc.close()
+
+
+class AckingConsumer:
+    """Pull consumer C of S: fetches and acks each message synchronously until it has seen every
+    expected one and the consumer's info says all are acked; notes what it knew acked before the
+    kill and what was delivered after it."""
+
+    def __init__(
+        self, js: JetStreamContext, sub: JetStreamContext.PullSubscription, killed: list[float]
+    ) -> None:
+        self.js, self.sub, self.killed = js, sub, killed
+        self.acked_before_kill: set[str] = set()
+        self.delivered_after_kill: list[str] = []
+
+    async def run(self, expected: set[str]) -> None:
+        seen: set[str] = set()
+        while not (seen == expected and await self._all_acked(len(expected))):
+            try:
+                msgs = await self.sub.fetch(20, timeout=0.5)
+            except (NatsTimeout, ServiceUnavailableError, NoRespondersError):
+                continue  # no gateway serves S at this moment
+            for msg in msgs:
+                body = msg.data.decode()
+                seen.add(body)
+                if self.killed:
+                    self.delivered_after_kill.append(body)
+                try:
+                    await msg.ack_sync(timeout=0.5)
+                except (NatsTimeout, NoRespondersError):
+                    continue  # redelivered after its ack wait
+                if not self.killed:
+                    self.acked_before_kill.add(body)
+
+    async def _all_acked(self, total: int) -> bool:
+        try:
+            ci = await self.js.consumer_info("S", "C", timeout=1)
+        except (NatsTimeout, ServiceUnavailableError, NoRespondersError):
+            return False
+        return (ci.num_ack_pending, ci.num_pending, ci.ack_floor.stream_seq) == (0, 0, total)
 
 
 def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: Path) -> None:
