@@ -14,8 +14,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 import nats
 import pytest
@@ -49,6 +51,18 @@ async def leaders(nc: Client, streams: list[str]) -> dict[str, str]:
         if leader:
             found[stream] = leader
     return found
+
+
+async def stream_info(nc: Client, stream: str) -> dict[str, Any]:
+    """A stream's info, asked again after a time-out (no gateway answers a stream in the middle
+    of a handover or a takeover: its clients time out, as through a JetStream leader change)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            reply = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=0.5)
+            return cast(dict[str, Any], json.loads(reply.data))
+        except (NatsTimeout, NoRespondersError):
+            assert time.monotonic() < deadline, f"no answer for {stream}"
 
 
 async def create_two(js: JetStreamContext) -> None:
@@ -244,9 +258,96 @@ async def _paused_owner(gw: Jetlake, peer: Peer, root: StoreRoot) -> None:
         assert pub.errors == []
         for stream in ("S", "T"):
             assert stored_payloads(root, stream) == [f"{stream}-{i}" for i in range(30)], stream
-            info = await js.stream_info(stream)
-            assert (info.state.messages, info.state.last_seq) == (30, 30)
+            state = (await stream_info(nc, stream))["state"]
+            assert (state["messages"], state["last_seq"]) == (30, 30)
         print(f"SIGSTOP of S's owner to S's next PubAck: {served:.2f} s")
         assert served > 1.0  # the paused owner's lease ran out first: its process was alive
+    finally:
+        await nc.close()
+
+
+def test_a_joining_gateway_gets_a_stream_by_a_clean_handover(tmp_path: Path) -> None:
+    """One gateway serves S and T (R 2) under retrying publishers; a second one starts: the meta
+    owner places one stream on it, the first hands that stream over (its queued messages committed
+    and answered, then the lease let go) and the second claims it. No error answer, every
+    acknowledged message stored exactly once, and the pause of the moved stream is a tick or two,
+    not a lease."""
+    gw = Jetlake(tmp_path)
+    gw.gateway_env = dict(PER_STREAM)
+    gw.start()
+    peer: Peer | None = None
+    try:
+
+        def join() -> None:
+            nonlocal peer
+            peer = Peer(gw, "gateway2", PER_STREAM)
+
+        moved, pause = asyncio.run(_joined_under_load(gw, join, StoreRoot(str(gw.data_root))))
+    finally:
+        if peer is not None:
+            peer.stop()
+        gw.stop()
+    print(f"handover of {moved}: its longest pause between PubAcks {pause:.2f} s")
+    first = (gw.workdir / "gateway.log").read_text()
+    assert "taken over by a newer owner" not in first  # released, then claimed: no fenced commit
+    assert peer is not None
+    # the joining gateway claimed the stream only after the first one let it go (one clock: one host)
+    released = logged_at(first, f"stream {moved} handed over")
+    claimed = logged_at(peer.text(), f"owner of stream {moved} as its epoch")
+    assert released <= claimed, (released, claimed)
+    assert pause < 1.0  # no lease waited out: the owner let go and the next one claimed at once
+
+
+def logged_at(log: str, text: str) -> str:
+    """The time stamp (``YYYY-MM-DD HH:MM:SS,mmm``, which sorts as it reads) of the first line
+    of ``log`` that holds ``text``."""
+    return next(line[:23] for line in log.splitlines() if text in line)
+
+
+async def _joined_under_load(gw: Jetlake, join: Callable[[], None], root: StoreRoot) -> tuple[str, float]:
+    nc = await nats.connect(gw.url)
+    js = nc.jetstream()
+    try:
+        for stream in ("S", "T"):  # R 2 needs two live gateways: created while alone, R 1 first
+            await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"], duplicate_window=120)
+        pub = Publisher(js)
+        acked: dict[str, list[float]] = {"S": [], "T": []}
+        joined = asyncio.Event()
+        per_stream = 150
+
+        async def publisher(stream: str) -> None:
+            for i in range(per_stream):
+                await pub.publish(f"{stream.lower()}.x", f"{stream}-{i}")
+                acked[stream].append(time.monotonic())
+                if stream == "S" and i == 20:
+                    await asyncio.to_thread(join)
+                    joined.set()
+
+        async def scale_up() -> None:
+            await joined.wait()
+            for stream in ("S", "T"):  # now placeable over both gateways
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        await js.update_stream(
+                            name=stream,
+                            subjects=[f"{stream.lower()}.>"],
+                            duplicate_window=120,
+                            num_replicas=2,
+                        )
+                        break
+                    except (APIError, NatsTimeout, NoRespondersError):
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(asyncio.gather(publisher("S"), publisher("T"), scale_up()), timeout=120)
+        placed = await spread(nc)
+        assert len(set(placed.values())) == 2
+        assert pub.errors == []
+        for stream in ("S", "T"):
+            assert sorted(stored_payloads(root, stream)) == sorted(f"{stream}-{i}" for i in range(per_stream))
+        moved = next(s for s, g in placed.items() if not g.endswith(f"-{gw.gateway.pid}"))  # type: ignore[union-attr]
+        times = acked[moved]
+        return moved, max(b - a for a, b in itertools.pairwise(times))
     finally:
         await nc.close()

@@ -109,6 +109,7 @@ class Gateway:
         if per_stream:
             assert ownership is not None, "per-stream ownership claims under the store's lease"
             claims = StreamClaims(ownership.lease, ownership.name, self.root, self.executor)
+            ownership.listening = True
         #: Per stream: the stream leases this gateway holds (None: it serves the whole store).
         self.claims = claims
         #: Per stream: whether this gateway holds the store lease, which makes it the answerer of
@@ -357,7 +358,8 @@ class Gateway:
     async def release(self, name: str) -> None:
         """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then
         it is no longer served, what was queued for it is committed (its publishers answered),
-        and its lease let go. The next owner's claim fences it in any case."""
+        and its lease let go (``Lease.release_stream``: the next owner need not wait a lease). The
+        next owner's claim fences it in any case."""
         core, claims = self.core, self.claims
         assert core is not None, "started"
         assert claims is not None, "per stream"
@@ -373,7 +375,10 @@ class Gateway:
                 await loop.flush()
             except Exception as exc:  # their waiters heard it; the fence keeps the table right
                 log.warning("the %s commits before handing %s over failed: %s", loop.name, name, exc)
+        epoch = claims.held.epoch(name)
         claims.held.drop(name)
+        if epoch is not None and self.ownership is not None:  # the next owner claims at once
+            await asyncio.to_thread(self.ownership.lease.release_stream, name, epoch)
         log.info("stream %s handed over", name)
 
     async def _claim_new(self, name: str) -> None:

@@ -62,6 +62,9 @@ class Ownership:
         #: How many times the announcements were read (while owner): a new owner's first look
         #: comes a tick after it took the store.
         self.listens = 0
+        #: Per-stream ownership: every gateway reads the announcements (it answers its streams'
+        #: ``cluster`` view and replica checks), not only the store's owner.
+        self.listening = False
 
     async def acquire(self) -> int:
         """Stand by until this process claims an epoch; returns it."""
@@ -116,7 +119,7 @@ class Ownership:
             try:
                 await asyncio.to_thread(self.lease.announce, self.name)
                 self.announced_at = time.monotonic()
-                if self.epoch and not self.lost.is_set():
+                if self.listening or (self.epoch and not self.lost.is_set()):
                     await self._listen()
             except OSError as exc:  # the store is out of reach for now: the next tick tries again
                 log.warning("announcing this gateway failed: %s", exc)

@@ -26,6 +26,7 @@ import time
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
 from gateway.service.placement import place
+from storage_delta.commit.lease import Placement
 from storage_delta.tables.removals import stream_replicas
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class Placing:
         self.ownership = ownership
         self.gateway = gateway
         self.tick_s = ownership.lease_s / TICKS_PER_LEASE
+        #: Meta owner: the streams being handed over by a live gateway, and since when.
+        self._moving: dict[str, tuple[str, float]] = {}
+        #: Follower: the streams handed over to this gateway, since when it waits for the release.
+        self._awaited: dict[str, float] = {}
 
     async def lead(self) -> None:
         """Stand by until this gateway holds the store lease, then beat it and place every tick
@@ -77,7 +82,7 @@ class Placing:
                 continue  # it has not read the others' announcements since it took the store
             try:
                 replicas = await asyncio.to_thread(stream_replicas, gateway.root)
-                epoch, recorded = await asyncio.to_thread(ownership.lease.placement)
+                recorded = await asyncio.to_thread(ownership.lease.placement)
                 gone = await asyncio.to_thread(ownership.lease.gone_members)
                 if time.monotonic() < settled:
                     heard = ownership.heard()
@@ -86,34 +91,75 @@ class Placing:
                     heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
                 live = [name for name in heard if name not in gone]
                 # the streams it created itself count as its own until first placed
-                current = {stream: ownership.name for stream in claims.held.streams()} | recorded
+                current = {stream: ownership.name for stream in claims.held.streams()} | recorded.owners
                 owners = place(replicas, live, current)
-                if (epoch, recorded) != (ownership.epoch, owners):
-                    await asyncio.to_thread(ownership.lease.record_placement, ownership.epoch, owners)
-                    moved = {s: g for s, g in owners.items() if recorded.get(s) != g}
-                    log.info("placed %s over %d gateways", moved, len(live))
+                handovers = self._handovers(current, owners, live)
+                placement = Placement(ownership.epoch, owners, handovers)
+                if placement != recorded:
+                    await asyncio.to_thread(ownership.lease.record_placement, placement)
+                    moved = {s: g for s, g in owners.items() if recorded.owners.get(s) != g}
+                    if moved:
+                        log.info("placed %s over %d gateways", moved, len(live))
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
+
+    def _handovers(self, current: dict[str, str], owners: dict[str, str], live: list[str]) -> dict[str, str]:
+        """The streams moving from a live gateway (stream → that gateway), kept for a lease after
+        the move was placed: by then the next owner has claimed, the release or not."""
+        now = time.monotonic()
+        for stream, owner in owners.items():
+            was = current.get(stream)
+            if was is not None and was != owner and was in live:
+                self._moving[stream] = (was, now)
+        self._moving = {
+            s: (was, at)
+            for s, (was, at) in self._moving.items()
+            if now - at < self.ownership.lease_s and s in owners
+        }
+        return {stream: was for stream, (was, _) in self._moving.items()}
 
     async def follow(self) -> None:
         """Every tick: the newest placement's streams of this gateway claimed, those placed on
         another gateway handed over, one after another."""
-        gateway, name = self.gateway, self.ownership.name
-        claims = gateway.claims
-        assert claims is not None
         newest = 0
         while True:
             try:
-                epoch, owners = await asyncio.to_thread(self.ownership.lease.placement)
-                if epoch >= newest:
-                    newest = epoch
-                    gateway.placement = owners
-                    for stream in sorted(s for s, g in owners.items() if g == name):
-                        if claims.held.epoch(stream) is None and not await gateway.claim(stream):
-                            log.info("stream %s was claimed by another gateway first", stream)
-                    for stream in sorted(claims.held.streams()):
-                        if owners.get(stream, name) != name:
-                            await gateway.release(stream)
+                placement = await asyncio.to_thread(self.ownership.lease.placement)
+                if placement.epoch >= newest:
+                    newest = placement.epoch
+                    await self._follow(placement)
             except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
                 log.exception("following the placement failed")
             await asyncio.sleep(self.tick_s)
+
+    async def _follow(self, placement: Placement) -> None:
+        gateway, name = self.gateway, self.ownership.name
+        claims = gateway.claims
+        assert claims is not None
+        gateway.placement = placement.owners
+        for stream in sorted(s for s, g in placement.owners.items() if g == name):
+            if claims.held.epoch(stream) is not None or not await self._released(stream, placement):
+                continue
+            if not await gateway.claim(stream):
+                log.info("stream %s was claimed by another gateway first", stream)
+        for stream in sorted(claims.held.streams()):
+            if placement.owners.get(stream, name) != name:
+                await gateway.release(stream)
+
+    async def _released(self, stream: str, placement: Placement) -> bool:
+        """Whether to claim ``stream`` now: at once when it is not handed over by a live gateway
+        (a takeover: its gateway is gone), else once that gateway released it, or a lease after
+        this gateway first saw it placed here (a gateway that cannot finish its handover is fenced
+        instead; the fence, not this wait, keeps the stream right)."""
+        if stream not in placement.handovers:
+            self._awaited.pop(stream, None)
+            return True
+        lease = self.ownership.lease
+        since = self._awaited.setdefault(stream, time.monotonic())
+        current = await asyncio.to_thread(lease.stream_current, stream)
+        if time.monotonic() - since >= self.ownership.lease_s or await asyncio.to_thread(
+            lease.stream_released, stream, current
+        ):
+            del self._awaited[stream]
+            return True
+        return False

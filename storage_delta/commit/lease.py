@@ -34,7 +34,6 @@ import os
 import socket
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -66,6 +65,17 @@ KEEP_EPOCHS = 8
 MEMBER = "member-"
 #: The claims table holds no rows, only the epochs' app transactions.
 CLAIMS_SCHEMA = pa.schema([("epoch", pa.int64())])
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The meta owner's placement under its store epoch: stream → the gateway that should serve
+    it, and the streams being handed over by a live gateway (stream → that gateway), whose next
+    owner waits for the release (``Lease.stream_released``) rather than fencing queued work."""
+
+    epoch: int
+    owners: dict[str, str]
+    handovers: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,23 +182,38 @@ class Lease(ABC):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def record_placement(self, epoch: int, owners: Mapping[str, str]) -> None:
-        """The meta owner's placement (stream → gateway name, per-stream ownership) under its store
-        epoch, which every gateway reads to claim its streams (not synced: a lost one is recorded
-        again at the meta owner's next tick)."""
-        self._put_record(PLACEMENT, json.dumps({"epoch": epoch, "owners": dict(owners)}).encode())
+    def record_placement(self, placement: Placement) -> None:
+        """The meta owner's placement (per-stream ownership), which every gateway reads to claim
+        its streams (not synced: a lost one is recorded again at the meta owner's next tick)."""
+        body = {"epoch": placement.epoch, "owners": placement.owners, "handovers": placement.handovers}
+        self._put_record(PLACEMENT, json.dumps(body).encode())
 
-    def placement(self) -> tuple[int, dict[str, str]]:
-        """The placement last recorded and the store epoch of its meta owner ((0, {}): none or
-        unreadable)."""
+    def placement(self) -> Placement:
+        """The placement last recorded (epoch 0, nothing placed: none, or unreadable)."""
         try:
             raw = self._get_record(PLACEMENT)
-            if raw is None:
-                return 0, {}
-            body = json.loads(raw)
-            return int(body["epoch"]), {str(s): str(g) for s, g in body["owners"].items()}
+            if raw is not None:
+                body = json.loads(raw)
+                return Placement(
+                    int(body["epoch"]),
+                    {str(s): str(g) for s, g in body["owners"].items()},
+                    {str(s): str(g) for s, g in body["handovers"].items()},
+                )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return 0, {}
+            pass
+        return Placement(0, {}, {})
+
+    def release_stream(self, stream: str, epoch: int) -> None:
+        """Say that the holder of ``epoch`` of ``stream``'s lease let it go (a clean handover: what
+        it had queued is committed), so the next owner need not wait for it."""
+        self._put_record(f"streams/{stream}/released-{epoch:020d}", b"{}")
+
+    def stream_released(self, stream: str, epoch: int) -> bool:
+        """Whether the holder of ``epoch`` of ``stream`` let it go."""
+        try:
+            return self._get_record(f"streams/{stream}/released-{epoch:020d}") is not None
+        except OSError:
+            return False
 
     def holder_gone(self, beat: Beat | None) -> bool:
         """The beat says the owner released the lease, or names a process of this host that is gone:
@@ -319,15 +344,17 @@ class LocalLease(Lease):
 
 
 def superseded(names: list[str], epoch: int) -> list[str]:
-    """Of a stream lease's claim (or holder) names, ``epoch-<n>``, those more than
+    """Of a stream lease's claim (or holder) names, ``epoch-<n>``, and its release marks,
+    ``released-<n>``, those more than
     :data:`KEEP_EPOCHS` below ``epoch``, just claimed: they go, so a stream taken over again and
     again keeps a bounded folder. Never the highest claim, and never the folder of a deleted
     stream: its epochs stay in the tables' logs (``jetlake-owner/<S>``), so a stream made again
     under the same name must claim above them, or its first fence would find itself fenced."""
+    found = ((name, *name.partition("-")) for name in names)
     return [
         name
-        for name in names
-        if name.startswith("epoch-") and name[6:].isdigit() and int(name[6:]) < epoch - KEEP_EPOCHS
+        for name, kind, _, number in found
+        if kind in ("epoch", "released") and number.isdigit() and int(number) < epoch - KEEP_EPOCHS
     ]
 
 
