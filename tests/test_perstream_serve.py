@@ -14,10 +14,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import nats
 import pytest
@@ -25,18 +25,19 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, ServiceUnavailableError
+from nats.js.errors import APIError
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 from tests.harness import Jetlake, Peer, stop, wait_log
-from tests.test_several_gateways import Publisher, stored_payloads
+from tests.test_several_gateways import Acker, Publisher, stored_payloads
 from tests.test_stream_fence import check_epochs_in_log
 
 #: ``alone``: the handover bound (2 s) is a wall-clock bound.
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 PER_STREAM = {"JETLAKE_PER_STREAM": "1"}
+Result = TypeVar("Result")
 
 
 async def leaders(nc: Client, streams: list[str]) -> dict[str, str]:
@@ -99,28 +100,36 @@ def owner_proc(gw: Jetlake, peer: Peer, name: str) -> subprocess.Popen[bytes]:
     return next(p for p in (gw.gateway, peer.proc) if name.endswith(f"-{p.pid}"))
 
 
-def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path: Path) -> None:
+def two_gateways(
+    tmp_path: Path, scenario: Callable[[Jetlake, Peer, StoreRoot], Coroutine[Any, Any, Result]]
+) -> Result:
+    """Two per-stream gateways on one hub and root for ``scenario``; afterwards every table's log
+    shows each stream's epochs never going down."""
     gw = Jetlake(tmp_path)
     gw.gateway_env = dict(PER_STREAM)
     gw.start()
     peer = Peer(gw, "gateway2", PER_STREAM)
+    store = StoreRoot(str(gw.data_root))
     try:
         wait_log(peer.log, "per stream")
-        result = asyncio.run(_two_streams_one_killed(gw, peer, StoreRoot(str(gw.data_root))))
+        result = asyncio.run(scenario(gw, peer, store))
     finally:
         peer.stop()
         gw.stop()
-    moved_in, other_gap = result
+    for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
+        if (gw.data_root / table).exists():
+            check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
+    return result
+
+
+def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path: Path) -> None:
+    moved_in, other_gap = two_gateways(tmp_path, _two_streams_one_killed)
     print(
         f"kill -9 to the moved stream's next PubAck: {moved_in:.2f} s; other stream's gap {other_gap:.2f} s"
     )
     assert moved_in < 2.0
     # the other stream's owner was not touched: no pause near a lease (1 s, what a takeover waits)
     assert other_gap < 0.5
-    store = StoreRoot(str(gw.data_root))
-    for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
-        if (gw.data_root / table).exists():
-            check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
 
 
 async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> tuple[float, float]:
@@ -147,9 +156,10 @@ async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> t
                     killed_at.append(time.monotonic())
 
         expected = {f"{killed_stream}-{i}" for i in range(per_stream)}
-        consumer = AckingConsumer(js, await js.pull_subscribe("s.>", "C", stream="S"), killed_at)
+        sub = await js.pull_subscribe("s.>", "C", stream="S")
+        consumer = Acker(js, sub, expected, killed_at, stream="S")
         await asyncio.wait_for(
-            asyncio.gather(publisher("S"), publisher("T"), consumer.run(expected)), timeout=120
+            asyncio.gather(publisher("S"), publisher("T"), consumer.run(per_stream)), timeout=120
         )
         assert pub.errors == []
         # the consumer went on from its durable state at the new owner: nothing it had acked
@@ -169,65 +179,13 @@ async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> t
         await nc.close()
 
 
-class AckingConsumer:
-    """Pull consumer C of S: fetches and acks each message synchronously until it has seen every
-    expected one and the consumer's info says all are acked; notes what it knew acked before the
-    kill and what was delivered after it."""
-
-    def __init__(
-        self, js: JetStreamContext, sub: JetStreamContext.PullSubscription, killed: list[float]
-    ) -> None:
-        self.js, self.sub, self.killed = js, sub, killed
-        self.acked_before_kill: set[str] = set()
-        self.delivered_after_kill: list[str] = []
-
-    async def run(self, expected: set[str]) -> None:
-        seen: set[str] = set()
-        while not (seen == expected and await self._all_acked(len(expected))):
-            try:
-                msgs = await self.sub.fetch(20, timeout=0.5)
-            except (NatsTimeout, ServiceUnavailableError, NoRespondersError):
-                continue  # no gateway serves S at this moment
-            for msg in msgs:
-                body = msg.data.decode()
-                seen.add(body)
-                if self.killed:
-                    self.delivered_after_kill.append(body)
-                try:
-                    await msg.ack_sync(timeout=0.5)
-                except (NatsTimeout, NoRespondersError):
-                    continue  # redelivered after its ack wait
-                if not self.killed:
-                    self.acked_before_kill.add(body)
-
-    async def _all_acked(self, total: int) -> bool:
-        try:
-            ci = await self.js.consumer_info("S", "C", timeout=1)
-        except (NatsTimeout, ServiceUnavailableError, NoRespondersError):
-            return False
-        return (ci.num_ack_pending, ci.num_pending, ci.ack_floor.stream_seq) == (0, 0, total)
-
-
 def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: Path) -> None:
     """SIGSTOP S's owner: the other gateway takes S over (after a lease of silence, or two when
     the paused one held the store lease too) and serves it while T goes on; SIGCONT: what the
     paused gateway read meanwhile is not answered from its old state of S (it looks at S's lease
     and drops it), it serves T no more than before, and every acknowledged message is stored
     exactly once."""
-    gw = Jetlake(tmp_path)
-    gw.gateway_env = dict(PER_STREAM)
-    gw.start()
-    peer = Peer(gw, "gateway2", PER_STREAM)
-    try:
-        wait_log(peer.log, "per stream")
-        asyncio.run(_paused_owner(gw, peer, StoreRoot(str(gw.data_root))))
-    finally:
-        peer.stop()
-        gw.stop()
-    store = StoreRoot(str(gw.data_root))
-    for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
-        if (gw.data_root / table).exists():
-            check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
+    two_gateways(tmp_path, _paused_owner)
 
 
 async def _paused_owner(gw: Jetlake, peer: Peer, root: StoreRoot) -> None:
