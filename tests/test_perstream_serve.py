@@ -309,3 +309,55 @@ async def _joined_under_load(gw: Jetlake, join: Callable[[], None], root: StoreR
         return moved, max(b - a for a, b in itertools.pairwise(times))
     finally:
         await nc.close()
+
+
+def test_account_wide_answers_name_every_gateways_streams(tmp_path: Path) -> None:
+    """S and T on two gateways: STREAM.NAMES, STREAM.LIST and ``$JS.API.INFO`` (answered by the
+    meta owner) count and show both, each with its own state as its owner renders it; with the
+    other gateway paused, its stream is listed under ``missing`` (named, not described) instead of
+    the answer waiting for it."""
+    two_gateways(tmp_path, _account_wide)
+
+
+async def _account_wide(gw: Jetlake, peer: Peer, _root: StoreRoot) -> None:
+    nc = await nats.connect(gw.url)
+    js = nc.jetstream()
+    try:
+        await create_two(js)
+        placed = await spread(nc)
+        for i in range(3):
+            await js.publish("s.x", b"%d" % i)
+        for i in range(5):
+            await js.publish("t.x", b"%d" % i)
+        await js.add_consumer("T", durable_name="C")
+
+        async def api(subject: str) -> dict[str, Any]:
+            return cast(
+                dict[str, Any], json.loads((await nc.request(f"$JS.API.{subject}", b"", timeout=5)).data)
+            )
+
+        names = await api("STREAM.NAMES")
+        assert (names["streams"], names["total"]) == (["S", "T"], 2)
+        listed = await api("STREAM.LIST")
+        assert listed["total"] == 2
+        assert "missing" not in listed
+        states = {info["config"]["name"]: info["state"]["messages"] for info in listed["streams"]}
+        assert states == {"S": 3, "T": 5}
+        leaders_listed = {info["config"]["name"]: info["cluster"]["leader"] for info in listed["streams"]}
+        assert leaders_listed == placed
+        info = await api("INFO")
+        assert (info["streams"], info["consumers"]) == (2, 1)
+        assert info["storage"] > 0
+
+        # the first gateway is the meta owner (it answers); the second is paused, with its stream
+        assert "owner of the store as epoch 1" in (gw.workdir / "gateway.log").read_text()
+        paused_stream = "T" if owner_proc(gw, peer, placed["T"]) is peer.proc else "S"
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            listed = await api("STREAM.LIST")
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        assert listed["missing"] == [paused_stream]
+        assert [i["config"]["name"] for i in listed["streams"]] == sorted({"S", "T"} - {paused_stream})
+    finally:
+        await nc.close()

@@ -14,10 +14,11 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.archives import Archives
@@ -38,10 +39,11 @@ from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
 from gateway.engine.stream import Stream
 from gateway.handlers.router import Api
-from gateway.handlers.streams import StreamApi
+from gateway.handlers.streams import Others, StreamApi, Usage
 from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
+from gateway.service.gathering import Gathering
 from gateway.service.ownership import Ownership, StreamClaims
 from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
@@ -120,6 +122,8 @@ class Gateway:
         self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
         #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.
         self._recovering: set[str] = set()
+        #: Per stream: the account-wide answers' gathering (set at start).
+        self._gathering: Gathering | None = None
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -222,19 +226,20 @@ class Gateway:
             leaf,
             self._publish_event,
         )
+        stream_api = StreamApi(
+            registry,
+            MessageLoader(self.reader, self.executor),
+            recorder,
+            self._publish_event,
+            settings.domain,
+            archives,
+            lambda: writer.running,
+            sourcing.info,
+            self._gateways,
+        )
         api = Api(
             registry,
-            StreamApi(
-                registry,
-                MessageLoader(self.reader, self.executor),
-                recorder,
-                self._publish_event,
-                settings.domain,
-                archives,
-                lambda: writer.running,
-                sourcing.info,
-                self._gateways,
-            ),
+            stream_api,
             self.cold.first_seq_at,
             self._publish_event,
             leaf.interest,
@@ -279,6 +284,11 @@ class Gateway:
             registry.claim = self._claim_new
             dispatcher.answers = self.answers
             leaf.admits = self._admits
+            assert self.ownership is not None
+            self._gathering = Gathering(settings.domain, self.ownership.name, leaf, stream_api.summary)
+            self._gathering.subscribe()
+            dispatcher.on_gathering = self._gathering.on_msg
+            stream_api.others = self._others
         elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
@@ -354,6 +364,24 @@ class Gateway:
             claims.drop(taken)
         self._leases_checked = now
         return True
+
+    async def _others(self) -> Others:
+        """Per stream, ``StreamApi.others``: the other live gateways' streams and usage, gathered;
+        the streams placed on a gateway that did not answer in time are ``missing``."""
+        assert self._gathering is not None, "per stream, started"
+        assert self.ownership is not None, "per stream"
+        answers = await self._gathering.gather([name for name, _ in self.ownership.gateways().standbys])
+        streams: dict[str, Mapping[str, Any]] = {}
+        usage = Usage()
+        for answer in answers.values():
+            usage += Usage(**answer["usage"])
+            for info in answer["streams"]:
+                streams.setdefault(str(info["config"]["name"]), info)  # one moving: either view
+        me = self.ownership.name
+        missing = sorted(
+            s for s, g in self.placement.items() if g != me and g not in answers and s not in streams
+        )
+        return Others(tuple(streams.values()), usage, tuple(missing))
 
     async def release(self, name: str) -> None:
         """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then
