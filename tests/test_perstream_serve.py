@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -100,11 +101,21 @@ def owner_proc(gw: Jetlake, peer: Peer, name: str) -> subprocess.Popen[bytes]:
     return next(p for p in (gw.gateway, peer.proc) if name.endswith(f"-{p.pid}"))
 
 
-def two_gateways(
-    tmp_path: Path, scenario: Callable[[Jetlake, Peer, StoreRoot], Coroutine[Any, Any, Result]]
-) -> Result:
-    """Two per-stream gateways on one hub and root for ``scenario``; afterwards every table's log
-    shows each stream's epochs never going down."""
+@dataclass(frozen=True)
+class Spread:
+    """Two per-stream gateways with S and T (R 2) placed one on each, and a client."""
+
+    gw: Jetlake
+    peer: Peer
+    root: StoreRoot
+    nc: Client
+    js: JetStreamContext
+    placed: dict[str, str]
+
+
+def two_gateways(tmp_path: Path, scenario: Callable[[Spread], Coroutine[Any, Any, Result]]) -> Result:
+    """Two per-stream gateways on one hub and root, S and T spread over them, for ``scenario``;
+    afterwards every table's log shows each stream's epochs never going down."""
     gw = Jetlake(tmp_path)
     gw.gateway_env = dict(PER_STREAM)
     gw.start()
@@ -112,7 +123,7 @@ def two_gateways(
     store = StoreRoot(str(gw.data_root))
     try:
         wait_log(peer.log, "per stream")
-        result = asyncio.run(scenario(gw, peer, store))
+        result = asyncio.run(_spread_then(gw, peer, store, scenario))
     finally:
         peer.stop()
         gw.stop()
@@ -120,6 +131,18 @@ def two_gateways(
         if (gw.data_root / table).exists():
             check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
     return result
+
+
+async def _spread_then(
+    gw: Jetlake, peer: Peer, root: StoreRoot, scenario: Callable[[Spread], Coroutine[Any, Any, Result]]
+) -> Result:
+    nc = await nats.connect(gw.url)
+    try:
+        js = nc.jetstream()
+        await create_two(js)
+        return await scenario(Spread(gw, peer, root, nc, js, await spread(nc)))
+    finally:
+        await nc.close()
 
 
 def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path: Path) -> None:
@@ -132,51 +155,45 @@ def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path:
     assert other_gap < 0.5
 
 
-async def _two_streams_one_killed(gw: Jetlake, peer: Peer, root: StoreRoot) -> tuple[float, float]:
-    nc = await nats.connect(gw.url)
-    js = nc.jetstream()
-    try:
-        await create_two(js)
-        placed = await spread(nc)
-        killed_stream, other = "S", "T"
-        # reaped by ``stop``: a zombie would still look alive to the survivor's look at its pid
-        kill = partial(stop, owner_proc(gw, peer, placed[killed_stream]), signal.SIGKILL)
+async def _two_streams_one_killed(t: Spread) -> tuple[float, float]:
+    gw, peer, root, nc, js, placed = t.gw, t.peer, t.root, t.nc, t.js, t.placed
+    killed_stream, other = "S", "T"
+    # reaped by ``stop``: a zombie would still look alive to the survivor's look at its pid
+    kill = partial(stop, owner_proc(gw, peer, placed[killed_stream]), signal.SIGKILL)
 
-        pub = Publisher(js)
-        acked: dict[str, list[float]] = {"S": [], "T": []}
-        killed_at: list[float] = []
-        per_stream = 120
+    pub = Publisher(js)
+    acked: dict[str, list[float]] = {"S": [], "T": []}
+    killed_at: list[float] = []
+    per_stream = 120
 
-        async def publisher(stream: str) -> None:
-            for i in range(per_stream):
-                await pub.publish(f"{stream.lower()}.x", f"{stream}-{i}")
-                acked[stream].append(time.monotonic())
-                if stream == killed_stream and i == per_stream // 3:
-                    await asyncio.to_thread(kill)
-                    killed_at.append(time.monotonic())
+    async def publisher(stream: str) -> None:
+        for i in range(per_stream):
+            await pub.publish(f"{stream.lower()}.x", f"{stream}-{i}")
+            acked[stream].append(time.monotonic())
+            if stream == killed_stream and i == per_stream // 3:
+                await asyncio.to_thread(kill)
+                killed_at.append(time.monotonic())
 
-        expected = {f"{killed_stream}-{i}" for i in range(per_stream)}
-        sub = await js.pull_subscribe("s.>", "C", stream="S")
-        consumer = Acker(js, sub, expected, killed_at, stream="S")
-        await asyncio.wait_for(
-            asyncio.gather(publisher("S"), publisher("T"), consumer.run(per_stream)), timeout=120
-        )
-        assert pub.errors == []
-        # the consumer went on from its durable state at the new owner: nothing it had acked
-        # (ack_sync answered) before the kill came again
-        assert consumer.acked_before_kill
-        assert not consumer.acked_before_kill & set(consumer.delivered_after_kill)
-        for stream in ("S", "T"):
-            payloads = stored_payloads(root, stream)
-            assert sorted(payloads) == sorted(f"{stream}-{i}" for i in range(per_stream)), stream
-        after = await leaders(nc, ["S", "T"])
-        assert after["S"] == after["T"] == placed[other]  # the survivor serves both
-        moved_in = min(t for t in acked[killed_stream] if t > killed_at[0]) - killed_at[0]
-        around = [t for t in acked[other] if killed_at[0] - 1 < t < killed_at[0] + 3]
-        other_gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
-        return moved_in, other_gap
-    finally:
-        await nc.close()
+    expected = {f"{killed_stream}-{i}" for i in range(per_stream)}
+    sub = await js.pull_subscribe("s.>", "C", stream="S")
+    consumer = Acker(js, sub, expected, killed_at, stream="S")
+    await asyncio.wait_for(
+        asyncio.gather(publisher("S"), publisher("T"), consumer.run(per_stream)), timeout=120
+    )
+    assert pub.errors == []
+    # the consumer went on from its durable state at the new owner: nothing it had acked
+    # (ack_sync answered) before the kill came again
+    assert consumer.acked_before_kill
+    assert not consumer.acked_before_kill & set(consumer.delivered_after_kill)
+    for stream in ("S", "T"):
+        payloads = stored_payloads(root, stream)
+        assert sorted(payloads) == sorted(f"{stream}-{i}" for i in range(per_stream)), stream
+    after = await leaders(nc, ["S", "T"])
+    assert after["S"] == after["T"] == placed[other]  # the survivor serves both
+    moved_in = min(t for t in acked[killed_stream] if t > killed_at[0]) - killed_at[0]
+    around = [t for t in acked[other] if killed_at[0] - 1 < t < killed_at[0] + 3]
+    other_gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
+    return moved_in, other_gap
 
 
 def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: Path) -> None:
@@ -188,40 +205,34 @@ def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: P
     two_gateways(tmp_path, _paused_owner)
 
 
-async def _paused_owner(gw: Jetlake, peer: Peer, root: StoreRoot) -> None:
-    nc = await nats.connect(gw.url)
-    js = nc.jetstream()
+async def _paused_owner(t: Spread) -> None:
+    gw, peer, root, nc, js, placed = t.gw, t.peer, t.root, t.nc, t.js, t.placed
+    paused = owner_proc(gw, peer, placed["S"]).pid
+    log = peer.log if paused == peer.proc.pid else gw.workdir / "gateway.log"
+    pub = Publisher(js)
+    for i in range(10):
+        await pub.publish("s.x", f"S-{i}")
+        await pub.publish("t.x", f"T-{i}")
+    os.kill(paused, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
-        await create_two(js)
-        placed = await spread(nc)
-        paused = owner_proc(gw, peer, placed["S"]).pid
-        log = peer.log if paused == peer.proc.pid else gw.workdir / "gateway.log"
-        pub = Publisher(js)
-        for i in range(10):
+        for i in range(10, 20):  # S waits for the takeover; T is the other gateway's
             await pub.publish("s.x", f"S-{i}")
             await pub.publish("t.x", f"T-{i}")
-        os.kill(paused, signal.SIGSTOP)
-        stopped = time.monotonic()
-        try:
-            for i in range(10, 20):  # S waits for the takeover; T is the other gateway's
-                await pub.publish("s.x", f"S-{i}")
-                await pub.publish("t.x", f"T-{i}")
-            served = pub.acks["S-10"][1] - stopped
-        finally:
-            os.kill(paused, signal.SIGCONT)
-        await asyncio.to_thread(wait_log, log, "stream S was taken over by a newer owner")
-        for i in range(20, 30):
-            await pub.publish("s.x", f"S-{i}")
-            await pub.publish("t.x", f"T-{i}")
-        assert pub.errors == []
-        for stream in ("S", "T"):
-            assert stored_payloads(root, stream) == [f"{stream}-{i}" for i in range(30)], stream
-            state = (await stream_info(nc, stream))["state"]
-            assert (state["messages"], state["last_seq"]) == (30, 30)
-        print(f"SIGSTOP of S's owner to S's next PubAck: {served:.2f} s")
-        assert served > 1.0  # the paused owner's lease ran out first: its process was alive
+        served = pub.acks["S-10"][1] - stopped
     finally:
-        await nc.close()
+        os.kill(paused, signal.SIGCONT)
+    await asyncio.to_thread(wait_log, log, "stream S was taken over by a newer owner")
+    for i in range(20, 30):
+        await pub.publish("s.x", f"S-{i}")
+        await pub.publish("t.x", f"T-{i}")
+    assert pub.errors == []
+    for stream in ("S", "T"):
+        assert stored_payloads(root, stream) == [f"{stream}-{i}" for i in range(30)], stream
+        state = (await stream_info(nc, stream))["state"]
+        assert (state["messages"], state["last_seq"]) == (30, 30)
+    print(f"SIGSTOP of S's owner to S's next PubAck: {served:.2f} s")
+    assert served > 1.0  # the paused owner's lease ran out first: its process was alive
 
 
 def test_a_joining_gateway_gets_a_stream_by_a_clean_handover(tmp_path: Path) -> None:
@@ -319,45 +330,37 @@ def test_account_wide_answers_name_every_gateways_streams(tmp_path: Path) -> Non
     two_gateways(tmp_path, _account_wide)
 
 
-async def _account_wide(gw: Jetlake, peer: Peer, _root: StoreRoot) -> None:
-    nc = await nats.connect(gw.url)
-    js = nc.jetstream()
+async def _account_wide(t: Spread) -> None:
+    gw, peer, _root, nc, js, placed = t.gw, t.peer, t.root, t.nc, t.js, t.placed
+    for i in range(3):
+        await js.publish("s.x", b"%d" % i)
+    for i in range(5):
+        await js.publish("t.x", b"%d" % i)
+    await js.add_consumer("T", durable_name="C")
+
+    async def api(subject: str) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads((await nc.request(f"$JS.API.{subject}", b"", timeout=5)).data))
+
+    names = await api("STREAM.NAMES")
+    assert (names["streams"], names["total"]) == (["S", "T"], 2)
+    listed = await api("STREAM.LIST")
+    assert listed["total"] == 2
+    assert "missing" not in listed
+    states = {info["config"]["name"]: info["state"]["messages"] for info in listed["streams"]}
+    assert states == {"S": 3, "T": 5}
+    leaders_listed = {info["config"]["name"]: info["cluster"]["leader"] for info in listed["streams"]}
+    assert leaders_listed == placed
+    info = await api("INFO")
+    assert (info["streams"], info["consumers"]) == (2, 1)
+    assert info["storage"] > 0
+
+    # the first gateway is the meta owner (it answers); the second is paused, with its stream
+    assert "owner of the store as epoch 1" in (gw.workdir / "gateway.log").read_text()
+    paused_stream = "T" if owner_proc(gw, peer, placed["T"]) is peer.proc else "S"
+    os.kill(peer.proc.pid, signal.SIGSTOP)
     try:
-        await create_two(js)
-        placed = await spread(nc)
-        for i in range(3):
-            await js.publish("s.x", b"%d" % i)
-        for i in range(5):
-            await js.publish("t.x", b"%d" % i)
-        await js.add_consumer("T", durable_name="C")
-
-        async def api(subject: str) -> dict[str, Any]:
-            return cast(
-                dict[str, Any], json.loads((await nc.request(f"$JS.API.{subject}", b"", timeout=5)).data)
-            )
-
-        names = await api("STREAM.NAMES")
-        assert (names["streams"], names["total"]) == (["S", "T"], 2)
         listed = await api("STREAM.LIST")
-        assert listed["total"] == 2
-        assert "missing" not in listed
-        states = {info["config"]["name"]: info["state"]["messages"] for info in listed["streams"]}
-        assert states == {"S": 3, "T": 5}
-        leaders_listed = {info["config"]["name"]: info["cluster"]["leader"] for info in listed["streams"]}
-        assert leaders_listed == placed
-        info = await api("INFO")
-        assert (info["streams"], info["consumers"]) == (2, 1)
-        assert info["storage"] > 0
-
-        # the first gateway is the meta owner (it answers); the second is paused, with its stream
-        assert "owner of the store as epoch 1" in (gw.workdir / "gateway.log").read_text()
-        paused_stream = "T" if owner_proc(gw, peer, placed["T"]) is peer.proc else "S"
-        os.kill(peer.proc.pid, signal.SIGSTOP)
-        try:
-            listed = await api("STREAM.LIST")
-        finally:
-            os.kill(peer.proc.pid, signal.SIGCONT)
-        assert listed["missing"] == [paused_stream]
-        assert [i["config"]["name"] for i in listed["streams"]] == sorted({"S", "T"} - {paused_stream})
     finally:
-        await nc.close()
+        os.kill(peer.proc.pid, signal.SIGCONT)
+    assert listed["missing"] == [paused_stream]
+    assert [i["config"]["name"] for i in listed["streams"]] == sorted({"S", "T"} - {paused_stream})
