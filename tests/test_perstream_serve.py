@@ -353,6 +353,12 @@ async def _account_wide(t: Spread) -> None:
     info = await api("INFO")
     assert (info["streams"], info["consumers"]) == (2, 1)
     assert info["storage"] > 0
+    # a create at the meta owner whose subjects overlap the other gateway's stream: 10065
+    other_stream = "T" if owner_proc(gw, peer, placed["T"]) is peer.proc else "S"
+    with pytest.raises(APIError) as refused:
+        await js.add_stream(name="U", subjects=[f"{other_stream.lower()}.x"])
+    assert (refused.value.code, refused.value.err_code) == (400, 10065)
+    assert (await api("STREAM.NAMES"))["streams"] == ["S", "T"]
 
     # the first gateway is the meta owner (it answers); the second is paused, with its stream
     assert "owner of the store as epoch 1" in (gw.workdir / "gateway.log").read_text()

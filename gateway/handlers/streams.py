@@ -285,6 +285,20 @@ class StreamApi:
             ):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
+    async def _check_overlap_elsewhere(self, cfg: StreamConfig) -> None:
+        """Per-stream ownership: against the streams the other gateways serve (gathered), as a
+        cluster checks a create against every stream of the account."""
+        if self.others is None:
+            return
+        for info in (await self.others()).streams:
+            config = info["config"]
+            if config["name"] != cfg.name and any(
+                subjects_overlap(mine, theirs)
+                for mine in cfg.subjects
+                for theirs in config.get("subjects", ())
+            ):
+                raise errors.STREAM_SUBJECT_OVERLAP
+
     def _check_placement(self, replicas: int) -> None:
         """A stream of R > 1 is placed when R gateways are live (the owner and R - 1 standbys), as
         a cluster places R peers or answers 10005: that many could serve it after the owner dies."""
@@ -345,6 +359,7 @@ class StreamApi:
             stream = existing
         else:
             self._check_overlap(cfg)
+            await self._check_overlap_elsewhere(cfg)
             self._check_placement(cfg.num_replicas)
             stream = await self.reg.add_stream(cfg, now_ns())
             self.publish(advisories.stream_action(name, "create", now_ns()))
@@ -361,6 +376,8 @@ class StreamApi:
         stream = self._stream(name)
         cfg = apply_update(stream.config, req)
         self._check_overlap(cfg)
+        if cfg.subjects != stream.config.subjects:
+            await self._check_overlap_elsewhere(cfg)
         if cfg.num_replicas > stream.config.num_replicas:  # a scale-up is placed anew
             self._check_placement(cfg.num_replicas)
         await self.reg.update_stream(stream, cfg)
