@@ -31,7 +31,7 @@ from nats.js.errors import APIError
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 from tests.harness import Jetlake, Peer, stop, wait_log
-from tests.test_several_gateways import Acker, Publisher, stored_payloads
+from tests.test_several_gateways import Acker, HubCluster, Publisher, stored_payloads
 from tests.test_stream_fence import check_epochs_in_log
 
 #: ``alone``: the handover bound (2 s) is a wall-clock bound.
@@ -95,38 +95,57 @@ async def spread(nc: Client) -> dict[str, str]:
     return placed
 
 
-def owner_proc(gw: Jetlake, peer: Peer, name: str) -> subprocess.Popen[bytes]:
-    """The process of the gateway ``name`` (``<leaf name>-<host>-<pid>``)."""
-    assert gw.gateway is not None
-    return next(p for p in (gw.gateway, peer.proc) if name.endswith(f"-{p.pid}"))
+def owner_index(t: Spread, name: str) -> int:
+    """Which of the two gateways is ``name`` (``<leaf name>-<host>-<pid>``)."""
+    return next(i for i, p in enumerate(t.procs) if name.endswith(f"-{p.pid}"))
 
 
 @dataclass(frozen=True)
 class Spread:
-    """Two per-stream gateways with S and T (R 2) placed one on each, and a client."""
+    """Two per-stream gateways (the first started is the meta owner) with S and T (R 2) placed one
+    on each, and a client; ``urls``: every hub node's client URL (the client is on the last)."""
 
-    gw: Jetlake
-    peer: Peer
+    procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]
+    logs: tuple[Path, Path]
+    urls: tuple[str, ...]
     root: StoreRoot
     nc: Client
     js: JetStreamContext
     placed: dict[str, str]
 
 
-def two_gateways(tmp_path: Path, scenario: Callable[[Spread], Coroutine[Any, Any, Result]]) -> Result:
-    """Two per-stream gateways on one hub and root, S and T spread over them, for ``scenario``;
-    afterwards every table's log shows each stream's epochs never going down."""
-    gw = Jetlake(tmp_path)
+def two_gateways(
+    tmp_path: Path, scenario: Callable[[Spread], Coroutine[Any, Any, Result]], cluster: bool = False
+) -> Result:
+    """Two per-stream gateways on one root for ``scenario``, on one hub node or (``cluster``) as
+    leaves of nodes 0 and 1 of a 3-node hub cluster with the client on node 2; S and T spread over
+    them. Afterwards every table's log shows each stream's epochs never going down."""
+    gw = Jetlake(tmp_path)  # the store root and the gateway command
     gw.gateway_env = dict(PER_STREAM)
-    gw.start()
-    peer = Peer(gw, "gateway2", PER_STREAM)
+    hub = HubCluster(tmp_path / "hub") if cluster else None
+    peers: list[Peer] = []
+    urls: tuple[str, ...]
     store = StoreRoot(str(gw.data_root))
     try:
-        wait_log(peer.log, "per stream")
-        result = asyncio.run(_spread_then(gw, peer, store, scenario))
+        if hub is None:
+            gw.start()
+            assert gw.gateway is not None
+            first, urls = (gw.gateway, gw.workdir / "gateway.log"), (gw.url,)
+        else:
+            hub.start()
+            peers.append(Peer(gw, "gateway-a", PER_STREAM, leaf_url=hub.leaf_url(0)))
+            wait_log(peers[0].log, "owner of the store as epoch 1")
+            first, urls = (peers[0].proc, peers[0].log), tuple(hub.url(n) for n in range(3))
+        peers.append(Peer(gw, "gateway-b", PER_STREAM, leaf_url=hub.leaf_url(1) if hub else None))
+        wait_log(peers[-1].log, "per stream")
+        procs, logs = (first[0], peers[-1].proc), (first[1], peers[-1].log)
+        result = asyncio.run(_spread_then(procs, logs, urls, store, scenario))
     finally:
-        peer.stop()
+        for peer in peers:
+            peer.stop()
         gw.stop()
+        if hub is not None:
+            hub.stop()
     for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
         if (gw.data_root / table).exists():
             check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
@@ -134,13 +153,17 @@ def two_gateways(tmp_path: Path, scenario: Callable[[Spread], Coroutine[Any, Any
 
 
 async def _spread_then(
-    gw: Jetlake, peer: Peer, root: StoreRoot, scenario: Callable[[Spread], Coroutine[Any, Any, Result]]
+    procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]],
+    logs: tuple[Path, Path],
+    urls: tuple[str, ...],
+    root: StoreRoot,
+    scenario: Callable[[Spread], Coroutine[Any, Any, Result]],
 ) -> Result:
-    nc = await nats.connect(gw.url)
+    nc = await nats.connect(urls[-1])
     try:
         js = nc.jetstream()
         await create_two(js)
-        return await scenario(Spread(gw, peer, root, nc, js, await spread(nc)))
+        return await scenario(Spread(procs, logs, urls, root, nc, js, await spread(nc)))
     finally:
         await nc.close()
 
@@ -156,10 +179,10 @@ def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path:
 
 
 async def _two_streams_one_killed(t: Spread) -> tuple[float, float]:
-    gw, peer, root, nc, js, placed = t.gw, t.peer, t.root, t.nc, t.js, t.placed
+    root, nc, js, placed = t.root, t.nc, t.js, t.placed
     killed_stream, other = "S", "T"
     # reaped by ``stop``: a zombie would still look alive to the survivor's look at its pid
-    kill = partial(stop, owner_proc(gw, peer, placed[killed_stream]), signal.SIGKILL)
+    kill = partial(stop, t.procs[owner_index(t, placed[killed_stream])], signal.SIGKILL)
 
     pub = Publisher(js)
     acked: dict[str, list[float]] = {"S": [], "T": []}
@@ -206,9 +229,9 @@ def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: P
 
 
 async def _paused_owner(t: Spread) -> None:
-    gw, peer, root, nc, js, placed = t.gw, t.peer, t.root, t.nc, t.js, t.placed
-    paused = owner_proc(gw, peer, placed["S"]).pid
-    log = peer.log if paused == peer.proc.pid else gw.workdir / "gateway.log"
+    root, nc, js, placed = t.root, t.nc, t.js, t.placed
+    owner = owner_index(t, placed["S"])
+    paused, log = t.procs[owner].pid, t.logs[owner]
     pub = Publisher(js)
     for i in range(10):
         await pub.publish("s.x", f"S-{i}")
@@ -331,7 +354,7 @@ def test_account_wide_answers_name_every_gateways_streams(tmp_path: Path) -> Non
 
 
 async def _account_wide(t: Spread) -> None:
-    gw, peer, _root, nc, js, placed = t.gw, t.peer, t.root, t.nc, t.js, t.placed
+    nc, js, placed = t.nc, t.js, t.placed
     for i in range(3):
         await js.publish("s.x", b"%d" % i)
     for i in range(5):
@@ -341,8 +364,14 @@ async def _account_wide(t: Spread) -> None:
     async def api(subject: str) -> dict[str, Any]:
         return cast(dict[str, Any], json.loads((await nc.request(f"$JS.API.{subject}", b"", timeout=5)).data))
 
-    names = await api("STREAM.NAMES")
-    assert (names["streams"], names["total"]) == (["S", "T"], 2)
+    for url in t.urls:  # from every node of the hub
+        other_nc = await nats.connect(url)
+        try:
+            reply = await other_nc.request("$JS.API.STREAM.NAMES", b"", timeout=5)
+        finally:
+            await other_nc.close()
+        names = json.loads(reply.data)
+        assert (names["streams"], names["total"]) == (["S", "T"], 2), url
     listed = await api("STREAM.LIST")
     assert listed["total"] == 2
     assert "missing" not in listed
@@ -354,19 +383,32 @@ async def _account_wide(t: Spread) -> None:
     assert (info["streams"], info["consumers"]) == (2, 1)
     assert info["storage"] > 0
     # a create at the meta owner whose subjects overlap the other gateway's stream: 10065
-    other_stream = "T" if owner_proc(gw, peer, placed["T"]) is peer.proc else "S"
+    other_stream = "T" if owner_index(t, placed["T"]) == 1 else "S"
     with pytest.raises(APIError) as refused:
         await js.add_stream(name="U", subjects=[f"{other_stream.lower()}.x"])
     assert (refused.value.code, refused.value.err_code) == (400, 10065)
     assert (await api("STREAM.NAMES"))["streams"] == ["S", "T"]
 
     # the first gateway is the meta owner (it answers); the second is paused, with its stream
-    assert "owner of the store as epoch 1" in (gw.workdir / "gateway.log").read_text()
-    paused_stream = "T" if owner_proc(gw, peer, placed["T"]) is peer.proc else "S"
-    os.kill(peer.proc.pid, signal.SIGSTOP)
+    assert "owner of the store as epoch 1" in t.logs[0].read_text()
+    paused_stream = other_stream
+    os.kill(t.procs[1].pid, signal.SIGSTOP)
     try:
         listed = await api("STREAM.LIST")
     finally:
-        os.kill(peer.proc.pid, signal.SIGCONT)
+        os.kill(t.procs[1].pid, signal.SIGCONT)
     assert listed["missing"] == [paused_stream]
     assert [i["config"]["name"] for i in listed["streams"]] == sorted({"S", "T"} - {paused_stream})
+
+
+def test_on_a_hub_cluster_kill_9_moves_one_stream_and_every_node_answers(tmp_path: Path) -> None:
+    """The issue's deployment: a 3-node hub cluster (routes), the gateways leaves of nodes 0 and 1,
+    the clients on node 2: the account-wide answers name both streams from every node, and
+    ``kill -9`` of one stream's owner moves only that stream, within 2 s."""
+    two_gateways(tmp_path / "answers", _account_wide, cluster=True)
+    moved_in, other_gap = two_gateways(tmp_path / "kill", _two_streams_one_killed, cluster=True)
+    print(
+        f"hub cluster: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, other's gap {other_gap:.2f} s"
+    )
+    assert moved_in < 2.0
+    assert other_gap < 0.5
