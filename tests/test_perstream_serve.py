@@ -407,8 +407,6 @@ def test_on_a_hub_cluster_kill_9_moves_one_stream_and_every_node_answers(tmp_pat
     ``kill -9`` of one stream's owner moves only that stream, within 2 s."""
     two_gateways(tmp_path / "answers", _account_wide, cluster=True)
     moved_in, other_gap = two_gateways(tmp_path / "kill", _two_streams_one_killed, cluster=True)
-    print(
-        f"hub cluster: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, other's gap {other_gap:.2f} s"
-    )
+    print(f"hub cluster: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, gap {other_gap:.2f} s")
     assert moved_in < 2.0
     assert other_gap < 0.5
