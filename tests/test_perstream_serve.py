@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import nats
+import pyarrow.fs as pafs
 import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -30,9 +31,12 @@ from nats.js.errors import APIError
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
-from tests.harness import Jetlake, Peer, stop, wait_log
+from tests.harness import Jetlake, Peer, s3_options, stop, wait_log
 from tests.test_several_gateways import Acker, HubCluster, Publisher, stored_payloads
-from tests.test_stream_fence import check_epochs_in_log
+from tests.test_stream_fence import (
+    check_epochs_in_log,
+    s3_endpoint,  # noqa: F401  (module fixture: a moto server)
+)
 
 #: ``alone``: the handover bound (2 s) is a wall-clock bound.
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
@@ -115,17 +119,26 @@ class Spread:
 
 
 def two_gateways(
-    tmp_path: Path, scenario: Callable[[Spread], Coroutine[Any, Any, Result]], cluster: bool = False
+    tmp_path: Path,
+    scenario: Callable[[Spread], Coroutine[Any, Any, Result]],
+    cluster: bool = False,
+    root: StoreRoot | None = None,
+    env: dict[str, str] | None = None,
 ) -> Result:
-    """Two per-stream gateways on one root for ``scenario``, on one hub node or (``cluster``) as
-    leaves of nodes 0 and 1 of a 3-node hub cluster with the client on node 2; S and T spread over
-    them. Afterwards every table's log shows each stream's epochs never going down."""
+    """Two per-stream gateways on one root (a local one, or ``root``: an object store) for
+    ``scenario``, on one hub node or (``cluster``) as leaves of nodes 0 and 1 of a 3-node hub
+    cluster with the client on node 2; S and T spread over them. Afterwards every table's log
+    shows each stream's epochs never going down."""
     gw = Jetlake(tmp_path)  # the store root and the gateway command
-    gw.gateway_env = dict(PER_STREAM)
+    gw.gateway_env = {**PER_STREAM, **(env or {})}
+    if root is not None:
+        gw.data_root = root.uri  # type: ignore[assignment]  # the harness passes it on as --data-root
+        options = root.storage_options or {}
+        gw.gateway_env["JETLAKE_STORAGE_OPTIONS"] = ",".join(f"{k}={v}" for k, v in options.items())
     hub = HubCluster(tmp_path / "hub") if cluster else None
     peers: list[Peer] = []
     urls: tuple[str, ...]
-    store = StoreRoot(str(gw.data_root))
+    store = root or StoreRoot(str(gw.data_root))
     try:
         if hub is None:
             gw.start()
@@ -133,10 +146,10 @@ def two_gateways(
             first, urls = (gw.gateway, gw.workdir / "gateway.log"), (gw.url,)
         else:
             hub.start()
-            peers.append(Peer(gw, "gateway-a", PER_STREAM, leaf_url=hub.leaf_url(0)))
+            peers.append(Peer(gw, "gateway-a", gw.gateway_env, leaf_url=hub.leaf_url(0)))
             wait_log(peers[0].log, "owner of the store as epoch 1")
             first, urls = (peers[0].proc, peers[0].log), tuple(hub.url(n) for n in range(3))
-        peers.append(Peer(gw, "gateway-b", PER_STREAM, leaf_url=hub.leaf_url(1) if hub else None))
+        peers.append(Peer(gw, "gateway-b", gw.gateway_env, leaf_url=hub.leaf_url(1) if hub else None))
         wait_log(peers[-1].log, "per stream")
         procs, logs = (first[0], peers[-1].proc), (first[1], peers[-1].log)
         result = asyncio.run(_spread_then(procs, logs, urls, store, scenario))
@@ -146,8 +159,9 @@ def two_gateways(
         gw.stop()
         if hub is not None:
             hub.stop()
+    fs, base = store.filesystem()
     for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
-        if (gw.data_root / table).exists():
+        if fs.get_file_info(f"{base}/{table}/_delta_log").type != pafs.FileType.NotFound:
             check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
     return result
 
@@ -178,7 +192,7 @@ def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path:
     assert other_gap < 0.5
 
 
-async def _two_streams_one_killed(t: Spread) -> tuple[float, float]:
+async def _two_streams_one_killed(t: Spread, per_stream: int = 120) -> tuple[float, float]:
     root, nc, js, placed = t.root, t.nc, t.js, t.placed
     killed_stream, other = "S", "T"
     # reaped by ``stop``: a zombie would still look alive to the survivor's look at its pid
@@ -187,7 +201,6 @@ async def _two_streams_one_killed(t: Spread) -> tuple[float, float]:
     pub = Publisher(js)
     acked: dict[str, list[float]] = {"S": [], "T": []}
     killed_at: list[float] = []
-    per_stream = 120
 
     async def publisher(stream: str) -> None:
         for i in range(per_stream):
@@ -262,8 +275,8 @@ def test_a_joining_gateway_gets_a_stream_by_a_clean_handover(tmp_path: Path) -> 
     """One gateway serves S and T (R 2) under retrying publishers; a second one starts: the meta
     owner places one stream on it, the first hands that stream over (its queued messages committed
     and answered, then the lease let go) and the second claims it. No error answer, every
-    acknowledged message stored exactly once, and the pause of the moved stream is a tick or two,
-    not a lease."""
+    acknowledged message stored exactly once, the joining gateway claims after the release (no
+    fenced commit), and the moved stream's pause stays under 2 s."""
     gw = Jetlake(tmp_path)
     gw.gateway_env = dict(PER_STREAM)
     gw.start()
@@ -287,7 +300,9 @@ def test_a_joining_gateway_gets_a_stream_by_a_clean_handover(tmp_path: Path) -> 
     released = logged_at(first, f"stream {moved} handed over")
     claimed = logged_at(peer.text(), f"owner of stream {moved} as its epoch")
     assert released <= claimed, (released, claimed)
-    assert pause < 1.0  # no lease waited out: the owner let go and the next one claimed at once
+    # a tick for each follower, the release's flushes, the claim: under the issue's 2 s (a lease
+    # waited out on top would not always be: the release ordering above is what shows none was)
+    assert pause < 2.0
 
 
 def logged_at(log: str, text: str) -> str:
@@ -410,3 +425,21 @@ def test_on_a_hub_cluster_kill_9_moves_one_stream_and_every_node_answers(tmp_pat
     print(f"hub cluster: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, gap {other_gap:.2f} s")
     assert moved_in < 2.0
     assert other_gap < 0.5
+
+
+def test_on_s3_kill_9_moves_one_stream_with_nothing_lost(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The kill -9 case on an s3:// root (moto): stream leases are app transactions of the claims
+    table, the fences delta-rs commits. Every acknowledged message stored once, the consumer goes
+    on from its durable state, the other stream keeps being served, the logs' epochs per stream
+    never go down. A lease of 5 s: against moto on a shared machine a beat or an announcement
+    can take longer than 1 s, and the gateways would take turns judging each other gone. The
+    handover is printed, not bounded (the 2 s bound is the local root's)."""
+    root = StoreRoot("s3://lake/perstream", s3_options(request.getfixturevalue("s3_endpoint")))
+    scenario = partial(_two_streams_one_killed, per_stream=40)
+    lease = {"JETLAKE_OWNER_LEASE_MS": "5000"}
+    moved_in, other_gap = two_gateways(tmp_path, scenario, root=root, env=lease)
+    print(
+        f"s3: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, the other's gap {other_gap:.2f} s"
+    )

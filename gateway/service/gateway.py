@@ -308,8 +308,9 @@ class Gateway:
         """Per-stream ownership: take stream ``name`` over and serve it. Its next epoch is claimed
         and fenced in every table before anything of it is read (:meth:`StreamClaims.claim`),
         then it is recovered from what was read as at a start (:meth:`_recover`) and its subjects
-        are subscribed. False when another gateway claimed that epoch first (nothing held);
-        :class:`StreamFenced` when a newer one was claimed meanwhile."""
+        are subscribed. False when another gateway claimed that epoch first (nothing held), or a
+        newer one while it recovered (nothing served); :class:`StreamFenced` when a newer one was
+        claimed before its fences."""
         core, claims, tables = self.core, self.claims, self._tables
         assert core is not None, "started"
         assert claims is not None, "per stream"
@@ -325,6 +326,11 @@ class Gateway:
         finally:
             self._recovering.discard(name)
         for stream in recovered:
+            if claims.held.epoch(stream.name) != claimed.epoch:
+                # a newer owner claimed it while it recovered (the drop found nothing installed
+                # yet): served here it would take publishes that no commit may store
+                core.registry.forget_stream(stream)
+                return False
             core.registry.listen(stream)  # its publishes from now on
             core.recorder.changed(stream)  # its expiry timer and delete markers
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
