@@ -19,7 +19,6 @@ import pytest
 from deltalake import DeltaTable
 
 from storage_delta.commit import checkpoint as ckpt
-from storage_delta.commit import writer
 from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender
 from storage_delta.commit.durable import fsync_path
 from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_version
@@ -424,7 +423,7 @@ def test_the_messages_log_is_bounded_by_entries_too(tmp_path: Path, monkeypatch:
     """An hour's retention keeps every entry of 300 one-message commits; the bound by entries of
     ``messages`` (30 here) trims below the newest checkpoint that many versions back, keeping a
     whole checkpoint below the newest. Every row stays; versions within the bound load."""
-    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", 30)
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", 30)
     root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
     table = MessageTable(root, checkpoint_every=10**9)
     commit_each(table, range(1, 301))
@@ -435,7 +434,7 @@ def test_the_messages_log_is_bounded_by_entries_too(tmp_path: Path, monkeypatch:
     assert old is not None
     assert old.to_pyarrow_table(columns=["seq"]).num_rows == 270
     unbounded = StoreRoot(str(tmp_path / "unbounded"), log_retention_s=3600.0)
-    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", None)
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", None)
     commit_each(MessageTable(unbounded, checkpoint_every=10**9), range(1, 101))
     assert len([n for n in os.listdir(log_dir(unbounded)) if n.endswith(".json")]) == 101
 
@@ -498,10 +497,10 @@ def test_a_long_log_left_from_before_the_bound_is_trimmed_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = StoreRoot(str(tmp_path), log_retention_s=3600.0)
-    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", None)
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", None)
     commit_each(MessageTable(root, checkpoint_every=10**9), range(1, 201))
     assert len([n for n in os.listdir(log_dir(root)) if n.endswith(".json")]) == 201
-    monkeypatch.setattr(writer, "LOG_KEEP_ENTRIES", 30)
+    monkeypatch.setattr(MessageTable, "LOG_KEEP_ENTRIES", 30)
     reopened = MessageTable(root, checkpoint_every=10**9)
     assert not reopened.checkpoint_if_behind()  # not behind: only the trim runs
     reopened.close()

@@ -157,11 +157,12 @@ class FailsAfterLanding(MessageTable):
 
     failed = False
 
-    def commit(self, batch: list[StoredMessage], version: int) -> None:
-        super().commit(batch, version)
+    def commit(self, batch: list[StoredMessage], version: int) -> frozenset[str]:
+        fenced = super().commit(batch, version)
         if not self.failed:
             self.failed = True
             raise OSError("connection reset after the commit was written")
+        return fenced
 
 
 async def test_writer_treats_a_landed_commit_as_committed(root: StoreRoot) -> None:

@@ -103,7 +103,7 @@ class _DyingTable(MessageTable):
             raise OSError("store unreachable")
         return 0
 
-    def commit(self, batch: list[StoredMessage], version: int) -> None:
+    def commit(self, batch: list[StoredMessage], version: int) -> frozenset[str]:
         raise OSError("write failed")
 
     def close(self) -> None:

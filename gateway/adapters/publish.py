@@ -54,6 +54,7 @@ from gateway.runtime.signals import Signal
 from gateway.runtime.timers import Timers
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
+from storage_delta.commit.owner import StreamFenced
 from storage_delta.commit.stats import PUBACK_SECONDS_BUCKETS, Histogram
 from storage_delta.commit.writer import (
     GroupCommitWriter,
@@ -453,10 +454,14 @@ class PublishPath:
 
     def _fail_answers(self, run: _Run, exc: BaseException) -> None:
         """Each answer becomes the store error, and the run's fast batches end: what their acks
-        would have vouched for is gone with the failed commit."""
-        err = _store_failed(exc)
-        for reply, _body in run.acks:
-            self._reply_error(reply, run.stream, err)
+        would have vouched for is gone with the failed commit. Per-stream ownership: when another
+        gateway took the stream over (:class:`StreamFenced`; this one forgot it) the publishers hear
+        nothing from here and retry, reaching the new owner, as clients of a JetStream stream whose
+        leader changed time out: an error would say the stream failed them."""
+        if not isinstance(exc, StreamFenced):
+            err = _store_failed(exc)
+            for reply, _body in run.acks:
+                self._reply_error(reply, run.stream, err)
         for batch_id in run.fast_batches:
             self.fast.drop(run.stream.name, batch_id)
 
@@ -499,7 +504,9 @@ class PublishPath:
             return
 
         def answer(exc: BaseException | None) -> None:
-            if exc is not None:
+            if isinstance(exc, StreamFenced):
+                pass  # silent, as the run's own publishers (_fail_answers)
+            elif exc is not None:
                 self._reply_error(reply, stream, _store_failed(exc))
             else:
                 self.leaf.publish(reply, body)

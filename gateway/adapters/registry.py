@@ -6,8 +6,9 @@ survives a crash; the leaf is told of new stream subjects only after that.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
+from operator import attrgetter
 from typing import Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
@@ -26,6 +27,7 @@ from storage_delta.tables.scope import Quarantine
 ROUTE_CACHE_SIZE = 100_000
 
 _MISS = object()
+_CHANGE_STREAM = attrgetter("stream")
 
 
 class Subscriptions(Protocol):
@@ -72,8 +74,20 @@ class Registry:
         #: requests that arrive while a commit is in flight share the next one. A failed commit
         #: fails its requests; nothing was changed in memory before it, so nothing rolls back.
         self.catalog_loop: CommitLoop[CatalogChange] = CommitLoop(
-            "catalog", executor, catalog.commit, catalog.committed_version, lambda _rows, _exc: None
+            "catalog",
+            executor,
+            catalog.commit,
+            catalog.committed_version,
+            lambda _rows, _exc: None,
+            stream_of=_CHANGE_STREAM,
         )
+        self._per_stream = catalog.per_stream
+        #: Per-stream ownership (#19): makes this gateway the owner of a stream it is about to
+        #: create (its lease claimed and every table fenced, then what the store holds of the
+        #: stream installed: another gateway may have created it meanwhile), before the create's
+        #: catalog commit, which the appender refuses for a stream not held. A no-op for a stream
+        #: held already. None: the gateway owns the whole store.
+        self.claim: Callable[[str], Awaitable[None]] | None = None
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.consumer_removed: Signal[[Consumer]] = Signal()
@@ -132,10 +146,12 @@ class Registry:
         self._route_cache[subject] = found
         return found
 
-    def _subjects_changed(self, name: str, old: Sequence[str], new: Sequence[str]) -> None:
+    def _subjects_changed(
+        self, name: str, old: Sequence[str], new: Sequence[str], listen: bool = True
+    ) -> None:
         """Stream ``name`` was added, updated or deleted: route its subjects anew and tell the
         server which subjects the gateway listens to (a deleted stream's subjects get no responders
-        again)."""
+        again; ``listen`` False: not yet, :meth:`listen` will)."""
         self._route_cache.clear()
         for subject in old:
             self.subject_index.remove(subject, name)
@@ -143,8 +159,14 @@ class Registry:
                 self._subscriptions.unsubscribe(subject)
         for subject in new:
             self.subject_index.add(subject, name)
-            if subject not in old:
+            if subject not in old and listen:
                 self._subscriptions.subscribe(subject)
+
+    def listen(self, stream: Stream) -> None:
+        """Subscribe the subjects of a stream installed with ``listen=False`` (a stream claimed
+        mid-life: its publishes must not reach it before it is recovered)."""
+        for subject in stream.subjects:
+            self._subscriptions.subscribe(subject)
 
     def listed_consumers(self, stream: str) -> list[Consumer]:
         """A stream's consumers as its listings and ``consumer_count`` show them, sorted by name:
@@ -164,14 +186,16 @@ class Registry:
         """Make ``changes`` durable, in one catalog commit with whatever other requests persist
         meanwhile (the commit loop's group commit)."""
         self.catalog_loop.pending.extend(changes)
-        done = self.catalog_loop.queued(sync=True, added=len(changes))
+        # per stream: a request's changes are of one stream, whose fence alone fails them
+        stream = changes[0].stream if self._per_stream and changes else None
+        done = self.catalog_loop.queued(sync=True, added=len(changes), stream=stream)
         assert done is not None
         await done
 
-    def install_stream(self, config: StreamConfig, created_ns: int) -> Stream:
+    def install_stream(self, config: StreamConfig, created_ns: int, listen: bool = True) -> Stream:
         stream = Stream(config, created_ns, self._tail_cache_bytes)
         self.streams[stream.name] = stream
-        self._subjects_changed(stream.name, (), stream.subjects)
+        self._subjects_changed(stream.name, (), stream.subjects, listen)
         consumers = self.consumers.setdefault(stream.name, {})
 
         def removed(seq: int, subject: str) -> None:
@@ -196,6 +220,10 @@ class Registry:
         return consumer
 
     async def add_stream(self, config: StreamConfig, created_ns: int) -> Stream:
+        if self.claim is not None:
+            await self.claim(config.name)
+            if config.name in self.streams:  # created by another gateway before this claim
+                raise errors.STREAM_NAME_EXISTS
         await self._persist_stream(config, {"config": to_json(config), "created": created_ns})
         stream = self.install_stream(config, created_ns)
         self.stream_added.emit(stream)
@@ -292,6 +320,22 @@ class Registry:
             self._create_rows.pop(gone, None)
             self.consumer_removed.emit(gone)
             self.recorder.deleted(gone)
+        self._subjects_changed(stream.name, stream.subjects, ())
+
+    def forget_stream(self, stream: Stream) -> None:
+        """A stream another gateway now owns (per-stream ownership, #19) leaves this one without a
+        trace in the tables (they are the new owner's): its consumers' waiting pull requests are
+        dropped unanswered (their clients time out and ask again, reaching the new owner; a
+        ``409 Consumer Deleted`` would be a wrong answer), its subjects are unsubscribed."""
+        if self.streams.get(stream.name) is not stream:
+            return
+        del self.streams[stream.name]
+        stream.end()
+        self.stream_removed.emit(stream)
+        for gone in self.consumers.pop(stream.name, {}).values():
+            gone.waiting.clear()
+            self._create_rows.pop(gone, None)
+            self.consumer_removed.emit(gone)
         self._subjects_changed(stream.name, stream.subjects, ())
 
     def rollback(self, stream_names: set[str]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from gateway.adapters.publish import PublishPath
@@ -24,6 +25,7 @@ from gateway.adapters.registry import Registry
 from gateway.api.timefmt import now_ns
 from gateway.engine.stream import Stream
 from gateway.runtime.timers import Timers
+from storage_delta.commit.owner import LeftOutThenFailed, StreamFenced
 from storage_delta.tables.removals import Removal, RemovalLog
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class RemovalRecorder:
         registry.stream_removed.connect(self._stream_removed)
         self._publish: PublishPath | None = None
         self._expiry: Timers[Stream] | None = None  # while ``run`` runs
+        #: Told of the streams a removal commit found fenced (per-stream ownership).
+        self.on_stream_fenced: Callable[[frozenset[str]], None] | None = None
 
     async def flush(self) -> None:
         """Make every removal so far durable; raises when the commit fails (they are retried)."""
@@ -55,8 +59,25 @@ class RemovalRecorder:
             if not self._unwritten:
                 return
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self.executor, self.log.append, self._unwritten)
+            try:
+                left_out = await loop.run_in_executor(self.executor, self.log.append, self._unwritten)
+            except LeftOutThenFailed as exc:  # the other streams' rows are retried, not these
+                self._left_out(exc.streams)
+                raise
             self._unwritten = []
+            if left_out:
+                self._left_out(left_out)
+                raise StreamFenced(left_out)
+
+    def _left_out(self, streams: frozenset[str]) -> None:
+        """Per-stream ownership: a newer owner fenced ``streams`` in the removal log. Their
+        removals are dropped (the new owner recovered the stream without them and applies the
+        limits again), the streams leave this gateway (``on_stream_fenced``), before any index
+        snapshot of them could be written without the removal it omits (docs/architecture.md,
+        protocol item 2), and whoever waited for this flush hears the error."""
+        self._unwritten = [r for r in self._unwritten if r.stream not in streams]
+        if self.on_stream_fenced is not None:
+            self.on_stream_fenced(streams)
 
     async def run(self, publish: PublishPath) -> None:
         """The owned task: expiry timers for every stream while it runs (they stop with it), and
@@ -73,6 +94,8 @@ class RemovalRecorder:
                 self._queued.clear()
                 try:
                     await self.flush()
+                except StreamFenced:
+                    pass  # those streams left this gateway; the others' removals landed
                 except Exception:
                     log.exception("recording removals failed; retrying")
                     self._queued.set()

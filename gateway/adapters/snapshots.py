@@ -44,8 +44,12 @@ class Snapshots:
         executor: Executor,
         interval_s: float,
         min_new: int,
+        prune: bool = True,
     ) -> None:
+        """``prune``: whether the snapshots of streams not served here are removed (a gateway
+        that owns the whole store; per-stream ownership leaves them to their owners)."""
         self.interval_s = interval_s
+        self.prune = prune
         self.min_new = min_new
         self.registry = registry
         self.recorder = recorder
@@ -89,6 +93,9 @@ class Snapshots:
             if not copies:
                 return 0
             await self.recorder.flush()  # every removal the copies show is durable from here on
+            # per stream: none of a stream another gateway took meanwhile (its last removals may
+            # be in no table, docs/architecture.md, protocol item 2)
+            copies = [(name, snapshot) for name, snapshot in copies if name in self.registry.streams]
             for name, snapshot in copies:
                 await loop.run_in_executor(self.executor, index_snapshot.write, self.root, name, snapshot)
                 self._taken[name] = (snapshot.created, snapshot.through)
@@ -96,7 +103,8 @@ class Snapshots:
                     log.warning("index snapshot of %s written again over the damaged one", name)
             live = {s.name for s in streams} | set(self.registry.quarantine.streams)  # offline: kept
             self._taken = {name: taken for name, taken in self._taken.items() if name in live}
-            await loop.run_in_executor(self.executor, index_snapshot.remove_others, self.root, live)
+            if self.prune:
+                await loop.run_in_executor(self.executor, index_snapshot.remove_others, self.root, live)
             return len(copies)
 
     async def run(self) -> None:

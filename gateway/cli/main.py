@@ -9,6 +9,7 @@ import gc
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import signal
 import sys
 import types
@@ -24,11 +25,16 @@ from spark_jobs import cli as jobs_cli
 from storage_delta.format.settings import SettingsError
 
 if TYPE_CHECKING:
+    from gateway.monitor.app import MonitorServer
+    from gateway.service.gateway import Gateway
     from gateway.service.ownership import Ownership
 
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 GC_GEN0_THRESHOLD = 50_000  # allocations between young collections (CPython default: 700)
+#: Internal switch to per-stream ownership (#19) while it is incomplete; off by default. In the
+#: end no setting selects it (several gateways on one store share the streams by themselves).
+PER_STREAM_SWITCH = "JETLAKE_PER_STREAM"
 
 
 class PandasUnavailable(importlib.abc.MetaPathFinder):
@@ -100,11 +106,14 @@ async def serve(settings: Settings) -> int:
     await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
     announcing = asyncio.create_task(ownership.announce(), name="announce")
     try:
-        while not stop.is_set():
-            if not await _first(ownership.acquire(), stop.wait()):
-                break  # stopped while standing by
-            if not await _serve_once(settings, ownership, stop, monitor_stack):
-                break
+        if os.environ.get(PER_STREAM_SWITCH) == "1":
+            await _serve_per_stream(settings, ownership, stop, monitor_stack)
+        else:
+            while not stop.is_set():
+                if not await _first(ownership.acquire(), stop.wait()):
+                    break  # stopped while standing by
+                if not await _serve_once(settings, ownership, stop, monitor_stack):
+                    break
     finally:
         if monitor_stack is not None:
             await monitor_stack  # a thread's import cannot be cut short; its error surfaces here
@@ -143,39 +152,16 @@ async def _serve_once(
 
     holding = asyncio.create_task(ownership.hold(), name="owner-lease")
     gateway = Gateway(settings, ownership)
-    monitor_task: asyncio.Task[None] | None = None
-    uv_server = None
+    monitor = None
     lost = False
     try:
         await gateway.start()
         _tune_gc()
-        if monitor_stack is not None:
-            await monitor_stack
-            import uvicorn
-
-            from gateway.monitor.app import MonitorServer, build_app
-
-            if not settings.monitor_token and settings.monitor_host not in LOOPBACK:
-                log.warning(
-                    "monitor on %s without a monitor_token: anyone who reaches it can read it",
-                    settings.monitor_host,
-                )
-            config = uvicorn.Config(
-                build_app(gateway),
-                host=settings.monitor_host,
-                port=settings.monitor_port,
-                log_level="warning",
-                lifespan="off",
-            )
-            uv_server = MonitorServer(config)
-            monitor_task = asyncio.create_task(uv_server.serve(), name="monitor")
+        monitor = await _start_monitor(settings, gateway, monitor_stack)
         print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
         lost = not await _first(stop.wait(), ownership.lost.wait())
     finally:
-        if uv_server is not None and monitor_task is not None:
-            uv_server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await monitor_task
+        await _stop_monitor(monitor)
         await gateway.close(lost)
         holding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -185,6 +171,74 @@ async def _serve_once(
     if lost:
         print("jetlake lost the store to another gateway; standing by", flush=True)
     return lost
+
+
+async def _serve_per_stream(
+    settings: Settings, ownership: Ownership, stop: asyncio.Event, monitor_stack: asyncio.Task[None] | None
+) -> None:
+    """Per-stream ownership (#19; internal while incomplete, ``JETLAKE_PER_STREAM=1``): serve the
+    streams placed on this gateway until ``stop``, standing by for the store lease meanwhile,
+    whose holder places the streams (:mod:`gateway.service.placing`)."""
+    from gateway.service.gateway import Gateway
+    from gateway.service.placing import Placing
+
+    gateway = Gateway(settings, ownership, per_stream=True)
+    monitor = None
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await gateway.start()
+        _tune_gc()
+        placing = Placing(ownership, gateway)
+        tasks = [
+            asyncio.create_task(placing.lead(), name="meta-owner"),
+            asyncio.create_task(placing.follow(), name="placement-follower"),
+        ]
+        monitor = await _start_monitor(settings, gateway, monitor_stack)
+        where = f"domain {settings.domain!r} per stream, data in {settings.data_root}"
+        print(f"jetlake serving {where}", flush=True)
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stop_monitor(monitor)
+        await gateway.close()
+        await ownership.release()
+
+
+async def _start_monitor(
+    settings: Settings, gateway: Gateway, monitor_stack: asyncio.Task[None] | None
+) -> tuple[MonitorServer, asyncio.Task[None]] | None:
+    """The monitor of a started gateway, once its ``monitor_stack`` is imported (None: off)."""
+    if monitor_stack is None:
+        return None
+    await monitor_stack
+    import uvicorn
+
+    from gateway.monitor.app import MonitorServer, build_app
+
+    if not settings.monitor_token and settings.monitor_host not in LOOPBACK:
+        log.warning(
+            "monitor on %s without a monitor_token: anyone who reaches it can read it",
+            settings.monitor_host,
+        )
+    config = uvicorn.Config(
+        build_app(gateway),
+        host=settings.monitor_host,
+        port=settings.monitor_port,
+        log_level="warning",
+        lifespan="off",
+    )
+    server = MonitorServer(config)
+    return server, asyncio.create_task(server.serve(), name="monitor")
+
+
+async def _stop_monitor(monitor: tuple[MonitorServer, asyncio.Task[None]] | None) -> None:
+    if monitor is not None:
+        server, task = monitor
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _tune_gc() -> None:

@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from gateway.adapters.archives import PREFIX as ARCHIVE_PREFIX
 from gateway.adapters.archives import Archives
@@ -27,6 +28,7 @@ from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.adapters.sourcing import LINK_PREFIX, Sourcing
 from gateway.handlers.router import STREAM_TOKEN, Api, split_api_subject
+from gateway.service.gathering import PREFIX as GATHERING_PREFIX
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
 
@@ -80,6 +82,12 @@ class LinkDispatcher:
         #: Requests waiting or running, bounded by ``API_QUEUE_SIZE``.
         self._api_waiting = 0
         self.api_dropped = 0
+        #: Per-stream ownership (#19): whether this gateway answers what names a stream (None: the
+        #: account-wide API); every gateway hears every request, and only one may answer it. None:
+        #: the gateway owns the whole store and answers everything.
+        self.answers: Callable[[str | None], bool] | None = None
+        #: Per-stream ownership: the gathering of account-wide answers (``service.gathering``).
+        self.on_gathering: Callable[[Msg], None] | None = None
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
 
@@ -101,14 +109,26 @@ class LinkDispatcher:
         self._publish.accept_queued()  # what this message sees or changes comes after them
         if is_api:
             self._api_request(msg)
-        elif subject.startswith("$JS.ACK."):
-            delivery.on_ack(subject, msg.reply, msg.data)
+        else:
+            self._on_other(msg)
+
+    def _on_other(self, msg: Msg) -> None:
+        """A ``$`` subject outside the API: an ack, a flow-control reply, a sourcing link's or an
+        archive's message, a gathering's; else a publish to a stream subject."""
+        subject = msg.subject
+        if subject.startswith("$JS.ACK."):
+            if self._answers_for(subject):
+                self._delivery.on_ack(subject, msg.reply, msg.data)
         elif subject.startswith("$JS.FC."):
-            delivery.on_flow_control(subject, msg.hdrs)
+            if self._answers_for(subject):
+                self._delivery.on_flow_control(subject, msg.hdrs)
         elif subject.startswith(LINK_PREFIX):
             self._sourcing.on_link_msg(msg)
         elif subject.startswith(ARCHIVE_PREFIX):
             self._archives.on_msg(msg)
+        elif subject.startswith(GATHERING_PREFIX):
+            if self.on_gathering is not None:
+                self.on_gathering(msg)
         else:
             self._publish.on_publish(msg)
 
@@ -129,8 +149,19 @@ class LinkDispatcher:
 
     # ---- API requests -----------------------------------------------------------------------------
 
+    def _answers_for(self, subject: str) -> bool:
+        """Whether an ack or flow-control reply (``$JS.ACK.<stream>.…``, ``$JS.FC.<stream>.…``) is
+        this gateway's to take: another gateway's stream's would get "no responders" here. An ack
+        subject of the newer form names the domain and account hash first."""
+        if self.answers is None:
+            return True
+        toks = subject.split(".")
+        return self.answers(toks[4] if toks[1] == "ACK" and len(toks) >= 11 else toks[2])
+
     def _api_request(self, msg: Msg) -> None:
         toks = split_api_subject(msg.subject, self.api_prefix) or []
+        if self.answers is not None and not self.answers(lane_of(toks)):
+            return  # another gateway's to answer
         if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return

@@ -14,8 +14,11 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.archives import Archives
@@ -36,16 +39,17 @@ from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
 from gateway.engine.stream import Stream
 from gateway.handlers.router import Api
-from gateway.handlers.streams import StreamApi
+from gateway.handlers.streams import Others, StreamApi, Usage
 from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
-from gateway.service.ownership import Ownership
+from gateway.service.gathering import Gathering
+from gateway.service.ownership import Ownership, StreamClaims
 from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
 from storage_delta.commit.durable import Unsynced, flush_every
-from storage_delta.commit.owner import Fenced
+from storage_delta.commit.owner import Fenced, StreamFenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
@@ -78,9 +82,15 @@ class Core:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, ownership: Ownership | None = None) -> None:
+    def __init__(
+        self, settings: Settings, ownership: Ownership | None = None, per_stream: bool = False
+    ) -> None:
         """``ownership``: the lease this gateway holds the store under (its epoch fences every
-        table it writes); None for a root outside the lease (an object store)."""
+        table it writes); None for a root outside the lease (an object store). ``per_stream``
+        (#19, docs/perstream-status.md; needs ``ownership``, whose lease and name it claims
+        streams under): the gateway serves only the streams it claims (:meth:`claim`, and a
+        create), each fenced on its own in every table; the store's epoch fences none of them and
+        makes its holder the meta owner (:attr:`meta`). Otherwise it serves the whole store."""
         self.settings = settings
         self.ownership = ownership
         sync_s = settings.sync_seconds
@@ -93,10 +103,27 @@ class Gateway:
             settings.storage_options or None,
             fsync=sync_s is None,
             unsynced=Unsynced() if self.flush_s is not None else None,
-            epoch=ownership.epoch if ownership is not None else None,
+            epoch=ownership.epoch if ownership is not None and not per_stream else None,
             log_retention_s=settings.log_retention_ms / 1000,
         )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
+        claims = None
+        if per_stream:
+            assert ownership is not None, "per-stream ownership claims under the store's lease"
+            claims = StreamClaims(ownership.lease, ownership.name, self.root, self.executor)
+            ownership.listening = True
+        #: Per stream: the stream leases this gateway holds (None: it serves the whole store).
+        self.claims = claims
+        #: Per stream: whether this gateway holds the store lease, which makes it the answerer of
+        #: the account-wide API and of streams placed on no gateway (``gateway.service.placing``).
+        self.meta = False
+        #: Per stream: the placement last followed (stream → gateway name).
+        self.placement: dict[str, str] = {}
+        self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
+        #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.
+        self._recovering: set[str] = set()
+        #: Per stream: the account-wide answers' gathering (set at start).
+        self._gathering: Gathering | None = None
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -106,6 +133,9 @@ class Gateway:
         #: Set once :meth:`start` has built and started every part.
         self.core: Core | None = None
         self.sourcing: Sourcing | None = None
+        #: Per-stream ownership: the tables a claim fences (every table a stream's rows go to).
+        self._tables: tuple[MessageTable, CatalogTable, RemovalLog, AckLogTable] | None = None
+        self._stop_dropping: Callable[[], None] | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -118,14 +148,17 @@ class Gateway:
         check = await loop.run_in_executor(self.executor, check_at_start, self.root)
         phases.append(time.monotonic())
         self.store_damage = check.problems
+        held = self.claims.held if self.claims is not None else None
+        #: None: every stream of the store; per stream, none until claimed
+        only: set[str] | None = set() if self.claims is not None else None
         try:
             # The tables are fenced and loaded side by side: on an object store each is a few
             # round trips, which a takeover would otherwise wait for one table after another.
             table, catalog, removal_log, acks = await asyncio.gather(
-                loop.run_in_executor(self.executor, MessageTable, self.root),
-                loop.run_in_executor(self.executor, CatalogTable, self.root),
-                loop.run_in_executor(self.executor, RemovalLog, self.root),
-                loop.run_in_executor(self.executor, AckLogTable, self.root),
+                loop.run_in_executor(self.executor, partial(MessageTable, self.root, streams=held)),
+                loop.run_in_executor(self.executor, partial(CatalogTable, self.root, streams=held)),
+                loop.run_in_executor(self.executor, RemovalLog, self.root, held),
+                loop.run_in_executor(self.executor, partial(AckLogTable, self.root, streams=held)),
             )
         except Exception:
             if self.store_damage:  # e.g. a damaged checkpoint whose log entries have expired
@@ -133,9 +166,11 @@ class Gateway:
             raise
         phases.append(time.monotonic())
         # The streams' logical state loads while the ack log does (both only read, after the fence).
-        stored = loop.run_in_executor(self.executor, load_store_state, self.root, check.offline)
+        stored = loop.run_in_executor(
+            self.executor, partial(load_store_state, self.root, check.offline, only=only)
+        )
         try:
-            history = await loop.run_in_executor(self.executor, acks.load)
+            history = await loop.run_in_executor(self.executor, acks.load, only)
         except Exception:
             stored.cancel()
             if self.store_damage:  # a damaged file of the ack log that delta-rs cannot decode
@@ -161,6 +196,7 @@ class Gateway:
             self.executor,
             settings.index_snapshot_interval_ms / 1000,
             settings.index_snapshot_min_new,
+            prune=self.claims is None,  # per stream, the other streams' snapshots are their owners'
         )
         await acklog.start()
         await registry.start()
@@ -190,19 +226,20 @@ class Gateway:
             leaf,
             self._publish_event,
         )
+        stream_api = StreamApi(
+            registry,
+            MessageLoader(self.reader, self.executor),
+            recorder,
+            self._publish_event,
+            settings.domain,
+            archives,
+            lambda: writer.running,
+            sourcing.info,
+            self._gateways,
+        )
         api = Api(
             registry,
-            StreamApi(
-                registry,
-                MessageLoader(self.reader, self.executor),
-                recorder,
-                self._publish_event,
-                settings.domain,
-                archives,
-                lambda: writer.running,
-                sourcing.info,
-                self._gateways,
-            ),
+            stream_api,
             self.cold.first_seq_at,
             self._publish_event,
             leaf.interest,
@@ -239,7 +276,20 @@ class Gateway:
             self.tasks.own(compactor.run(publish), "compaction")
         self.core = core
         self.sourcing = sourcing
-        if self.ownership is not None:  # before anything is copied, read or committed
+        if self.claims is not None:  # per stream: a fenced commit drops its streams, not the store
+            self._tables = (table, catalog, removal_log, acks)
+            for fenced_by in (writer.loop, acklog.loop, registry.catalog_loop, recorder):
+                fenced_by.on_stream_fenced = self.claims.drop
+            self._stop_dropping = self.claims.dropped.connect(self._dropped)
+            registry.claim = self._claim_new
+            dispatcher.answers = self.answers
+            leaf.admits = self._admits
+            assert self.ownership is not None
+            self._gathering = Gathering(settings.domain, self.ownership.name, leaf, stream_api.summary)
+            self._gathering.subscribe()
+            dispatcher.on_gathering = self._gathering.on_msg
+            stream_api.others = self._others
+        elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
         sourcing.start()
@@ -254,16 +304,148 @@ class Gateway:
             ", ".join(took),
         )
 
+    async def claim(self, name: str) -> bool:
+        """Per-stream ownership: take stream ``name`` over and serve it. Its next epoch is claimed
+        and fenced in every table before anything of it is read (:meth:`StreamClaims.claim`),
+        then it is recovered from what was read as at a start (:meth:`_recover`) and its subjects
+        are subscribed. False when another gateway claimed that epoch first (nothing held), or a
+        newer one while it recovered (nothing served); :class:`StreamFenced` when a newer one was
+        claimed before its fences."""
+        core, claims, tables = self.core, self.claims, self._tables
+        assert core is not None, "started"
+        assert claims is not None, "per stream"
+        assert tables is not None, "per stream, started"
+        claimed = await claims.claim(name, tables, tables[3])
+        if claimed is None:
+            return False
+        # the previous owner's rows of the stream's consumers stay below this writer's
+        core.acklog.continue_above(claimed.acks.max_lsn)
+        self._recovering.add(name)
+        try:
+            recovered = await self._recover(core.registry, core.snapshots, claimed.acks, claimed.state)
+        finally:
+            self._recovering.discard(name)
+        for stream in recovered:
+            if claims.held.epoch(stream.name) != claimed.epoch:
+                # a newer owner claimed it while it recovered (the drop found nothing installed
+                # yet): served here it would take publishes that no commit may store
+                core.registry.forget_stream(stream)
+                return False
+            core.registry.listen(stream)  # its publishes from now on
+            core.recorder.changed(stream)  # its expiry timer and delete markers
+            core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
+            for consumer in core.registry.consumers.get(stream.name, {}).values():
+                core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
+        return True
+
+    def answers(self, stream: str | None) -> bool:
+        """Per stream: whether this gateway answers what names ``stream`` (None: the account-wide
+        API). Every gateway hears every API request, ack and flow-control reply, so exactly one
+        must answer: the stream's owner; the meta owner answers the account-wide API and names no
+        gateway is placed on (a create, a stream that does not exist). A stream placed on a
+        gateway that has not claimed it yet gets no answer: its clients time out and ask again."""
+        core = self.core
+        if stream in self._recovering:
+            return False  # claimed, not yet recovered
+        if stream is not None and core is not None and stream in core.registry.streams:
+            return True
+        return self.meta and (stream is None or stream not in self.placement)
+
+    def _admits(self) -> bool:
+        """Per stream, ``LeafConnection.admits``: what the link reads is served while this
+        gateway's last announcement is less than a lease old (no meta owner can have placed its
+        streams elsewhere). Older (a pause, a stalled loop), the held streams' leases are looked
+        at first (on this slow path only) and those another gateway claimed meanwhile are dropped,
+        so nothing is answered from a state their new owner has moved on from. A stream whose
+        lease is still this gateway's may be served: no other gateway has written it."""
+        ownership, claims = self.ownership, self.claims
+        assert ownership is not None, "per stream"
+        assert claims is not None, "per stream"
+        now = time.monotonic()
+        if now - max(ownership.announced_at, self._leases_checked) < ownership.lease_s:
+            return True
+        held = claims.held
+        taken = frozenset(s for s in held.streams() if ownership.lease.stream_current(s) != held.epoch(s))
+        if taken:
+            claims.drop(taken)
+        self._leases_checked = now
+        return True
+
+    async def _others(self) -> Others:
+        """Per stream, ``StreamApi.others``: the other live gateways' streams and usage, gathered;
+        the streams placed on a gateway that did not answer in time are ``missing``."""
+        assert self._gathering is not None, "per stream, started"
+        assert self.ownership is not None, "per stream"
+        answers = await self._gathering.gather([name for name, _ in self.ownership.gateways().standbys])
+        streams: dict[str, Mapping[str, Any]] = {}
+        usage = Usage()
+        for answer in answers.values():
+            usage += Usage(**answer["usage"])
+            for info in answer["streams"]:
+                streams.setdefault(str(info["config"]["name"]), info)  # one moving: either view
+        me = self.ownership.name
+        missing = sorted(
+            s for s, g in self.placement.items() if g != me and g not in answers and s not in streams
+        )
+        return Others(tuple(streams.values()), usage, tuple(missing))
+
+    async def release(self, name: str) -> None:
+        """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then
+        it is no longer served, what was queued for it is committed (its publishers answered),
+        and its lease let go (``Lease.release_stream``: the next owner need not wait a lease). The
+        next owner's claim fences it in any case."""
+        core, claims = self.core, self.claims
+        assert core is not None, "started"
+        assert claims is not None, "per stream"
+        stream = core.registry.streams.get(name)
+        if stream is not None:
+            try:
+                await core.recorder.flush()
+            except Exception:  # the next owner applies the limits again at its recovery
+                log.exception("recording removals before handing %s over failed", name)
+            core.registry.forget_stream(stream)
+        for loop in (core.writer.loop, core.acklog.loop, core.registry.catalog_loop):
+            try:
+                await loop.flush()
+            except Exception as exc:  # their waiters heard it; the fence keeps the table right
+                log.warning("the %s commits before handing %s over failed: %s", loop.name, name, exc)
+        epoch = claims.held.epoch(name)
+        claims.held.drop(name)
+        if epoch is not None and self.ownership is not None:  # the next owner claims at once
+            await asyncio.to_thread(self.ownership.lease.release_stream, name, epoch)
+        log.info("stream %s handed over", name)
+
+    async def _claim_new(self, name: str) -> None:
+        """``Registry.claim``: this gateway owns a stream before the catalog commit creating it
+        (a no-op for a stream held). Another gateway claiming it at once leaves the request
+        unanswered (the client times out and asks again), as :class:`StreamFenced`."""
+        assert self.claims is not None
+        if self.claims.held.epoch(name) is None and not await self.claim(name):
+            raise StreamFenced(frozenset({name}))
+
+    def _dropped(self, names: frozenset[str]) -> None:
+        """``StreamClaims.dropped``: a newer owner fenced these streams; they leave this gateway
+        (registry, subjects, timers, consumers) without a trace in the tables, which are theirs."""
+        if self.core is None:
+            return
+        for name in names:
+            stream = self.core.registry.streams.get(name)
+            if stream is not None:
+                self.core.registry.forget_stream(stream)
+
     async def _recover(
         self, registry: Registry, snapshots: Snapshots, history: AckLog, recovered: StoreState
-    ) -> None:
+    ) -> list[Stream]:
         """Rebuild streams and consumers from the catalog, and stream state from the messages and
         removals tables; then the limits apply again (they remove what they removed before a crash
         that came before the removal was recorded). Consumers' state comes from the ack log,
         ephemeral ones' too: as on the real server with file storage, they come back and go after
-        their ``inactive_threshold`` unless someone uses them."""
+        their ``inactive_threshold`` unless someone uses them. Returns the streams installed (all
+        of them at a start; per stream, the one claimed, if it is live)."""
         loop = asyncio.get_running_loop()
-        registry.quarantine = recovered.quarantine
+        registry.quarantine.streams.update(recovered.quarantine.streams)
+        registry.quarantine.ranges += recovered.quarantine.ranges
+        installed: list[Stream] = []
         self.store_damage += recovered.problems
         for problem in recovered.problems:
             log.error("%s", problem)
@@ -273,7 +455,9 @@ class Gateway:
         for entry in recovered.entries:
             if entry.kind == "stream":
                 config = from_json(StreamConfig, entry.body["config"])
-                stream = registry.install_stream(config, int(entry.body["created"]))
+                # claimed mid-life: its publishes reach it once it is recovered (``claim``)
+                stream = registry.install_stream(config, int(entry.body["created"]), self.claims is None)
+                installed.append(stream)
                 now = now_ns()
                 since = headers_since(stream.config, stream.created_ns, now)
                 stored, through, damage = await loop.run_in_executor(
@@ -312,6 +496,7 @@ class Gateway:
                     cstate.skip if logged else list(entry.body.get("skip") or ()),
                 )
                 consumer.restore(cstate)
+        return installed
 
     async def _restore_lost(self, stream: Stream) -> None:
         """A damaged data file's messages are lost, as JetStream's file store loses the records of a
@@ -350,8 +535,7 @@ class Gateway:
         core = self.core
         if lost:
             self.step_down()
-        if self.sourcing is not None:
-            self.sourcing.close()  # no copy starts after this; the ones in flight finish or fail
+        self._stop_taking()
         if core is not None:
             for stream in core.registry.streams.values():
                 for subject in stream.subjects:
@@ -374,6 +558,14 @@ class Gateway:
         if core is not None:
             await core.leaf.close()
         self.executor.shutdown(wait=True)
+
+    def _stop_taking(self) -> None:
+        """No stream comes or goes and no copy starts from here on (the copies in flight finish
+        or fail)."""
+        if self._stop_dropping is not None:
+            self._stop_dropping()
+        if self.sourcing is not None:
+            self.sourcing.close()
 
     @staticmethod
     async def _leave_state(core: Core) -> None:

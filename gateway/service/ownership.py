@@ -19,9 +19,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from functools import partial
 
 from gateway.api.responses import Gateways
+from gateway.runtime.signals import Signal
+from storage_delta.commit.append import WriterTable
 from storage_delta.commit.lease import Beat, Lease
+from storage_delta.commit.owner import StreamEpochs
+from storage_delta.commit.store import StoreRoot
+from storage_delta.tables.acklog import AckLog, AckLogTable
+from storage_delta.tables.scope import StoreState, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,12 @@ class Ownership:
         #: Set when the store was lost (a newer epoch, or a commit that was fenced).
         self.lost = asyncio.Event()
         self._beaten = 0.0  # time.monotonic() of the last beat
+        #: time.monotonic() of this gateway's last announcement that was written: while less than
+        #: a lease old, no meta owner can have judged it gone (per-stream ownership).
+        self.announced_at = 0.0
+        #: Per-stream ownership: every gateway reads the announcements (it answers its streams'
+        #: ``cluster`` view and replica checks), not only the store's owner.
+        self.listening = False
 
     async def acquire(self) -> int:
         """Stand by until this process claims an epoch; returns it."""
@@ -99,14 +115,16 @@ class Ownership:
         while True:
             try:
                 await asyncio.to_thread(self.lease.announce, self.name)
-                if self.epoch and not self.lost.is_set():
-                    await self._listen()
+                self.announced_at = time.monotonic()
+                if self.listening or (self.epoch and not self.lost.is_set()):
+                    await self.listen()
             except OSError as exc:  # the store is out of reach for now: the next tick tries again
                 log.warning("announcing this gateway failed: %s", exc)
             await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
 
-    async def _listen(self) -> None:
-        """Note which gateways' announcements changed; remove those silent for long."""
+    async def listen(self) -> None:
+        """Note which gateways' announcements changed; remove those silent for long. Every tick
+        (:meth:`announce`), and at once when a per-stream gateway takes the store (placement)."""
         counts = await asyncio.to_thread(self.lease.members)
         now = time.monotonic()
         for name, count in counts.items():
@@ -128,6 +146,11 @@ class Ownership:
         now = time.monotonic()
         live = sorted((name, now - at) for name, (_, at) in self._heard.items() if now - at < self.lease_s)
         return Gateways(self.name, tuple((name, int(quiet * 1e9)) for name, quiet in live))
+
+    def heard(self) -> list[str]:
+        """This gateway and every other whose announcement it has read, live or not yet judged
+        (a meta owner's first lease, per-stream placement)."""
+        return [self.name, *sorted(self._heard)]
 
     def fresh(self) -> bool:
         """Whether what the link reads may be served: the last beat is less than a lease old (no
@@ -151,3 +174,70 @@ class Ownership:
     async def leave(self) -> None:
         """A clean exit: this gateway no longer counts among the live ones."""
         await asyncio.to_thread(self.lease.withdraw, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedStream:
+    """What a gateway reads back of a stream it just claimed and fenced."""
+
+    epoch: int
+    state: StoreState
+    acks: AckLog
+
+
+class StreamClaims:
+    """The stream leases one gateway holds (per-stream ownership, docs/perstream-status.md): the
+    way into a stream is :meth:`claim` (the next epoch of its lease, held, then fenced in every
+    table the gateway writes, and only then the stream read back), the way out :meth:`drop`, which
+    the commit loops call when a commit found a stream fenced (``on_stream_fenced``). Which streams
+    to claim is placement's call (:mod:`gateway.service.placement`), not this class's: it claims
+    whatever it is asked to, one epoch above the lease's newest, so a paused holder is fenced.
+
+    :attr:`held` is shared with the tables' appenders, built with ``streams=claims.held``."""
+
+    def __init__(self, lease: Lease, name: str, root: StoreRoot, executor: Executor) -> None:
+        self.lease = lease
+        self.name = name
+        self.root = root
+        self.executor = executor
+        self.held = StreamEpochs()
+        #: Told of the streams this gateway no longer owns (a newer owner fenced them), after they
+        #: left :attr:`held`: whoever serves them stops (registry, leaf subscriptions).
+        self.dropped: Signal[[frozenset[str]]] = Signal()
+
+    async def claim(
+        self, stream: str, tables: Sequence[WriterTable], acks: AckLogTable
+    ) -> ClaimedStream | None:
+        """Claim ``stream``: the next epoch of its lease (None when another gateway claimed that
+        epoch first), held, fenced in each of ``tables`` (every table this gateway writes the
+        stream's rows to, ``acks`` among them) before anything of it is read, then the stream's
+        definitions, logical state and consumers' ack history read back (the messages' index is
+        the caller's, as at a start). :class:`StreamFenced` when a newer epoch was claimed
+        meanwhile (then the stream is not held)."""
+        loop = asyncio.get_running_loop()
+        current = await loop.run_in_executor(self.executor, self.lease.stream_current, stream)
+        epoch = current + 1
+        if not await loop.run_in_executor(self.executor, self.lease.claim_stream, stream, epoch, self.name):
+            return None
+        self.held.hold(stream, epoch)
+        # side by side (each a commit, a few round trips on an object store), all awaited
+        fences = (loop.run_in_executor(self.executor, t.fence_stream, stream) for t in tables)
+        failed = [r for r in await asyncio.gather(*fences, return_exceptions=True) if r is not None]
+        if failed:
+            self.held.drop(stream)
+            raise failed[0]
+        log.info("owner of stream %s as its epoch %d", stream, epoch)
+        state, history = await asyncio.gather(
+            loop.run_in_executor(self.executor, partial(load_store_state, self.root, only={stream})),
+            loop.run_in_executor(self.executor, acks.load, {stream}),
+        )
+        return ClaimedStream(epoch, state, history)
+
+    def drop(self, streams: frozenset[str]) -> None:
+        """A commit found ``streams`` fenced: this gateway writes them no more, and says so."""
+        mine = frozenset(s for s in streams if self.held.epoch(s) is not None)
+        for stream in mine:
+            self.held.drop(stream)
+            log.warning("stream %s was taken over by a newer owner; no longer serving it", stream)
+        if mine:
+            self.dropped.emit(mine)

@@ -6,7 +6,9 @@ commits otherwise, because it removes what it read.
 The rules, in the order a commit meets them (docs/storage.md):
 
 * a commit carries the Delta ``txn`` ``(app_id, version)``; ``version`` grows by one per commit of an
-  appender and is recovered from the table (``transaction_version``) when one opens;
+  appender and is recovered from the table (``transaction_version``) when one opens. Fenced per
+  stream (per-stream ownership, docs/perstream-status.md) it carries ``(app_id/<S>, base + version)``
+  for each stream ``S`` it touches instead, and the stream's owner epoch;
 * a version at or below what the table already holds for ``app_id`` is not written again: that is
   how a retry after an error that hid a success (delta-rs #2509) lands once;
 * on a local store root the commit is a blind append through :class:`LocalLogAppender` (put-if-absent
@@ -26,18 +28,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction
 
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
 from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
-from storage_delta.commit.owner import OWNER_APP, check_epoch
+from storage_delta.commit.owner import OWNER_APP, StreamEpochs, StreamFenced, check_epoch, stream_owner_app
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -76,17 +79,29 @@ class TableAppender:
         checkpoint_every: int = 100,
         retries: int = 5,
         log_keep_entries: int | None = None,
+        streams: StreamEpochs | None = None,
     ) -> None:
         self.root = root
         self.spec = spec
         self.app_id = app_id
         self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
         local = root.local_path()
-        #: The owner epoch of the store's lease this appender writes under (None: outside it).
-        self.epoch = root.epoch if app_id is not None else None
+        #: The stream leases this appender's writer holds, when each stream has an owner of its own:
+        #: then every commit is fenced per stream (the streams it touches) instead of by the
+        #: store's epoch, which other gateways' commits to the same table do not carry.
+        self.streams = streams
+        #: The owner epoch of the store's lease this appender writes under (None: outside it, or
+        #: fenced per stream).
+        self.epoch = root.epoch if app_id is not None and streams is None else None
         self._local = (
             LocalLogAppender(
-                f"{local}/{spec.name}", self.dt.version() + 1, root.fsync, root.unsynced, self.epoch
+                f"{local}/{spec.name}",
+                self.dt.version() + 1,
+                root.fsync,
+                root.unsynced,
+                self.epoch,
+                streams,
+                self._stream_epoch,
             )
             if local is not None and app_id is not None and blind_appends_allowed(self.dt)
             else None
@@ -95,6 +110,11 @@ class TableAppender:
         self._checkpoint_every = checkpoint_every
         #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
         self._log_keep_entries = log_keep_entries
+        #: Per stream, the epoch this appender fenced it under and the table's version of the
+        #: stream's dedup txn just after (:meth:`fence_stream`): its commits carry ``base +
+        #: version``, so the stream's versions keep growing across owners whatever each writer's
+        #: own count is. A stream held under another epoch than fenced here is not written.
+        self._bases: dict[str, tuple[int, int]] = {}
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -112,15 +132,101 @@ class TableAppender:
         else:
             self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
 
+    def _stream_epoch(self, stream: str) -> int:
+        """``stream``'s owner epoch as of the handle's version, or a newer one: delta-rs reads a
+        snapshot's app transactions from its log entries when first asked, and those of a handle
+        left behind a trim are gone (another writer's checkpoint went past it), so that handle
+        catches up first. A newer version's epoch only refuses sooner what a fence already
+        refuses (it landed before any commit of ours still to come)."""
+        try:
+            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+        except DeltaError:
+            catch_up(self.dt)
+            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+
+    def _check_streams(self, streams: Collection[str]) -> None:
+        """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
+        if self.streams is not None and streams:
+            fenced = self.streams.fenced(streams, self._stream_epoch)
+            if fenced:
+                raise StreamFenced(fenced)
+
+    def fence_stream(self, stream: str) -> None:
+        """Commit ``stream``'s owner epoch (as held in :attr:`streams`) alone, before anything of
+        the stream is read to recover: a writer of an older epoch of it meets the fence on its way
+        to any later version and drops the stream's rows. :class:`StreamFenced` when a newer epoch
+        is there already (the lease moved on again)."""
+        assert self.streams is not None, "fence_stream on an appender fenced by the store's epoch"
+        epoch = self.streams.epoch(stream)
+        if epoch is None:
+            raise StreamFenced(frozenset([stream]))
+        with self._lock:
+            if self._local is not None:
+                self._local.append([], (stream_owner_app(stream), epoch), streams=[stream])
+            else:
+                self._commit_delta_rs([], None, [], [stream])
+            # After the fence no older owner's commit of the stream lands: the table's count of
+            # it is final, and ours goes on above it.
+            catch_up(self.dt)
+            self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
+
+    def dedup_app(self, stream: str) -> str:
+        """The app id of ``stream``'s commits in the table when fenced per stream: the landed
+        check of a commit asks it, and it is continued by each next owner of the stream (one app
+        id per stream, not one per writer: a writer's would add an app id to the table's snapshot
+        for every process ever started)."""
+        assert self.app_id is not None
+        return f"{self.app_id}/{stream}"
+
+    def _txns(self, version: int | None, streams: Collection[str]) -> list[tuple[str, int]]:
+        """The dedup txns a commit of ``version`` carries: ``(app_id, version)``, or fenced per
+        stream one ``(dedup_app(S), base + version)`` per stream ``S`` it touches."""
+        if self.app_id is None or version is None:
+            return []
+        if self.streams is None:
+            return [(self.app_id, version)]
+        return [(self.dedup_app(s), self.stream_version(s, version)) for s in sorted(set(streams))]
+
+    def stream_version(self, stream: str, version: int) -> int:
+        """The version of ``stream``'s dedup txn a commit of ``version`` carries (fenced per stream;
+        the stream fenced by this appender): a table whose rows record their commit's number (the
+        catalog's ``rev``) records this one, which grows across the stream's owners."""
+        return self._bases[stream][1] + version
+
+    def _check_fenced_here(self, streams: Collection[str]) -> None:
+        """:class:`StreamFenced` for the streams of ``streams`` not fenced by this appender under
+        the epoch held now: a writer must fence a stream before it writes it (the count of the
+        stream's dedup txn is taken there)."""
+        if self.streams is not None:
+            unfenced = frozenset(
+                s for s in streams if (b := self._bases.get(s)) is None or b[0] != self.streams.epoch(s)
+            )
+            if unfenced:
+                raise StreamFenced(unfenced)
+
     def committed_version(self) -> int:
-        """The newest version of this appender's app id the table holds (0 before the first).
-        :class:`~storage_delta.commit.owner.Fenced` when a newer owner holds the table: its
+        """The newest version of this appender's app id the table holds (0 before the first);
+        fenced per stream, the newest of this appender's versions among the streams it still
+        holds. :class:`~storage_delta.commit.owner.Fenced` when a newer owner holds the table: its
         versions are not ours, so they must not be taken for commits of ours that landed."""
         if self.app_id is None:
             return 0
         catch_up(self.dt)
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
-        return self.dt.transaction_version(self.app_id) or 0
+        if self.streams is None:
+            return self.dt.transaction_version(self.app_id) or 0
+        # Fenced per stream: the newest of our versions among the streams we still hold (a
+        # fenced stream's count goes on under its new owner and says nothing of ours).
+        held = self.streams.streams()
+        ours = held - self.streams.fenced(held, self._stream_epoch)
+        return max(
+            (
+                (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
+                for s in ours
+                if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
+            ),
+            default=0,
+        )
 
     def transaction_version(self, app_id: str) -> int:
         """The newest version the table holds of another app id (a stream source's position)."""
@@ -133,15 +239,24 @@ class TableAppender:
         return max(self._landed, self.committed_version()) + 1
 
     def append(
-        self, parts: Sequence[Part], version: int | None, more_txns: Sequence[tuple[str, int]] = ()
+        self,
+        parts: Sequence[Part],
+        version: int | None,
+        more_txns: Sequence[tuple[str, int]] = (),
+        streams: Collection[str] = (),
     ) -> None:
         """Write ``parts`` as data files and commit them as one version tagged ``(app_id, version)``.
 
         A version that already landed is not stored again. Without an app id (``version`` None) the
-        append is not idempotent: for rows that are never retried after a reported success."""
+        append is not idempotent: for rows that are never retried after a reported success.
+        ``streams``: the streams whose rows ``parts`` hold, when :attr:`streams` fences per stream;
+        :class:`StreamFenced` names those this writer may no longer commit, and nothing is
+        committed then (the caller commits the rest without them)."""
         with self._lock:
             if version is not None and version <= self._landed:
                 return
+            self._check_fenced_here(streams)
+            self._check_streams(streams)
             # On a root that syncs, the data files (and their directories) are synced together
             # with the log entry, just before it is linked: one round of syncs per commit.
             unsynced: list[str] = []
@@ -149,7 +264,7 @@ class TableAppender:
                 write_data_file(self.root, self.spec.name, partition, rows, later=unsynced)
                 for partition, rows in parts
             ]
-            self._commit(adds, version, more_txns, unsynced)
+            self._commit(adds, version, more_txns, unsynced, streams)
             if version is not None:
                 self._landed = version
             self._commits += 1
@@ -162,22 +277,24 @@ class TableAppender:
         version: int | None,
         more_txns: Sequence[tuple[str, int]],
         unsynced: Sequence[str],
+        streams: Collection[str],
     ) -> None:
         """Commit ``adds``; ``unsynced``: the paths of their files still to be synced before
         anything names them."""
-        if self._local is not None and version is not None and self.app_id is not None:
+        txns = self._txns(version, streams)
+        txn = txns[0] if txns else None
+        more_txns = [*txns[1:], *more_txns]
+        if self._local is not None and txn is not None:
             try:
-                self._local.append(adds, (self.app_id, version), more_txns, unsynced)
+                self._local.append(adds, txn, more_txns, unsynced, streams)
                 return
             except BelowTrim:
                 # Behind a trim: the versions in between are in the checkpoint only. Look again
                 # from there (the owner's fence and our txn are in the snapshot) and go on past it.
-                catch_up(self.dt)
-                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
-                if (self.dt.transaction_version(self.app_id) or 0) >= version:
+                if self._catch_up_landed(txn, streams):
                     return  # it landed before the trim
                 self._local.next_version = self.dt.version() + 1
-                self._local.append(adds, (self.app_id, version), more_txns, unsynced)
+                self._local.append(adds, txn, more_txns, unsynced, streams)
                 return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
@@ -186,24 +303,41 @@ class TableAppender:
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
-                    self._local.append(adds, (self.app_id, version), more_txns, unsynced)
+                    self._local.append(adds, txn, more_txns, unsynced, streams)
                     return
                 self._local = None
         if unsynced:
             sync_together(unsynced)
-        self._commit_delta_rs(adds, version, more_txns)
+        self._commit_delta_rs(adds, txn, more_txns, streams)
+
+    def _catch_up_landed(self, txn: tuple[str, int] | None, streams: Collection[str]) -> bool:
+        """Catch the handle up and say whether it holds ``txn`` (the commit landed; never without
+        a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours."""
+        catch_up(self.dt)
+        check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+        self._check_streams(streams)
+        return txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]
 
     def _commit_delta_rs(
-        self, adds: list[AddAction], version: int | None, more_txns: Sequence[tuple[str, int]]
+        self,
+        adds: list[AddAction],
+        txn: tuple[str, int] | None,
+        more_txns: Sequence[tuple[str, int]],
+        streams: Collection[str] = (),
     ) -> None:
-        txn = (self.app_id, version) if self.app_id is not None and version is not None else None
         if self.epoch is not None and not any(app == OWNER_APP for app, _ in more_txns):
             more_txns = [*more_txns, (OWNER_APP, self.epoch)]
+        if self.streams is not None and streams:
+            # Two commits carrying one stream's owner app id conflict in delta-rs (its check of
+            # the app transactions a commit depends on): a stale writer of a stream loses the
+            # version to the new owner's fence, and the check below judges it by the epoch.
+            more_txns = [*more_txns, *self.streams.txns(streams)]
         before = self.dt.version()
         for attempt in range(self._retries + 1):
             # A handle loaded after a newer owner's fence (hygiene's fresh one) commits on top of it
             # without a conflict: the fence must be looked for in its snapshot first.
             check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+            self._check_streams(streams)
             try:
                 partitions = list(self.spec.partition_by)
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
@@ -212,9 +346,7 @@ class TableAppender:
                 catch_up(self.dt)
                 break
             except CommitConflict:
-                catch_up(self.dt)
-                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
-                if txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]:
+                if self._catch_up_landed(txn, streams):
                     break  # it landed although the call reported an error (delta-rs #2509)
                 if attempt == self._retries:
                     raise
@@ -299,3 +431,35 @@ class TableAppender:
         one for the next reader to skip, which costs it a full replay)."""
         if self._hygiene_pool is not None:
             self._hygiene_pool.shutdown(wait=True)
+
+
+class WriterTable:
+    """A table one writer appends to through one :class:`TableAppender` (messages, the ack log,
+    removals): :attr:`SPEC` under the app id :attr:`APP_ID` and the store's owner epoch, or, given
+    ``streams`` (the stream leases the writer holds), fenced per stream, each stream's commits
+    counted under ``<APP_ID>/<stream>`` (:meth:`TableAppender.dedup_app`)."""
+
+    SPEC: TableSpec
+    APP_ID: str
+    #: The bound on the table's log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`),
+    #: for a table nothing of jetlake reads older versions of; None: by ``log_retention_ms`` only.
+    LOG_KEEP_ENTRIES: int | None = None
+    #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
+    per_stream = False
+
+    def __init__(
+        self,
+        root: StoreRoot,
+        checkpoint_every: int = 100,
+        streams: StreamEpochs | None = None,
+    ) -> None:
+        self.root = root
+        self.per_stream = streams is not None
+        keep = self.LOG_KEEP_ENTRIES
+        self._appender = TableAppender(
+            root, self.SPEC, self.APP_ID, checkpoint_every, log_keep_entries=keep, streams=streams
+        )
+
+    def fence_stream(self, stream: str) -> None:
+        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
+        self._appender.fence_stream(stream)

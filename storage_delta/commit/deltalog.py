@@ -25,13 +25,19 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage_delta.commit.durable import Unsynced, fsync_path, sync_together
-from storage_delta.commit.owner import OWNER_APP, check_epoch
+from storage_delta.commit.owner import (
+    OWNER_APP,
+    StreamEpochs,
+    StreamFenced,
+    check_epoch,
+    stream_of_owner_app,
+)
 from storage_delta.format.integrity import LINES_KEY, lines_digest
 
 #: Writer protocol this appender understands; a table that asks for more is left to delta-rs.
@@ -120,7 +126,18 @@ class LocalLogAppender:
         sync: bool = True,
         unsynced: Unsynced | None = None,
         owner: int | None = None,
+        streams: StreamEpochs | None = None,
+        table_epoch: Callable[[str], int] | None = None,
     ) -> None:
+        #: The stream leases this writer holds, when each stream is fenced on its own (per-stream
+        #: ownership): a commit carries the epochs of the streams it touches, and a version met on
+        #: the way with a higher one of a touched stream stops it (:class:`StreamFenced`).
+        self.streams = streams
+        #: A stream's owner epoch in the table as of the version this appender started from;
+        #: :attr:`seen` adds the epochs of every version it found taken since, so together they
+        #: are the table's epochs up to ``next_version - 1`` (versions are contiguous).
+        self.table_epoch = table_epoch
+        self.seen: dict[str, int] = {}
         #: The owner epoch this writer commits under: carried by each commit, and a commit met on
         #: the way to a free version with a higher one stops it (:class:`~storage_delta.commit.owner.Fenced`).
         self.owner = owner
@@ -141,11 +158,13 @@ class LocalLogAppender:
         txn: tuple[str, int],
         more_txns: Iterable[tuple[str, int]] = (),
         unsynced: Sequence[str] = (),
+        streams: Collection[str] = (),
     ) -> int:
         """Commit ``adds`` with the app transaction ``txn`` (and ``more_txns``) as one version;
         returns that version. ``unsynced``: paths (the added files, their directories) that must
         be on stable storage before the entry is linked; with ``sync`` they are synced together
-        with the entry.
+        with the entry. ``streams``: the streams whose rows ``adds`` hold, checked against the
+        stream leases (:class:`StreamFenced` before anything is linked when one was fenced).
 
         Versions other writers claimed meanwhile are skipped after a look at their actions: a
         ``txn`` of ours at or past ``txn`` means this very commit landed before (a retry after an
@@ -154,6 +173,9 @@ class LocalLogAppender:
         """
         now = int(time.time() * 1000)
         fence = [(OWNER_APP, self.owner)] if self.owner is not None and txn[0] != OWNER_APP else []
+        if self.streams is not None and streams:
+            self._check_streams(streams)
+            fence += [t for t in self.streams.txns(streams) if t[0] != txn[0]]
         lines = [
             commit_info("WRITE", True, now),
             *(
@@ -162,7 +184,18 @@ class LocalLogAppender:
             ),
             *(add_line(a) for a in adds),
         ]
-        return self._claim(lines, lambda version: self._landed_or_check(version, txn), unsynced)
+        return self._claim(lines, lambda version: self._landed_or_check(version, txn, streams), unsynced)
+
+    def _epoch_in_table(self, stream: str) -> int:
+        base = self.table_epoch(stream) if self.table_epoch is not None else 0
+        return max(base, self.seen.get(stream, 0))
+
+    def _check_streams(self, streams: Collection[str]) -> None:
+        """:class:`StreamFenced` for the streams of ``streams`` this writer may not commit."""
+        assert self.streams is not None
+        fenced = self.streams.fenced(streams, self._epoch_in_table)
+        if fenced:
+            raise StreamFenced(fenced)
 
     def swap(self, removes: Sequence[RemoveAction], adds: Iterable[AddAction], operation: str) -> int:
         """Commit the removal of ``removes`` and the addition of ``adds`` as one version; returns it.
@@ -230,16 +263,26 @@ class LocalLogAppender:
             actions = [json.loads(raw) for raw in fh]
         for action in actions:
             t = action.get("txn")
-            if t is not None and t.get("appId") == OWNER_APP:
+            if t is None:
+                continue
+            app = str(t.get("appId"))
+            if app == OWNER_APP:
                 check_epoch(int(t.get("version", 0)), self.owner)
+            elif (stream := stream_of_owner_app(app)) is not None:
+                self.seen[stream] = max(self.seen.get(stream, 0), int(t.get("version", 0)))
         for action in actions:
             if "protocol" in action or "metaData" in action:
                 raise UnsupportedTable(f"version {version} changed the table's protocol or schema")
             yield action
 
-    def _landed_or_check(self, version: int, txn: tuple[str, int]) -> bool:
-        """True when another writer's commit holds our ``txn`` (so ours is already committed)."""
-        for action in self._actions(version):
+    def _landed_or_check(self, version: int, txn: tuple[str, int], streams: Collection[str] = ()) -> bool:
+        """True when another writer's commit holds our ``txn`` (so ours is already committed);
+        :class:`StreamFenced` when it fenced a stream of ``streams`` (the epochs are looked at
+        first: a new owner's txn versions are not ours)."""
+        actions = list(self._actions(version))
+        if self.streams is not None and streams:
+            self._check_streams(streams)
+        for action in actions:
             t = action.get("txn")
             if t is not None and t.get("appId") == txn[0] and int(t.get("version", -1)) >= txn[1]:
                 return True

@@ -18,6 +18,11 @@ A reader judges a member live when its count changed within a lease by the reade
   ``(jetlake-owner, n)`` committed to the small Delta table ``_jetlake_owner`` (delta-rs's commit
   is the put-if-absent; two claims of one epoch conflict on the app id, and the loser sees the
   epoch taken); the beat is the object ``_jetlake_owner_beats/beat-<n>.json``, one PUT each.
+
+Per-stream ownership adds a lease per stream, claimed the same way and naming the claiming gateway:
+locally the file ``streams/<S>/epoch-<n>`` (``O_EXCL``), on an object store the app transaction
+``(jetlake-owner/<S>, n)`` in the claims table and the object ``streams/<S>/epoch-<n>.json`` beside
+the beats. A stream lease has no beat of its own: it lives while its gateway's member record does.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from storage_delta.commit.durable import fsync_path
-from storage_delta.commit.owner import OWNER_APP
+from storage_delta.commit.owner import OWNER_APP, stream_owner_app
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -52,12 +57,25 @@ LEASE_DIR = "_jetlake_owner"
 BEATS_DIR = "_jetlake_owner_beats"
 #: Beat content of an owner that stopped cleanly: a standby need not wait out the lease.
 RELEASED = "released"
+#: The record of the meta owner's placement of streams over gateways (per-stream ownership).
+PLACEMENT = "placement"
 #: Claims and beats of epochs this far below the current one are removed by the owner.
 KEEP_EPOCHS = 8
 #: Prefix of the members' records (one per live gateway, owner or standby).
 MEMBER = "member-"
 #: The claims table holds no rows, only the epochs' app transactions.
 CLAIMS_SCHEMA = pa.schema([("epoch", pa.int64())])
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The meta owner's placement under its store epoch: stream → the gateway that should serve
+    it, and the streams being handed over by a live gateway (stream → that gateway), whose next
+    owner waits for the release (``Lease.stream_released``) rather than fencing queued work."""
+
+    epoch: int
+    owners: dict[str, str]
+    handovers: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +106,26 @@ class Lease(ABC):
         """Claim ``epoch`` if no one has; True when this call did (and beat at once)."""
 
     @abstractmethod
-    def _put_beat(self, epoch: int, body: bytes) -> None: ...
+    def stream_current(self, stream: str) -> int:
+        """The highest epoch of ``stream``'s lease claimed so far (0: none)."""
 
     @abstractmethod
-    def _get_beat(self, epoch: int) -> bytes | None: ...
+    def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
+        """Claim epoch ``epoch`` of ``stream``'s lease for gateway ``name`` if no one has; True
+        when this call did. The claimant then holds the epoch (``StreamEpochs.hold``) and fences
+        the stream in each table it writes before it reads the stream to recover."""
+
+    @abstractmethod
+    def stream_holder(self, stream: str, epoch: int) -> str | None:
+        """The gateway that claimed ``epoch`` of ``stream`` (None: unclaimed or unreadable)."""
+
+    @abstractmethod
+    def _put_record(self, name: str, body: bytes) -> None:
+        """Replace the small record ``name`` beside the claims (a beat, the placement)."""
+
+    @abstractmethod
+    def _get_record(self, name: str) -> bytes | None:
+        """The record ``name`` (None: none yet)."""
 
     @abstractmethod
     def _put_member(self, name: str, body: bytes) -> None: ...
@@ -110,11 +144,19 @@ class Lease(ABC):
 
     def members(self) -> dict[str, int]:
         """Every gateway's announced count by name (unreadable records left out)."""
-        found: dict[str, int] = {}
+        return {name: count for name, (count, _host, _pid) in self._members().items()}
+
+    def gone_members(self) -> frozenset[str]:
+        """The gateways whose record names a process of this host that no longer exists (``kill
+        -9`` on one machine): gone now, not a lease of silence from now."""
+        return frozenset(n for n, (_c, host, pid) in self._members().items() if self._process_gone(host, pid))
+
+    def _members(self) -> dict[str, tuple[int, str, int]]:
+        found: dict[str, tuple[int, str, int]] = {}
         for raw in self._member_records():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 body = json.loads(raw)
-                found[str(body["name"])] = int(body["count"])
+                found[str(body["name"])] = (int(body["count"]), str(body["host"]), int(body["pid"]))
         return found
 
     def withdraw(self, name: str) -> None:
@@ -127,12 +169,12 @@ class Lease(ABC):
         standby wait a lease longer)."""
         self._count += 1
         body = {"host": self.host, "pid": self.pid, "count": self._count, RELEASED: released}
-        self._put_beat(epoch, json.dumps(body).encode())
+        self._put_record(f"beat-{epoch:020d}", json.dumps(body).encode())
 
     def read_beat(self, epoch: int) -> Beat | None:
         """The beat of ``epoch`` (None: none yet, or unreadable)."""
         try:
-            raw = self._get_beat(epoch)
+            raw = self._get_record(f"beat-{epoch:020d}")
             if raw is None:
                 return None
             body = json.loads(raw)
@@ -140,17 +182,52 @@ class Lease(ABC):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def record_placement(self, placement: Placement) -> None:
+        """The meta owner's placement (per-stream ownership), which every gateway reads to claim
+        its streams (not synced: a lost one is recorded again at the meta owner's next tick)."""
+        body = {"epoch": placement.epoch, "owners": placement.owners, "handovers": placement.handovers}
+        self._put_record(PLACEMENT, json.dumps(body).encode())
+
+    def placement(self) -> Placement:
+        """The placement last recorded (epoch 0, nothing placed: none, or unreadable)."""
+        try:
+            raw = self._get_record(PLACEMENT)
+            if raw is not None:
+                body = json.loads(raw)
+                return Placement(
+                    int(body["epoch"]),
+                    {str(s): str(g) for s, g in body["owners"].items()},
+                    {str(s): str(g) for s, g in body["handovers"].items()},
+                )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return Placement(0, {}, {})
+
+    def release_stream(self, stream: str, epoch: int) -> None:
+        """Say that the holder of ``epoch`` of ``stream``'s lease let it go (a clean handover: what
+        it had queued is committed), so the next owner need not wait for it."""
+        self._put_record(f"streams/{stream}/released-{epoch:020d}", b"{}")
+
+    def stream_released(self, stream: str, epoch: int) -> bool:
+        """Whether the holder of ``epoch`` of ``stream`` let it go."""
+        try:
+            return self._get_record(f"streams/{stream}/released-{epoch:020d}") is not None
+        except OSError:
+            return False
+
     def holder_gone(self, beat: Beat | None) -> bool:
         """The beat says the owner released the lease, or names a process of this host that is gone:
         no need to wait the lease out (a restart after ``kill -9`` of the only gateway)."""
         if beat is None:
             return False
-        if beat.released:
-            return True
-        if beat.host != self.host or beat.pid == self.pid:
+        return beat.released or self._process_gone(beat.host, beat.pid)
+
+    def _process_gone(self, host: str, pid: int) -> bool:
+        """``pid`` is a process of this host that no longer exists."""
+        if host != self.host or pid == self.pid:
             return False
         try:
-            os.kill(beat.pid, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
             return True
         except PermissionError:
@@ -186,16 +263,52 @@ class LocalLease(Lease):
         self._prune(epoch)
         return True
 
-    def _put_beat(self, epoch: int, body: bytes) -> None:
+    def _stream_dir(self, stream: str) -> str:
+        return os.path.join(self.dir, "streams", stream)
+
+    def stream_current(self, stream: str) -> int:
+        try:
+            names = os.listdir(self._stream_dir(stream))
+        except FileNotFoundError:
+            return 0
+        return max((int(n[6:]) for n in names if n.startswith("epoch-") and n[6:].isdigit()), default=0)
+
+    def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
+        folder = self._stream_dir(stream)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"epoch-{epoch:020d}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, json.dumps({"name": name, "host": self.host, "pid": self.pid}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_path(folder)
+        for old in superseded(os.listdir(folder), epoch):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, old))
+        return True
+
+    def stream_holder(self, stream: str, epoch: int) -> str | None:
+        try:
+            with open(os.path.join(self._stream_dir(stream), f"epoch-{epoch:020d}"), "rb") as fh:
+                return str(json.loads(fh.read())["name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _put_record(self, name: str, body: bytes) -> None:
         # per thread: a clean stop's last beat may overlap the holding loop's
-        tmp = os.path.join(self.dir, f".beat-{self.pid}-{threading.get_ident()}.tmp")
+        tmp = os.path.join(self.dir, f".record-{self.pid}-{threading.get_ident()}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(body)
-        os.replace(tmp, os.path.join(self.dir, f"beat-{epoch:020d}"))
+        os.replace(tmp, os.path.join(self.dir, name))
 
-    def _get_beat(self, epoch: int) -> bytes | None:
+    def _get_record(self, name: str) -> bytes | None:
         try:
-            with open(os.path.join(self.dir, f"beat-{epoch:020d}"), "rb") as fh:
+            with open(os.path.join(self.dir, name), "rb") as fh:
                 return fh.read()
         except FileNotFoundError:
             return None
@@ -230,6 +343,21 @@ class LocalLease(Lease):
                     os.unlink(os.path.join(self.dir, name))
 
 
+def superseded(names: list[str], epoch: int) -> list[str]:
+    """Of a stream lease's claim (or holder) names, ``epoch-<n>``, and its release marks,
+    ``released-<n>``, those more than
+    :data:`KEEP_EPOCHS` below ``epoch``, just claimed: they go, so a stream taken over again and
+    again keeps a bounded folder. Never the highest claim, and never the folder of a deleted
+    stream: its epochs stay in the tables' logs (``jetlake-owner/<S>``), so a stream made again
+    under the same name must claim above them, or its first fence would find itself fenced."""
+    found = ((name, *name.partition("-")) for name in names)
+    return [
+        name
+        for name, kind, _, number in found
+        if kind in ("epoch", "released") and number.isdigit() and int(number) < epoch - KEEP_EPOCHS
+    ]
+
+
 class ObjectStoreLease(Lease):
     """Claims are app transactions of a Delta table (delta-rs's commit is the put-if-absent),
     beats objects replaced by a PUT."""
@@ -255,13 +383,44 @@ class ObjectStoreLease(Lease):
         self.beat(epoch)
         return True
 
-    def _put_beat(self, epoch: int, body: bytes) -> None:
-        with self._fs.open_output_stream(f"{self._beats}/beat-{epoch:020d}.json") as out:
+    def stream_current(self, stream: str) -> int:
+        catch_up(self._claims)
+        return self._claims.transaction_version(stream_owner_app(stream)) or 0
+
+    def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
+        if self.stream_current(stream) != epoch - 1:
+            return False
+        try:
+            commit_adds(self._claims, [], CLAIMS_SCHEMA, [], (stream_owner_app(stream), epoch))
+        except CommitConflict:
+            return False  # another claim of this epoch won the version
+        # the holder's name is written after the claim: a reader may find none for a moment
+        with self._fs.open_output_stream(self._stream_holder_path(stream, epoch)) as out:
+            out.write(json.dumps({"name": name, "host": self.host, "pid": self.pid}).encode())
+        folder = f"{self._beats}/streams/{stream}"
+        listing = self._fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        for old in superseded([i.base_name.removesuffix(".json") for i in listing], epoch):
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(f"{folder}/{old}.json")
+        return True
+
+    def _stream_holder_path(self, stream: str, epoch: int) -> str:
+        return f"{self._beats}/streams/{stream}/epoch-{epoch:020d}.json"
+
+    def stream_holder(self, stream: str, epoch: int) -> str | None:
+        try:
+            with self._fs.open_input_stream(self._stream_holder_path(stream, epoch)) as fh:
+                return str(json.loads(bytes(fh.read()))["name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _put_record(self, name: str, body: bytes) -> None:
+        with self._fs.open_output_stream(f"{self._beats}/{name}.json") as out:
             out.write(body)
 
-    def _get_beat(self, epoch: int) -> bytes | None:
+    def _get_record(self, name: str) -> bytes | None:
         try:
-            with self._fs.open_input_stream(f"{self._beats}/beat-{epoch:020d}.json") as fh:
+            with self._fs.open_input_stream(f"{self._beats}/{name}.json") as fh:
                 return bytes(fh.read())
         except FileNotFoundError:
             return None

@@ -20,7 +20,12 @@ commit is retried), not the rules. The rules (docs/storage.md):
   waiters;
 * **a fenced writer stops** (:class:`~storage_delta.commit.owner.Fenced`: a newer owner of the store
   committed meanwhile): nothing is retried and no landed check is trusted (the new owner's versions
-  are not ours); ``on_fenced`` hears of it first, then everything held fails with the error.
+  are not ours); ``on_fenced`` hears of it first, then everything held fails with the error;
+* **a fenced stream is dropped, not the writer** (per-stream ownership: ``commit`` returns the streams
+  a newer owner fenced, having committed the other streams' rows): ``on_stream_fenced`` hears of them
+  first, then their rows roll back (``on_failure``) and the waiters of those streams fail with
+  :class:`~storage_delta.commit.owner.StreamFenced` (and the waiters that named no stream: they
+  waited for every row before them); the other waiters are answered.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Generic, TypeVar
 
-from storage_delta.commit.owner import Fenced
+from storage_delta.commit.owner import Fenced, LeftOutThenFailed, StreamFenced
 from storage_delta.commit.stats import BATCH_SIZE_BUCKETS, COMMIT_SECONDS_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
@@ -66,7 +71,7 @@ class CommitLoop(Generic[Row]):
         self,
         name: str,
         executor: Executor,
-        commit: Callable[[list[Row], int], None],
+        commit: Callable[[list[Row], int], frozenset[str] | None],
         committed_version: Callable[[], int],
         on_failure: Callable[[list[Row], BaseException], None],
         *,
@@ -75,6 +80,7 @@ class CommitLoop(Generic[Row]):
         retry_s: float = 0.0,
         committed: Callable[[list[Row]], None] | None = None,
         drained: Callable[[list[Row]], None] | None = None,
+        stream_of: Callable[[Row], str] | None = None,
     ) -> None:
         self.name = name
         self._executor = executor
@@ -85,6 +91,12 @@ class CommitLoop(Generic[Row]):
         self._drained = drained
         #: Told first when a commit finds the writer fenced (set by the owner of the store's lease).
         self.on_fenced: Callable[[Fenced], None] | None = None
+        #: Told first when a commit left out streams a newer owner fenced (per-stream ownership).
+        self.on_stream_fenced: Callable[[frozenset[str]], None] | None = None
+        #: A row's stream, for per-stream ownership (which rows a fenced stream rolls back).
+        self._stream_of = stream_of
+        #: The stream a waiter waits for, when it named one (per-stream ownership).
+        self._waiter_streams: dict[asyncio.Future[None], str] = {}
         self._linger_s = linger_s
         self._gather_rows = gather_rows
         self._retry_s = retry_s
@@ -120,10 +132,11 @@ class CommitLoop(Generic[Row]):
         """The loop is alive and takes rows."""
         return not self._closed and self._task is not None and not self._task.done()
 
-    def queued(self, sync: bool, added: int = 1) -> asyncio.Future[None] | None:
+    def queued(self, sync: bool, added: int = 1, stream: str | None = None) -> asyncio.Future[None] | None:
         """Rows were appended to :attr:`pending`. With ``sync`` the returned future resolves once
         they (and every row before them) are committed; it resolves at once when nothing is owed.
-        Rows without a waiter may wait up to ``linger_s`` for company."""
+        Rows without a waiter may wait up to ``linger_s`` for company. ``stream``: the rows are
+        all of that stream, so only its fence fails the future (per-stream ownership)."""
         if not sync:
             # The loop waits for the first row, then for the linger time or enough rows: waking it
             # for each row in between would only cost it a new timer each time.
@@ -138,9 +151,15 @@ class CommitLoop(Generic[Row]):
             fut.set_result(None)
             return fut
         self._waiters.append(fut)
+        if stream is not None:
+            self._waiter_streams[fut] = stream
+            fut.add_done_callback(self._forget_stream)
         self._urgent = True
         self._wakeup.set()
         return fut
+
+    def _forget_stream(self, fut: asyncio.Future[None]) -> None:
+        self._waiter_streams.pop(fut, None)
 
     async def flush(self) -> None:
         """Wait until every row queued so far is committed."""
@@ -240,16 +259,20 @@ class CommitLoop(Generic[Row]):
         version = self._version + 1
         started = time.perf_counter()
         delay = RETRY_FIRST_S
+        fenced: frozenset[str] | None = None
         while True:
             try:
-                await loop.run_in_executor(self._executor, self._commit_rows, batch, version)
+                fenced = await loop.run_in_executor(self._executor, self._commit_rows, batch, version)
                 break
             except Fenced:
                 raise
             except Exception as exc:
                 landed = await self._landed()
                 if landed >= version:
-                    break  # the error came after the commit landed (delta-rs #2509)
+                    # the error came after the commit landed (delta-rs #2509), without the rows
+                    # of the streams it found fenced, if any
+                    fenced = exc.streams if isinstance(exc, LeftOutThenFailed) else None
+                    break
                 if self._closed or time.perf_counter() - started + delay > self._retry_s:
                     log.exception("%s commit of %d rows failed", self.name, len(batch))
                     self.failures += 1
@@ -260,6 +283,8 @@ class CommitLoop(Generic[Row]):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_CAP_S)
         self._version = version
+        if fenced:
+            batch = self._drop_fenced(batch, fenced)
         self.commits += 1
         self.rows_committed += len(batch)
         self.commit_seconds.observe(time.perf_counter() - started)
@@ -267,6 +292,28 @@ class CommitLoop(Generic[Row]):
         if self._committed is not None:
             self._committed(batch)
         return True
+
+    def _drop_fenced(self, batch: list[Row], fenced: frozenset[str]) -> list[Row]:
+        """A commit left out the rows of ``fenced`` streams (a newer owner holds them): the
+        owner hears first, the rows roll back and the waiters of those streams fail; the rows
+        committed are returned."""
+        exc = StreamFenced(fenced)
+        log.warning("%s: %s", self.name, exc)
+        if self.on_stream_fenced is not None:
+            self.on_stream_fenced(fenced)
+        stream_of = self._stream_of
+        assert stream_of is not None, "a commit fenced streams of a loop that cannot tell rows' streams"
+        dropped = [r for r in batch if stream_of(r) in fenced]
+        self._on_failure(dropped, exc)
+        kept: list[asyncio.Future[None]] = []
+        for w in self._in_flight:
+            if self._waiter_streams.get(w, "") in fenced or w not in self._waiter_streams:
+                if not w.done():
+                    w.set_exception(exc)
+            else:
+                kept.append(w)
+        self._in_flight = kept
+        return [r for r in batch if stream_of(r) not in fenced]
 
     async def _landed(self) -> int:
         """The newest version the table holds; :class:`OutcomeUnknown` when it cannot say."""

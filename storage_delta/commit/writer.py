@@ -21,9 +21,9 @@ from operator import attrgetter
 
 import pyarrow as pa
 
-from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.loop import CommitLoop
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.owner import commit_without_fenced
 from storage_delta.format import schema as sch
 
 APP_ID = "jetlake-gateway"
@@ -102,18 +102,16 @@ _STREAM = attrgetter("stream")
 _COLUMNS = [(f.name, attrgetter(f.name), f.type) for f in sch.MESSAGE_FILE_SCHEMA]
 
 
-class MessageTable:
+class MessageTable(WriterTable):
     """The ``messages`` table's commit routine; runs on a worker thread, never the event loop.
 
     One file per (stream, block) touched, all in one Delta version tagged ``(jetlake-gateway, n)``,
     through the one append primitive (:class:`~storage_delta.commit.append.TableAppender`).
     """
 
-    def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
-        self.root = root
-        self._appender = TableAppender(
-            root, MESSAGES_TABLE, APP_ID, checkpoint_every, log_keep_entries=LOG_KEEP_ENTRIES
-        )
+    SPEC = MESSAGES_TABLE
+    APP_ID = APP_ID
+    LOG_KEEP_ENTRIES = LOG_KEEP_ENTRIES
 
     def last_txn_version(self) -> int:
         return self._appender.committed_version()
@@ -123,11 +121,25 @@ class MessageTable:
         Blocking: belongs on a worker thread."""
         return self._appender.transaction_version(app_id)
 
-    def commit(self, batch: list[StoredMessage], version: int) -> None:
+    def commit(self, batch: list[StoredMessage], version: int) -> frozenset[str]:
+        """Commit ``batch`` as version ``version``; returns the streams found fenced (per-stream
+        ownership), whose rows were left out while the others' were committed. When every stream
+        was fenced nothing is committed and ``version`` stays unused: txn versions only need to
+        grow, not to be contiguous."""
+
+        def attempt(left_out: frozenset[str]) -> None:
+            rows = [m for m in batch if m.stream not in left_out] if left_out else batch
+            if rows:
+                self._append(rows, version)
+
+        return commit_without_fenced(attempt)
+
+    def _append(self, batch: list[StoredMessage], version: int) -> None:
         positions: dict[str, int] = {}
         for m in batch:
             if m.origin is not None:
                 positions[m.origin[0]] = max(positions.get(m.origin[0], 0), m.origin[1])
+        groups = _groups(batch)
         self._appender.append(
             [
                 (
@@ -137,10 +149,11 @@ class MessageTable:
                         schema=sch.MESSAGE_FILE_SCHEMA,
                     ),
                 )
-                for (stream, block), rows in _groups(batch).items()
+                for (stream, block), rows in groups.items()
             ],
             version,
             sorted(positions.items()),
+            {stream for stream, _ in groups},
         )
 
     def checkpoint_if_behind(self) -> bool:
@@ -181,7 +194,9 @@ class GroupCommitWriter:
             table.last_txn_version,
             lambda rows, _exc: on_failure({m.stream for m in rows}),
             drained=self._drained,
+            stream_of=_STREAM,
         )
+        self._per_stream = table.per_stream
         self.refused = 0  # messages turned away because too many bytes were waiting
 
     async def start(self) -> None:
@@ -212,7 +227,11 @@ class GroupCommitWriter:
         if not admitted:
             self.admit(sum(m.nbytes for m in messages), len(messages))
         self.loop.pending.extend(messages)
-        fut = self.loop.queued(sync=True, added=len(messages))
+        # per stream: a submit of one stream's messages (a publish, a batch) fails only with it
+        stream = messages[0].stream if self._per_stream and messages else None
+        if stream is not None and any(m.stream != stream for m in messages):
+            stream = None
+        fut = self.loop.queued(sync=True, added=len(messages), stream=stream)
         assert fut is not None
         return fut
 

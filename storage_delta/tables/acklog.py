@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.loop import CommitLoop
+from storage_delta.commit.owner import commit_without_fenced
 from storage_delta.commit.store import StoreRoot, read_checked, write_data_file
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
@@ -330,15 +331,14 @@ class Compaction:
     version: int
 
 
-class AckLogTable:
+class AckLogTable(WriterTable):
     """Blocking access to the ``acks`` table; the gateway calls it on a worker thread. Appends go
     through the one append primitive (locally a blind append of about a millisecond, where a
     delta-rs transaction with its reload costs ~11 ms of CPU: a fifth of the delivery path's CPU
     under load at ten commits a second)."""
 
-    def __init__(self, root: StoreRoot, checkpoint_every: int = 100) -> None:
-        self.root = root
-        self._appender = TableAppender(root, ACKS_TABLE, APP_ID, checkpoint_every)
+    SPEC = ACKS_TABLE
+    APP_ID = APP_ID
 
     @property
     def dt(self) -> DeltaTable:
@@ -347,15 +347,28 @@ class AckLogTable:
     def last_txn_version(self) -> int:
         return self._appender.committed_version()
 
-    def append(self, records: list[AckRecord] | pa.Table, version: int) -> None:
+    def append(self, records: list[AckRecord] | pa.Table, version: int) -> frozenset[str]:
         """Commit rows as one Delta version tagged ``(jetlake-acklog, version)``; a version that
-        already landed (a retry after an error that hid a success) is not stored again."""
+        already landed (a retry after an error that hid a success) is not stored again. Fenced
+        per stream, the rows of streams a newer owner holds are left out; returns those streams."""
         table = records if isinstance(records, pa.Table) else to_arrow(records)
-        self._appender.append([({}, table)], version)
+        if not self.per_stream:
+            self._appender.append([({}, table)], version)
+            return frozenset()
+        streams = set(pc.unique(table["stream"]).to_pylist())
 
-    def load(self) -> AckLog:
+        def attempt(left_out: frozenset[str]) -> None:
+            rows = table.filter(pc.invert(pc.is_in(table["stream"], pa.array(sorted(left_out), pa.string()))))
+            if rows.num_rows:
+                self._appender.append([({}, rows)], version, streams=streams - left_out)
+
+        return commit_without_fenced(attempt)
+
+    def load(self, only: Collection[str] | None = None) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
-        same state, and keeps a restart fast however long the log grew since its last compaction)."""
+        same state, and keeps a restart fast however long the log grew since its last compaction).
+        ``only``: the consumers of these streams (a gateway that just took them over); the highest
+        lsn is still the whole table's, as the writer's count goes on above every row."""
         table, damaged = read_checked(self.root, self.dt, sch.ACKS, sch.ACK_SCHEMA)
         for bad in damaged:  # its rows are lost: consumers restart from what the others say
             log.error(
@@ -364,6 +377,8 @@ class AckLogTable:
                 bad.path,
             )
         max_lsn = int(pc.max(table["lsn"]).as_py() or 0) if table.num_rows else 0
+        if only is not None:
+            table = table.filter(pc.is_in(table["stream"], pa.array(sorted(only), pa.string())))
         return AckLog(group(fold_table(table)), max_lsn, table.num_rows)
 
     def compact(self, live: Callable[[], set[tuple[str, str]]] | None = None) -> Compaction:
@@ -413,6 +428,10 @@ def compact_store(root: StoreRoot) -> Compaction:
         return {(e.stream, e.name) for e in CatalogTable(root).load() if e.kind == "consumer"}
 
     return AckLogTable(root).compact(live)
+
+
+def _row_stream(row: AckRow) -> str:
+    return row[0]
 
 
 class AckLogWriter:
@@ -466,7 +485,9 @@ class AckLogWriter:
             retry_s=self.RETRY_S,
             committed=self._committed,
             drained=self._drained,
+            stream_of=_row_stream,
         )
+        self._per_stream = table.per_stream
         self.compactions = 0
 
     async def start(self) -> None:
@@ -487,7 +508,7 @@ class AckLogWriter:
         self._lsn += 1
         record.lsn = self._lsn
         self.loop.pending.append(_as_row(record))
-        return self.loop.queued(sync)
+        return self.loop.queued(sync, stream=record.stream if self._per_stream else None)
 
     def add(
         self,
@@ -505,7 +526,7 @@ class AckLogWriter:
         ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
         self._lsn += 1
         self.loop.pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
-        return self.loop.queued(sync)
+        return self.loop.queued(sync, stream=stream if self._per_stream else None)
 
     def add_rows(self, rows: list[AckRow]) -> None:
         """:meth:`add` for many rows in one call (no sync)."""
@@ -517,15 +538,26 @@ class AckLogWriter:
         """Wait until every row submitted so far is committed."""
         await self.loop.flush()
 
+    def continue_above(self, lsn: int) -> None:
+        """Give the rows from now on (and those still queued) lsns above ``lsn``: the table's
+        highest when this gateway claimed a stream (per-stream ownership), whose consumers' rows
+        of the previous owner must stay below this writer's, or a fold would put its acks before
+        theirs. Queued rows keep their order among themselves; the batch in flight keeps its
+        lsns, which are below every queued row's still."""
+        gap = lsn - self._lsn
+        if gap > 0:
+            self._lsn += gap
+            self._taken_lsn += gap
+
     def _drained(self, rows: list[AckRow]) -> None:
         """Rows leave the queue in lsn order: a batch's lsns follow the last batch's."""
         self._batch_first_lsn = self._taken_lsn + 1
         self._taken_lsn += len(rows)
 
-    def _append(self, batch: list[AckRow], version: int) -> None:
+    def _append(self, batch: list[AckRow], version: int) -> frozenset[str]:
         """On the executor: the batch's columns are built there, not on the event loop. Only one
         batch is in flight, so its first lsn is the one noted when it was taken."""
-        self._table.append(rows_to_arrow(batch, self._batch_first_lsn), version)
+        return self._table.append(rows_to_arrow(batch, self._batch_first_lsn), version)
 
     def _failed(self, rows: list[AckRow], exc: BaseException) -> None:
         """The rows are not in the log: the consumers' state in memory is ahead of it, which a

@@ -2,21 +2,26 @@
 
 Append-only: each change is a row with a growing ``rev``; the newest row per (kind, stream, name)
 is the entity, and a ``deleted`` row ends it. The txn marker ``(jetlake-catalog, rev)`` makes a
-retried change land once.
+retried change land once. Fenced per stream (per-stream ownership, docs/perstream-status.md), a
+stream's rows are written by the stream's owner like its messages: ``rev`` is then the stream's own
+count (``(jetlake-catalog/<S>, rev)``), which goes on growing under each next owner, so an entity's
+newest row is still the one of its highest ``rev``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from storage_delta.commit.append import TableAppender, TableSpec
-from storage_delta.commit.store import StoreRoot, read_whole
+from storage_delta.commit.append import TableSpec, WriterTable
+from storage_delta.commit.owner import commit_without_fenced
+from storage_delta.commit.store import read_whole
 from storage_delta.format import schema as sch
 
 APP_ID = "jetlake-catalog"
@@ -41,12 +46,11 @@ class CatalogEntry:
     body: dict[str, Any]
 
 
-class CatalogTable:
+class CatalogTable(WriterTable):
     """Blocking access to the catalog; callers run it on a worker thread."""
 
-    def __init__(self, root: StoreRoot) -> None:
-        self.root = root
-        self._appender = TableAppender(root, CATALOG_TABLE, APP_ID)
+    SPEC = CATALOG_TABLE
+    APP_ID = APP_ID
 
     @property
     def dt(self) -> DeltaTable:
@@ -60,27 +64,42 @@ class CatalogTable:
         """Record a definition (``body``) or its deletion (``None``) in a commit of its own."""
         self.commit([CatalogChange(kind, stream, name, body)], self._appender.next_version())
 
-    def commit(self, changes: list[CatalogChange], version: int) -> None:
+    def commit(self, changes: list[CatalogChange], version: int) -> frozenset[str]:
         """Record ``changes`` as one commit tagged ``(jetlake-catalog, version)`` (the group
         commit of the gateway's concurrent API requests). Every row gets ``version`` as its
         ``rev``, which still grows from commit to commit, so an entity's newest row is the one
         of its last commit; of two changes to one entity in a commit only the later is stored,
-        as a reader could not order rows of equal ``rev``."""
+        as a reader could not order rows of equal ``rev``. Fenced per stream, a row's ``rev`` is
+        its stream's count for ``version``, the changes of streams a newer owner holds are left
+        out, and those streams are returned."""
         last = {(c.kind, c.stream, c.name): c for c in changes}
+        if not self.per_stream:
+            self._appender.append([({}, self._rows(list(last.values()), lambda _stream: version))], version)
+            return frozenset()
+
+        def attempt(left_out: frozenset[str]) -> None:
+            kept = [c for c in last.values() if c.stream not in left_out]
+            if kept:
+                rows = self._rows(kept, lambda stream: self._appender.stream_version(stream, version))
+                self._appender.append([({}, rows)], version, streams={c.stream for c in kept})
+
+        return commit_without_fenced(attempt)
+
+    @staticmethod
+    def _rows(changes: list[CatalogChange], rev: Callable[[str], int]) -> pa.Table:
         now = time.time_ns()
-        rows = pa.table(
+        return pa.table(
             {
-                "rev": [version] * len(last),
-                "kind": [c.kind for c in last.values()],
-                "stream": [c.stream for c in last.values()],
-                "name": [c.name for c in last.values()],
-                "ts": [now] * len(last),
-                "deleted": [c.body is None for c in last.values()],
-                "body": [json.dumps(c.body or {}, separators=(",", ":")) for c in last.values()],
+                "rev": [rev(c.stream) for c in changes],
+                "kind": [c.kind for c in changes],
+                "stream": [c.stream for c in changes],
+                "name": [c.name for c in changes],
+                "ts": [now] * len(changes),
+                "deleted": [c.body is None for c in changes],
+                "body": [json.dumps(c.body or {}, separators=(",", ":")) for c in changes],
             },
             schema=sch.CATALOG_SCHEMA,
         )
-        self._appender.append([({}, rows)], version)
 
     def load(self) -> list[CatalogEntry]:
         """The live entities, streams before their consumers, in the order they were defined. A

@@ -19,14 +19,16 @@ import time
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake.transaction import RemoveAction
 
-from storage_delta.commit.append import TableAppender, TableSpec
+from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
     open_existing,
@@ -93,21 +95,39 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-class RemovalLog:
+class RemovalLog(WriterTable):
     """Blocking access to the ``removals`` table; callers run it on a worker thread."""
 
-    def __init__(self, root: StoreRoot) -> None:
-        self.root = root
-        self._appender = TableAppender(root, REMOVALS_TABLE, APP_ID)
+    SPEC = REMOVALS_TABLE
+    APP_ID = APP_ID
+
+    def __init__(self, root: StoreRoot, streams: StreamEpochs | None = None) -> None:
+        super().__init__(root, streams=streams)
         self._version = self._appender.committed_version()
 
-    def append(self, removals: list[Removal]) -> None:
-        """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once)."""
+    def append(self, removals: list[Removal]) -> frozenset[str]:
+        """Make removals durable in one commit (txn ``(jetlake-removals, n)`` lands it once).
+        Fenced per stream, the removals of streams a newer owner holds are left out; returns
+        those streams."""
         if not removals:
-            return
+            return frozenset()
         self._version += 1
+        if not self.per_stream:
+            self._appender.append([({}, self._rows(removals))], self._version)
+            return frozenset()
+
+        def attempt(left_out: frozenset[str]) -> None:
+            kept = [r for r in removals if r.stream not in left_out]
+            if kept:
+                streams = {r.stream for r in kept}
+                self._appender.append([({}, self._rows(kept))], self._version, streams=streams)
+
+        return commit_without_fenced(attempt)
+
+    @staticmethod
+    def _rows(removals: list[Removal]) -> pa.Table:
         now = time.time_ns()
-        rows = pa.table(
+        return pa.table(
             {
                 "stream": [r.stream for r in removals],
                 "created": [r.created for r in removals],
@@ -117,7 +137,6 @@ class RemovalLog:
             },
             schema=sch.REMOVALS_SCHEMA,
         )
-        self._appender.append([({}, rows)], self._version)
 
 
 #: The columns of the catalog and of the removal log that the logical view is made from.
@@ -140,15 +159,28 @@ def live_streams(root: StoreRoot, skip_damaged: bool = False) -> dict[str, int]:
 
 def live_streams_of(catalog: pa.Table) -> dict[str, int]:
     """:func:`live_streams` of the catalog's rows (:data:`CATALOG_COLUMNS`)."""
+    return {name: int(body["created"]) for name, body in _live_stream_bodies(catalog).items()}
+
+
+def stream_replicas(root: StoreRoot) -> dict[str, int]:
+    """Live stream name → its ``num_replicas`` (at least 1): what the meta owner places over the
+    gateways (per-stream ownership). A damaged catalog file raises, as for :func:`live_streams`."""
+    dt = open_existing(root, sch.CATALOG)
+    if dt is None:
+        return {}
+    bodies = _live_stream_bodies(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
+    return {name: max(1, int(body["config"].get("num_replicas") or 1)) for name, body in bodies.items()}
+
+
+def _live_stream_bodies(catalog: pa.Table) -> dict[str, dict[str, Any]]:
+    """Each live stream's newest catalog body (its ``created`` and ``config``)."""
     newest: dict[str, tuple[int, bool, str]] = {}
     for rev, kind, name, deleted, body in zip(
         *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
-    return {
-        name: int(json.loads(body)["created"]) for name, (_, deleted, body) in newest.items() if not deleted
-    }
+    return {name: json.loads(body) for name, (_, deleted, body) in newest.items() if not deleted}
 
 
 def load_stream_states(root: StoreRoot) -> dict[str, StreamLogicalState]:

@@ -103,11 +103,14 @@ class StoreState:
     problems: list[str]
 
 
-def load_store_state(root: StoreRoot, offline: Collection[tuple[Scope, str]] = ()) -> StoreState:
+def load_store_state(
+    root: StoreRoot, offline: Collection[tuple[Scope, str]] = (), only: Collection[str] | None = None
+) -> StoreState:
     """Read ``catalog`` and ``removals`` with every file checked; the streams a damaged file may
     concern are quarantined and left out, the others come back exactly. ``offline`` adds the names
     a damaged log entry set aside at start may concern, with why (``repair.check_at_start``,
-    ``storage_delta.tables.unresolved``). Blocking."""
+    ``storage_delta.tables.unresolved``). ``only``: the streams to recover (a gateway that just took
+    them over, per-stream ownership); None: all. Blocking."""
     catalog, catalog_damage = _read(root, sch.CATALOG, sch.CATALOG_SCHEMA)
     removals, removals_damage = _read(root, sch.REMOVALS, sch.REMOVALS_SCHEMA)
     live = live_streams_of(catalog)
@@ -126,7 +129,11 @@ def load_store_state(root: StoreRoot, offline: Collection[tuple[Scope, str]] = (
         for name, created in live.items():
             if scope.concerns(name, created):
                 quarantine.streams.setdefault(name, why)
-    served = {name: created for name, created in live.items() if quarantine.reason(name) is None}
+    served = {
+        name: created
+        for name, created in live.items()
+        if quarantine.reason(name) is None and (only is None or name in only)
+    }
     problems = [
         f"damaged data file {table}/{bad.path} ({bad.add.get('num_records')} rows, "
         f"{Scope.of(bad.add).describe()}): {bad.reason}; see jetlake repair"

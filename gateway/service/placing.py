@@ -1,0 +1,172 @@
+"""Per-stream ownership as gateway processes live it (#19, docs/perstream-status.md, step 3).
+
+Every gateway serves the streams it claims (``Gateway(per_stream=True)``) and, beside that, stands
+by for the store lease (:mod:`gateway.service.ownership`); its holder is the **meta owner**. The
+meta owner places the store's streams over the live gateways every tick
+(:func:`gateway.service.placement.place`: rendezvous ranking, bounded load, sticky owners) and
+records the placement beside the member records under its store epoch
+(``Lease.record_placement``). Every gateway reads the record every tick (the lease is tick-based
+already: beats and announcements) and follows it: it claims the streams placed on it and hands
+over the ones placed on another gateway (``Gateway.release``). A record of an older meta owner
+than one already followed is ignored (a paused meta owner that wakes up writes one last record
+before it finds the store lost).
+
+Whatever the timing, two gateways never both commit for a stream: a claim fences the stream in
+every table, and the previous holder's next commit of it is refused (docs/architecture.md,
+protocol item 2). The placement only decides who should serve, and how soon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from gateway.service.gateway import Gateway
+from gateway.service.ownership import TICKS_PER_LEASE, Ownership
+from gateway.service.placement import place
+from storage_delta.commit.lease import Placement
+from storage_delta.tables.removals import stream_replicas
+
+log = logging.getLogger(__name__)
+
+
+class Placing:
+    """One gateway process's part in the placement: :meth:`lead` (stand by for the store lease,
+    place while holding it) and :meth:`follow` (claim and hand over as placed), both for the life
+    of the gateway; their caller cancels them."""
+
+    def __init__(self, ownership: Ownership, gateway: Gateway) -> None:
+        assert gateway.claims is not None, "a gateway in per-stream mode"
+        self.ownership = ownership
+        self.gateway = gateway
+        self.tick_s = ownership.lease_s / TICKS_PER_LEASE
+        #: Meta owner: the streams being handed over by a live gateway, and since when.
+        self._moving: dict[str, tuple[str, float]] = {}
+        #: Follower: the streams handed over to this gateway, since when it waits for the release.
+        self._awaited: dict[str, float] = {}
+        #: Set when this gateway, as the meta owner, recorded a placement: it follows at once.
+        self._recorded = asyncio.Event()
+
+    async def lead(self) -> None:
+        """Stand by until this gateway holds the store lease, then beat it and place every tick
+        until it is lost; then stand by again."""
+        ownership = self.ownership
+        while True:
+            await ownership.acquire()
+            holding = asyncio.create_task(ownership.hold(), name="owner-lease")
+            placing = asyncio.create_task(self._place(), name="placement")
+            try:
+                await ownership.lost.wait()
+            finally:
+                for task in (placing, holding):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                self.gateway.meta = False
+
+    async def _place(self) -> None:
+        """The meta owner's ticks. For its first lease every gateway it has heard of counts as
+        live (announcements count as live only once seen to change, and judging by that at once
+        would take every other gateway's streams); at any time a gateway whose record names a
+        process of this host that is gone is not (``kill -9`` on one machine: its streams move at
+        the next tick, not a lease later)."""
+        ownership, gateway = self.ownership, self.gateway
+        claims = gateway.claims
+        assert claims is not None
+        gateway.meta = True
+        settled = time.monotonic() + ownership.lease_s
+        try:  # the others' announcements as they stand, before the first placement
+            await ownership.listen()
+        except OSError as exc:  # the announcing loop reads them at its next tick
+            log.warning("reading the gateways' announcements failed: %s", exc)
+        while True:
+            try:
+                replicas = await asyncio.to_thread(stream_replicas, gateway.root)
+                recorded = await asyncio.to_thread(ownership.lease.placement)
+                gone = await asyncio.to_thread(ownership.lease.gone_members)
+                if time.monotonic() < settled:
+                    heard = ownership.heard()
+                else:
+                    gateways = ownership.gateways()
+                    heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
+                live = [name for name in heard if name not in gone]
+                # the streams it created itself count as its own until first placed
+                current = {stream: ownership.name for stream in claims.held.streams()} | recorded.owners
+                owners = place(replicas, live, current)
+                handovers = self._handovers(current, owners, live)
+                placement = Placement(ownership.epoch, owners, handovers)
+                if placement != recorded:
+                    await asyncio.to_thread(ownership.lease.record_placement, placement)
+                    self._recorded.set()  # this gateway follows at once, not at its next tick
+                    moved = {s: g for s, g in owners.items() if recorded.owners.get(s) != g}
+                    if moved:
+                        log.info("placed %s over %d gateways", moved, len(live))
+            except Exception:  # the store out of reach, a damaged catalog: the next tick again
+                log.exception("placing the streams failed")
+            await asyncio.sleep(self.tick_s)
+
+    def _handovers(self, current: dict[str, str], owners: dict[str, str], live: list[str]) -> dict[str, str]:
+        """The streams moving from a live gateway (stream → that gateway), kept for a lease after
+        the move was placed: by then the next owner has claimed, the release or not."""
+        now = time.monotonic()
+        for stream, owner in owners.items():
+            was = current.get(stream)
+            if was is not None and was != owner and was in live:
+                self._moving[stream] = (was, now)
+        self._moving = {
+            s: (was, at)
+            for s, (was, at) in self._moving.items()
+            if now - at < self.ownership.lease_s and s in owners
+        }
+        return {stream: was for stream, (was, _) in self._moving.items()}
+
+    async def follow(self) -> None:
+        """Every tick: the newest placement's streams of this gateway claimed, those placed on
+        another gateway handed over, one after another."""
+        newest = 0
+        while True:
+            try:
+                placement = await asyncio.to_thread(self.ownership.lease.placement)
+                if placement.epoch >= newest:
+                    newest = placement.epoch
+                    await self._follow(placement)
+            except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
+                log.exception("following the placement failed")
+            # a tick, or less when this gateway (the meta owner) has just recorded a placement
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recorded.wait(), self.tick_s)
+            self._recorded.clear()
+
+    async def _follow(self, placement: Placement) -> None:
+        gateway, name = self.gateway, self.ownership.name
+        claims = gateway.claims
+        assert claims is not None
+        gateway.placement = placement.owners
+        for stream in sorted(s for s, g in placement.owners.items() if g == name):
+            if claims.held.epoch(stream) is not None or not await self._released(stream, placement):
+                continue
+            if not await gateway.claim(stream):
+                log.info("stream %s was claimed by another gateway first", stream)
+        for stream in sorted(claims.held.streams()):
+            if placement.owners.get(stream, name) != name:
+                await gateway.release(stream)
+
+    async def _released(self, stream: str, placement: Placement) -> bool:
+        """Whether to claim ``stream`` now: at once when it is not handed over by a live gateway
+        (a takeover: its gateway is gone), else once that gateway released it, or a lease after
+        this gateway first saw it placed here (a gateway that cannot finish its handover is fenced
+        instead; the fence, not this wait, keeps the stream right)."""
+        if stream not in placement.handovers:
+            self._awaited.pop(stream, None)
+            return True
+        lease = self.ownership.lease
+        since = self._awaited.setdefault(stream, time.monotonic())
+        current = await asyncio.to_thread(lease.stream_current, stream)
+        if time.monotonic() - since >= self.ownership.lease_s or await asyncio.to_thread(
+            lease.stream_released, stream, current
+        ):
+            del self._awaited[stream]
+            return True
+        return False

@@ -1,0 +1,119 @@
+"""A `Gateway` in per-stream mode (#19, docs/perstream-status.md, step 2): two gateways of one
+process, each with its own stream claims and tables, both leaves of one nats-server, on one store
+root. A creates S and T (a create claims the stream before its catalog commit) and serves them;
+B claims S (its next epoch, every table fenced, S recovered as at a start: messages, removals,
+its consumer's acks). The next publish to S reaches both (A is still subscribed): B stores and
+answers it, A's commit finds S fenced, A forgets S silently and unsubscribes its subjects, and
+T goes on at A without a gap. Nothing acknowledged is lost or stored twice, and every table's log
+shows each stream's epochs never going down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from gateway.runtime.embedded import EmbeddedServer
+from gateway.runtime.settings import Settings
+from gateway.service.gateway import Gateway
+from gateway.service.ownership import Ownership
+from storage_delta.commit.lease import open_lease
+from storage_delta.commit.store import StoreRoot
+from storage_delta.format import schema as sch
+from storage_delta.read.reader import MessageReader
+from tests.harness import free_port
+from tests.test_stream_fence import check_epochs_in_log
+
+
+@pytest.fixture
+async def hub(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+    server = EmbeddedServer(str(tmp_path / "nats"), "127.0.0.1", free_port(), free_port(), "jetlake")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def per_stream(root: str, hub: EmbeddedServer, name: str) -> Gateway:
+    settings = Settings(data_root=root, nats_url=hub.leaf_url, leaf_name=name)
+    gateway = Gateway(settings, Ownership(open_lease(StoreRoot(root)), 1.0, name), per_stream=True)
+    await gateway.start()
+    return gateway
+
+
+def seqs(root: str, stream: str) -> list[int]:
+    """Every stored sequence of ``stream``, duplicates included."""
+    return sorted(seq for seq, *_ in MessageReader(StoreRoot(root)).scan_index(stream))
+
+
+async def test_a_stream_taken_over_leaves_its_old_gateway_and_the_other_stream_stays(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True  # what placing does for the store lease's holder: it answers creates
+    b: Gateway | None = None
+    nc = await nats.connect(hub.client_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        await js.add_stream(name="T", subjects=["t.>"])
+        assert a.claims is not None
+        assert a.claims.held.epoch("S") == 1
+        assert a.claims.held.epoch("T") == 1
+        for i in range(1, 6):
+            assert (await js.publish("s.x", b"%d" % i)).seq == i
+            assert (await js.publish("t.x", b"%d" % i)).seq == i
+        await js.add_consumer("S", ConsumerConfig(durable_name="C", ack_policy=AckPolicy.EXPLICIT))
+        sub = await js.pull_subscribe_bind("C", "S")
+        for msg in await sub.fetch(3, timeout=5):
+            await msg.ack_sync()
+
+        dropped = asyncio.Event()
+        a.claims.dropped.connect(lambda names: dropped.set() if "S" in names else None)
+        b = await per_stream(root, hub, "b")
+        assert await b.claim("S")
+        assert b.claims is not None
+        assert b.claims.held.epoch("S") == 2
+        assert b.core is not None
+        assert a.core is not None
+        # S recovered at B as a start would: its messages, its consumer's acks
+        recovered = b.core.registry.streams["S"]
+        assert recovered.state.last_seq == 5
+        assert b.core.registry.consumers["S"]["C"].ack_floor_sseq == 3
+        assert "T" not in b.core.registry.streams
+
+        # A still listens to s.>: the publish reaches both; only B stores and answers it
+        assert (await js.publish("s.x", b"6")).seq == 6
+        await asyncio.wait_for(dropped.wait(), 10)
+        assert "S" not in a.core.registry.streams
+        assert "S" not in a.core.registry.consumers
+        assert a.claims.held.epoch("S") is None
+        # T at A, without a gap
+        assert (await js.publish("t.x", b"6")).seq == 6
+        assert (await js.publish("s.x", b"7")).seq == 7
+        assert "T" in a.core.registry.streams
+        # placed: A now answers nothing of S (the meta owner is silent on a placed stream), B all
+        assert a.ownership is not None
+        assert b.ownership is not None
+        a.placement = {"S": b.ownership.name, "T": a.ownership.name}
+        msgs = await sub.fetch(2, timeout=5)
+        assert [m.metadata.sequence.stream for m in msgs] == [4, 5]  # 1-3 were acked at A
+        for msg in msgs:
+            await msg.ack_sync()
+        info = await js.consumer_info("S", "C")
+        assert (info.ack_floor.stream_seq, info.num_pending) == (5, 2)
+        assert (await js.stream_info("T")).state.last_seq == 6
+    finally:
+        await nc.close()
+        await a.close()
+        if b is not None:
+            await b.close()
+    assert seqs(root, "S") == [1, 2, 3, 4, 5, 6, 7]
+    assert seqs(root, "T") == [1, 2, 3, 4, 5, 6]
+    store = StoreRoot(root)
+    for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
+        check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
