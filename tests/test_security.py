@@ -297,7 +297,7 @@ def accounts_conf(jetstream: bool) -> str:
 class PermissionedReference(ReferenceJetStream):
     """The real JetStream with the same accounts and permissions."""
 
-    def start(self) -> None:
+    def start(self, ready_s: float = 15.0) -> None:
         from gateway.runtime.embedded import nats_server_binary
 
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -308,7 +308,7 @@ class PermissionedReference(ReferenceJetStream):
             f"{accounts_conf(jetstream=True)}\n"
         )
         self.proc = spawn([nats_server_binary(), "-c", str(conf)], self.workdir / "nats-server.log")
-        wait_port(self.port, self.proc)
+        wait_port(self.port, self.proc, ready_s)
 
 
 @pytest.fixture(scope="module")
