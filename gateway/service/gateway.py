@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -197,7 +197,10 @@ class Gateway:
         await acklog.start()
         await registry.start()
         phases.append(time.monotonic())
-        await self._recover(registry, snapshots, history, await stored)
+        state = await stored
+        if self.claims is not None:  # which names a store from before per-stream ownership has
+            self.claims.at_start = state
+        await self._recover(registry, snapshots, history, state)
         phases.append(time.monotonic())
         log.info("recovered %d streams in %.2f s", len(registry.streams), phases[-1] - phases[-2])
         log.info("leaf link hot path: %s (JETLAKE_NO_EXTENSIONS selects python)", protocol.IMPLEMENTATION)
@@ -294,33 +297,33 @@ class Gateway:
             ", ".join(took),
         )
 
-    async def claim(self, name: str) -> bool:
-        """Per-stream ownership: take stream ``name`` over and serve it. Its next epoch is claimed
-        and fenced in every table before anything of it is read (:meth:`StreamClaims.claim`),
-        then it is recovered from what was read as at a start (:meth:`_recover`) and its subjects
-        are subscribed. False when another gateway claimed that epoch first (nothing held);
-        :class:`StreamFenced` when a newer one was claimed meanwhile."""
+    async def claim(self, names: Collection[str]) -> frozenset[str]:
+        """Per-stream ownership: take streams ``names`` over and serve them; returns those taken.
+        Their next epochs are claimed and fenced in every table before anything of them is read
+        (:meth:`StreamClaims.claim`, one commit per table and one read of each for all of them:
+        a restart takes its streams back as fast as a start reads a whole store), then they are
+        recovered from what was read as at a start (:meth:`_recover`) and their subjects are
+        subscribed. A stream another gateway claimed first, or fenced meanwhile, is not taken."""
         core, claims, tables = self.core, self.claims, self._tables
         assert core is not None, "started"
         assert claims is not None, "per stream"
         assert tables is not None, "per stream, started"
-        claimed = await claims.claim(name, tables, tables[3])
-        if claimed is None:
-            return False
-        # the previous owner's rows of the stream's consumers stay below this writer's
+        claimed = await claims.claim(names, tables, tables[3])
+        taken = frozenset(claimed.epochs)
+        # the previous owners' rows of the streams' consumers stay below this writer's
         core.acklog.continue_above(claimed.acks.max_lsn)
-        self._recovering.add(name)
+        self._recovering |= taken
         try:
             recovered = await self._recover(core.registry, core.snapshots, claimed.acks, claimed.state)
         finally:
-            self._recovering.discard(name)
+            self._recovering -= taken
         for stream in recovered:
             core.registry.listen(stream)  # its publishes from now on
             core.recorder.changed(stream)  # its expiry timer and delete markers
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
             for consumer in core.registry.consumers.get(stream.name, {}).values():
                 core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
-        return True
+        return taken
 
     def answers(self, stream: str | None) -> bool:
         """Per stream: whether this gateway answers what names ``stream`` (None: the account-wide
@@ -386,7 +389,7 @@ class Gateway:
         (a no-op for a stream held). Another gateway claiming it at once leaves the request
         unanswered (the client times out and asks again), as :class:`StreamFenced`."""
         assert self.claims is not None
-        if self.claims.held.epoch(name) is None and not await self.claim(name):
+        if self.claims.held.epoch(name) is None and name not in await self.claim([name]):
             raise StreamFenced(frozenset({name}))
 
     def _dropped(self, names: frozenset[str]) -> None:

@@ -27,7 +27,7 @@ from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
 from gateway.service.placement import place
 from storage_delta.commit.lease import Placement
-from storage_delta.tables.removals import stream_replicas
+from storage_delta.tables.removals import StreamReplicas
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,13 @@ class Placing:
         gateway.meta = True
         settled = time.monotonic() + ownership.lease_s
         listened = ownership.listens
+        catalog = StreamReplicas(gateway.root)  # read again only where the catalog changed
         while True:
             await asyncio.sleep(self.tick_s)
             if ownership.listens == listened:
                 continue  # it has not read the others' announcements since it took the store
             try:
-                replicas = await asyncio.to_thread(stream_replicas, gateway.root)
+                replicas = await asyncio.to_thread(catalog.read)
                 recorded = await asyncio.to_thread(ownership.lease.placement)
                 gone = await asyncio.to_thread(ownership.lease.gone_members)
                 if time.monotonic() < settled:
@@ -137,11 +138,16 @@ class Placing:
         claims = gateway.claims
         assert claims is not None
         gateway.placement = placement.owners
-        for stream in sorted(s for s, g in placement.owners.items() if g == name):
-            if claims.held.epoch(stream) is not None or not await self._released(stream, placement):
-                continue
-            if not await gateway.claim(stream):
-                log.info("stream %s was claimed by another gateway first", stream)
+        ready = [
+            stream
+            for stream in sorted(s for s, g in placement.owners.items() if g == name)
+            if claims.held.epoch(stream) is None and await self._released(stream, placement)
+        ]
+        if ready:  # all in one claim: one fence commit per table, one read of each
+            taken = await gateway.claim(ready)
+            for stream in ready:
+                if stream not in taken:
+                    log.info("stream %s was claimed or fenced by another gateway first", stream)
         for stream in sorted(claims.held.streams()):
             if placement.owners.get(stream, name) != name:
                 await gateway.release(stream)

@@ -40,7 +40,14 @@ from deltalake.transaction import AddAction
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
 from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
-from storage_delta.commit.owner import OWNER_APP, StreamEpochs, StreamFenced, check_epoch, stream_owner_app
+from storage_delta.commit.owner import (
+    OWNER_APP,
+    StreamEpochs,
+    StreamFenced,
+    check_epoch,
+    commit_without_fenced,
+    stream_owner_app,
+)
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -111,10 +118,13 @@ class TableAppender:
         #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
         self._log_keep_entries = log_keep_entries
         #: Per stream, the epoch this appender fenced it under and the table's version of the
-        #: stream's dedup txn just after (:meth:`fence_stream`): its commits carry ``base +
+        #: stream's dedup txn just after (:meth:`fence_streams`): its commits carry ``base +
         #: version``, so the stream's versions keep growing across owners whatever each writer's
         #: own count is. A stream held under another epoch than fenced here is not written.
         self._bases: dict[str, tuple[int, int]] = {}
+        #: Per stream, its owner epoch in the table as of a version of the handle
+        #: (:meth:`_stream_epoch`).
+        self._epochs: dict[str, tuple[int, int]] = {}
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -137,12 +147,26 @@ class TableAppender:
         snapshot's app transactions from its log entries when first asked, and those of a handle
         left behind a trim are gone (another writer's checkpoint went past it), so that handle
         catches up first. A newer version's epoch only refuses sooner what a fence already
-        refuses (it landed before any commit of ours still to come)."""
+        refuses (it landed before any commit of ours still to come).
+
+        Asked once per stream and version of the handle, then remembered: a version's snapshot
+        never changes, and on a local root the handle stays at its version while the commits
+        go on (:class:`LocalLogAppender` reads the versions it passes itself), so a commit does
+        not ask delta-rs again (each ask cost a scan of the snapshot's app transactions, which
+        grow with the streams)."""
+        dt = self.dt  # hygiene may swap it meanwhile: one handle for the version and the answer
+        version = dt.version()
+        known = self._epochs.get(stream)
+        if known is not None and known[0] == version:
+            return known[1]
         try:
-            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+            epoch = dt.transaction_version(stream_owner_app(stream)) or 0
         except DeltaError:
-            catch_up(self.dt)
-            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+            catch_up(dt)
+            version = dt.version()
+            epoch = dt.transaction_version(stream_owner_app(stream)) or 0
+        self._epochs[stream] = (version, epoch)
+        return epoch
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
@@ -151,24 +175,53 @@ class TableAppender:
             if fenced:
                 raise StreamFenced(fenced)
 
-    def fence_stream(self, stream: str) -> None:
-        """Commit ``stream``'s owner epoch (as held in :attr:`streams`) alone, before anything of
-        the stream is read to recover: a writer of an older epoch of it meets the fence on its way
-        to any later version and drops the stream's rows. :class:`StreamFenced` when a newer epoch
-        is there already (the lease moved on again)."""
-        assert self.streams is not None, "fence_stream on an appender fenced by the store's epoch"
-        epoch = self.streams.epoch(stream)
-        if epoch is None:
-            raise StreamFenced(frozenset([stream]))
-        with self._lock:
+    def fence_streams(self, streams: Collection[str]) -> frozenset[str]:
+        """Commit the owner epochs held for ``streams`` (in :attr:`streams`), all in one commit,
+        before anything of them is read to recover: a writer of an older epoch of one meets the
+        fence on its way to any later version and drops that stream's rows. Returns the streams
+        not fenced here: not held, or a newer epoch is there already (the lease moved on again);
+        the others are fenced."""
+        assert self.streams is not None, "fence_streams on an appender fenced by the store's epoch"
+        held = self.streams
+        lost = frozenset(s for s in streams if held.epoch(s) is None)
+
+        def attempt(left_out: frozenset[str]) -> None:
+            names = sorted(set(streams) - lost - left_out)
+            if not names:
+                return
             if self._local is not None:
-                self._local.append([], (stream_owner_app(stream), epoch), streams=[stream])
+                epoch = held.epoch(names[0])
+                if epoch is None:
+                    raise StreamFenced(frozenset(names[:1]))
+                self._local.append([], (stream_owner_app(names[0]), epoch), streams=names)
             else:
-                self._commit_delta_rs([], None, [], [stream])
-            # After the fence no older owner's commit of the stream lands: the table's count of
-            # it is final, and ours goes on above it.
+                self._commit_delta_rs([], None, [], names)
+
+        with self._lock:
+            lost |= commit_without_fenced(attempt)
+            # After the fence no older owner's commit of a stream lands: the table's count of it
+            # is final, and ours goes on above it.
             catch_up(self.dt)
-            self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
+            for stream in set(streams) - lost:
+                epoch = held.epoch(stream)
+                if epoch is None:  # dropped meanwhile
+                    lost |= {stream}
+                    continue
+                self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
+        return lost
+
+    def take_unwritten(self, streams: Collection[str]) -> None:
+        """Write ``streams`` from now on without a fence: streams whose lease this writer claimed
+        as its first epoch, with no name in the catalog from before (``StreamClaims.claim``), so no
+        writer has ever committed a row of them (a per-stream writer needs a claim, and the store's
+        single owner a catalog entry). There is no previous owner to fence, nothing to read back,
+        and each one's dedup count starts at 0. A later owner fences them as any other."""
+        assert self.streams is not None, "take_unwritten on an appender fenced by the store's epoch"
+        with self._lock:
+            for stream in streams:
+                epoch = self.streams.epoch(stream)
+                if epoch is not None:
+                    self._bases[stream] = (epoch, 0)
 
     def dedup_app(self, stream: str) -> str:
         """The app id of ``stream``'s commits in the table when fenced per stream: the landed
@@ -460,6 +513,17 @@ class WriterTable:
             root, self.SPEC, self.APP_ID, checkpoint_every, log_keep_entries=keep, streams=streams
         )
 
+    def fence_streams(self, streams: Collection[str]) -> frozenset[str]:
+        """Commit the epochs held for ``streams`` in one commit (their new owner's first write);
+        returns those not fenced (:meth:`TableAppender.fence_streams`)."""
+        return self._appender.fence_streams(streams)
+
     def fence_stream(self, stream: str) -> None:
-        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
-        self._appender.fence_stream(stream)
+        """:meth:`fence_streams` of one stream; :class:`StreamFenced` when it was not fenced."""
+        lost = self.fence_streams([stream])
+        if lost:
+            raise StreamFenced(lost)
+
+    def take_unwritten(self, streams: Collection[str]) -> None:
+        """Write never-written ``streams`` without a fence (:meth:`TableAppender.take_unwritten`)."""
+        self._appender.take_unwritten(streams)
