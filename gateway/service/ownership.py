@@ -230,6 +230,8 @@ class StreamClaims:
         catalog entry; a deleted stream's lease stays (a name made again claims above it). Such a
         stream (a create's) is neither fenced nor read back: no previous owner, nothing to read."""
         loop = asyncio.get_running_loop()
+        # each table's version before the claims: no epoch of a stream first claimed now is in it
+        before = await loop.run_in_executor(self.executor, lambda: [t.version_now() for t in tables])
         won = await loop.run_in_executor(self.executor, self._claim_leases, sorted(set(streams)))
         for stream, epoch in won.items():
             self.held.hold(stream, epoch)
@@ -240,7 +242,9 @@ class StreamClaims:
             # side by side (each a commit, a few round trips on an object store), all awaited
             fences = [loop.run_in_executor(self.executor, t.fence_streams, fence) for t in tables if fence]
             takes = [
-                loop.run_in_executor(self.executor, t.take_unwritten, unwritten) for t in tables if unwritten
+                loop.run_in_executor(self.executor, t.take_unwritten, unwritten, v)
+                for t, v in zip(tables, before, strict=True)
+                if unwritten
             ]
             results = await asyncio.gather(*fences, *takes, return_exceptions=True)
         except BaseException:
@@ -266,12 +270,8 @@ class StreamClaims:
 
     def _claim_leases(self, streams: Sequence[str]) -> dict[str, int]:
         """Blocking: the next epoch of each stream's lease claimed; those this gateway got."""
-        won = {}
-        for stream in streams:
-            epoch = self.lease.stream_current(stream) + 1
-            if self.lease.claim_stream(stream, epoch, self.name):
-                won[stream] = epoch
-        return won
+        epochs = {stream: self.lease.stream_current(stream) + 1 for stream in streams}
+        return {s: epochs[s] for s in sorted(self.lease.claim_streams(epochs, self.name))}
 
     def _let_go(self, streams: Collection[str]) -> None:
         """Claimed but not fenced (a newer epoch was there, or the fence failed): not held."""

@@ -73,7 +73,6 @@ class Placing:
         ownership, gateway = self.ownership, self.gateway
         claims = gateway.claims
         assert claims is not None
-        gateway.meta = True
         settled = time.monotonic() + ownership.lease_s
         listened = ownership.listens
         catalog = StreamReplicas(gateway.root)  # read again only where the catalog changed
@@ -101,6 +100,11 @@ class Placing:
                     moved = {s: g for s, g in owners.items() if recorded.owners.get(s) != g}
                     if moved:
                         log.info("placed %s over %d gateways", moved, len(live))
+                # Only from its first placement on does the meta owner know which names are placed
+                # nowhere: before it, a stream the last record left out (created just before the
+                # previous meta owner stopped) would get a "not found" from it.
+                gateway.placement = owners
+                gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
 

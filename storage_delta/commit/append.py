@@ -122,9 +122,10 @@ class TableAppender:
         #: version``, so the stream's versions keep growing across owners whatever each writer's
         #: own count is. A stream held under another epoch than fenced here is not written.
         self._bases: dict[str, tuple[int, int]] = {}
-        #: Per stream, its owner epoch in the table as of a version of the handle
-        #: (:meth:`_stream_epoch`).
+        #: Per stream, the version of the handle it was asked at and its owner epoch there
+        #: (:meth:`_stream_epoch`); answers as of ``_epochs_from`` or later hold.
         self._epochs: dict[str, tuple[int, int]] = {}
+        self._epochs_from = self.dt.version()
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -149,24 +150,38 @@ class TableAppender:
         catches up first. A newer version's epoch only refuses sooner what a fence already
         refuses (it landed before any commit of ours still to come).
 
-        Asked once per stream and version of the handle, then remembered: a version's snapshot
-        never changes, and on a local root the handle stays at its version while the commits
-        go on (:class:`LocalLogAppender` reads the versions it passes itself), so a commit does
-        not ask delta-rs again (each ask cost a scan of the snapshot's app transactions, which
-        grow with the streams)."""
+        Asked of delta-rs once and remembered (each ask scans the snapshot's app transactions,
+        which grow with the streams, and it came at every commit): an answer as of a version at
+        or past :attr:`_epochs_from` still holds. On a local root the log appender reads every
+        version it passes after that one itself (``LocalLogAppender.seen``), so older answers are
+        never needed; through delta-rs, the handle's version is where a commit goes on from."""
         dt = self.dt  # hygiene may swap it meanwhile: one handle for the version and the answer
-        version = dt.version()
+        floor = self._epochs_from if self._local is not None else dt.version()
         known = self._epochs.get(stream)
-        if known is not None and known[0] == version:
+        if known is not None and known[0] >= floor:
             return known[1]
+        version = dt.version()
         try:
             epoch = dt.transaction_version(stream_owner_app(stream)) or 0
         except DeltaError:
-            catch_up(dt)
+            self._catch_up(dt)
             version = dt.version()
             epoch = dt.transaction_version(stream_owner_app(stream)) or 0
         self._epochs[stream] = (version, epoch)
         return epoch
+
+    def _catch_up(self, dt: DeltaTable | None = None) -> None:
+        """Bring the handle (or ``dt``) to the table's newest version. A commit through the log
+        appender may then go on from there (past versions it has not read): the epochs
+        remembered from before are asked again (:meth:`_stream_epoch`)."""
+        dt = self.dt if dt is None else dt
+        catch_up(dt)
+        self._epochs_from = max(self._epochs_from, dt.version())
+
+    def version_now(self) -> int:
+        """The handle's version: a stream first claimed after this call has no epoch in it
+        (:meth:`take_unwritten`)."""
+        return self.dt.version()
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
@@ -201,7 +216,7 @@ class TableAppender:
             lost |= commit_without_fenced(attempt)
             # After the fence no older owner's commit of a stream lands: the table's count of it
             # is final, and ours goes on above it.
-            catch_up(self.dt)
+            self._catch_up()
             for stream in set(streams) - lost:
                 epoch = held.epoch(stream)
                 if epoch is None:  # dropped meanwhile
@@ -210,18 +225,21 @@ class TableAppender:
                 self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
         return lost
 
-    def take_unwritten(self, streams: Collection[str]) -> None:
+    def take_unwritten(self, streams: Collection[str], before: int) -> None:
         """Write ``streams`` from now on without a fence: streams whose lease this writer claimed
         as its first epoch, with no name in the catalog from before (``StreamClaims.claim``), so no
         writer has ever committed a row of them (a per-stream writer needs a claim, and the store's
         single owner a catalog entry). There is no previous owner to fence, nothing to read back,
-        and each one's dedup count starts at 0. A later owner fences them as any other."""
+        and each one's dedup count starts at 0. A later owner fences them as any other.
+        ``before``: a version of the table (:meth:`version_now`) taken before the claims, when
+        no epoch of these streams could be in it: 0 is their epoch there, not asked of delta-rs."""
         assert self.streams is not None, "take_unwritten on an appender fenced by the store's epoch"
         with self._lock:
             for stream in streams:
                 epoch = self.streams.epoch(stream)
                 if epoch is not None:
                     self._bases[stream] = (epoch, 0)
+                    self._epochs[stream] = (before, 0)
 
     def dedup_app(self, stream: str) -> str:
         """The app id of ``stream``'s commits in the table when fenced per stream: the landed
@@ -264,7 +282,7 @@ class TableAppender:
         versions are not ours, so they must not be taken for commits of ours that landed."""
         if self.app_id is None:
             return 0
-        catch_up(self.dt)
+        self._catch_up()
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
         if self.streams is None:
             return self.dt.transaction_version(self.app_id) or 0
@@ -284,7 +302,7 @@ class TableAppender:
     def transaction_version(self, app_id: str) -> int:
         """The newest version the table holds of another app id (a stream source's position)."""
         with self._lock:
-            catch_up(self.dt)
+            self._catch_up()
             return self.dt.transaction_version(app_id) or 0
 
     def next_version(self) -> int:
@@ -352,7 +370,7 @@ class TableAppender:
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
                 # let delta-rs judge it from now on unless it still allows blind appends.
-                catch_up(self.dt)
+                self._catch_up()
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
@@ -366,7 +384,7 @@ class TableAppender:
     def _catch_up_landed(self, txn: tuple[str, int] | None, streams: Collection[str]) -> bool:
         """Catch the handle up and say whether it holds ``txn`` (the commit landed; never without
         a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours."""
-        catch_up(self.dt)
+        self._catch_up()
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
         self._check_streams(streams)
         return txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]
@@ -396,7 +414,7 @@ class TableAppender:
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
-                catch_up(self.dt)
+                self._catch_up()
                 break
             except CommitConflict:
                 if self._catch_up_landed(txn, streams):
@@ -476,7 +494,7 @@ class TableAppender:
 
     def fresh(self) -> DeltaTable:
         """The handle, caught up with every commit (for reads that must see them all)."""
-        catch_up(self.dt)
+        self._catch_up()
         return self.dt
 
     def close(self) -> None:
@@ -524,6 +542,10 @@ class WriterTable:
         if lost:
             raise StreamFenced(lost)
 
-    def take_unwritten(self, streams: Collection[str]) -> None:
+    def take_unwritten(self, streams: Collection[str], before: int) -> None:
         """Write never-written ``streams`` without a fence (:meth:`TableAppender.take_unwritten`)."""
-        self._appender.take_unwritten(streams)
+        self._appender.take_unwritten(streams, before)
+
+    def version_now(self) -> int:
+        """The table's version as its handle knows it (:meth:`TableAppender.version_now`)."""
+        return self._appender.version_now()
