@@ -46,6 +46,7 @@ from storage_delta.commit.owner import (
     StreamFenced,
     check_epoch,
     commit_without_fenced,
+    stream_count_base,
     stream_owner_app,
 )
 from storage_delta.commit.store import (
@@ -117,8 +118,8 @@ class TableAppender:
         self._checkpoint_every = checkpoint_every
         #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
         self._log_keep_entries = log_keep_entries
-        #: Per stream, the epoch this appender fenced it under and the table's version of the
-        #: stream's dedup txn just after (:meth:`fence_streams`): its commits carry ``base +
+        #: Per stream, the epoch this appender fenced it under and the base of its count there
+        #: (:func:`~storage_delta.commit.owner.stream_count_base`): its commits carry ``base +
         #: version``, so the stream's versions keep growing across owners whatever each writer's
         #: own count is. A stream held under another epoch than fenced here is not written.
         self._bases: dict[str, tuple[int, int]] = {}
@@ -143,7 +144,7 @@ class TableAppender:
         else:
             self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
 
-    def _stream_epoch(self, stream: str) -> int:
+    def _stream_epoch(self, stream: str, exact: bool = False) -> int:
         """``stream``'s owner epoch as of the handle's version, or a newer one: delta-rs reads a
         snapshot's app transactions from its log entries when first asked, and those of a handle
         left behind a trim are gone (another writer's checkpoint went past it), so that handle
@@ -154,9 +155,10 @@ class TableAppender:
         which grow with the streams, and it came at every commit): an answer as of a version at
         or past :attr:`_epochs_from` still holds. On a local root the log appender reads every
         version it passes after that one itself (``LocalLogAppender.seen``), so older answers are
-        never needed; through delta-rs, the handle's version is where a commit goes on from."""
+        never needed; through delta-rs, the handle's version is where a commit goes on from.
+        ``exact``: as of the handle's version, whatever the log appender read."""
         dt = self.dt  # hygiene may swap it meanwhile: one handle for the version and the answer
-        floor = self._epochs_from if self._local is not None else dt.version()
+        floor = self._epochs_from if self._local is not None and not exact else dt.version()
         known = self._epochs.get(stream)
         if known is not None and known[0] >= floor:
             return known[1]
@@ -164,19 +166,16 @@ class TableAppender:
         try:
             epoch = dt.transaction_version(stream_owner_app(stream)) or 0
         except DeltaError:
-            self._catch_up(dt)
+            catch_up(dt)
             version = dt.version()
             epoch = dt.transaction_version(stream_owner_app(stream)) or 0
         self._epochs[stream] = (version, epoch)
         return epoch
 
-    def _catch_up(self, dt: DeltaTable | None = None) -> None:
-        """Bring the handle (or ``dt``) to the table's newest version. A commit through the log
-        appender may then go on from there (past versions it has not read): the epochs
-        remembered from before are asked again (:meth:`_stream_epoch`)."""
-        dt = self.dt if dt is None else dt
-        catch_up(dt)
-        self._epochs_from = max(self._epochs_from, dt.version())
+    def _jumped(self) -> None:
+        """The log appender goes on from the handle's version (caught up), past versions it has
+        not read: the epochs remembered from before are asked again (:meth:`_stream_epoch`)."""
+        self._epochs_from = max(self._epochs_from, self.dt.version())
 
     def version_now(self) -> int:
         """The handle's version: a stream first claimed after this call has no epoch in it
@@ -214,15 +213,14 @@ class TableAppender:
 
         with self._lock:
             lost |= commit_without_fenced(attempt)
-            # After the fence no older owner's commit of a stream lands: the table's count of it
-            # is final, and ours goes on above it.
-            self._catch_up()
+            # After the fence no older owner's commit of a stream lands; ours are counted above
+            # every one of theirs.
             for stream in set(streams) - lost:
                 epoch = held.epoch(stream)
                 if epoch is None:  # dropped meanwhile
                     lost |= {stream}
                     continue
-                self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
+                self._bases[stream] = (epoch, stream_count_base(epoch))
         return lost
 
     def take_unwritten(self, streams: Collection[str], before: int) -> None:
@@ -230,7 +228,7 @@ class TableAppender:
         as its first epoch, with no name in the catalog from before (``StreamClaims.claim``), so no
         writer has ever committed a row of them (a per-stream writer needs a claim, and the store's
         single owner a catalog entry). There is no previous owner to fence, nothing to read back,
-        and each one's dedup count starts at 0. A later owner fences them as any other.
+        and each one's dedup count starts at its base. A later owner fences them as any other.
         ``before``: a version of the table (:meth:`version_now`) taken before the claims, when
         no epoch of these streams could be in it: 0 is their epoch there, not asked of delta-rs."""
         assert self.streams is not None, "take_unwritten on an appender fenced by the store's epoch"
@@ -238,7 +236,7 @@ class TableAppender:
             for stream in streams:
                 epoch = self.streams.epoch(stream)
                 if epoch is not None:
-                    self._bases[stream] = (epoch, 0)
+                    self._bases[stream] = (epoch, stream_count_base(epoch))
                     self._epochs[stream] = (before, 0)
 
     def dedup_app(self, stream: str) -> str:
@@ -282,27 +280,29 @@ class TableAppender:
         versions are not ours, so they must not be taken for commits of ours that landed."""
         if self.app_id is None:
             return 0
-        self._catch_up()
+        catch_up(self.dt)
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
         if self.streams is None:
             return self.dt.transaction_version(self.app_id) or 0
         # Fenced per stream: the newest of our versions among the streams we still hold (a
         # fenced stream's count goes on under its new owner and says nothing of ours).
         held = self.streams.streams()
-        ours = held - self.streams.fenced(held, self._stream_epoch)
+        ours = held - self.streams.fenced(held, lambda s: self._stream_epoch(s, exact=True))
         return max(
-            (
-                (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
-                for s in ours
-                if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
-            ),
-            default=0,
+            [
+                0,  # (a stream not yet committed by us holds a version below our base, or none)
+                *(
+                    (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
+                    for s in ours
+                    if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
+                ),
+            ]
         )
 
     def transaction_version(self, app_id: str) -> int:
         """The newest version the table holds of another app id (a stream source's position)."""
         with self._lock:
-            self._catch_up()
+            catch_up(self.dt)
             return self.dt.transaction_version(app_id) or 0
 
     def next_version(self) -> int:
@@ -370,7 +370,8 @@ class TableAppender:
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
                 # let delta-rs judge it from now on unless it still allows blind appends.
-                self._catch_up()
+                catch_up(self.dt)
+                self._jumped()
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
@@ -383,8 +384,10 @@ class TableAppender:
 
     def _catch_up_landed(self, txn: tuple[str, int] | None, streams: Collection[str]) -> bool:
         """Catch the handle up and say whether it holds ``txn`` (the commit landed; never without
-        a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours."""
-        self._catch_up()
+        a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours.
+        The log appender goes on from here if it did not land."""
+        catch_up(self.dt)
+        self._jumped()
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
         self._check_streams(streams)
         return txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]
@@ -414,7 +417,7 @@ class TableAppender:
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
-                self._catch_up()
+                catch_up(self.dt)
                 break
             except CommitConflict:
                 if self._catch_up_landed(txn, streams):
@@ -494,7 +497,7 @@ class TableAppender:
 
     def fresh(self) -> DeltaTable:
         """The handle, caught up with every commit (for reads that must see them all)."""
-        self._catch_up()
+        catch_up(self.dt)
         return self.dt
 
     def close(self) -> None:
