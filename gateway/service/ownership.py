@@ -240,7 +240,11 @@ class StreamClaims:
         fence = [s for s in won if s not in unwritten]
         try:
             # side by side (each a commit, a few round trips on an object store), all awaited
-            fences = [loop.run_in_executor(self.executor, t.fence_streams, fence) for t in tables if fence]
+            fences = [
+                loop.run_in_executor(self.executor, t.fence_streams, fence, v)
+                for t, v in zip(tables, before, strict=True)
+                if fence
+            ]
             takes = [
                 loop.run_in_executor(self.executor, t.take_unwritten, unwritten, v)
                 for t, v in zip(tables, before, strict=True)

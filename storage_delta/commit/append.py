@@ -189,15 +189,16 @@ class TableAppender:
             if fenced:
                 raise StreamFenced(fenced)
 
-    def fence_streams(self, streams: Collection[str]) -> frozenset[str]:
+    def fence_streams(self, streams: Collection[str], before: int) -> frozenset[str]:
         """Commit the owner epochs held for ``streams`` (in :attr:`streams`), all in one commit,
         before anything of them is read to recover: a writer of an older epoch of one meets the
         fence on its way to any later version and drops that stream's rows. Returns the streams
         not fenced here: not held, or a newer epoch is there already (the lease moved on again);
-        the others are fenced."""
+        the others are fenced. ``before``: as for :meth:`take_unwritten`."""
         assert self.streams is not None, "fence_streams on an appender fenced by the store's epoch"
         held = self.streams
         lost = frozenset(s for s in streams if held.epoch(s) is None)
+        self._claimed_after(streams, before)
 
         def attempt(left_out: frozenset[str]) -> None:
             names = sorted(set(streams) - lost - left_out)
@@ -229,15 +230,24 @@ class TableAppender:
         writer has ever committed a row of them (a per-stream writer needs a claim, and the store's
         single owner a catalog entry). There is no previous owner to fence, nothing to read back,
         and each one's dedup count starts at its base. A later owner fences them as any other.
-        ``before``: a version of the table (:meth:`version_now`) taken before the claims, when
-        no epoch of these streams could be in it: 0 is their epoch there, not asked of delta-rs."""
+        ``before``: a version of the table (:meth:`version_now`) taken before the claims."""
         assert self.streams is not None, "take_unwritten on an appender fenced by the store's epoch"
+        self._claimed_after(streams, before)
         with self._lock:
             for stream in streams:
                 epoch = self.streams.epoch(stream)
                 if epoch is not None:
                     self._bases[stream] = (epoch, stream_count_base(epoch))
-                    self._epochs[stream] = (before, 0)
+
+    def _claimed_after(self, streams: Collection[str], before: int) -> None:
+        """``streams`` were just claimed, after the table was at version ``before``: an epoch of
+        one there is below the one claimed (a lease's epochs are claimed one after another, and
+        each is fenced after its claim). Remembered as 0 (:meth:`_stream_epoch`), which decides
+        as the true one does: the epoch is only ever compared with the one held, the claimed
+        one or a later claim's. So a claim of many streams asks delta-rs nothing."""
+        with self._lock:
+            for stream in streams:
+                self._epochs[stream] = (before, 0)
 
     def dedup_app(self, stream: str) -> str:
         """The app id of ``stream``'s commits in the table when fenced per stream: the landed
@@ -534,14 +544,15 @@ class WriterTable:
             root, self.SPEC, self.APP_ID, checkpoint_every, log_keep_entries=keep, streams=streams
         )
 
-    def fence_streams(self, streams: Collection[str]) -> frozenset[str]:
+    def fence_streams(self, streams: Collection[str], before: int) -> frozenset[str]:
         """Commit the epochs held for ``streams`` in one commit (their new owner's first write);
         returns those not fenced (:meth:`TableAppender.fence_streams`)."""
-        return self._appender.fence_streams(streams)
+        return self._appender.fence_streams(streams, before)
 
     def fence_stream(self, stream: str) -> None:
-        """:meth:`fence_streams` of one stream; :class:`StreamFenced` when it was not fenced."""
-        lost = self.fence_streams([stream])
+        """:meth:`fence_streams` of one stream claimed before this call; :class:`StreamFenced`
+        when it was not fenced."""
+        lost = self.fence_streams([stream], -1)
         if lost:
             raise StreamFenced(lost)
 
