@@ -120,6 +120,11 @@ class Gateway:
         self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
         #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.
         self._recovering: set[str] = set()
+        #: Per stream: the streams moving here from a live gateway (``Placement.handovers``),
+        #: which answers them until it lets them go.
+        self.handovers: dict[str, str] = {}
+        #: Per stream: set once the stream is served here (an API request waits for it).
+        self._served: dict[str, asyncio.Event] = {}
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -281,6 +286,8 @@ class Gateway:
             self._stop_dropping = self.claims.dropped.connect(self._dropped)
             registry.claim = self._claim_new
             dispatcher.answers = self.answers
+            dispatcher.awaits = self.awaits
+            dispatcher.served = self.served
             leaf.admits = self._admits
         elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
@@ -323,6 +330,8 @@ class Gateway:
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
             for consumer in core.registry.consumers.get(stream.name, {}).values():
                 core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
+            if (served := self._served.pop(stream.name, None)) is not None:
+                served.set()  # the requests that waited for it
         return taken
 
     def answers(self, stream: str | None) -> bool:
@@ -337,6 +346,30 @@ class Gateway:
         if stream is not None and core is not None and stream in core.registry.streams:
             return True
         return self.meta and (stream is None or stream not in self.placement)
+
+    def awaits(self, stream: str) -> bool:
+        """Per stream, ``LinkDispatcher.awaits``: a stream placed on this gateway and not served
+        yet (its claim and recovery to come or under way) will be served here in a moment, unless
+        a live gateway still serves it (a handover: that one answers until it lets it go)."""
+        ownership = self.ownership
+        assert ownership is not None, "per stream"
+        return self.placement.get(stream) == ownership.name and stream not in self.handovers
+
+    async def served(self, stream: str) -> bool:
+        """Per stream, ``LinkDispatcher.served``: wait (a lease at most) until ``stream`` is
+        served here; whether it is. A claim that does not come leaves the request unanswered."""
+        core, ownership = self.core, self.ownership
+        assert core is not None, "started"
+        assert ownership is not None, "per stream"
+        if stream in core.registry.streams and stream not in self._recovering:
+            return True
+        waiting = self._served.setdefault(stream, asyncio.Event())
+        try:
+            await asyncio.wait_for(waiting.wait(), ownership.lease_s)
+        except TimeoutError:
+            if self._served.get(stream) is waiting:
+                del self._served[stream]
+        return stream in core.registry.streams and stream not in self._recovering
 
     def _admits(self) -> bool:
         """Per stream, ``LeafConnection.admits``: what the link reads is served while this

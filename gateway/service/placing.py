@@ -103,7 +103,7 @@ class Placing:
                 # Only from its first placement on does the meta owner know which names are placed
                 # nowhere: before it, a stream the last record left out (created just before the
                 # previous meta owner stopped) would get a "not found" from it.
-                gateway.placement = owners
+                gateway.placement, gateway.handovers = owners, handovers
                 gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
@@ -141,7 +141,7 @@ class Placing:
         gateway, name = self.gateway, self.ownership.name
         claims = gateway.claims
         assert claims is not None
-        gateway.placement = placement.owners
+        gateway.placement, gateway.handovers = placement.owners, placement.handovers
         ready = [
             stream
             for stream in sorted(s for s, g in placement.owners.items() if g == name)
