@@ -123,8 +123,10 @@ class Gateway:
         #: Per stream: the streams moving here from a live gateway (``Placement.handovers``),
         #: which answers them until it lets them go.
         self.handovers: dict[str, str] = {}
-        #: Per stream: set once the stream is served here (an API request waits for it).
+        #: Per stream: set once the stream's claim is over (an API request waits for it).
         self._served: dict[str, asyncio.Event] = {}
+        #: Per stream: the streams of the claims under way.
+        self._claiming: set[str] = set()
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -311,6 +313,17 @@ class Gateway:
         a restart takes its streams back as fast as a start reads a whole store), then they are
         recovered from what was read as at a start (:meth:`_recover`) and their subjects are
         subscribed. A stream another gateway claimed first, or fenced meanwhile, is not taken."""
+        self._claiming |= set(names)
+        try:
+            return await self._take(names)
+        finally:
+            self._claiming -= set(names)
+            for name in names:  # the requests that waited for them: served now, or not at all
+                if (served := self._served.pop(name, None)) is not None:
+                    served.set()
+
+    async def _take(self, names: Collection[str]) -> frozenset[str]:
+        """:meth:`claim`, the claim and the recovery."""
         core, claims, tables = self.core, self.claims, self._tables
         assert core is not None, "started"
         assert claims is not None, "per stream"
@@ -330,8 +343,6 @@ class Gateway:
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
             for consumer in core.registry.consumers.get(stream.name, {}).values():
                 core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
-            if (served := self._served.pop(stream.name, None)) is not None:
-                served.set()  # the requests that waited for it
         return taken
 
     def answers(self, stream: str | None) -> bool:
@@ -356,19 +367,24 @@ class Gateway:
         return self.placement.get(stream) == ownership.name and stream not in self.handovers
 
     async def served(self, stream: str) -> bool:
-        """Per stream, ``LinkDispatcher.served``: wait (a lease at most) until ``stream`` is
-        served here; whether it is. A claim that does not come leaves the request unanswered."""
+        """Per stream, ``LinkDispatcher.served``: wait until ``stream`` is served here (its claim
+        is over, or a lease passed without one); whether it is. A claim that does not come, or
+        does not take the stream, leaves the request unanswered."""
         core, ownership = self.core, self.ownership
         assert core is not None, "started"
         assert ownership is not None, "per stream"
         if stream in core.registry.streams and stream not in self._recovering:
             return True
         waiting = self._served.setdefault(stream, asyncio.Event())
-        try:
-            await asyncio.wait_for(waiting.wait(), ownership.lease_s)
-        except TimeoutError:
-            if self._served.get(stream) is waiting:
-                del self._served[stream]
+        while True:
+            try:
+                await asyncio.wait_for(waiting.wait(), ownership.lease_s)
+                break
+            except TimeoutError:
+                if stream not in self._claiming:  # no claim came within a lease
+                    if self._served.get(stream) is waiting:
+                        del self._served[stream]
+                    break
         return stream in core.registry.streams and stream not in self._recovering
 
     def _admits(self) -> bool:
