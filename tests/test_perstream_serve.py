@@ -186,8 +186,10 @@ class AckingConsumer:
         while not (seen == expected and await self._all_acked(len(expected))):
             try:
                 msgs = await self.sub.fetch(20, timeout=0.5)
-            except (NatsTimeout, ServiceUnavailableError, NoRespondersError):
-                continue  # no gateway serves S at this moment
+            except (TimeoutError, ServiceUnavailableError, NoRespondersError):
+                # no gateway serves S at this moment (nats-py raises asyncio's own time-out, not
+                # its subclass, when the answer to its no-wait probe came after the deadline)
+                continue
             for msg in msgs:
                 body = msg.data.decode()
                 seen.add(body)
