@@ -5,7 +5,12 @@ owner, from the kill to the next PubAck, a few times in a row.
 One gateway owns the whole store, so the second adds availability, not throughput: the two ingest
 figures should be the same, and the handover is what the second buys.
 
+``--per-stream`` measures per-stream ownership instead (#19, the internal switch
+``JETLAKE_PER_STREAM=1`` while it is incomplete): the same ingest over one gateway and over two,
+the streams created with ``num_replicas`` 2 and placed half on each before the publishers start.
+
     python -m bench.several_gateways [--streams 4] [--publishers 4] [--seconds 10] [--handovers 5] [--s3]
+    python -m bench.several_gateways --per-stream [--streams 4] [--publishers 4] [--seconds 10] [--s3]
 
 ``--s3`` puts the store on S3 (a local moto server, as ``tests/test_storage_s3.py`` uses): the
 lease is then a Delta table and objects, and a takeover's fences and loads are round trips.
@@ -21,28 +26,34 @@ import signal
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import nats
+from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import NoStreamResponseError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NoStreamResponseError
 
 from tests.harness import Jetlake, Peer, moto_s3, s3_options, stop, wait_log
 
 Result = dict[str, Any]
 
 
-async def ingest(url: str, streams: int, publishers: int, seconds: float) -> float:
+async def ingest(url: str, streams: int, publishers: int, seconds: float, spread_over: int = 1) -> float:
     """Messages a second acknowledged while ``publishers`` per stream publish (each awaiting its
-    PubAck) for ``seconds``."""
+    PubAck) for ``seconds``. ``spread_over`` > 1 (per-stream ownership): the streams are created
+    with that many replicas and the publishers wait until every gateway owns its share."""
     async with await nats.connect(url) as nc:
         js = nc.jetstream()
         for s in range(streams):
-            await js.add_stream(name=f"I{s}", subjects=[f"i{s}.>"])
+            await _create(js, f"I{s}", spread_over)
+        if spread_over > 1:
+            await _spread(nc, [f"I{s}" for s in range(streams)], spread_over)
         acked = 0
         deadline = time.monotonic() + seconds
 
@@ -56,6 +67,39 @@ async def ingest(url: str, streams: int, publishers: int, seconds: float) -> flo
         started = time.monotonic()
         await asyncio.gather(*(publisher(s) for s in range(streams) for _ in range(publishers)))
         return acked / (time.monotonic() - started)
+
+
+async def _create(js: JetStreamContext, name: str, replicas: int) -> None:
+    """Asked again while the gateway does not yet count enough gateways live (400/10005)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await js.add_stream(name=name, subjects=[f"{name.lower()}.>"], num_replicas=replicas)
+            return
+        except APIError as exc:
+            if exc.err_code != 10005 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _spread(nc: Client, names: list[str], gateways: int) -> None:
+    """Until ``names`` are owned by ``gateways`` gateways, evenly (stream info ``cluster.leader``)."""
+    deadline = time.monotonic() + 60
+    while True:
+        leaders: list[str] = []
+        for name in names:
+            with contextlib.suppress(NatsTimeout, NoRespondersError):
+                reply = await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=1)
+                leaders.append(json.loads(reply.data).get("cluster", {}).get("leader", ""))
+        counts = Counter(leaders)
+        if (
+            len(leaders) == len(names)
+            and len(counts) == gateways
+            and max(counts.values()) <= -(-len(names) // gateways)
+        ):
+            return
+        assert time.monotonic() < deadline, f"never spread: {counts}"
+        await asyncio.sleep(0.2)
 
 
 async def next_ack_after(url: str, kill: Callable[[], None]) -> float:
@@ -130,6 +174,34 @@ async def _drop_stream(url: str, name: str) -> None:
         await nc.jetstream().delete_stream(name)
 
 
+def per_stream(
+    work: Path, streams: int, publishers: int, seconds: float, s3: dict[str, str] | None
+) -> Result:
+    """Per-stream ownership: the ingest over one gateway, then over two with the streams spread."""
+    rates = []
+    for gateways in (1, 2):
+        gw = deployment(work / f"per-stream-{gateways}", s3)
+        gw.gateway_env["JETLAKE_PER_STREAM"] = "1"
+        gw.start()
+        peers = [Peer(gw, f"gateway-{n}", gw.gateway_env) for n in range(1, gateways)]
+        try:
+            for peer in peers:
+                wait_log(peer.log, "per stream")
+            rates.append(round(asyncio.run(ingest(gw.url, streams, publishers, seconds, gateways))))
+        finally:
+            for peer in peers:
+                stop(peer.proc)
+            gw.stop()
+    return {
+        "workload": "several_gateways per stream",
+        "store": "s3 (moto)" if s3 is not None else "local",
+        "streams": streams,
+        "publishers_per_stream": publishers,
+        "one_gateway_msgs_per_s": rates[0],
+        "two_gateways_msgs_per_s": rates[1],
+    }
+
+
 def run(
     work: Path, streams: int, publishers: int, seconds: float, handovers: int, s3: dict[str, str] | None
 ) -> Result:
@@ -151,10 +223,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--handovers", type=int, default=5)
     ap.add_argument("--s3", action="store_true", help="the store on S3 (a local moto server)")
+    ap.add_argument("--per-stream", action="store_true", help="per-stream ownership: ingest over 1 and 2")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         s3 = s3_options(stack.enter_context(moto_s3())) if args.s3 else None
-        result = run(Path(tmp), args.streams, args.publishers, args.seconds, args.handovers, s3)
+        if args.per_stream:
+            result = per_stream(Path(tmp), args.streams, args.publishers, args.seconds, s3)
+        else:
+            result = run(Path(tmp), args.streams, args.publishers, args.seconds, args.handovers, s3)
         print(json.dumps(result))
 
 

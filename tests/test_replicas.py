@@ -48,16 +48,16 @@ async def test_the_owner_counts_a_gateway_live_while_its_announcement_changes(tm
     owner = Ownership(LocalLease(str(tmp_path)), lease_s=0.2, prefix="owner")
     other = LocalLease(str(tmp_path))
     other.announce("standby")
-    await owner._listen()
+    await owner.listen()
     assert owner.gateways().standbys == ()
     other.announce("standby")
-    await owner._listen()
+    await owner.listen()
     ((name, active),) = owner.gateways().standbys
     assert name == "standby"
     assert 0 <= active < 200_000_000
     assert owner.gateways().leader == owner.name == f"owner-{socket.gethostname()}-{os.getpid()}"
     await asyncio.sleep(0.25)
-    await owner._listen()
+    await owner.listen()
     assert owner.gateways().standbys == ()  # silent for a lease
     assert owner.gateways().cluster("jetlake", 3).replicas == ()
 

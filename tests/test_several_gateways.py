@@ -106,8 +106,11 @@ class Acker:
         sub: JetStreamContext.PullSubscription,
         expected: set[str],
         killed: list[float],
+        stream: str = "K",
     ) -> None:
+        """``stream``: the stream of the consumer ``C`` that ``sub`` pulls from."""
         self.js, self.sub, self.expected, self.killed = js, sub, expected, killed
+        self.stream = stream
         self.acked_before_kill: set[str] = set()
         self.delivered_after_kill: list[str] = []
         self.seen: set[str] = set()
@@ -126,7 +129,7 @@ class Acker:
     async def _all_acked(self, total: int) -> bool:
         """The consumer's own state says every message is acked (False while no gateway answers)."""
         try:
-            ci = await self.js.consumer_info("K", "C", timeout=1)
+            ci = await self.js.consumer_info(self.stream, "C", timeout=1)
         except (TimeoutError, ServiceUnavailableError, NoRespondersError):
             return False
         return (ci.num_ack_pending, ci.num_pending, ci.ack_floor.stream_seq) == (0, 0, total)

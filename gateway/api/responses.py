@@ -212,7 +212,8 @@ class StreamsResponse:
 
     type: str
     paged: Paged = field(metadata=EMBED)
-    streams: tuple[str, ...] | tuple[StreamInfo, ...] | None
+    #: LIST: infos; per-stream ownership, another gateway's stream as that gateway rendered it.
+    streams: tuple[str, ...] | tuple[StreamInfo | Mapping[str, Any], ...] | None
     #: STREAM.LIST: the offline streams of the page, by name and with why (``JSApiStreamListResponse``).
     missing: tuple[str, ...] = field(default=(), metadata=OMIT)
     offline: dict[str, str] = field(default_factory=dict, metadata=OMIT)

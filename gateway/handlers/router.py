@@ -18,7 +18,7 @@ from gateway.engine.consumer_effects import Listeners
 from gateway.handlers import consumers as consumer_api
 from gateway.handlers import streams as stream_api
 from gateway.handlers.consumers import ConsumerApi, SeqAtTime
-from gateway.handlers.streams import StreamApi
+from gateway.handlers.streams import StreamApi, usage_of
 
 
 def split_api_subject(subject: str, prefix: str) -> list[str] | None:
@@ -91,18 +91,19 @@ class Api:
             return None
         return self.reg.quarantine.reason(toks[at])
 
-    def account_info(self, _body: bytes) -> AccountInfoResponse:
-        """``$JS.API.INFO`` (its body is not read, as on the server)."""
-        memory = [s for s in self.reg.streams.values() if s.config.storage == "memory"]
-        files = [s for s in self.reg.streams.values() if s.config.storage != "memory"]
+    async def account_info(self, _body: bytes) -> AccountInfoResponse:
+        """``$JS.API.INFO`` (its body is not read, as on the server); per stream, the other
+        gateways' usage gathered and added."""
+        usage = usage_of(self.reg)
+        if self.streams.others is not None:
+            usage += (await self.streams.others()).usage
         return AccountInfoResponse(
-            memory=sum(s.state.bytes for s in memory),
-            storage=sum(s.state.bytes for s in files),
-            # what the streams' max_bytes reserve of the account, as the server reserves it
-            reserved_memory=sum(max(s.config.max_bytes, 0) for s in memory),
-            reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
-            streams=len(self.reg.streams) + len(self.reg.quarantine.streams),  # offline ones count
-            consumers=sum(len(c) for c in self.reg.consumers.values()),
+            memory=usage.memory,
+            storage=usage.storage,
+            reserved_memory=usage.reserved_memory,
+            reserved_storage=usage.reserved_storage,
+            streams=usage.streams,
+            consumers=usage.consumers,
             domain=self.domain,
             api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
         )

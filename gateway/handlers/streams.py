@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, astuple, dataclass, replace
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -21,7 +21,7 @@ from gateway.adapters.loader import MessageLoader
 from gateway.adapters.registry import Registry
 from gateway.adapters.removals import RemovalRecorder
 from gateway.api import advisories, errors, stream_config
-from gateway.api.configs import StreamConfig
+from gateway.api.configs import StreamConfig, to_json
 from gateway.api.requests import (
     NAMES_PAGE,
     Publish,
@@ -55,6 +55,49 @@ from gateway.handlers.direct_get import MSG_GET_REQUEST, DirectGet, check_get_re
 from gateway.runtime.seqwait import SeqWaiters
 from storage_delta.commit.writer import WriterClosed
 from storage_delta.format.nats import is_valid_subject, subjects_overlap
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What an account's streams hold and reserve (``$JS.API.INFO``), of one gateway or summed."""
+
+    memory: int = 0
+    storage: int = 0
+    reserved_memory: int = 0
+    reserved_storage: int = 0
+    streams: int = 0
+    consumers: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+def usage_of(reg: Registry) -> Usage:
+    """This gateway's streams' usage; offline streams count as streams."""
+    memory = [s for s in reg.streams.values() if s.config.storage == "memory"]
+    files = [s for s in reg.streams.values() if s.config.storage != "memory"]
+    return Usage(
+        memory=sum(s.state.bytes for s in memory),
+        storage=sum(s.state.bytes for s in files),
+        # what the streams' max_bytes reserve of the account, as the server reserves it
+        reserved_memory=sum(max(s.config.max_bytes, 0) for s in memory),
+        reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
+        streams=len(reg.streams) + len(reg.quarantine.streams),
+        consumers=sum(len(c) for c in reg.consumers.values()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Others:
+    """What the other gateways of the store serve (per-stream ownership, #19), gathered for an
+    account-wide answer: their streams as STREAM.LIST renders them, their usage, and the streams
+    placed on gateways that did not answer in time (listed as ``missing``, as a cluster lists a
+    stream whose leader did not answer)."""
+
+    streams: tuple[Mapping[str, Any], ...] = ()
+    usage: Usage = Usage()
+    missing: tuple[str, ...] = ()
+
 
 RESPONSE_TYPES = {
     "STREAM.CREATE": "stream_create_response",
@@ -184,6 +227,9 @@ class StreamApi:
         #: The live gateways of the store (``Ownership.gateways``): the streams' ``cluster``, and
         #: how many replicas can be placed.
         self._gateways = gateways
+        #: Per-stream ownership: the other gateways' streams and usage, gathered (set by the
+        #: gateway; None: this gateway serves the whole store).
+        self.others: Callable[[], Awaitable[Others]] | None = None
         self.reg = registry
         self.loader = loader
         self.recorder = recorder
@@ -236,6 +282,20 @@ class StreamApi:
         for other in self.reg.in_flight.values():
             if other.name != cfg.name and any(
                 subjects_overlap(mine, theirs) for mine in cfg.subjects for theirs in other.subjects
+            ):
+                raise errors.STREAM_SUBJECT_OVERLAP
+
+    async def _check_overlap_elsewhere(self, cfg: StreamConfig) -> None:
+        """Per-stream ownership: against the streams the other gateways serve (gathered), as a
+        cluster checks a create against every stream of the account."""
+        if self.others is None:
+            return
+        for info in (await self.others()).streams:
+            config = info["config"]
+            if config["name"] != cfg.name and any(
+                subjects_overlap(mine, theirs)
+                for mine in cfg.subjects
+                for theirs in config.get("subjects", ())
             ):
                 raise errors.STREAM_SUBJECT_OVERLAP
 
@@ -299,6 +359,7 @@ class StreamApi:
             stream = existing
         else:
             self._check_overlap(cfg)
+            await self._check_overlap_elsewhere(cfg)
             self._check_placement(cfg.num_replicas)
             stream = await self.reg.add_stream(cfg, now_ns())
             self.publish(advisories.stream_action(name, "create", now_ns()))
@@ -315,6 +376,8 @@ class StreamApi:
         stream = self._stream(name)
         cfg = apply_update(stream.config, req)
         self._check_overlap(cfg)
+        if cfg.subjects != stream.config.subjects:
+            await self._check_overlap_elsewhere(cfg)
         if cfg.num_replicas > stream.config.num_replicas:  # a scale-up is placed anew
             self._check_placement(cfg.num_replicas)
         await self.reg.update_stream(stream, cfg)
@@ -329,37 +392,55 @@ class StreamApi:
         self.publish(advisories.stream_action(name, "delete", now_ns()))
         return SuccessResponse(type=T + "stream_delete_response")
 
-    def stream_list(self, body: bytes, names_only: bool) -> StreamsResponse:
+    async def stream_list(self, body: bytes, names_only: bool) -> StreamsResponse:
         """Streams by name; an offline stream (``Registry.quarantine``) is named by NAMES and, in
         LIST, counted and named under ``missing`` and ``offline`` as the server lists its offline
-        streams. Its config is not known, so a subject filter leaves it out."""
+        streams. Its config is not known, so a subject filter leaves it out. Per stream, the other
+        gateways' streams are gathered (:attr:`others`) and listed as they rendered them; a
+        stream whose gateway did not answer is named and, in LIST, under ``missing``."""
         req = load_optional_request(body, NAMES_REQUEST if names_only else LIST_REQUEST)
         subject = req.subject
+        others = await self.others() if self.others is not None else Others()
         served = [
             s.name
             for s in self.reg.streams.values()
             if not subject or any(subjects_overlap(subject, x) for x in s.subjects)
         ]
+        remote = {
+            str(info["config"]["name"]): info
+            for info in others.streams
+            if info["config"]["name"] not in self.reg.streams
+            and (not subject or any(subjects_overlap(subject, x) for x in info["config"].get("subjects", ())))
+        }
+        unanswered = () if subject else others.missing
         offline = {} if subject else self.reg.quarantine.streams
-        names = sorted([*served, *offline])
+        names = sorted({*served, *remote, *offline, *unanswered})
         offset = min(max(0, req.offset), len(names))
         if names_only:
             page = tuple(names[offset : offset + NAMES_PAGE])
             paged = Paged(len(names), offset, NAMES_PAGE)
             return StreamsResponse(type=T + "stream_names_response", paged=paged, streams=page or None)
         rest = names[offset:]
-        missing = tuple(n for n in rest if n in offline)
+        missing = tuple(n for n in rest if n in offline or n in unanswered)
         # Only the page is described: a whole listing is one page per request, not the rest of it.
-        on_page = islice((n for n in rest if n not in offline), LIST_PAGE)
-        listed = tuple(self._listed(self.reg.streams[n]) for n in on_page)
+        on_page = islice((n for n in rest if n not in missing), LIST_PAGE)
+        listed = tuple(remote[n] if n in remote else self._listed(self.reg.streams[n]) for n in on_page)
         paged = Paged(len(names), offset, LIST_PAGE)
         return StreamsResponse(
             type=T + "stream_list_response",
             paged=paged,
             streams=listed,
             missing=missing,
-            offline={n: offline[n] for n in missing},
+            offline={n: offline[n] for n in missing if n in offline},
         )
+
+    def summary(self) -> dict[str, Any]:
+        """This gateway's part of an account-wide answer (per-stream ownership): its streams as
+        STREAM.LIST renders them, and its usage, for the meta owner's gathering."""
+        return {
+            "streams": [to_json(self._listed(s)) for s in self.reg.streams.values()],
+            "usage": asdict(usage_of(self.reg)),
+        }
 
     def _listed(self, stream: Stream) -> StreamInfo:
         """A stream as STREAM.LIST shows it (its config as :func:`_as_listed`)."""

@@ -28,6 +28,7 @@ from gateway.adapters.publish import PublishPath
 from gateway.adapters.registry import Registry
 from gateway.adapters.sourcing import LINK_PREFIX, Sourcing
 from gateway.handlers.router import STREAM_TOKEN, Api, split_api_subject
+from gateway.service.gathering import PREFIX as GATHERING_PREFIX
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
 
@@ -93,6 +94,8 @@ class LinkDispatcher:
         #: they would get no answer at all (a restarted gateway's clients waited a time-out).
         self.awaits: Callable[[str], bool] | None = None
         self.served: Callable[[str], Awaitable[bool]] | None = None
+        #: Per-stream ownership: the gathering of account-wide answers (``service.gathering``).
+        self.on_gathering: Callable[[Msg], None] | None = None
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
 
@@ -114,16 +117,26 @@ class LinkDispatcher:
         self._publish.accept_queued()  # what this message sees or changes comes after them
         if is_api:
             self._api_request(msg)
-        elif subject.startswith("$JS.ACK."):
+        else:
+            self._on_other(msg)
+
+    def _on_other(self, msg: Msg) -> None:
+        """A ``$`` subject outside the API: an ack, a flow-control reply, a sourcing link's or an
+        archive's message, a gathering's; else a publish to a stream subject."""
+        subject = msg.subject
+        if subject.startswith("$JS.ACK."):
             if self._answers_for(subject):
-                delivery.on_ack(subject, msg.reply, msg.data)
+                self._delivery.on_ack(subject, msg.reply, msg.data)
         elif subject.startswith("$JS.FC."):
             if self._answers_for(subject):
-                delivery.on_flow_control(subject, msg.hdrs)
+                self._delivery.on_flow_control(subject, msg.hdrs)
         elif subject.startswith(LINK_PREFIX):
             self._sourcing.on_link_msg(msg)
         elif subject.startswith(ARCHIVE_PREFIX):
             self._archives.on_msg(msg)
+        elif subject.startswith(GATHERING_PREFIX):
+            if self.on_gathering is not None:
+                self.on_gathering(msg)
         else:
             self._publish.on_publish(msg)
 

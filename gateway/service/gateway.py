@@ -14,10 +14,11 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from gateway.adapters.ack_recorder import AckRecorder
 from gateway.adapters.archives import Archives
@@ -38,10 +39,11 @@ from gateway.engine.consumer import Consumer
 from gateway.engine.publish_state import headers_since, replay_headers
 from gateway.engine.stream import Stream
 from gateway.handlers.router import Api
-from gateway.handlers.streams import StreamApi
+from gateway.handlers.streams import Others, StreamApi, Usage
 from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
+from gateway.service.gathering import Gathering
 from gateway.service.ownership import Ownership, StreamClaims
 from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
@@ -127,6 +129,8 @@ class Gateway:
         self._served: dict[str, asyncio.Event] = {}
         #: Per stream: the streams of the claims under way.
         self._claiming: set[str] = set()
+        #: Per stream: the account-wide answers' gathering (set at start).
+        self._gathering: Gathering | None = None
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -232,19 +236,20 @@ class Gateway:
             leaf,
             self._publish_event,
         )
+        stream_api = StreamApi(
+            registry,
+            MessageLoader(self.reader, self.executor),
+            recorder,
+            self._publish_event,
+            settings.domain,
+            archives,
+            lambda: writer.running,
+            sourcing.info,
+            self._gateways,
+        )
         api = Api(
             registry,
-            StreamApi(
-                registry,
-                MessageLoader(self.reader, self.executor),
-                recorder,
-                self._publish_event,
-                settings.domain,
-                archives,
-                lambda: writer.running,
-                sourcing.info,
-                self._gateways,
-            ),
+            stream_api,
             self.cold.first_seq_at,
             self._publish_event,
             leaf.interest,
@@ -291,6 +296,11 @@ class Gateway:
             dispatcher.awaits = self.awaits
             dispatcher.served = self.served
             leaf.admits = self._admits
+            assert self.ownership is not None
+            self._gathering = Gathering(settings.domain, self.ownership.name, leaf, stream_api.summary)
+            self._gathering.subscribe()
+            dispatcher.on_gathering = self._gathering.on_msg
+            stream_api.others = self._others
         elif self.ownership is not None:  # before anything is copied, read or committed
             leaf.admits = self.ownership.fresh
             writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
@@ -312,7 +322,8 @@ class Gateway:
         (:meth:`StreamClaims.claim`, one commit per table and one read of each for all of them:
         a restart takes its streams back as fast as a start reads a whole store), then they are
         recovered from what was read as at a start (:meth:`_recover`) and their subjects are
-        subscribed. A stream another gateway claimed first, or fenced meanwhile, is not taken."""
+        subscribed. A stream another gateway claimed first, or fenced meanwhile, or claimed by
+        a newer one while it recovered, is not taken (nor served)."""
         self._claiming |= set(names)
         try:
             return await self._take(names)
@@ -338,6 +349,12 @@ class Gateway:
         finally:
             self._recovering -= taken
         for stream in recovered:
+            if claims.held.epoch(stream.name) != claimed.epochs.get(stream.name):
+                # a newer owner claimed it while it recovered (the drop found nothing installed
+                # yet): served here it would take publishes that no commit may store
+                core.registry.forget_stream(stream)
+                taken -= {stream.name}
+                continue
             core.registry.listen(stream)  # its publishes from now on
             core.recorder.changed(stream)  # its expiry timer and delete markers
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
@@ -406,6 +423,24 @@ class Gateway:
             claims.drop(taken)
         self._leases_checked = now
         return True
+
+    async def _others(self) -> Others:
+        """Per stream, ``StreamApi.others``: the other live gateways' streams and usage, gathered;
+        the streams placed on a gateway that did not answer in time are ``missing``."""
+        assert self._gathering is not None, "per stream, started"
+        assert self.ownership is not None, "per stream"
+        answers = await self._gathering.gather([name for name, _ in self.ownership.gateways().standbys])
+        streams: dict[str, Mapping[str, Any]] = {}
+        usage = Usage()
+        for answer in answers.values():
+            usage += Usage(**answer["usage"])
+            for info in answer["streams"]:
+                streams.setdefault(str(info["config"]["name"]), info)  # one moving: either view
+        me = self.ownership.name
+        missing = sorted(
+            s for s, g in self.placement.items() if g != me and g not in answers and s not in streams
+        )
+        return Others(tuple(streams.values()), usage, tuple(missing))
 
     async def release(self, name: str) -> None:
         """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then

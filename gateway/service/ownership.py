@@ -59,9 +59,6 @@ class Ownership:
         #: time.monotonic() of this gateway's last announcement that was written: while less than
         #: a lease old, no meta owner can have judged it gone (per-stream ownership).
         self.announced_at = 0.0
-        #: How many times the announcements were read (while owner): a new owner's first look
-        #: comes a tick after it took the store.
-        self.listens = 0
         #: Per-stream ownership: every gateway reads the announcements (it answers its streams'
         #: ``cluster`` view and replica checks), not only the store's owner.
         self.listening = False
@@ -120,15 +117,15 @@ class Ownership:
                 await asyncio.to_thread(self.lease.announce, self.name)
                 self.announced_at = time.monotonic()
                 if self.listening or (self.epoch and not self.lost.is_set()):
-                    await self._listen()
+                    await self.listen()
             except OSError as exc:  # the store is out of reach for now: the next tick tries again
                 log.warning("announcing this gateway failed: %s", exc)
             await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
 
-    async def _listen(self) -> None:
-        """Note which gateways' announcements changed; remove those silent for long."""
+    async def listen(self) -> None:
+        """Note which gateways' announcements changed; remove those silent for long. Every tick
+        (:meth:`announce`), and at once when a per-stream gateway takes the store (placement)."""
         counts = await asyncio.to_thread(self.lease.members)
-        self.listens += 1
         now = time.monotonic()
         for name, count in counts.items():
             if name == self.name:

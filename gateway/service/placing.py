@@ -46,6 +46,8 @@ class Placing:
         self._moving: dict[str, tuple[str, float]] = {}
         #: Follower: the streams handed over to this gateway, since when it waits for the release.
         self._awaited: dict[str, float] = {}
+        #: Set when this gateway, as the meta owner, recorded a placement: it follows at once.
+        self._recorded = asyncio.Event()
 
     async def lead(self) -> None:
         """Stand by until this gateway holds the store lease, then beat it and place every tick
@@ -74,12 +76,12 @@ class Placing:
         claims = gateway.claims
         assert claims is not None
         settled = time.monotonic() + ownership.lease_s
-        listened = ownership.listens
         catalog = StreamReplicas(gateway.root)  # read again only where the catalog changed
+        try:  # the others' announcements as they stand, before the first placement
+            await ownership.listen()
+        except OSError as exc:  # the announcing loop reads them at its next tick
+            log.warning("reading the gateways' announcements failed: %s", exc)
         while True:
-            await asyncio.sleep(self.tick_s)
-            if ownership.listens == listened:
-                continue  # it has not read the others' announcements since it took the store
             try:
                 replicas = await asyncio.to_thread(catalog.read)
                 recorded = await asyncio.to_thread(ownership.lease.placement)
@@ -97,6 +99,7 @@ class Placing:
                 placement = Placement(ownership.epoch, owners, handovers)
                 if placement != recorded:
                     await asyncio.to_thread(ownership.lease.record_placement, placement)
+                    self._recorded.set()  # this gateway follows at once, not at its next tick
                     moved = {s: g for s, g in owners.items() if recorded.owners.get(s) != g}
                     if moved:
                         log.info("placed %s over %d gateways", moved, len(live))
@@ -107,6 +110,7 @@ class Placing:
                 gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
+            await asyncio.sleep(self.tick_s)
 
     def _handovers(self, current: dict[str, str], owners: dict[str, str], live: list[str]) -> dict[str, str]:
         """The streams moving from a live gateway (stream → that gateway), kept for a lease after
@@ -135,7 +139,10 @@ class Placing:
                     await self._follow(placement)
             except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
                 log.exception("following the placement failed")
-            await asyncio.sleep(self.tick_s)
+            # a tick, or less when this gateway (the meta owner) has just recorded a placement
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recorded.wait(), self.tick_s)
+            self._recorded.clear()
 
     async def _follow(self, placement: Placement) -> None:
         gateway, name = self.gateway, self.ownership.name

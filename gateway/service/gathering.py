@@ -1,0 +1,97 @@
+"""Account-wide answers across gateways (per-stream ownership, #19, protocol item 4).
+
+Each gateway serves only its streams, but ``$JS.API.INFO``, ``STREAM.NAMES`` and ``STREAM.LIST``
+speak of the whole account; the meta owner answers them. It asks every gateway at once on an
+internal subject of the hub, ``$JLK.<domain>.STREAMS`` (every gateway subscribes it, so one
+publish reaches all), and each answers with its streams as STREAM.LIST renders them and its usage
+(``StreamApi.summary``). The meta owner waits until every live gateway answered or
+:data:`TIMEOUT_S` passed: a stream placed on a gateway that did not answer is listed as
+``missing``, as a cluster lists a stream whose leader did not answer. The requests are few (one per
+account-wide API request), so nothing is cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Collection
+from typing import Any
+
+from gateway.wire.leaf import LeafConnection
+from gateway.wire.protocol import Msg
+
+log = logging.getLogger(__name__)
+
+#: How long the meta owner waits for the other gateways' answers.
+TIMEOUT_S = 0.5
+#: The internal subjects' prefix (not under ``$JS.``: the hub maps and denies those on leaf links).
+PREFIX = "$JLK."
+
+
+class Gathering:
+    """One gateway's side of the gathering: it answers every request with its summary, and, as
+    the meta owner, asks (:meth:`gather`)."""
+
+    def __init__(
+        self, domain: str, name: str, leaf: LeafConnection, summary: Callable[[], dict[str, Any]]
+    ) -> None:
+        self.name = name
+        self._leaf = leaf
+        self._summary = summary
+        self.request_subject = f"{PREFIX}{domain}.STREAMS"
+        # a gateway's name holds its host's dots: the reply subject carries a digest of it
+        token = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+        self._reply_prefix = f"{PREFIX}{domain}.R.{token}."
+        self._asked = 0
+        #: The gatherings under way: request number → the answers so far, and who to wake.
+        self._open: dict[str, tuple[dict[str, dict[str, Any]], asyncio.Event, frozenset[str]]] = {}
+
+    def subscribe(self) -> None:
+        self._leaf.subscribe(self.request_subject)
+        self._leaf.subscribe(self._reply_prefix + ">")
+
+    def on_msg(self, msg: Msg) -> None:
+        """A request (answered with this gateway's summary) or an answer to one of its own."""
+        if msg.subject == self.request_subject:
+            if msg.reply:
+                body = {"gateway": self.name, **self._summary()}
+                self._leaf.publish(msg.reply, json.dumps(body, separators=(",", ":")).encode())
+            return
+        if not msg.subject.startswith(self._reply_prefix):
+            return
+        gathering = self._open.get(msg.subject[len(self._reply_prefix) :])
+        if gathering is None:
+            return  # late: that gathering ended
+        answers, done, expected = gathering
+        try:
+            answer = json.loads(msg.data)
+            answers[str(answer["gateway"])] = answer
+        except (ValueError, KeyError, TypeError):
+            log.warning("an unreadable answer to a gathering: %r", msg.data[:200])
+            return
+        if expected <= answers.keys():
+            done.set()
+
+    async def gather(self, expected: Collection[str]) -> dict[str, dict[str, Any]]:
+        """Each gateway's answer by name: every one of ``expected`` (the other live gateways),
+        or those that answered within :data:`TIMEOUT_S`."""
+        names = frozenset(expected) - {self.name}
+        if not names:
+            return {}
+        self._asked += 1
+        key = str(self._asked)
+        answers: dict[str, dict[str, Any]] = {}
+        done = asyncio.Event()
+        self._open[key] = (answers, done, names)
+        try:
+            self._leaf.publish(self.request_subject, b"", reply=self._reply_prefix + key)
+            try:
+                await asyncio.wait_for(done.wait(), TIMEOUT_S)
+            except TimeoutError:
+                log.warning("no answer from %s within %.1f s", sorted(names - answers.keys()), TIMEOUT_S)
+        finally:
+            del self._open[key]
+        answers.pop(self.name, None)  # the hub may hand a leaf its own request
+        return answers
