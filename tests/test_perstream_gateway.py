@@ -200,3 +200,33 @@ async def test_a_stream_of_a_store_from_before_per_stream_mode_is_read_back_at_i
             await a.close()
     finally:
         await nc.close()
+
+
+async def test_a_request_for_a_stream_placed_here_waits_for_its_claim(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A restarted gateway (or a takeover) has its streams placed on it before it has claimed
+    and recovered them: a request for one waits in its lane for the claim and is answered from
+    the recovered stream, where it got no answer (a single request after a restart timed out)."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    b: Gateway | None = None
+    nc = await nats.connect(hub.client_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert (await js.publish("s.x", b"1")).seq == 1
+        await a.close()
+        b = await per_stream(root, hub, "b")
+        assert b.ownership is not None
+        b.placement, b.meta = {"S": b.ownership.name}, True  # placed here, not claimed yet
+        asked = asyncio.create_task(nc.request("$JS.API.STREAM.INFO.S", b"", timeout=5))
+        await asyncio.sleep(0.3)
+        assert not asked.done()
+        assert await b.claim(["S"]) == {"S"}
+        info = json.loads((await asked).data)
+        assert info["state"]["messages"] == 1
+    finally:
+        await nc.close()
+        await (a if b is None else b).close()
