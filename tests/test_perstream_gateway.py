@@ -10,6 +10,7 @@ shows each stream's epochs never going down."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from gateway.runtime.settings import Settings
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import Ownership
 from storage_delta.commit.lease import open_lease
+from storage_delta.commit.owner import stream_owner_app
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
 from storage_delta.read.reader import MessageReader
@@ -75,7 +77,7 @@ async def test_a_stream_taken_over_leaves_its_old_gateway_and_the_other_stream_s
         dropped = asyncio.Event()
         a.claims.dropped.connect(lambda names: dropped.set() if "S" in names else None)
         b = await per_stream(root, hub, "b")
-        assert await b.claim("S")
+        assert await b.claim(["S"]) == {"S"}
         assert b.claims is not None
         assert b.claims.held.epoch("S") == 2
         assert b.core is not None
@@ -117,3 +119,114 @@ async def test_a_stream_taken_over_leaves_its_old_gateway_and_the_other_stream_s
     store = StoreRoot(root)
     for table in (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS):
         check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
+
+
+def fence_commits(root: str, table: str, stream: str) -> list[int]:
+    """The epochs of ``stream`` committed alone (a fence: its owner txn and no rows) to ``table``."""
+    fenced = []
+    log_dir = Path(root) / table / "_delta_log"
+    for entry in sorted(log_dir.glob("*.json")):
+        actions = [json.loads(line) for line in entry.read_text().splitlines() if line]
+        app = stream_owner_app(stream)
+        epochs = [int(a["txn"]["version"]) for a in actions if a.get("txn", {}).get("appId") == app]
+        if epochs and not any("add" in a for a in actions):
+            fenced += epochs
+    return fenced
+
+
+async def test_a_fresh_create_is_not_fenced_and_a_name_made_again_is(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A stream whose lease had no claim and whose name the catalog did not hold at the start has
+    never been written: its create commits no fence and reads nothing back (#19, the cost of
+    per-stream mode). The same name deleted and made again by another gateway (its lease stays)
+    claims its lease's next epoch and is fenced in every table, as any stream with an owner before."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    b: Gateway | None = None
+    nc = await nats.connect(hub.client_url)
+    tables = (sch.MESSAGES, sch.CATALOG, sch.REMOVALS, sch.ACKS)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert a.claims is not None
+        assert a.claims.held.epoch("S") == 1
+        assert (await js.publish("s.x", b"1")).seq == 1
+        assert {t: fence_commits(root, t, "S") for t in tables} == {t: [] for t in tables}
+        await js.delete_stream("S")
+        await a.close()
+        b = await per_stream(root, hub, "b")
+        b.meta = True
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert b.claims is not None
+        assert b.claims.held.epoch("S") == 2
+        assert {t: fence_commits(root, t, "S") for t in tables} == {t: [2] for t in tables}
+        assert (await js.publish("s.x", b"2")).seq == 1
+        assert (await js.stream_info("S")).state.messages == 1
+    finally:
+        await nc.close()
+        await (a if b is None else b).close()
+    store = StoreRoot(root)
+    for table in tables:
+        check_epochs_in_log(store, table, partitioned=table == sch.MESSAGES)
+
+
+async def test_a_stream_of_a_store_from_before_per_stream_mode_is_read_back_at_its_create(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A store written by a single owner holds streams without a lease: the catalog read at the
+    per-stream gateway's start names them, so a create of one is fenced and reads it back (and
+    is answered as the existing stream, its message kept), not taken for a never-written name."""
+    root = str(tmp_path / "data")
+    single = Gateway(Settings(data_root=root, nats_url=hub.leaf_url, leaf_name="single"))
+    await single.start()
+    nc = await nats.connect(hub.client_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert (await js.publish("s.x", b"1")).seq == 1
+        await single.close()
+        a = await per_stream(root, hub, "a")
+        a.meta = True
+        try:
+            await js.add_stream(name="S", subjects=["s.>"])
+            assert a.claims is not None
+            assert a.claims.held.epoch("S") == 1
+            assert fence_commits(root, sch.MESSAGES, "S") == [1]
+            assert (await js.stream_info("S")).state.messages == 1
+            assert (await js.publish("s.x", b"2")).seq == 2
+        finally:
+            await a.close()
+    finally:
+        await nc.close()
+
+
+async def test_a_request_for_a_stream_placed_here_waits_for_its_claim(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A restarted gateway (or a takeover) has its streams placed on it before it has claimed
+    and recovered them: a request for one waits in its lane for the claim and is answered from
+    the recovered stream, where it got no answer (a single request after a restart timed out)."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    b: Gateway | None = None
+    nc = await nats.connect(hub.client_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert (await js.publish("s.x", b"1")).seq == 1
+        await a.close()
+        b = await per_stream(root, hub, "b")
+        assert b.ownership is not None
+        b.placement, b.meta = {"S": b.ownership.name}, True  # placed here, not claimed yet
+        asked = asyncio.create_task(nc.request("$JS.API.STREAM.INFO.S", b"", timeout=5))
+        await asyncio.sleep(0.3)
+        assert not asked.done()
+        assert await b.claim(["S"]) == {"S"}
+        info = json.loads((await asked).data)
+        assert info["state"]["messages"] == 1
+    finally:
+        await nc.close()
+        await (a if b is None else b).close()

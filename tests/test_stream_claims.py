@@ -84,8 +84,8 @@ async def test_a_claim_fences_every_table_then_reads_back_that_stream_alone(
         root = StoreRoot(str(tmp_path))
     a = node(root, "a", executor)
     for v, stream in enumerate(("S", "T"), 1):
-        got = await a.claims.claim(stream, a.tables, a.acks)
-        assert got is not None
+        got = await a.claims.claim([stream], a.tables, a.acks)
+        assert got.epochs == {stream: 1}
         assert got.state.entries == []
         create(a, stream, v)
     assert a.removals.append([Removal("S", 1001, 1, 2), Removal("T", 1002, 1, 1)]) == frozenset()
@@ -95,9 +95,8 @@ async def test_a_claim_fences_every_table_then_reads_back_that_stream_alone(
     )
 
     b = node(root, "b", executor)
-    claimed = await b.claims.claim("S", b.tables, b.acks)
-    assert claimed is not None
-    assert claimed.epoch == 2
+    claimed = await b.claims.claim(["S"], b.tables, b.acks)
+    assert claimed.epochs == {"S": 2}
     state = claimed.state
     assert [(e.kind, e.stream) for e in state.entries] == [("stream", "S")]
     assert list(state.streams) == ["S"]
@@ -121,7 +120,7 @@ async def test_a_stream_found_fenced_by_a_commit_is_dropped_and_told(
     root = StoreRoot(str(tmp_path))
     a = node(root, "a", executor)
     for stream in ("S", "T"):
-        await a.claims.claim(stream, a.tables, a.acks)
+        await a.claims.claim([stream], a.tables, a.acks)
     told: list[frozenset[str]] = []
     a.claims.dropped.connect(told.append)
     front = GroupCommitWriter(a.messages, executor, 1 << 20, lambda _rows: None)
@@ -129,7 +128,7 @@ async def test_a_stream_found_fenced_by_a_commit_is_dropped_and_told(
     await front.start()
     await front.submit([message("S", 1, "a"), message("T", 1, "a")])
     b = node(root, "b", executor)
-    assert await b.claims.claim("S", b.tables, b.acks) is not None
+    assert (await b.claims.claim(["S"], b.tables, b.acks)).epochs == {"S": 2}
     with pytest.raises(StreamFenced):
         await front.submit([message("S", 2, "a")])
     await front.submit([message("T", 2, "a")])
@@ -147,8 +146,8 @@ async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothin
     lease = a.claims.lease
     current = lease.stream_current
     lease.stream_current = lambda stream: 0  # type: ignore[method-assign]
-    assert await b.claims.claim("S", b.tables, b.acks) is not None
-    assert await a.claims.claim("S", a.tables, a.acks) is None
+    assert (await b.claims.claim(["S"], b.tables, b.acks)).epochs == {"S": 1}
+    assert (await a.claims.claim(["S"], a.tables, a.acks)).epochs == {}
     assert a.claims.held.streams() == frozenset()
     lease.stream_current = current  # type: ignore[method-assign]
     # c claims epoch 3 and fences before a claims epoch 2: a's fences fail, a holds nothing
@@ -158,8 +157,7 @@ async def test_a_claim_lost_to_another_claimant_or_fenced_meanwhile_holds_nothin
     for t in c.tables:
         t.fence_stream("S")
     lease.stream_current = lambda stream: 1  # type: ignore[method-assign]
-    with pytest.raises(StreamFenced):
-        await a.claims.claim("S", a.tables, a.acks)
+    assert (await a.claims.claim(["S"], a.tables, a.acks)).epochs == {}
     assert a.claims.held.streams() == frozenset()
 
 
@@ -181,7 +179,7 @@ def test_a_paused_owner_steps_down_from_the_stream_taken_over_and_keeps_the_othe
 
     def take_s_over() -> None:
         b = node(root, "b", executor)
-        assert asyncio.run(b.claims.claim("S", b.tables, b.acks)) is not None
+        assert asyncio.run(b.claims.claim(["S"], b.tables, b.acks)).epochs == {"S": 2}
         recovered.extend(rows(root, "S"))  # read after the fence: everything a committed before it
         for i, seq in enumerate(range(len(recovered) + 1, len(recovered) + 6), start=1):
             assert b.messages.commit([message("S", seq, "b")], i) == frozenset()
@@ -216,18 +214,18 @@ async def test_the_new_owners_ack_rows_follow_the_previous_owners(
 ) -> None:
     """A gateway's ack log writer counts lsns from the table's highest at its start; a stream it
     claims later may hold rows of the previous owner above that count. Continued above the
-    highest the claim read (``ClaimedStream.acks.max_lsn``), its rows of the stream's consumers
+    highest the claim read (``ClaimedStreams.acks.max_lsn``), its rows of the stream's consumers
     fold after the previous owner's: the consumer's newest ack is the new owner's."""
     root = StoreRoot(str(tmp_path))
     a = node(root, "a", executor)
-    assert await a.claims.claim("S", a.tables, a.acks) is not None
+    assert (await a.claims.claim(["S"], a.tables, a.acks)).epochs == {"S": 1}
     previous = [AckRecord("S", "C", "ack", seq, lsn=seq) for seq in range(1, 51)]
     assert a.acks.append(previous, 1) == frozenset()
     b = node(root, "b", executor)
     writer = AckLogWriter(b.acks, executor, 0, flush_interval_s=5.0, max_pending=100, compact_every=0)
     await writer.start()
-    claimed = await b.claims.claim("S", b.tables, b.acks)
-    assert claimed is not None
+    claimed = await b.claims.claim(["S"], b.tables, b.acks)
+    assert claimed.epochs == {"S": 2}
     writer.continue_above(claimed.acks.max_lsn)
     done = writer.submit(AckRecord("S", "C", "ack", 60), sync=True)
     assert done is not None

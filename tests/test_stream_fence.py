@@ -23,7 +23,13 @@ from deltalake import DeltaTable
 
 from storage_delta.commit.append import WriterTable
 from storage_delta.commit.lease import BEATS_DIR, KEEP_EPOCHS, Lease, LocalLease, ObjectStoreLease, open_lease
-from storage_delta.commit.owner import StreamEpochs, StreamFenced, stream_of_owner_app, stream_owner_app
+from storage_delta.commit.owner import (
+    StreamEpochs,
+    StreamFenced,
+    stream_count_base,
+    stream_of_owner_app,
+    stream_owner_app,
+)
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
@@ -169,8 +175,10 @@ def test_each_stream_is_counted_under_one_app_id_across_owners(tmp_path: Path) -
     assert a.last_txn_version() == 4
     versions = dedup_versions(root)
     assert set(versions) == {"jetlake-gateway/S", "jetlake-gateway/T"}
-    assert versions["jetlake-gateway/S"] == [1, 2, 3, 4, 5]
-    assert versions["jetlake-gateway/T"] == [1, 2, 3, 4]
+    # each owner counts from its epoch's base, above every version of an older epoch
+    one, two = stream_count_base(1), stream_count_base(2)
+    assert versions["jetlake-gateway/S"] == [one + 1, one + 2, one + 3, two + 1, two + 2]
+    assert versions["jetlake-gateway/T"] == [one + 1, one + 2, one + 3, one + 4]
     assert rows(root, "S") == [b"a1", b"a2", b"a3", b"b4", b"b5"]
 
 
@@ -200,24 +208,30 @@ def test_a_stale_owner_behind_a_trim_is_still_fenced(tmp_path: Path) -> None:
     assert (
         table.transaction_version("jetlake-gateway/S"),
         table.transaction_version("jetlake-gateway/T"),
-    ) == (41, 2)
+    ) == (stream_count_base(2) + 40, stream_count_base(1) + 2)
     newest = os.path.join(str(tmp_path), "messages", "_delta_log", f"{table.version():020d}.json")
     with open(newest, "rb") as fh:
         txns = {(t["appId"], t["version"]) for line in fh if (t := json.loads(line).get("txn"))}
-    assert txns == {(stream_owner_app("T"), 1), ("jetlake-gateway/T", 2)}  # T's epoch, past the trim
+    # T's epoch, past the trim
+    assert txns == {(stream_owner_app("T"), 1), ("jetlake-gateway/T", stream_count_base(1) + 2)}
 
 
 def test_a_stream_not_fenced_by_the_appender_is_not_written(tmp_path: Path) -> None:
     """Holding a stream's lease is not enough to write it through a table: the appender's fence
-    of it comes first (that is where it reads where the stream's count stands)."""
+    of it comes first (that is where the base of the stream's count is set, from the epoch). A
+    stream's epoch is written through one appender per table (a claim is one gateway's), so the
+    next appender to write it claims the next epoch."""
     root = StoreRoot(str(tmp_path))
     a, held = writer(root, "a", {"S": 1})
     assert a.commit([message("S", 1, "a")], 1) == frozenset()
     other = MessageTable(root, streams=held)
     assert other.commit([message("S", 2, "a")], 1) == {"S"}
+    assert open_lease(root).claim_stream("S", 2, "a")
+    held.hold("S", 2)
     other.fence_stream("S")
     assert other.commit([message("S", 2, "a")], 1) == frozenset()
-    assert dedup_versions(root)["jetlake-gateway/S"] == [1, 2]
+    assert a.commit([message("S", 3, "a")], 2) == {"S"}  # fenced under epoch 1 only
+    assert dedup_versions(root)["jetlake-gateway/S"] == [stream_count_base(1) + 1, stream_count_base(2) + 1]
     assert rows(root, "S") == [b"a1", b"a2"]
 
 

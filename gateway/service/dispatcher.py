@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gateway.adapters.archives import PREFIX as ARCHIVE_PREFIX
 from gateway.adapters.archives import Archives
@@ -42,6 +42,8 @@ AckRun = list[tuple[bytes, bytes, bytes, bytes]]
 ApiRequest = tuple[list[str], str, bytes, bytes | None]
 #: The lane of a request that names no stream (it runs alone).
 BARRIER = ""
+#: A pull request's first tokens (``CONSUMER.MSG.NEXT.<stream>.<consumer>``): taken at once, no lane.
+PULL = ["CONSUMER", "MSG", "NEXT"]
 
 
 def lane_of(toks: list[str]) -> str | None:
@@ -86,6 +88,12 @@ class LinkDispatcher:
         #: account-wide API); every gateway hears every request, and only one may answer it. None:
         #: the gateway owns the whole store and answers everything.
         self.answers: Callable[[str | None], bool] | None = None
+        #: Per-stream ownership: whether a stream this gateway does not answer yet will be its own
+        #: in a moment (placed on it, being claimed): its API requests then wait in its lane for
+        #: :attr:`served` (True: it is served now, answer; False: it is not, no answer), where
+        #: they would get no answer at all (a restarted gateway's clients waited a time-out).
+        self.awaits: Callable[[str], bool] | None = None
+        self.served: Callable[[str], Awaitable[bool]] | None = None
         #: Per-stream ownership: the gathering of account-wide answers (``service.gathering``).
         self.on_gathering: Callable[[Msg], None] | None = None
 
@@ -158,11 +166,27 @@ class LinkDispatcher:
         toks = subject.split(".")
         return self.answers(toks[4] if toks[1] == "ACK" and len(toks) >= 11 else toks[2])
 
+    def _waits(self, lane: str) -> bool:
+        """Whether the requests of ``lane`` wait for its stream to be served here first."""
+        return lane != BARRIER and self.awaits is not None and self.awaits(lane)
+
+    async def _served(self, lane: str) -> bool:
+        assert self.served is not None, "set with awaits"
+        return await self.served(lane)
+
+    def _takes(self, toks: list[str], lane: str | None) -> bool:
+        """Whether this gateway takes an API request: it answers what the request names, or its
+        stream is about to be served here and the request can wait in its lane (not a pull,
+        which a delivery path would take at once for a stream it does not have yet)."""
+        if self.answers is None or self.answers(lane):
+            return True
+        return lane is not None and toks[:3] != PULL and self.awaits is not None and self.awaits(lane)
+
     def _api_request(self, msg: Msg) -> None:
         toks = split_api_subject(msg.subject, self.api_prefix) or []
-        if self.answers is not None and not self.answers(lane_of(toks)):
+        if not self._takes(toks, lane_of(toks)):
             return  # another gateway's to answer
-        if toks[:3] == ["CONSUMER", "MSG", "NEXT"] and len(toks) == 5:
+        if toks[:3] == PULL and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return
         if self._api_waiting >= API_QUEUE_SIZE:
@@ -201,7 +225,8 @@ class LinkDispatcher:
         """Answer a lane's requests in order; the lane ends when it is empty (its next request
         starts it anew), which may let a held barrier start."""
         while queued:
-            await self._answer(*queued[0])
+            if not self._waits(lane) or await self._served(lane):
+                await self._answer(*queued[0])
             queued.popleft()
             self._api_waiting -= 1
         del self._lanes[lane]

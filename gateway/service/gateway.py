@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -122,6 +122,13 @@ class Gateway:
         self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
         #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.
         self._recovering: set[str] = set()
+        #: Per stream: the streams moving here from a live gateway (``Placement.handovers``),
+        #: which answers them until it lets them go.
+        self.handovers: dict[str, str] = {}
+        #: Per stream: set once the stream's claim is over (an API request waits for it).
+        self._served: dict[str, asyncio.Event] = {}
+        #: Per stream: the streams of the claims under way.
+        self._claiming: set[str] = set()
         #: Per stream: the account-wide answers' gathering (set at start).
         self._gathering: Gathering | None = None
         self.tasks = TaskOwner()
@@ -201,7 +208,10 @@ class Gateway:
         await acklog.start()
         await registry.start()
         phases.append(time.monotonic())
-        await self._recover(registry, snapshots, history, await stored)
+        state = await stored
+        if self.claims is not None:  # which names a store from before per-stream ownership has
+            self.claims.at_start = state
+        await self._recover(registry, snapshots, history, state)
         phases.append(time.monotonic())
         log.info("recovered %d streams in %.2f s", len(registry.streams), phases[-1] - phases[-2])
         log.info("leaf link hot path: %s (JETLAKE_NO_EXTENSIONS selects python)", protocol.IMPLEMENTATION)
@@ -283,6 +293,8 @@ class Gateway:
             self._stop_dropping = self.claims.dropped.connect(self._dropped)
             registry.claim = self._claim_new
             dispatcher.answers = self.answers
+            dispatcher.awaits = self.awaits
+            dispatcher.served = self.served
             leaf.admits = self._admits
             assert self.ownership is not None
             self._gathering = Gathering(settings.domain, self.ownership.name, leaf, stream_api.summary)
@@ -304,39 +316,51 @@ class Gateway:
             ", ".join(took),
         )
 
-    async def claim(self, name: str) -> bool:
-        """Per-stream ownership: take stream ``name`` over and serve it. Its next epoch is claimed
-        and fenced in every table before anything of it is read (:meth:`StreamClaims.claim`),
-        then it is recovered from what was read as at a start (:meth:`_recover`) and its subjects
-        are subscribed. False when another gateway claimed that epoch first (nothing held), or a
-        newer one while it recovered (nothing served); :class:`StreamFenced` when a newer one was
-        claimed before its fences."""
+    async def claim(self, names: Collection[str]) -> frozenset[str]:
+        """Per-stream ownership: take streams ``names`` over and serve them; returns those taken.
+        Their next epochs are claimed and fenced in every table before anything of them is read
+        (:meth:`StreamClaims.claim`, one commit per table and one read of each for all of them:
+        a restart takes its streams back as fast as a start reads a whole store), then they are
+        recovered from what was read as at a start (:meth:`_recover`) and their subjects are
+        subscribed. A stream another gateway claimed first, or fenced meanwhile, or claimed by
+        a newer one while it recovered, is not taken (nor served)."""
+        self._claiming |= set(names)
+        try:
+            return await self._take(names)
+        finally:
+            self._claiming -= set(names)
+            for name in names:  # the requests that waited for them: served now, or not at all
+                if (served := self._served.pop(name, None)) is not None:
+                    served.set()
+
+    async def _take(self, names: Collection[str]) -> frozenset[str]:
+        """:meth:`claim`, the claim and the recovery."""
         core, claims, tables = self.core, self.claims, self._tables
         assert core is not None, "started"
         assert claims is not None, "per stream"
         assert tables is not None, "per stream, started"
-        claimed = await claims.claim(name, tables, tables[3])
-        if claimed is None:
-            return False
-        # the previous owner's rows of the stream's consumers stay below this writer's
+        claimed = await claims.claim(names, tables, tables[3])
+        taken = frozenset(claimed.epochs)
+        # the previous owners' rows of the streams' consumers stay below this writer's
         core.acklog.continue_above(claimed.acks.max_lsn)
-        self._recovering.add(name)
+        self._recovering |= taken
         try:
             recovered = await self._recover(core.registry, core.snapshots, claimed.acks, claimed.state)
         finally:
-            self._recovering.discard(name)
+            self._recovering -= taken
         for stream in recovered:
-            if claims.held.epoch(stream.name) != claimed.epoch:
+            if claims.held.epoch(stream.name) != claimed.epochs.get(stream.name):
                 # a newer owner claimed it while it recovered (the drop found nothing installed
                 # yet): served here it would take publishes that no commit may store
                 core.registry.forget_stream(stream)
-                return False
+                taken -= {stream.name}
+                continue
             core.registry.listen(stream)  # its publishes from now on
             core.recorder.changed(stream)  # its expiry timer and delete markers
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
             for consumer in core.registry.consumers.get(stream.name, {}).values():
                 core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
-        return True
+        return taken
 
     def answers(self, stream: str | None) -> bool:
         """Per stream: whether this gateway answers what names ``stream`` (None: the account-wide
@@ -350,6 +374,35 @@ class Gateway:
         if stream is not None and core is not None and stream in core.registry.streams:
             return True
         return self.meta and (stream is None or stream not in self.placement)
+
+    def awaits(self, stream: str) -> bool:
+        """Per stream, ``LinkDispatcher.awaits``: a stream placed on this gateway and not served
+        yet (its claim and recovery to come or under way) will be served here in a moment, unless
+        a live gateway still serves it (a handover: that one answers until it lets it go)."""
+        ownership = self.ownership
+        assert ownership is not None, "per stream"
+        return self.placement.get(stream) == ownership.name and stream not in self.handovers
+
+    async def served(self, stream: str) -> bool:
+        """Per stream, ``LinkDispatcher.served``: wait until ``stream`` is served here (its claim
+        is over, or a lease passed without one); whether it is. A claim that does not come, or
+        does not take the stream, leaves the request unanswered."""
+        core, ownership = self.core, self.ownership
+        assert core is not None, "started"
+        assert ownership is not None, "per stream"
+        if stream in core.registry.streams and stream not in self._recovering:
+            return True
+        waiting = self._served.setdefault(stream, asyncio.Event())
+        while True:
+            try:
+                await asyncio.wait_for(waiting.wait(), ownership.lease_s)
+                break
+            except TimeoutError:
+                if stream not in self._claiming:  # no claim came within a lease
+                    if self._served.get(stream) is waiting:
+                        del self._served[stream]
+                    break
+        return stream in core.registry.streams and stream not in self._recovering
 
     def _admits(self) -> bool:
         """Per stream, ``LeafConnection.admits``: what the link reads is served while this
@@ -420,7 +473,7 @@ class Gateway:
         (a no-op for a stream held). Another gateway claiming it at once leaves the request
         unanswered (the client times out and asks again), as :class:`StreamFenced`."""
         assert self.claims is not None
-        if self.claims.held.epoch(name) is None and not await self.claim(name):
+        if self.claims.held.epoch(name) is None and name not in await self.claim([name]):
             raise StreamFenced(frozenset({name}))
 
     def _dropped(self, names: frozenset[str]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
@@ -31,7 +31,7 @@ from storage_delta.commit.lease import Beat, Lease
 from storage_delta.commit.owner import StreamEpochs
 from storage_delta.commit.store import StoreRoot
 from storage_delta.tables.acklog import AckLog, AckLogTable
-from storage_delta.tables.scope import StoreState, load_store_state
+from storage_delta.tables.scope import Quarantine, StoreState, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +177,12 @@ class Ownership:
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimedStream:
-    """What a gateway reads back of a stream it just claimed and fenced."""
+class ClaimedStreams:
+    """What a gateway reads back of the streams it just claimed and fenced."""
 
-    epoch: int
+    #: The streams now held, with their epochs (those lost to another claimant, or fenced by a
+    #: newer epoch meanwhile, are not held and not here).
+    epochs: dict[str, int]
     state: StoreState
     acks: AckLog
 
@@ -204,34 +206,78 @@ class StreamClaims:
         #: Told of the streams this gateway no longer owns (a newer owner fenced them), after they
         #: left :attr:`held`: whoever serves them stops (registry, leaf subscriptions).
         self.dropped: Signal[[frozenset[str]]] = Signal()
+        #: What this gateway's start read of the catalog (set by the start; the streams of a
+        #: store written before per-stream ownership have no lease). None: not read, so every
+        #: claim fences and reads back.
+        self.at_start: StoreState | None = None
 
     async def claim(
-        self, stream: str, tables: Sequence[WriterTable], acks: AckLogTable
-    ) -> ClaimedStream | None:
-        """Claim ``stream``: the next epoch of its lease (None when another gateway claimed that
-        epoch first), held, fenced in each of ``tables`` (every table this gateway writes the
-        stream's rows to, ``acks`` among them) before anything of it is read, then the stream's
-        definitions, logical state and consumers' ack history read back (the messages' index is
-        the caller's, as at a start). :class:`StreamFenced` when a newer epoch was claimed
-        meanwhile (then the stream is not held)."""
+        self, streams: Collection[str], tables: Sequence[WriterTable], acks: AckLogTable
+    ) -> ClaimedStreams:
+        """Claim ``streams``: for each the next epoch of its lease (not held when another gateway
+        claimed that epoch first), held, fenced in each of ``tables`` (every table this gateway
+        writes the streams' rows to, ``acks`` among them; one commit per table for all of them)
+        before anything of them is read, then their definitions, logical state and consumers' ack
+        history read back (the messages' index is the caller's, as at a start). A stream fenced by
+        a newer epoch meanwhile is not held.
+
+        A stream claimed as its lease's first epoch whose name the catalog did not hold at this
+        gateway's start has never been written: no per-stream writer writes a stream without a
+        claim, and the store's single owner (before per-stream ownership) writes none without a
+        catalog entry; a deleted stream's lease stays (a name made again claims above it). Such a
+        stream (a create's) is neither fenced nor read back: no previous owner, nothing to read."""
         loop = asyncio.get_running_loop()
-        current = await loop.run_in_executor(self.executor, self.lease.stream_current, stream)
-        epoch = current + 1
-        if not await loop.run_in_executor(self.executor, self.lease.claim_stream, stream, epoch, self.name):
-            return None
-        self.held.hold(stream, epoch)
-        # side by side (each a commit, a few round trips on an object store), all awaited
-        fences = (loop.run_in_executor(self.executor, t.fence_stream, stream) for t in tables)
-        failed = [r for r in await asyncio.gather(*fences, return_exceptions=True) if r is not None]
+        # each table's version before the claims: no epoch of a stream first claimed now is in it
+        before = await loop.run_in_executor(self.executor, lambda: [t.version_now() for t in tables])
+        won = await loop.run_in_executor(self.executor, self._claim_leases, sorted(set(streams)))
+        for stream, epoch in won.items():
+            self.held.hold(stream, epoch)
+        start = self.at_start
+        unwritten = [s for s, e in won.items() if e == 1 and start is not None and not start.may_hold(s)]
+        fence = [s for s in won if s not in unwritten]
+        try:
+            # side by side (each a commit, a few round trips on an object store), all awaited
+            fences = [
+                loop.run_in_executor(self.executor, t.fence_streams, fence, v)
+                for t, v in zip(tables, before, strict=True)
+                if fence
+            ]
+            takes = [
+                loop.run_in_executor(self.executor, t.take_unwritten, unwritten, v)
+                for t, v in zip(tables, before, strict=True)
+                if unwritten
+            ]
+            results = await asyncio.gather(*fences, *takes, return_exceptions=True)
+        except BaseException:
+            self._let_go(won)
+            raise
+        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            self.held.drop(stream)
+            self._let_go(won)
             raise failed[0]
-        log.info("owner of stream %s as its epoch %d", stream, epoch)
+        lost = frozenset().union(*(r for r in results if isinstance(r, frozenset)))
+        self._let_go(lost)
+        epochs = {s: e for s, e in won.items() if s not in lost}
+        for stream, epoch in epochs.items():
+            log.info("owner of stream %s as its epoch %d", stream, epoch)
+        read = {s for s in fence if s not in lost}
+        if not read:
+            return ClaimedStreams(epochs, StoreState([], {}, Quarantine(), []), AckLog({}, 0, 0))
         state, history = await asyncio.gather(
-            loop.run_in_executor(self.executor, partial(load_store_state, self.root, only={stream})),
-            loop.run_in_executor(self.executor, acks.load, {stream}),
+            loop.run_in_executor(self.executor, partial(load_store_state, self.root, only=read)),
+            loop.run_in_executor(self.executor, acks.load, read),
         )
-        return ClaimedStream(epoch, state, history)
+        return ClaimedStreams(epochs, state, history)
+
+    def _claim_leases(self, streams: Sequence[str]) -> dict[str, int]:
+        """Blocking: the next epoch of each stream's lease claimed; those this gateway got."""
+        epochs = {stream: self.lease.stream_current(stream) + 1 for stream in streams}
+        return {s: epochs[s] for s in sorted(self.lease.claim_streams(epochs, self.name))}
+
+    def _let_go(self, streams: Collection[str]) -> None:
+        """Claimed but not fenced (a newer epoch was there, or the fence failed): not held."""
+        for stream in streams:
+            self.held.drop(stream)
 
     def drop(self, streams: frozenset[str]) -> None:
         """A commit found ``streams`` fenced: this gateway writes them no more, and says so."""

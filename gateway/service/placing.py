@@ -27,7 +27,7 @@ from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
 from gateway.service.placement import place
 from storage_delta.commit.lease import Placement
-from storage_delta.tables.removals import stream_replicas
+from storage_delta.tables.removals import StreamReplicas
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +75,15 @@ class Placing:
         ownership, gateway = self.ownership, self.gateway
         claims = gateway.claims
         assert claims is not None
-        gateway.meta = True
         settled = time.monotonic() + ownership.lease_s
+        catalog = StreamReplicas(gateway.root)  # read again only where the catalog changed
         try:  # the others' announcements as they stand, before the first placement
             await ownership.listen()
         except OSError as exc:  # the announcing loop reads them at its next tick
             log.warning("reading the gateways' announcements failed: %s", exc)
         while True:
             try:
-                replicas = await asyncio.to_thread(stream_replicas, gateway.root)
+                replicas = await asyncio.to_thread(catalog.read)
                 recorded = await asyncio.to_thread(ownership.lease.placement)
                 gone = await asyncio.to_thread(ownership.lease.gone_members)
                 if time.monotonic() < settled:
@@ -103,6 +103,11 @@ class Placing:
                     moved = {s: g for s, g in owners.items() if recorded.owners.get(s) != g}
                     if moved:
                         log.info("placed %s over %d gateways", moved, len(live))
+                # Only from its first placement on does the meta owner know which names are placed
+                # nowhere: before it, a stream the last record left out (created just before the
+                # previous meta owner stopped) would get a "not found" from it.
+                gateway.placement, gateway.handovers = owners, handovers
+                gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
             await asyncio.sleep(self.tick_s)
@@ -143,12 +148,17 @@ class Placing:
         gateway, name = self.gateway, self.ownership.name
         claims = gateway.claims
         assert claims is not None
-        gateway.placement = placement.owners
-        for stream in sorted(s for s, g in placement.owners.items() if g == name):
-            if claims.held.epoch(stream) is not None or not await self._released(stream, placement):
-                continue
-            if not await gateway.claim(stream):
-                log.info("stream %s was claimed by another gateway first", stream)
+        gateway.placement, gateway.handovers = placement.owners, placement.handovers
+        ready = [
+            stream
+            for stream in sorted(s for s, g in placement.owners.items() if g == name)
+            if claims.held.epoch(stream) is None and await self._released(stream, placement)
+        ]
+        if ready:  # all in one claim: one fence commit per table, one read of each
+            taken = await gateway.claim(ready)
+            for stream in ready:
+                if stream not in taken:
+                    log.info("stream %s was claimed or fenced by another gateway first", stream)
         for stream in sorted(claims.held.streams()):
             if placement.owners.get(stream, name) != name:
                 await gateway.release(stream)

@@ -40,7 +40,15 @@ from deltalake.transaction import AddAction
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
 from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
-from storage_delta.commit.owner import OWNER_APP, StreamEpochs, StreamFenced, check_epoch, stream_owner_app
+from storage_delta.commit.owner import (
+    OWNER_APP,
+    StreamEpochs,
+    StreamFenced,
+    check_epoch,
+    commit_without_fenced,
+    stream_count_base,
+    stream_owner_app,
+)
 from storage_delta.commit.store import (
     CommitConflict,
     StoreRoot,
@@ -110,11 +118,15 @@ class TableAppender:
         self._checkpoint_every = checkpoint_every
         #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
         self._log_keep_entries = log_keep_entries
-        #: Per stream, the epoch this appender fenced it under and the table's version of the
-        #: stream's dedup txn just after (:meth:`fence_stream`): its commits carry ``base +
+        #: Per stream, the epoch this appender fenced it under and the base of its count there
+        #: (:func:`~storage_delta.commit.owner.stream_count_base`): its commits carry ``base +
         #: version``, so the stream's versions keep growing across owners whatever each writer's
         #: own count is. A stream held under another epoch than fenced here is not written.
         self._bases: dict[str, tuple[int, int]] = {}
+        #: Per stream, the version of the handle it was asked at and its owner epoch there
+        #: (:meth:`_stream_epoch`); answers as of ``_epochs_from`` or later hold.
+        self._epochs: dict[str, tuple[int, int]] = {}
+        self._epochs_from = self.dt.version()
         self._commits = 0
         self._lock = threading.Lock()
         self._hygiene_pool: ThreadPoolExecutor | None = None
@@ -132,17 +144,43 @@ class TableAppender:
         else:
             self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
 
-    def _stream_epoch(self, stream: str) -> int:
+    def _stream_epoch(self, stream: str, exact: bool = False) -> int:
         """``stream``'s owner epoch as of the handle's version, or a newer one: delta-rs reads a
         snapshot's app transactions from its log entries when first asked, and those of a handle
         left behind a trim are gone (another writer's checkpoint went past it), so that handle
         catches up first. A newer version's epoch only refuses sooner what a fence already
-        refuses (it landed before any commit of ours still to come)."""
+        refuses (it landed before any commit of ours still to come).
+
+        Asked of delta-rs once and remembered (each ask scans the snapshot's app transactions,
+        which grow with the streams, and it came at every commit): an answer as of a version at
+        or past :attr:`_epochs_from` still holds. On a local root the log appender reads every
+        version it passes after that one itself (``LocalLogAppender.seen``), so older answers are
+        never needed; through delta-rs, the handle's version is where a commit goes on from.
+        ``exact``: as of the handle's version, whatever the log appender read."""
+        dt = self.dt  # hygiene may swap it meanwhile: one handle for the version and the answer
+        floor = self._epochs_from if self._local is not None and not exact else dt.version()
+        known = self._epochs.get(stream)
+        if known is not None and known[0] >= floor:
+            return known[1]
+        version = dt.version()
         try:
-            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+            epoch = dt.transaction_version(stream_owner_app(stream)) or 0
         except DeltaError:
-            catch_up(self.dt)
-            return self.dt.transaction_version(stream_owner_app(stream)) or 0
+            catch_up(dt)
+            version = dt.version()
+            epoch = dt.transaction_version(stream_owner_app(stream)) or 0
+        self._epochs[stream] = (version, epoch)
+        return epoch
+
+    def _jumped(self) -> None:
+        """The log appender goes on from the handle's version (caught up), past versions it has
+        not read: the epochs remembered from before are asked again (:meth:`_stream_epoch`)."""
+        self._epochs_from = max(self._epochs_from, self.dt.version())
+
+    def version_now(self) -> int:
+        """The handle's version: a stream first claimed after this call has no epoch in it
+        (:meth:`take_unwritten`)."""
+        return self.dt.version()
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
@@ -151,24 +189,65 @@ class TableAppender:
             if fenced:
                 raise StreamFenced(fenced)
 
-    def fence_stream(self, stream: str) -> None:
-        """Commit ``stream``'s owner epoch (as held in :attr:`streams`) alone, before anything of
-        the stream is read to recover: a writer of an older epoch of it meets the fence on its way
-        to any later version and drops the stream's rows. :class:`StreamFenced` when a newer epoch
-        is there already (the lease moved on again)."""
-        assert self.streams is not None, "fence_stream on an appender fenced by the store's epoch"
-        epoch = self.streams.epoch(stream)
-        if epoch is None:
-            raise StreamFenced(frozenset([stream]))
-        with self._lock:
+    def fence_streams(self, streams: Collection[str], before: int) -> frozenset[str]:
+        """Commit the owner epochs held for ``streams`` (in :attr:`streams`), all in one commit,
+        before anything of them is read to recover: a writer of an older epoch of one meets the
+        fence on its way to any later version and drops that stream's rows. Returns the streams
+        not fenced here: not held, or a newer epoch is there already (the lease moved on again);
+        the others are fenced. ``before``: as for :meth:`take_unwritten`."""
+        assert self.streams is not None, "fence_streams on an appender fenced by the store's epoch"
+        held = self.streams
+        lost = frozenset(s for s in streams if held.epoch(s) is None)
+        self._claimed_after(streams, before)
+
+        def attempt(left_out: frozenset[str]) -> None:
+            names = sorted(set(streams) - lost - left_out)
+            if not names:
+                return
             if self._local is not None:
-                self._local.append([], (stream_owner_app(stream), epoch), streams=[stream])
+                epoch = held.epoch(names[0])
+                if epoch is None:
+                    raise StreamFenced(frozenset(names[:1]))
+                self._local.append([], (stream_owner_app(names[0]), epoch), streams=names)
             else:
-                self._commit_delta_rs([], None, [], [stream])
-            # After the fence no older owner's commit of the stream lands: the table's count of
-            # it is final, and ours goes on above it.
-            catch_up(self.dt)
-            self._bases[stream] = (epoch, self.dt.transaction_version(self.dedup_app(stream)) or 0)
+                self._commit_delta_rs([], None, [], names)
+
+        with self._lock:
+            lost |= commit_without_fenced(attempt)
+            # After the fence no older owner's commit of a stream lands; ours are counted above
+            # every one of theirs.
+            for stream in set(streams) - lost:
+                epoch = held.epoch(stream)
+                if epoch is None:  # dropped meanwhile
+                    lost |= {stream}
+                    continue
+                self._bases[stream] = (epoch, stream_count_base(epoch))
+        return lost
+
+    def take_unwritten(self, streams: Collection[str], before: int) -> None:
+        """Write ``streams`` from now on without a fence: streams whose lease this writer claimed
+        as its first epoch, with no name in the catalog from before (``StreamClaims.claim``), so no
+        writer has ever committed a row of them (a per-stream writer needs a claim, and the store's
+        single owner a catalog entry). There is no previous owner to fence, nothing to read back,
+        and each one's dedup count starts at its base. A later owner fences them as any other.
+        ``before``: a version of the table (:meth:`version_now`) taken before the claims."""
+        assert self.streams is not None, "take_unwritten on an appender fenced by the store's epoch"
+        self._claimed_after(streams, before)
+        with self._lock:
+            for stream in streams:
+                epoch = self.streams.epoch(stream)
+                if epoch is not None:
+                    self._bases[stream] = (epoch, stream_count_base(epoch))
+
+    def _claimed_after(self, streams: Collection[str], before: int) -> None:
+        """``streams`` were just claimed, after the table was at version ``before``: an epoch of
+        one there is below the one claimed (a lease's epochs are claimed one after another, and
+        each is fenced after its claim). Remembered as 0 (:meth:`_stream_epoch`), which decides
+        as the true one does: the epoch is only ever compared with the one held, the claimed
+        one or a later claim's. So a claim of many streams asks delta-rs nothing."""
+        with self._lock:
+            for stream in streams:
+                self._epochs[stream] = (before, 0)
 
     def dedup_app(self, stream: str) -> str:
         """The app id of ``stream``'s commits in the table when fenced per stream: the landed
@@ -218,14 +297,16 @@ class TableAppender:
         # Fenced per stream: the newest of our versions among the streams we still hold (a
         # fenced stream's count goes on under its new owner and says nothing of ours).
         held = self.streams.streams()
-        ours = held - self.streams.fenced(held, self._stream_epoch)
+        ours = held - self.streams.fenced(held, lambda s: self._stream_epoch(s, exact=True))
         return max(
-            (
-                (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
-                for s in ours
-                if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
-            ),
-            default=0,
+            [
+                0,  # (a stream not yet committed by us holds a version below our base, or none)
+                *(
+                    (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
+                    for s in ours
+                    if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
+                ),
+            ]
         )
 
     def transaction_version(self, app_id: str) -> int:
@@ -300,6 +381,7 @@ class TableAppender:
                 # Someone changed the table beyond what a blind append may assume: look again, and
                 # let delta-rs judge it from now on unless it still allows blind appends.
                 catch_up(self.dt)
+                self._jumped()
                 check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
@@ -312,8 +394,10 @@ class TableAppender:
 
     def _catch_up_landed(self, txn: tuple[str, int] | None, streams: Collection[str]) -> bool:
         """Catch the handle up and say whether it holds ``txn`` (the commit landed; never without
-        a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours."""
+        a txn). The epochs are looked at first: a newer owner's versions of a stream are not ours.
+        The log appender goes on from here if it did not land."""
         catch_up(self.dt)
+        self._jumped()
         check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
         self._check_streams(streams)
         return txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]
@@ -460,6 +544,22 @@ class WriterTable:
             root, self.SPEC, self.APP_ID, checkpoint_every, log_keep_entries=keep, streams=streams
         )
 
+    def fence_streams(self, streams: Collection[str], before: int) -> frozenset[str]:
+        """Commit the epochs held for ``streams`` in one commit (their new owner's first write);
+        returns those not fenced (:meth:`TableAppender.fence_streams`)."""
+        return self._appender.fence_streams(streams, before)
+
     def fence_stream(self, stream: str) -> None:
-        """Commit the epoch held for ``stream`` alone (the first write of its new owner)."""
-        self._appender.fence_stream(stream)
+        """:meth:`fence_streams` of one stream claimed before this call; :class:`StreamFenced`
+        when it was not fenced."""
+        lost = self.fence_streams([stream], -1)
+        if lost:
+            raise StreamFenced(lost)
+
+    def take_unwritten(self, streams: Collection[str], before: int) -> None:
+        """Write never-written ``streams`` without a fence (:meth:`TableAppender.take_unwritten`)."""
+        self._appender.take_unwritten(streams, before)
+
+    def version_now(self) -> int:
+        """The table's version as its handle knows it (:meth:`TableAppender.version_now`)."""
+        return self._appender.version_now()

@@ -53,6 +53,20 @@ def stream_of_owner_app(app_id: str) -> str | None:
     return app_id[len(prefix) :] if app_id.startswith(prefix) else None
 
 
+#: A stream's dedup txn versions (its commits' count in a table, fenced per stream) under owner
+#: epoch ``e`` start above ``e << STREAM_COUNT_BITS``: above every version of an older epoch
+#: (none makes 2**40 commits), with nothing read of the table.
+STREAM_COUNT_BITS = 40
+
+
+def stream_count_base(epoch: int) -> int:
+    """Where the owner of ``epoch`` of a stream counts its commits of the stream from, in every
+    table: the stream's versions keep growing across owners (the landed check, the catalog's
+    ``rev``), and a new owner learns it without asking the table (one ask per stream, each a
+    scan of the table's app transactions, made a restart's claims grow with the streams)."""
+    return epoch << STREAM_COUNT_BITS
+
+
 class StreamFenced(Exception):
     """Newer owners hold ``streams`` (or this writer never held them): their rows must not be
     committed by this writer. Unlike :class:`Fenced` it is not final for the writer: the rows of

@@ -428,13 +428,15 @@ class DamagedAdd:
 
 
 def read_checked(
-    root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema
+    root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema, adds: list[dict[str, Any]] | None = None
 ) -> tuple[pa.Table, list[DamagedAdd]]:
     """Every row of an unpartitioned table's snapshot ``dt``, each file checked first (its CRC-32,
     its pages): the rows of the files that pass, and those that do not. Where
-    ``dt.to_pyarrow_table`` would fail on a damaged file, or hand its garbage on."""
+    ``dt.to_pyarrow_table`` would fail on a damaged file, or hand its garbage on. ``adds``: of the
+    snapshot's add actions (:func:`add_actions`), those to read (None: all)."""
     fs, base = root.filesystem()
-    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    if adds is None:
+        adds = add_actions(dt)
     tables, damaged = [schema.empty_table()], []
     for add in adds:
         path = str(add["path"])
@@ -445,11 +447,20 @@ def read_checked(
     return pa.concat_tables(tables), damaged
 
 
-def read_whole(root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema) -> pa.Table:
-    """Every row of an unpartitioned table's snapshot, each file checked; a damaged file raises
-    :class:`DamagedFile`: for the jobs, which must not act on a table missing rows (a catalog
-    without a stream's deletion, a removal log without a stream's deletes)."""
-    table, damaged = read_checked(root, dt, name, schema)
+def add_actions(dt: DeltaTable) -> list[dict[str, Any]]:
+    """The add actions of snapshot ``dt``, one dict each (``path``, ``size_bytes``, stats...)."""
+    adds: list[dict[str, Any]] = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    return adds
+
+
+def read_whole(
+    root: StoreRoot, dt: DeltaTable, name: str, schema: pa.Schema, adds: list[dict[str, Any]] | None = None
+) -> pa.Table:
+    """Every row of an unpartitioned table's snapshot (``adds``: of its files, those to read),
+    each file checked; a damaged file raises :class:`DamagedFile`: for the jobs, which must not
+    act on a table missing rows (a catalog without a stream's deletion, a removal log without a
+    stream's deletes)."""
+    table, damaged = read_checked(root, dt, name, schema, adds)
     if damaged:
         raise DamagedFile(f"{name}/{damaged[0].path}", f"{damaged[0].reason}; see jetlake repair")
     return table

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableSpec, WriterTable
@@ -31,6 +32,8 @@ from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
+    add_actions,
+    catch_up,
     open_existing,
     open_version,
     read_checked,
@@ -162,24 +165,63 @@ def live_streams_of(catalog: pa.Table) -> dict[str, int]:
     return {name: int(body["created"]) for name, body in _live_stream_bodies(catalog).items()}
 
 
-def stream_replicas(root: StoreRoot) -> dict[str, int]:
+class StreamReplicas:
     """Live stream name → its ``num_replicas`` (at least 1): what the meta owner places over the
-    gateways (per-stream ownership). A damaged catalog file raises, as for :func:`live_streams`."""
-    dt = open_existing(root, sch.CATALOG)
-    if dt is None:
-        return {}
-    bodies = _live_stream_bodies(read_whole(root, dt, sch.CATALOG, sch.CATALOG_SCHEMA))
-    return {name: max(1, int(body["config"].get("num_replicas") or 1)) for name, body in bodies.items()}
+    gateways (per-stream ownership), every tick. Kept from one call to the next: a call catches
+    a handle up and, when the catalog's version moved, reads only the files added since (the
+    catalog's rows are only ever appended; a stream's newest row by ``rev`` wins whichever file
+    holds it); when a file went (a compaction's swap, a repair), the whole snapshot again. So a
+    tick costs a look at the log, not a read of every stream's rows (which grew with the
+    streams). A damaged catalog file raises, as for :func:`live_streams`. Blocking."""
+
+    def __init__(self, root: StoreRoot) -> None:
+        self.root = root
+        self._dt: DeltaTable | None = None
+        self._version = -1
+        self._files: set[str] = set()
+        #: Per stream, its newest row: (rev, deleted, body).
+        self._newest: dict[str, tuple[int, bool, str]] = {}
+        self._replicas: dict[str, int] = {}
+
+    def read(self) -> dict[str, int]:
+        if self._dt is None:
+            self._dt = open_existing(self.root, sch.CATALOG)
+            if self._dt is None:
+                return {}
+        else:
+            catch_up(self._dt)
+        dt = self._dt
+        if dt.version() == self._version:
+            return self._replicas
+        adds = add_actions(dt)
+        files = {str(add["path"]) for add in adds}
+        if not self._files <= files:  # rows went with a file: start again from the snapshot
+            self._files, self._newest = set(), {}
+        fresh = [add for add in adds if str(add["path"]) not in self._files]
+        _newest_stream_rows(read_whole(self.root, dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh), self._newest)
+        self._files, self._version = files, dt.version()
+        self._replicas = {
+            name: max(1, int(json.loads(body)["config"].get("num_replicas") or 1))
+            for name, (_, deleted, body) in self._newest.items()
+            if not deleted
+        }
+        return self._replicas
 
 
-def _live_stream_bodies(catalog: pa.Table) -> dict[str, dict[str, Any]]:
-    """Each live stream's newest catalog body (its ``created`` and ``config``)."""
-    newest: dict[str, tuple[int, bool, str]] = {}
+def _newest_stream_rows(catalog: pa.Table, newest: dict[str, tuple[int, bool, str]]) -> None:
+    """Fold the catalog's rows ``catalog`` into ``newest``: per stream, its newest stream row
+    by ``rev`` (rev, deleted, body)."""
     for rev, kind, name, deleted, body in zip(
         *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
+
+
+def _live_stream_bodies(catalog: pa.Table) -> dict[str, dict[str, Any]]:
+    """Each live stream's newest catalog body (its ``created`` and ``config``)."""
+    newest: dict[str, tuple[int, bool, str]] = {}
+    _newest_stream_rows(catalog, newest)
     return {name: json.loads(body) for name, (_, deleted, body) in newest.items() if not deleted}
 
 

@@ -48,7 +48,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage_delta.commit.append import TableSpec
 from storage_delta.commit.deltalog import add_line, commit_info, remove_line
 from storage_delta.commit.durable import fsync_path, make_dirs, sync_new_file
-from storage_delta.commit.store import StoreRoot, creation_lines, file_stats, open_existing
+from storage_delta.commit.store import StoreRoot, add_actions, creation_lines, file_stats, open_existing
 from storage_delta.commit.writer import MESSAGES_TABLE
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import (
@@ -250,7 +250,7 @@ def _data_damage(root: StoreRoot, spec: TableSpec) -> Iterator[Finding]:
     dt = open_existing(root, spec.name)
     if dt is None:
         return
-    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    adds = add_actions(dt)
     fs, base = root.filesystem()
     for add in adds:
         path = str(add["path"])

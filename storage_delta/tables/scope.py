@@ -101,6 +101,13 @@ class StoreState:
     quarantine: Quarantine
     #: The damaged files, one line each (``/healthz``): this read is their check at start.
     problems: list[str]
+    #: Every stream name in the catalog's rows read (live, deleted, or of a consumer's row).
+    catalogued: frozenset[str] = frozenset()
+
+    def may_hold(self, name: str) -> bool:
+        """Whether the store as read may hold rows of stream ``name``: its name is in the
+        catalog, or in a damaged catalog file's range."""
+        return name in self.catalogued or any(scope.names(name) for scope, _ in self.quarantine.ranges)
 
 
 def load_store_state(
@@ -145,6 +152,7 @@ def load_store_state(
         stream_states_of(served, removals),
         quarantine,
         problems,
+        frozenset(known),
     )
 
 
