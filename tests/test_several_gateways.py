@@ -112,6 +112,8 @@ class Acker:
         self.js, self.sub, self.expected, self.killed = js, sub, expected, killed
         self.stream = stream
         self.acked_before_kill: set[str] = set()
+        #: set at the first ack known before a kill: a scenario may wait for it before killing
+        self.acked_one = asyncio.Event()
         self.delivered_after_kill: list[str] = []
         self.seen: set[str] = set()
 
@@ -145,6 +147,7 @@ class Acker:
             return  # not known to be acked: it may come again after ack_wait
         if not self.killed:
             self.acked_before_kill.add(body)
+            self.acked_one.set()
 
 
 async def connect(gw: Jetlake) -> tuple[Client, JetStreamContext]:
