@@ -1,16 +1,14 @@
 """``several_gateways`` (#19): aggregate ingest of several streams over one gateway and over two
-gateways on one store (one owns it, the other stands by), then the handover after ``kill -9`` of the
-owner, from the kill to the next PubAck, a few times in a row.
+gateways on one store, then the handover after ``kill -9`` of a stream's owner, from the kill to the
+next PubAck, a few times in a row.
 
-One gateway owns the whole store, so the second adds availability, not throughput: the two ingest
-figures should be the same, and the handover is what the second buys.
-
-``--per-stream`` measures per-stream ownership instead (#19, the internal switch
-``JETLAKE_PER_STREAM=1`` while it is incomplete): the same ingest over one gateway and over two,
-the streams created with ``num_replicas`` 2 and placed half on each before the publishers start.
+Each stream is served by one gateway (per-stream ownership). With the default ``num_replicas`` 1 a
+stream stays on the gateway that created it, so the second gateway adds availability, not
+throughput. ``--spread`` creates the streams with ``num_replicas`` 2 and waits until they are
+placed half on each gateway before the publishers start: the ingest over one gateway and over two.
 
     python -m bench.several_gateways [--streams 4] [--publishers 4] [--seconds 10] [--handovers 5] [--s3]
-    python -m bench.several_gateways --per-stream [--streams 4] [--publishers 4] [--seconds 10] [--s3]
+    python -m bench.several_gateways --spread [--streams 4] [--publishers 4] [--seconds 10] [--s3]
 
 ``--s3`` puts the store on S3 (a local moto server, as ``tests/test_storage_s3.py`` uses): the
 lease is then a Delta table and objects, and a takeover's fences and loads are round trips.
@@ -174,26 +172,23 @@ async def _drop_stream(url: str, name: str) -> None:
         await nc.jetstream().delete_stream(name)
 
 
-def per_stream(
-    work: Path, streams: int, publishers: int, seconds: float, s3: dict[str, str] | None
-) -> Result:
-    """Per-stream ownership: the ingest over one gateway, then over two with the streams spread."""
+def spread(work: Path, streams: int, publishers: int, seconds: float, s3: dict[str, str] | None) -> Result:
+    """The ingest over one gateway, then over two with the streams spread over both."""
     rates = []
     for gateways in (1, 2):
-        gw = deployment(work / f"per-stream-{gateways}", s3)
-        gw.gateway_env["JETLAKE_PER_STREAM"] = "1"
+        gw = deployment(work / f"spread-{gateways}", s3)
         gw.start()
         peers = [Peer(gw, f"gateway-{n}", gw.gateway_env) for n in range(1, gateways)]
         try:
             for peer in peers:
-                wait_log(peer.log, "per stream")
+                wait_log(peer.log, "jetlake serving")
             rates.append(round(asyncio.run(ingest(gw.url, streams, publishers, seconds, gateways))))
         finally:
             for peer in peers:
                 stop(peer.proc)
             gw.stop()
     return {
-        "workload": "several_gateways per stream",
+        "workload": "several_gateways spread",
         "store": "s3 (moto)" if s3 is not None else "local",
         "streams": streams,
         "publishers_per_stream": publishers,
@@ -223,12 +218,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--handovers", type=int, default=5)
     ap.add_argument("--s3", action="store_true", help="the store on S3 (a local moto server)")
-    ap.add_argument("--per-stream", action="store_true", help="per-stream ownership: ingest over 1 and 2")
+    ap.add_argument("--spread", action="store_true", help="streams of R 2 spread: ingest over 1 and 2")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         s3 = s3_options(stack.enter_context(moto_s3())) if args.s3 else None
-        if args.per_stream:
-            result = per_stream(Path(tmp), args.streams, args.publishers, args.seconds, s3)
+        if args.spread:
+            result = spread(Path(tmp), args.streams, args.publishers, args.seconds, s3)
         else:
             result = run(Path(tmp), args.streams, args.publishers, args.seconds, args.handovers, s3)
         print(json.dumps(result))

@@ -1,7 +1,6 @@
-"""Per-stream ownership end to end (#19, docs/perstream-status.md, step 5): two ``jetlake serve``
-processes on one store root and one hub, in per-stream mode (the internal switch
-``JETLAKE_PER_STREAM=1`` while it is incomplete). Two streams are placed one on each gateway;
-``kill -9`` of one stream's owner hands that stream to the other gateway within 2 s while the other
+"""Per-stream ownership end to end (#19, docs/perstream-status.md): two ``jetlake serve`` processes
+on one store root and one hub, with no setting but the root and the hub's leafnode URL. Two streams
+are placed one on each gateway; ``kill -9`` of one stream's owner hands that stream to the other gateway within 2 s while the other
 stream keeps being served; nothing acknowledged is lost and nothing is stored twice. Real
 processes; what is checked is what clients see and what the Delta tables hold."""
 
@@ -41,7 +40,6 @@ from tests.test_stream_fence import (
 #: ``alone``: the handover bound (2 s) is a wall-clock bound.
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
-PER_STREAM = {"JETLAKE_PER_STREAM": "1"}
 Result = TypeVar("Result")
 
 
@@ -130,7 +128,7 @@ def two_gateways(
     cluster with the client on node 2; S and T spread over them. Afterwards every table's log
     shows each stream's epochs never going down."""
     gw = Jetlake(tmp_path)  # the store root and the gateway command
-    gw.gateway_env = {**PER_STREAM, **(env or {})}
+    gw.gateway_env = dict(env or {})
     if root is not None:
         gw.data_root = root.uri  # type: ignore[assignment]  # the harness passes it on as --data-root
         options = root.storage_options or {}
@@ -150,7 +148,7 @@ def two_gateways(
             wait_log(peers[0].log, "owner of the store as epoch 1")
             first, urls = (peers[0].proc, peers[0].log), tuple(hub.url(n) for n in range(3))
         peers.append(Peer(gw, "gateway-b", gw.gateway_env, leaf_url=hub.leaf_url(1) if hub else None))
-        wait_log(peers[-1].log, "per stream")
+        wait_log(peers[-1].log, "jetlake serving")
         procs, logs = (first[0], peers[-1].proc), (first[1], peers[-1].log)
         result = asyncio.run(_spread_then(procs, logs, urls, store, scenario))
     finally:
@@ -281,14 +279,14 @@ def test_a_joining_gateway_gets_a_stream_by_a_clean_handover(tmp_path: Path) -> 
     acknowledged message stored exactly once, the joining gateway claims after the release (no
     fenced commit), and the moved stream's pause stays under 2 s."""
     gw = Jetlake(tmp_path)
-    gw.gateway_env = dict(PER_STREAM)
+    gw.gateway_env = {}
     gw.start()
     peer: Peer | None = None
     try:
 
         def join() -> None:
             nonlocal peer
-            peer = Peer(gw, "gateway2", PER_STREAM)
+            peer = Peer(gw, "gateway2", {})
 
         moved, pause = asyncio.run(_joined_under_load(gw, join, StoreRoot(str(gw.data_root))))
     finally:

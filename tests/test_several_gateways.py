@@ -1,13 +1,13 @@
-"""Several ``jetlake serve`` processes on one store root and one hub (issue #19): one owns the store,
-the others stand by; a paused owner is fenced and steps down; ``kill -9`` of the owner hands the
-store over within 2 s with nothing acknowledged lost and nothing stored twice. Real processes
+"""Several ``jetlake serve`` processes on one store root and one hub (issue #19), every stream on the
+gateway that created it (``num_replicas`` 1), the others standing by for the store lease: ``kill -9``
+of that gateway hands its streams over within 2 s with nothing acknowledged lost and nothing stored
+twice. (A paused owner: ``tests/test_perstream_serve.py``.) Real processes
 throughout; what is checked is what clients see and what the Delta tables hold."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import time
@@ -153,68 +153,6 @@ class Acker:
 async def connect(gw: Jetlake) -> tuple[Client, JetStreamContext]:
     nc = await nats.connect(gw.url)
     return nc, nc.jetstream()
-
-
-def test_a_paused_owner_is_fenced_and_steps_down(tmp_path: Path) -> None:
-    """SIGSTOP the owner: the standby takes over after the lease and serves; SIGCONT: the old
-    owner's pending commit (acks it held for the linger) is refused by the fence, it answers
-    nothing and stands by; nothing acknowledged is lost or stored twice; then it takes over again
-    when the new owner is killed."""
-    gw = Jetlake(tmp_path)
-    # acks wait for company this long: the paused owner holds one when it wakes up
-    env = {"JETLAKE_ACK_FLUSH_INTERVAL_MS": "4000"}
-    gw.gateway_env = env
-    gw.start()
-    peer = Peer(gw, "gateway2", env)
-    try:
-        wait_log(peer.log, "standing by: epoch 1 holds the store")
-        asyncio.run(_paused_owner(gw, peer))
-    finally:
-        peer.stop()
-        gw.stop()
-
-
-async def _paused_owner(gw: Jetlake, peer: Peer) -> None:
-    assert gw.gateway is not None
-    owner = gw.gateway.pid
-    nc, js = await connect(gw)
-    try:
-        await js.add_stream(name="P", subjects=["p.>"], duplicate_window=120)
-        pub = Publisher(js)
-        for i in range(20):
-            await pub.publish("p.x", f"a{i}")
-        sub = await js.pull_subscribe("p.x", "C", stream="P")
-        (first,) = await sub.fetch(1, timeout=5)
-        await first.ack()  # a plain ack: it waits in the owner's ack log for the linger
-        await nc.flush()
-        await asyncio.sleep(0.3)
-        os.kill(owner, signal.SIGSTOP)
-        stopped = time.monotonic()
-        for i in range(20, 40):
-            await pub.publish("p.x", f"a{i}")
-        assert "owner of the store as epoch 2" in peer.text()
-        served = pub.acks["a20"][1] - stopped
-        os.kill(owner, signal.SIGCONT)
-        await asyncio.to_thread(wait_log, gw.workdir / "gateway.log", "lost the store to another gateway")
-        log = (gw.workdir / "gateway.log").read_text()
-        assert "fenced: owner epoch 2 took over from epoch 1" in log  # its ack-log commit was refused
-        for i in range(40, 50):
-            await pub.publish("p.x", f"a{i}")
-        info = await js.stream_info("P")
-        assert (info.state.messages, info.state.last_seq) == (50, 50)
-        assert stored_payloads(StoreRoot(str(gw.data_root)), "P") == [f"a{i}" for i in range(50)]
-        assert pub.errors == []
-        assert_fenced_logs(gw.data_root)
-        # the old owner now stands by: it takes the store back when the new one is killed
-        stop(peer.proc, signal.SIGKILL)
-        await pub.publish("p.x", "a50")
-        await asyncio.to_thread(wait_log, gw.workdir / "gateway.log", "owner of the store as epoch 3")
-        info = await js.stream_info("P")
-        assert (info.state.messages, info.state.last_seq) == (51, 51)
-        print(f"SIGSTOP of the owner to the next PubAck: {served:.2f} s")
-        assert served > 1.0  # the paused owner's lease ran out first: its process was alive
-    finally:
-        await nc.close()
 
 
 def test_kill_9_of_the_owner_hands_over_within_2_s(tmp_path: Path) -> None:

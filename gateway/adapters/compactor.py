@@ -87,9 +87,17 @@ class Compactor:
         """A commit added a file to ``stream``'s partition. O(1): called for every committed run."""
         count = self._added.get(stream.name, 0) + 1
         self._added[stream.name] = count
+        if count == self.min_files or not self._settling:
+            self._due.set()  # a round, or (nothing settling) the idle timer's wait starts now
         self._settling[stream.name] = time.monotonic()
-        if count == self.min_files:
-            self._due.set()
+
+    def recovered(self, names: Iterable[str]) -> None:
+        """Streams recovered after the start (claimed): a round for them, as a start has."""
+        now = time.monotonic()
+        for name in names:
+            self._added[name] = max(self._added.get(name, 0), self.min_files)
+            self._settling[name] = now
+        self._due.set()
 
     def _stream_removed(self, stream: Stream) -> None:
         self._added.pop(stream.name, None)
@@ -103,10 +111,10 @@ class Compactor:
             self.registry.stream_removed.connect(self._stream_removed),
         )
         try:
-            names = set(self.registry.streams)
+            names = set(self.registry.streams)  # none per stream: claimed ones come by recovered()
             self._settling.update(dict.fromkeys(names, time.monotonic()))
             while True:
-                if not (await self.compact(names))[1]:  # caught up: what arrives meanwhile, next round
+                if names and not (await self.compact(names))[1]:  # caught up: the rest, next round
                     await asyncio.sleep(self.interval_s)
                 names = await self._next_due()
         finally:

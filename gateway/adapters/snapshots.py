@@ -60,6 +60,9 @@ class Snapshots:
         #: stream name -> why its snapshot was found damaged, until a good one is written over it
         self.damaged: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        #: Set when streams were recovered after the start (per stream: claimed): their round is
+        #: due at once, as a start's is (what recovery read from the files is not read again).
+        self._recovered = asyncio.Event()
 
     def restored(self, stream: Stream, through: int, damage: DamagedSnapshot | None = None) -> None:
         """Recovery read a snapshot of the stream up to ``through`` (0: none), or found it
@@ -107,12 +110,21 @@ class Snapshots:
                 await loop.run_in_executor(self.executor, index_snapshot.remove_others, self.root, live)
             return len(copies)
 
+    def recovered(self) -> None:
+        """Streams were recovered after the start (claimed): a round now."""
+        self._recovered.set()
+
     async def run(self) -> None:
-        damaged = False  # the start's round: a damaged snapshot stays reported until the next
+        damaged = False  # a start's or a claim's round: a damaged snapshot stays reported until the next
         while True:
             try:
                 await self.take(damaged=damaged)
             except Exception:
                 log.exception("writing index snapshots failed; the next round tries again")
-            damaged = True
-            await asyncio.sleep(self.interval_s)
+            try:
+                async with asyncio.timeout(self.interval_s):
+                    await self._recovered.wait()
+                damaged = False
+            except TimeoutError:
+                damaged = True
+            self._recovered.clear()

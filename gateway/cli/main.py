@@ -9,11 +9,10 @@ import gc
 import importlib.abc
 import importlib.machinery
 import logging
-import os
 import signal
 import sys
 import types
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,9 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("jetlake")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 GC_GEN0_THRESHOLD = 50_000  # allocations between young collections (CPython default: 700)
-#: Internal switch to per-stream ownership (#19) while it is incomplete; off by default. In the
-#: end no setting selects it (several gateways on one store share the streams by themselves).
-PER_STREAM_SWITCH = "JETLAKE_PER_STREAM"
 
 
 class PandasUnavailable(importlib.abc.MetaPathFinder):
@@ -106,14 +102,7 @@ async def serve(settings: Settings) -> int:
     await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
     announcing = asyncio.create_task(ownership.announce(), name="announce")
     try:
-        if os.environ.get(PER_STREAM_SWITCH) == "1":
-            await _serve_per_stream(settings, ownership, stop, monitor_stack)
-        else:
-            while not stop.is_set():
-                if not await _first(ownership.acquire(), stop.wait()):
-                    break  # stopped while standing by
-                if not await _serve_once(settings, ownership, stop, monitor_stack):
-                    break
+        await _serve_streams(settings, ownership, stop, monitor_stack)
     finally:
         if monitor_stack is not None:
             await monitor_stack  # a thread's import cannot be cut short; its error surfaces here
@@ -132,53 +121,12 @@ def _import_monitor_stack() -> None:
     from gateway.monitor.app import build_app  # noqa: F401
 
 
-async def _first(work: Coroutine[None, None, object], stop: Coroutine[None, None, object]) -> bool:
-    """Run ``work`` until it or ``stop`` finishes; True when ``work`` did."""
-    tasks = [asyncio.create_task(work), asyncio.create_task(stop)]
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    return tasks[0] in done
-
-
-async def _serve_once(
-    settings: Settings, ownership: Ownership, stop: asyncio.Event, monitor_stack: asyncio.Task[None] | None
-) -> bool:
-    """Serve the store until ``stop`` (False) or until it is lost to another gateway (True: stand
-    by again). The lease is beaten from before recovery begins; the monitor starts once its
-    ``monitor_stack`` is imported."""
-    from gateway.service.gateway import Gateway
-
-    holding = asyncio.create_task(ownership.hold(), name="owner-lease")
-    gateway = Gateway(settings, ownership)
-    monitor = None
-    lost = False
-    try:
-        await gateway.start()
-        _tune_gc()
-        monitor = await _start_monitor(settings, gateway, monitor_stack)
-        print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
-        lost = not await _first(stop.wait(), ownership.lost.wait())
-    finally:
-        await _stop_monitor(monitor)
-        await gateway.close(lost)
-        holding.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await holding
-        if not lost:
-            await ownership.release()
-    if lost:
-        print("jetlake lost the store to another gateway; standing by", flush=True)
-    return lost
-
-
-async def _serve_per_stream(
+async def _serve_streams(
     settings: Settings, ownership: Ownership, stop: asyncio.Event, monitor_stack: asyncio.Task[None] | None
 ) -> None:
-    """Per-stream ownership (#19; internal while incomplete, ``JETLAKE_PER_STREAM=1``): serve the
-    streams placed on this gateway until ``stop``, standing by for the store lease meanwhile,
-    whose holder places the streams (:mod:`gateway.service.placing`)."""
+    """Serve the streams placed on this gateway until ``stop``, standing by for the store lease
+    meanwhile, whose holder places the streams (:mod:`gateway.service.placing`): a lone gateway
+    serves every stream, and another one started on the same root takes its share (#19)."""
     from gateway.service.gateway import Gateway
     from gateway.service.placing import Placing
 
@@ -194,8 +142,7 @@ async def _serve_per_stream(
             asyncio.create_task(placing.follow(), name="placement-follower"),
         ]
         monitor = await _start_monitor(settings, gateway, monitor_stack)
-        where = f"domain {settings.domain!r} per stream, data in {settings.data_root}"
-        print(f"jetlake serving {where}", flush=True)
+        print(f"jetlake serving domain {settings.domain!r}, data in {settings.data_root}", flush=True)
         await stop.wait()
     finally:
         for task in tasks:

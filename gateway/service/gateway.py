@@ -117,6 +117,11 @@ class Gateway:
         #: Per stream: whether this gateway holds the store lease, which makes it the answerer of
         #: the account-wide API and of streams placed on no gateway (``gateway.service.placing``).
         self.meta = False
+        #: Per stream: the meta epoch of the newest placement this gateway followed (claimed what
+        #: it placed here). A meta owner answers nothing account-wide before it followed its own:
+        #: ``$JS.API.INFO`` answered means the streams are served, as a restarted JetStream
+        #: answers once it recovered them.
+        self.followed = 0
         #: Per stream: the placement last followed (stream → gateway name).
         self.placement: dict[str, str] = {}
         self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
@@ -211,6 +216,7 @@ class Gateway:
         state = await stored
         if self.claims is not None:  # which names a store from before per-stream ownership has
             self.claims.at_start = state
+            self.claims.offline = check.offline
         await self._recover(registry, snapshots, history, state)
         phases.append(time.monotonic())
         log.info("recovered %d streams in %.2f s", len(registry.streams), phases[-1] - phases[-2])
@@ -360,6 +366,11 @@ class Gateway:
             core.registry.stream_added.emit(stream)  # its mirror or sources, its compaction
             for consumer in core.registry.consumers.get(stream.name, {}).values():
                 core.registry.consumer_changed.emit(consumer)  # its timer looks at it now
+        read = {stream.name for stream in recovered} & taken  # none for a stream just created
+        if read:  # what recovery read from the files: merged and snapshotted at once, as at a start
+            core.snapshots.recovered()
+            if core.compactor is not None:
+                core.compactor.recovered(read)
         return taken
 
     def answers(self, stream: str | None) -> bool:
@@ -368,20 +379,35 @@ class Gateway:
         must answer: the stream's owner; the meta owner answers the account-wide API and names no
         gateway is placed on (a create, a stream that does not exist). A stream placed on a
         gateway that has not claimed it yet gets no answer: its clients time out and ask again."""
-        core = self.core
+        core, claims = self.core, self.claims
         if stream in self._recovering:
             return False  # claimed, not yet recovered
         if stream is not None and core is not None and stream in core.registry.streams:
             return True
-        return self.meta and (stream is None or stream not in self.placement)
+        if (
+            stream is not None
+            and claims is not None
+            and stream not in self._claiming
+            and claims.held.epoch(stream) is not None
+            and self.ownership is not None
+            and self.placement.get(stream) == self.ownership.name
+        ):
+            return True  # deleted here, still placed here: its "not found" is this gateway's
+        if not self.meta or self.ownership is None or self.followed < self.ownership.epoch:
+            return False
+        return stream is None or stream not in self.placement
 
     def awaits(self, stream: str) -> bool:
         """Per stream, ``LinkDispatcher.awaits``: a stream placed on this gateway and not served
         yet (its claim and recovery to come or under way) will be served here in a moment, unless
         a live gateway still serves it (a handover: that one answers until it lets it go)."""
-        ownership = self.ownership
+        ownership, claims = self.ownership, self.claims
         assert ownership is not None, "per stream"
-        return self.placement.get(stream) == ownership.name and stream not in self.handovers
+        assert claims is not None, "per stream"
+        if self.placement.get(stream) != ownership.name or stream in self.handovers:
+            return False
+        # held and not claiming: served, or deleted here (then answered "not found" at once)
+        return stream in self._claiming or claims.held.epoch(stream) is None
 
     async def served(self, stream: str) -> bool:
         """Per stream, ``LinkDispatcher.served``: wait until ``stream`` is served here (its claim

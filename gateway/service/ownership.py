@@ -31,7 +31,7 @@ from storage_delta.commit.lease import Beat, Lease
 from storage_delta.commit.owner import StreamEpochs
 from storage_delta.commit.store import StoreRoot
 from storage_delta.tables.acklog import AckLog, AckLogTable
-from storage_delta.tables.scope import Quarantine, StoreState, load_store_state
+from storage_delta.tables.scope import Quarantine, Scope, StoreState, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +210,9 @@ class StreamClaims:
         #: store written before per-stream ownership have no lease). None: not read, so every
         #: claim fences and reads back.
         self.at_start: StoreState | None = None
+        #: What the start's check set aside (damaged ``messages`` log entries), with the names it
+        #: may concern: a stream claimed later and named by it comes back offline, as at a start.
+        self.offline: Collection[tuple[Scope, str]] = ()
 
     async def claim(
         self, streams: Collection[str], tables: Sequence[WriterTable], acks: AckLogTable
@@ -264,7 +267,9 @@ class StreamClaims:
         if not read:
             return ClaimedStreams(epochs, StoreState([], {}, Quarantine(), []), AckLog({}, 0, 0))
         state, history = await asyncio.gather(
-            loop.run_in_executor(self.executor, partial(load_store_state, self.root, only=read)),
+            loop.run_in_executor(
+                self.executor, partial(load_store_state, self.root, self.offline, only=read)
+            ),
             loop.run_in_executor(self.executor, acks.load, read),
         )
         return ClaimedStreams(epochs, state, history)

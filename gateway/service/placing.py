@@ -137,6 +137,7 @@ class Placing:
                 if placement.epoch >= newest:
                     newest = placement.epoch
                     await self._follow(placement)
+                    self.gateway.followed = placement.epoch
             except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
                 log.exception("following the placement failed")
             # a tick, or less when this gateway (the meta owner) has just recorded a placement

@@ -172,7 +172,9 @@ class StreamReplicas:
     catalog's rows are only ever appended; a stream's newest row by ``rev`` wins whichever file
     holds it); when a file went (a compaction's swap, a repair), the whole snapshot again. So a
     tick costs a look at the log, not a read of every stream's rows (which grew with the
-    streams). A damaged catalog file raises, as for :func:`live_streams`. Blocking."""
+    streams). A damaged catalog file's rows are left out: a stream they alone name is placed on
+    no gateway, and the meta owner answers it as offline (its quarantine, read at its start);
+    a stream with older rows elsewhere is placed, and its claim finds it offline. Blocking."""
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
@@ -198,7 +200,8 @@ class StreamReplicas:
         if not self._files <= files:  # rows went with a file: start again from the snapshot
             self._files, self._newest = set(), {}
         fresh = [add for add in adds if str(add["path"]) not in self._files]
-        _newest_stream_rows(read_whole(self.root, dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh), self._newest)
+        rows, _ = read_checked(self.root, dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh)
+        _newest_stream_rows(rows, self._newest)
         self._files, self._version = files, dt.version()
         self._replicas = {
             name: max(1, int(json.loads(body)["config"].get("num_replicas") or 1))
