@@ -1,8 +1,9 @@
 """Per-stream ownership end to end (#19, docs/perstream-status.md): two ``jetlake serve`` processes
 on one store root and one hub, with no setting but the root and the hub's leafnode URL. Two streams
-are placed one on each gateway; ``kill -9`` of one stream's owner hands that stream to the other gateway within 2 s while the other
-stream keeps being served; nothing acknowledged is lost and nothing is stored twice. Real
-processes; what is checked is what clients see and what the Delta tables hold."""
+are placed one on each gateway; ``kill -9`` of one stream's owner hands that stream to the other
+gateway within 2 s while the other stream keeps being served; nothing acknowledged is lost and
+nothing is stored twice. Real processes; what is checked is what clients see and what the Delta
+tables hold."""
 
 from __future__ import annotations
 
