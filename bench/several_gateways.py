@@ -2,10 +2,10 @@
 gateways on one store, then the handover after ``kill -9`` of a stream's owner, from the kill to the
 next PubAck, a few times in a row.
 
-Each stream is served by one gateway (per-stream ownership). With the default ``num_replicas`` 1 a
-stream stays on the gateway that created it, so the second gateway adds availability, not
-throughput. ``--spread`` creates the streams with ``num_replicas`` 2 and waits until they are
-placed half on each gateway before the publishers start: the ingest over one gateway and over two.
+Each stream is served by one gateway (per-stream ownership). A stream of ``num_replicas`` 1 goes to
+its first-ranked gateway (rendezvous hashing of its name), so a few streams may well all land on
+one. ``--spread`` creates the streams with ``num_replicas`` 2 and waits until they are placed half
+on each gateway before the publishers start: the ingest over one gateway and over two.
 
     python -m bench.several_gateways [--streams 4] [--publishers 4] [--seconds 10] [--handovers 5] [--s3]
     python -m bench.several_gateways --spread [--streams 4] [--publishers 4] [--seconds 10] [--s3]

@@ -1,7 +1,7 @@
-"""Several ``jetlake serve`` processes on one store root and one hub (issue #19), every stream on the
-gateway that created it (``num_replicas`` 1), the others standing by for the store lease: ``kill -9``
-of that gateway hands its streams over within 2 s with nothing acknowledged lost and nothing stored
-twice. (A paused owner: ``tests/test_perstream_serve.py``.) Real processes
+"""Several ``jetlake serve`` processes on one store root and one hub (issue #19), each stream served by
+one of them: ``kill -9`` of a stream's gateway hands it over within 2 s with nothing acknowledged lost
+and nothing stored twice, again and again, on one hub node and on a 3-node hub cluster. (A paused
+owner, two streams on two gateways: ``tests/test_perstream_serve.py``.) Real processes
 throughout; what is checked is what clients see and what the Delta tables hold."""
 
 from __future__ import annotations

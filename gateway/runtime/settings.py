@@ -84,8 +84,9 @@ class Settings:
     )
     owner_lease_ms: int = setting(
         1000,
-        "several gateways on one local store root: how long the owner's beat may stay unchanged "
-        "before a standby takes the store over (docs/architecture.md, *Several gateways on one store*)",
+        "several gateways on one store root: how long a gateway's beat may stay unchanged before its "
+        "streams (and, for the meta owner, the store lease) move to another "
+        "(docs/architecture.md, *Several gateways on one store*)",
     )
     index_snapshot_interval_ms: int = setting(
         10_000,
