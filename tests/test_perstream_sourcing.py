@@ -1,0 +1,132 @@
+"""Mirrors and sources across gateways in per-stream mode (#19, docs/perstream-status.md,
+"Mirrors and sources"): two ``jetlake serve`` processes on one store root and one hub, each with
+one of the origins S and T (R 2, placed one per gateway by ``two_gateways``). A mirror M of S and a
+stream A sourcing S and T are created at the meta owner; placement keeps a stream with its local
+origins, so the four become one group with one owner (one origin handed over), and the copies
+follow their origins on that gateway. Publishes to S and T are sent again with ``Nats-Msg-Id``
+until acknowledged, throughout. M and A converge to exactly their origins' messages (each once,
+M's sequences S's), before and after ``kill -9`` of the group's owner, whose streams the other
+gateway takes. What is checked is what clients see and what the Delta tables hold."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from nats.js import JetStreamContext
+from nats.js.api import StreamSource
+from nats.js.errors import APIError
+
+from storage_delta.commit.store import StoreRoot
+from tests.harness import stop
+from tests.test_perstream_serve import Spread, leaders, owner_index, stream_info, two_gateways
+from tests.test_several_gateways import Publisher
+
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
+
+GROUP = ["A", "M", "S", "T"]
+#: Converging after the publishes: a handover or a takeover, and the copies' commits.
+CONVERGE_S = 60.0
+
+
+def stored_rows(root: StoreRoot, stream: str) -> list[tuple[int, str]]:
+    """What the messages table holds for ``stream``: (seq, payload), in sequence order."""
+    opts = dict(root.storage_options) if root.storage_options else None
+    table = DeltaTable(root.table_uri("messages"), storage_options=opts).to_pyarrow_table(
+        columns=["stream", "seq", "data"]
+    )
+    columns = table.to_pydict().values()
+    return sorted((seq, data.decode()) for s, seq, data in zip(*columns, strict=True) if s == stream)
+
+
+async def add_copy(js: JetStreamContext, name: str, **config: object) -> None:
+    """Create a mirror or a sourcing stream (R 2), asked again while the meta owner has not heard
+    the other gateway live yet (10005) or did not answer."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await js.add_stream(name=name, num_replicas=2, **config)  # type: ignore[arg-type]
+            return
+        except APIError as exc:
+            if exc.err_code != 10005 or time.monotonic() > deadline:
+                raise
+        except TimeoutError:
+            assert time.monotonic() < deadline, f"{name} never created"
+        await asyncio.sleep(0.1)
+
+
+async def converged(t: Spread, published: dict[str, list[str]]) -> None:
+    """Until M holds S's messages at S's sequences and A each of S's and T's once, as the tables
+    hold them; then checked exactly (nothing twice, nothing missing)."""
+    deadline = time.monotonic() + CONVERGE_S
+    want_a = Counter(published["S"] + published["T"])
+    while True:
+        infos = {name: await stream_info(t.nc, name) for name in ("M", "A")}
+        counts = {name: info["state"]["messages"] for name, info in infos.items()}
+        if counts == {"M": len(published["S"]), "A": sum(want_a.values())}:
+            break
+        assert time.monotonic() < deadline, f"never converged: {counts}, {infos}"
+        await asyncio.sleep(0.2)
+    origin = stored_rows(t.root, "S")
+    assert [payload for _, payload in origin] == published["S"]
+    assert stored_rows(t.root, "M") == origin  # a mirror's sequences are its origin's
+    copied = Counter(payload for _, payload in stored_rows(t.root, "A"))
+    assert copied == want_a, (copied - want_a, want_a - copied)
+
+
+async def one_owner(t: Spread) -> str:
+    """Once the group's four streams are answered by one gateway: that gateway."""
+    deadline = time.monotonic() + CONVERGE_S
+    while len(set((owners := await leaders(t.nc, GROUP)).values())) != 1 or len(owners) != len(GROUP):
+        assert time.monotonic() < deadline, f"the group never came together: {owners}"
+        await asyncio.sleep(0.1)
+    return owners["A"]
+
+
+def test_a_mirror_and_a_source_of_streams_on_two_gateways_converge_through_a_kill_9(tmp_path: Path) -> None:
+    took = two_gateways(tmp_path, _copies_across_gateways)
+    print(f"kill -9 of the group's owner to M and A converged: {took:.2f} s")
+
+
+async def _copies_across_gateways(t: Spread, per_round: int = 40) -> float:
+    js = t.js
+    assert t.placed["S"] != t.placed["T"]  # the origins on different gateways
+    pub = Publisher(js)
+    published: dict[str, list[str]] = {"S": [], "T": []}
+
+    async def publish(stream: str, start: int, n: int) -> None:
+        for i in range(start, start + n):
+            await pub.publish(f"{stream.lower()}.x", f"{stream}-{i}")
+            published[stream].append(f"{stream}-{i}")
+
+    async def both(start: int) -> None:
+        await asyncio.gather(publish("S", start, per_round), publish("T", start, per_round))
+
+    await both(0)
+    # created at the meta owner while S and T live on different gateways, publishes going on
+    publishing = asyncio.create_task(both(per_round))
+    await add_copy(js, "M", mirror=StreamSource(name="S"))
+    await add_copy(js, "A", sources=[StreamSource(name="S"), StreamSource(name="T")])
+    await publishing
+    owner = await one_owner(t)
+    await converged(t, published)
+
+    # kill -9 of the group's owner while publishing: the survivor takes all four
+    kill = partial(stop, t.procs[owner_index(t, owner)], signal.SIGKILL)
+    publishing = asyncio.create_task(both(2 * per_round))
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(kill)
+    killed_at = time.monotonic()
+    await publishing
+    survivor = await one_owner(t)
+    assert survivor != owner
+    await converged(t, published)
+    took = time.monotonic() - killed_at
+    assert pub.errors == []
+    return took
