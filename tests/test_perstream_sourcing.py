@@ -16,15 +16,19 @@ import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import nats
 import pytest
 from deltalake import DeltaTable
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StreamSource
 from nats.js.errors import APIError
 
 from storage_delta.commit.store import StoreRoot
-from tests.harness import stop
+from tests.differential import api
+from tests.harness import ReferenceJetStream, scrub, stop
 from tests.test_perstream_serve import Spread, leaders, owner_index, stream_info, two_gateways
 from tests.test_several_gateways import Publisher
 
@@ -130,3 +134,65 @@ async def _copies_across_gateways(t: Spread, per_round: int = 40) -> float:
     took = time.monotonic() - killed_at
     assert pub.errors == []
     return took
+
+
+def test_a_copys_checks_of_an_origin_on_the_other_gateway_answer_as_the_real_server(tmp_path: Path) -> None:
+    """The create-time checks of a mirror's or a source's origin (its max message size, its
+    direct gets, the cycle check) made by the meta owner, which answers creates, of an origin the
+    other gateway serves (its config gathered), against a real server holding the same streams."""
+    reference = ReferenceJetStream(tmp_path / "reference")
+    reference.start()
+    try:
+        lake, real = two_gateways(tmp_path / "lake", partial(_checks_of_an_origin_elsewhere, reference.url))
+    finally:
+        reference.stop()
+    assert lake == real
+    assert [answer["err_code"] for answer in real[1:3]] == [10030, 10046]
+    assert real[4]["description"] == "detected cycle"
+    assert real[5] == [None, True]
+
+
+async def _checks_of_an_origin_elsewhere(reference_url: str, t: Spread) -> tuple[Any, Any]:
+    # the first gateway started holds the store lease (the meta owner, which answers creates)
+    assert "owner of the store" in t.logs[0].read_text()
+    assert "owner of the store" not in t.logs[1].read_text()
+    origin = next(stream for stream, gateway in t.placed.items() if owner_index(t, gateway) == 1)
+    real = await nats.connect(reference_url)
+    try:
+        for stream in ("S", "T"):  # as two_gateways made them, of R 1 (a single server's only)
+            config = {"name": stream, "subjects": [f"{stream.lower()}.>"], "duplicate_window": 120 * 10**9}
+            assert "error" not in await api(real, f"STREAM.CREATE.{stream}", config)
+        real_answers = scrub(await _origin_checks(real, origin, replicas=1))
+    finally:
+        await real.close()
+    lake_answers = scrub(await _origin_checks(t.nc, origin, replicas=2))
+    return lake_answers, real_answers
+
+
+async def _origin_checks(nc: Client, origin: str, replicas: int) -> list[Any]:
+    """The origin updated (max message size 100, direct gets) then, created: a mirror and a
+    source whose max message size is smaller (refused), the origin updated to source X and X
+    sourcing the origin (a cycle), a mirror accepted (its ``mirror_direct`` the origin's)."""
+    base = {
+        "name": origin,
+        "subjects": [f"{origin.lower()}.>"],
+        "duplicate_window": 120 * 10**9,
+        "num_replicas": replicas,
+        "max_msg_size": 100,
+        "allow_direct": True,
+    }
+
+    async def error(subject: str, body: dict[str, Any]) -> Any:
+        return (await api(nc, subject, body)).get("error")
+
+    out = [await error(f"STREAM.UPDATE.{origin}", base)]
+    out.append(await error("STREAM.CREATE.M", {"name": "M", "mirror": {"name": origin}, "max_msg_size": 10}))
+    out.append(
+        await error("STREAM.CREATE.A", {"name": "A", "sources": [{"name": origin}], "max_msg_size": 10})
+    )
+    out.append(await error(f"STREAM.UPDATE.{origin}", {**base, "sources": [{"name": "X"}]}))
+    cycle = {"name": "X", "subjects": ["x.>"], "sources": [{"name": origin}]}
+    out.append(await error("STREAM.CREATE.X", cycle))
+    mirror = await api(nc, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": origin}})
+    out.append([mirror.get("error"), mirror.get("config", {}).get("mirror_direct")])
+    return out
