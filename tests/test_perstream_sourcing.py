@@ -77,6 +77,10 @@ async def converged(t: Spread, published: dict[str, list[str]]) -> None:
             break
         assert time.monotonic() < deadline, f"never converged: {counts}, {infos}"
         await asyncio.sleep(0.2)
+    # the copies follow their origins at the group's owner: found, and nothing left to copy
+    for copy in [infos["M"]["mirror"], *infos["A"]["sources"]]:
+        assert "error" not in copy, copy
+        assert copy["lag"] == 0, copy
     origin = stored_rows(t.root, "S")
     assert [payload for _, payload in origin] == published["S"]
     assert stored_rows(t.root, "M") == origin  # a mirror's sequences are its origin's
