@@ -73,8 +73,10 @@ async def converged(t: Spread, published: dict[str, list[str]]) -> None:
     while True:
         infos = {name: await stream_info(t.nc, name) for name in ("M", "A")}
         counts = {name: info["state"]["messages"] for name, info in infos.items()}
-        if counts == {"M": len(published["S"]), "A": sum(want_a.values())}:
+        want = {"M": len(published["S"]), "A": sum(want_a.values())}
+        if counts == want:
             break
+        assert all(counts[name] <= want[name] for name in want), f"copied twice: {counts}"
         assert time.monotonic() < deadline, f"never converged: {counts}, {infos}"
         await asyncio.sleep(0.2)
     # the copies follow their origins at the group's owner: found, and nothing left to copy
