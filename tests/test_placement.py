@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from gateway.service.placement import place, rank
+from gateway.service.placement import groups, place, rank
+from storage_delta.tables.removals import PlacedStream
 
 GATEWAYS = ["g1", "g2", "g3"]
 
@@ -65,3 +66,49 @@ def test_current_owners_keep_their_streams_while_they_may() -> None:
 
 def test_nothing_is_placed_without_a_live_gateway() -> None:
     assert place(streams(3), [], {"S0": "g1"}) == {}
+
+
+def test_a_stream_and_its_local_origins_are_placed_as_one_group() -> None:
+    # M mirrors O, A sources O and P, X sources M: all one group; Q stands alone
+    origins = {"M": ["O"], "A": ["O", "P"], "X": ["M"], "Q": []}
+    replicas = {s: 2 for s in ("A", "M", "O", "P", "Q", "X")}
+    assert groups(replicas, origins) == [["A", "M", "O", "P", "X"], ["Q"]]
+    # an origin that does not exist (yet) joins nothing
+    assert groups({"M": 1, "N": 1}, {"M": ["gone"], "N": []}) == [["M"], ["N"]]
+    for gateways in (GATEWAYS[:2], GATEWAYS):
+        owners = place(replicas, gateways, {}, origins)
+        assert len({owners[s] for s in ("A", "M", "O", "P", "X")}) == 1, owners
+        # ranked by its first name over the replica set of its largest num_replicas
+        assert owners["A"] in rank("A", gateways)[:2]
+        # the group counts all its members: the lone stream goes elsewhere
+        assert owners["Q"] != owners["A"]
+    # the largest num_replicas of the group decides its replica set
+    wide = place({"A": 1, "O": 3}, GATEWAYS, {}, {"A": ["O"]})
+    assert wide["A"] == wide["O"] == rank("A", GATEWAYS)[0]
+    narrow = {"A": 1, "O": 1}
+    outsider = rank("A", GATEWAYS)[2]
+    moved = place(narrow, GATEWAYS, {"A": outsider, "O": outsider}, {"A": ["O"]})
+    assert moved == dict.fromkeys(narrow, rank("A", GATEWAYS)[0])
+
+
+def test_a_new_sourcing_stream_joins_its_origins_owner_and_the_group_stays() -> None:
+    # O on g1 and P on g2 (each alone, R 2), then A sourcing both is created on g2 (the meta owner)
+    gateways = ["g1", "g2"]
+    before = {"O": "g1", "P": "g2"}
+    replicas = {"A": 2, "O": 2, "P": 2}
+    after = place(replicas, gateways, {**before, "A": "g2"}, {"A": ["O", "P"]})
+    # the owner of most of the group's members keeps it: one stream moves, by one handover
+    assert after == dict.fromkeys(replicas, "g2")
+    assert place(replicas, gateways, after, {"A": ["O", "P"]}) == after
+    # its owner dies: the whole group goes to the survivor
+    assert place(replicas, ["g1"], after, {"A": ["O", "P"]}) == dict.fromkeys(replicas, "g1")
+    # a group of one stream each is the plain placement
+    assert place(streams(12, 3), GATEWAYS, {}, {}) == place(streams(12, 3), GATEWAYS, {})
+
+
+def test_the_catalog_view_names_only_local_origins() -> None:
+    """What the meta owner reads of each stream's config (``StreamReplicas``)."""
+    assert PlacedStream.of({"num_replicas": 0, "mirror": {"name": "O"}}) == PlacedStream(1, ("O",))
+    sources = [{"name": "P"}, {"name": "O"}, {"name": "R", "external": {"api": "$JS.hub.API"}}]
+    assert PlacedStream.of({"num_replicas": 3, "sources": sources}) == PlacedStream(3, ("O", "P"))
+    assert PlacedStream.of({"num_replicas": 2, "mirror": None, "sources": None}) == PlacedStream(2, ())

@@ -305,40 +305,64 @@ class StreamApi:
         if replicas > 1 + len(self._gateways().standbys):
             raise errors.NO_SUITABLE_PEERS
 
-    def _with_origins(self, cfg: StreamConfig) -> StreamConfig:
-        """What the server checks of the origins of a mirror or sources that exist here: a copy
-        must take messages as large as its origin's; a mirror serves direct gets as its origin does."""
-        origins = [cfg.mirror] if cfg.mirror else list(cfg.sources)
-        for src in origins:
-            origin = self.reg.stream_config(src["name"])
-            limit = origin.max_msg_size if origin is not None else 0
+    async def _with_origins(self, cfg: StreamConfig) -> StreamConfig:
+        """What the server checks of the origins of a mirror or sources that exist: a copy must
+        take messages as large as its origin's; a mirror serves direct gets as its origin does;
+        no cycle (:meth:`_check_source_cycle`). Per stream (#19) an origin another gateway serves
+        is looked up among the gathered streams, as a cluster checks against the whole account."""
+        find = self._config_finder()
+        for src in [cfg.mirror] if cfg.mirror else list(cfg.sources):
+            origin = await find(src["name"])
+            limit = int(origin.get("max_msg_size") or 0) if origin is not None else 0
             if 0 < cfg.max_msg_size < limit:
                 raise (
                     errors.MIRROR_MAX_MESSAGE_SIZE_TOO_BIG
                     if cfg.mirror
                     else errors.SOURCE_MAX_MESSAGE_SIZE_TOO_BIG
                 )
-        self._check_source_cycle(cfg)
-        mirrored = self.reg.stream_config(cfg.mirror["name"]) if cfg.mirror else None
+        await self._check_source_cycle(cfg, find)
+        mirrored = await find(cfg.mirror["name"]) if cfg.mirror else None
         if mirrored is not None:
-            cfg = replace(cfg, mirror_direct=mirrored.allow_direct)
+            cfg = replace(cfg, mirror_direct=bool(mirrored.get("allow_direct")))
         return cfg
 
-    def _check_source_cycle(self, cfg: StreamConfig) -> None:
+    def _config_finder(self) -> Callable[[str], Awaitable[Mapping[str, Any] | None]]:
+        """A stream's config as rendered (``to_json``) by name: this gateway's, else (per stream)
+        the other gateways' as they render it, gathered once, and only when a name is not here."""
+        gathered: dict[str, Mapping[str, Any]] | None = None
+
+        async def find(name: str) -> Mapping[str, Any] | None:
+            nonlocal gathered
+            local = self.reg.stream_config(name)
+            if local is not None:
+                return to_json(local)
+            if self.others is None:
+                return None
+            if gathered is None:
+                gathered = {str(i["config"]["name"]): i["config"] for i in (await self.others()).streams}
+            return gathered.get(name)
+
+        return find
+
+    async def _check_source_cycle(
+        self, cfg: StreamConfig, find: Callable[[str], Awaitable[Mapping[str, Any] | None]]
+    ) -> None:
         """The server's cycle check: walking the sources from this stream, a stream met again whose
         subjects the source's filter overlaps would copy its own messages back."""
-        to_visit, visited = [cfg], set()
+        to_visit: list[Mapping[str, Any]] = [to_json(cfg)]
+        visited: set[str] = set()
         while to_visit:
             current = to_visit.pop(0)
-            visited.add(current.name)
-            for src in current.sources:
+            visited.add(current["name"])
+            for src in current.get("sources") or ():
                 if src.get("external"):
                     continue
                 if src["name"] in visited:
                     only = src.get("filter_subject") or ""
-                    if not only or any(subjects_overlap(subject, only) for subject in current.subjects):
+                    subjects = current.get("subjects") or ()
+                    if not only or any(subjects_overlap(subject, only) for subject in subjects):
                         raise errors.STREAM_INVALID_CONFIG.format(err="detected cycle")
-                elif (other := self.reg.stream_config(src["name"])) is not None:
+                elif (other := await find(src["name"])) is not None:
                     to_visit.append(other)
 
     async def stream_create(self, name: str, body: bytes) -> StreamCreateResponse:
@@ -347,7 +371,7 @@ class StreamApi:
             raise errors.STREAM_MISMATCH
         req["name"] = name
         stream_config.check_create(req)
-        cfg = self._with_origins(stream_config.normalize(req, self.reg.server_version))
+        cfg = await self._with_origins(stream_config.normalize(req, self.reg.server_version))
         existing = self.reg.streams.get(name)
         if existing is None and self.reg.claim is not None:
             # per-stream ownership: owner first; a stream another gateway created comes with it
@@ -368,7 +392,7 @@ class StreamApi:
     async def stream_update(self, name: str, body: bytes) -> StreamCreateResponse:
         # As the server: the whole config is checked (a name is required) before it is compared
         # with the subject's and before the stream is looked up.
-        req = self._with_origins(
+        req = await self._with_origins(
             stream_config.normalize(load_request(body, stream_config.REQUEST), self.reg.server_version)
         )
         if req.name != name:
@@ -576,7 +600,7 @@ class StreamApi:
             raise errors.STREAM_MISMATCH
         if "/" in name or "\\" in name:
             raise errors.STREAM_NAME_PATH_SEPARATORS
-        cfg = self._with_origins(stream_config.normalize(req, self.reg.server_version))
+        cfg = await self._with_origins(stream_config.normalize(req, self.reg.server_version))
         if name in self.reg.streams:
             raise errors.STREAM_NAME_EXIST_RESTORE_FAILED
         self._check_overlap(cfg)

@@ -14,7 +14,13 @@ The rules:
   second gateway add no throughput exactly where the issue measures it;
 * **stickiness**: a stream stays with its current owner while that owner is live, in the
   stream's replica set and under its share, since every move is a handover (a pause of the
-  stream's service). Only then are the streams left over placed, in name order.
+  stream's service). Only then are the streams left over placed, in name order;
+* **a stream stays with its local origins**: streams joined by mirror and source relations in the
+  same store (:func:`groups`) are placed as one unit, so a mirror or a source and its origin always
+  have one owner and the owner's copying follows the origin in its own registry
+  (``gateway.adapters.sourcing``), with the copy's position committed with the copies. The group
+  is ranked by its first name, its replica set is that of its largest ``num_replicas``, it
+  counts its members in the load, and it stays with the current owner of most of its members.
 """
 
 from __future__ import annotations
@@ -34,26 +40,70 @@ def rank(stream: str, gateways: Collection[str]) -> list[str]:
     return sorted(gateways, key=score, reverse=True)
 
 
-def place(replicas: Mapping[str, int], live: Collection[str], current: Mapping[str, str]) -> dict[str, str]:
+def groups(streams: Collection[str], origins: Mapping[str, Collection[str]]) -> list[list[str]]:
+    """``streams`` joined by their local mirror and source relations (stream → the names of its
+    origins in the same store, without an ``external`` API prefix): each group sorted, the groups
+    in the order of their first (smallest) name. An origin that is not among ``streams`` (not
+    created yet, deleted) joins nothing."""
+    parent = {s: s for s in streams}
+
+    def root(s: str) -> str:
+        while parent[s] != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    for stream in sorted(parent):
+        for origin in origins.get(stream, ()):
+            if origin in parent:
+                a, b = sorted((root(stream), root(origin)))
+                parent[b] = a
+    joined: dict[str, list[str]] = {}
+    for stream in sorted(parent):
+        joined.setdefault(root(stream), []).append(stream)
+    return [joined[key] for key in sorted(joined)]
+
+
+def place(
+    replicas: Mapping[str, int],
+    live: Collection[str],
+    current: Mapping[str, str],
+    origins: Mapping[str, Collection[str]] | None = None,
+) -> dict[str, str]:
     """Stream → owning gateway for the streams of ``replicas`` (stream → ``num_replicas``) over
     the ``live`` gateways, keeping the ``current`` owners where the rules allow (module
-    docstring). Empty when no gateway is live."""
+    docstring). ``origins`` (stream → its local origins' names) joins streams into groups placed
+    as one unit (:func:`groups`). Empty when no gateway is live."""
     gateways = sorted(set(live))
     if not gateways:
         return {}
     share = -(-len(replicas) // len(gateways))
     load: Counter[str] = Counter()
-    candidates = {s: rank(s, gateways)[: max(1, r)] for s, r in replicas.items()}
+    units = groups(replicas, origins or {})
+    # a group is ranked by its first name, over the replica set of its largest num_replicas
+    candidates = {unit[0]: rank(unit[0], gateways)[: max(1, *(replicas[s] for s in unit))] for unit in units}
     owners: dict[str, str] = {}
-    for stream in sorted(replicas):
-        owner = current.get(stream)
-        if owner in candidates[stream] and load[owner] < share:
-            owners[stream] = owner
-            load[owner] += 1
-    for stream in sorted(set(replicas) - set(owners)):
-        ranked = candidates[stream]
+
+    def fits(gateway: str, unit: list[str]) -> bool:
+        """Room for the whole group, or for a group larger than a share: an empty gateway."""
+        return load[gateway] == 0 or load[gateway] + len(unit) <= share
+
+    def settle(unit: list[str], owner: str) -> None:
+        owners.update(dict.fromkeys(unit, owner))
+        load[owner] += len(unit)
+
+    for unit in units:
+        ranked = candidates[unit[0]]
+        # the current owner of most of its members (ties: the group's rank order) if it may stay
+        held = Counter(owner for s in unit if (owner := current.get(s)) in ranked)
+        keep = sorted(held, key=lambda g: (-held[g], ranked.index(g)))
+        owner = next((g for g in keep if fits(g, unit)), None)
+        if owner is not None:
+            settle(unit, owner)
+    for unit in units:
+        if unit[0] in owners:
+            continue
+        ranked = candidates[unit[0]]
         # the first of its replica set with room; when all are full, the least loaded of them
-        owner = next((g for g in ranked if load[g] < share), min(ranked, key=lambda g: load[g]))
-        owners[stream] = owner
-        load[owner] += 1
+        settle(unit, next((g for g in ranked if fits(g, unit)), min(ranked, key=lambda g: load[g])))
     return owners

@@ -3,7 +3,8 @@
 Every gateway serves the streams it claims (``Gateway(per_stream=True)``) and, beside that, stands
 by for the store lease (:mod:`gateway.service.ownership`); its holder is the **meta owner**. The
 meta owner places the store's streams over the live gateways every tick
-(:func:`gateway.service.placement.place`: rendezvous ranking, bounded load, sticky owners) and
+(:func:`gateway.service.placement.place`: rendezvous ranking, bounded load, sticky owners, a
+stream kept with its local mirror and source origins) and
 records the placement beside the member records under its store epoch
 (``Lease.record_placement``). Every gateway reads the record every tick (the lease is tick-based
 already: beats and announcements) and follows it: it claims the streams placed on it and hands
@@ -83,7 +84,7 @@ class Placing:
             log.warning("reading the gateways' announcements failed: %s", exc)
         while True:
             try:
-                replicas = await asyncio.to_thread(catalog.read)
+                streams = await asyncio.to_thread(catalog.read)
                 recorded = await asyncio.to_thread(ownership.lease.placement)
                 gone = await asyncio.to_thread(ownership.lease.gone_members)
                 if time.monotonic() < settled:
@@ -94,7 +95,12 @@ class Placing:
                 live = [name for name in heard if name not in gone]
                 # the streams it created itself count as its own until first placed
                 current = {stream: ownership.name for stream in claims.held.streams()} | recorded.owners
-                owners = place(replicas, live, current)
+                owners = place(
+                    {name: s.num_replicas for name, s in streams.items()},
+                    live,
+                    current,
+                    {name: s.origins for name, s in streams.items()},
+                )
                 handovers = self._handovers(current, owners, live)
                 placement = Placement(ownership.epoch, owners, handovers)
                 if placement != recorded:

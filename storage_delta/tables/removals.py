@@ -19,7 +19,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -165,8 +165,25 @@ def live_streams_of(catalog: pa.Table) -> dict[str, int]:
     return {name: int(body["created"]) for name, body in _live_stream_bodies(catalog).items()}
 
 
+class PlacedStream(NamedTuple):
+    """What the meta owner places a stream by (per-stream ownership): its ``num_replicas`` (at
+    least 1) and its local origins, the names of the streams it mirrors or sources in this store
+    (not through an ``external`` API prefix), which it is placed with."""
+
+    num_replicas: int
+    origins: tuple[str, ...]
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> PlacedStream:
+        """From a stream's config as the catalog holds it."""
+        mirror = config.get("mirror")
+        copied = [mirror] if mirror else list(config.get("sources") or ())
+        origins = tuple(sorted({str(c["name"]) for c in copied if not c.get("external")}))
+        return cls(max(1, int(config.get("num_replicas") or 1)), origins)
+
+
 class StreamReplicas:
-    """Live stream name → its ``num_replicas`` (at least 1): what the meta owner places over the
+    """Live stream name → its :class:`PlacedStream`: what the meta owner places over the
     gateways (per-stream ownership), every tick. Kept from one call to the next: a call catches
     a handle up and, when the catalog's version moved, reads only the files added since (the
     catalog's rows are only ever appended; a stream's newest row by ``rev`` wins whichever file
@@ -183,9 +200,9 @@ class StreamReplicas:
         self._files: set[str] = set()
         #: Per stream, its newest row: (rev, deleted, body).
         self._newest: dict[str, tuple[int, bool, str]] = {}
-        self._replicas: dict[str, int] = {}
+        self._replicas: dict[str, PlacedStream] = {}
 
-    def read(self) -> dict[str, int]:
+    def read(self) -> dict[str, PlacedStream]:
         if self._dt is None:
             self._dt = open_existing(self.root, sch.CATALOG)
             if self._dt is None:
@@ -204,7 +221,7 @@ class StreamReplicas:
         _newest_stream_rows(rows, self._newest)
         self._files, self._version = files, dt.version()
         self._replicas = {
-            name: max(1, int(json.loads(body)["config"].get("num_replicas") or 1))
+            name: PlacedStream.of(json.loads(body)["config"])
             for name, (_, deleted, body) in self._newest.items()
             if not deleted
         }
