@@ -3,17 +3,18 @@ clustered JetStream (issue #19; docs/perstream-status.md, "Open points").
 
 The same client case runs against two nats-servers with JetStream joined by routes and against two
 ``jetlake serve`` processes on one store root (the first the meta owner): five streams of
-``num_replicas`` 2 with different subjects (on jetlake spread over both gateways, by their info's
-``cluster.leader``), some messages each, three durable consumers, a purge; then ``STREAM.NAMES``
-(plain, with a ``subject`` filter, with an ``offset``), ``STREAM.LIST`` (the same three),
+``num_replicas`` 2 with different subjects and a ``max_bytes`` (on jetlake spread over both
+gateways, by their info's ``cluster.leader``), three durable consumers, some messages each, an
+ack, a purge; then ``STREAM.NAMES`` and ``STREAM.LIST`` (plain, with a ``subject`` filter some
+streams collide with, with an ``offset``, with a filter none matches, past the end),
 ``$JS.API.INFO``, ``CONSUMER.NAMES``/``LIST`` of a stream of the other gateway, a create whose
 subjects overlap that stream's (400/10065), creates of existing names with another config
 (10058) on each gateway, a delete of the other gateway's stream, then NAMES, LIST and INFO again.
 Every answer is compared whole, except what differs by design:
 
 * ``cluster``: names and RAFT fields are a JetStream cluster's own (jetlake's are the gateways,
-  docs/architecture.md); how many replicas a stream's lists is compared; consumer info has no
-  ``cluster`` in jetlake (docs/compatibility.md, consumer ``num_replicas``);
+  docs/architecture.md); how many replicas a stream's ``cluster`` lists is compared; consumer
+  info has no ``cluster`` in jetlake (docs/compatibility.md, consumer ``num_replicas``);
 * ``domain``: jetlake is reached as a JetStream domain (``jetlake``), the oracle has none;
 * times (``created``, ``ts``, ``first_ts``, ``last_ts``), as in every differential test;
 * ``$JS.API.INFO`` ``storage``: a cluster counts every replica's bytes (R 2: twice the streams'
@@ -24,7 +25,13 @@ Every answer is compared whole, except what differs by design:
   most every 250 ms, and the two runs ask different numbers of requests before the spread (the
   retries while a cluster elects its leader or the meta owner has not heard the other gateway);
   jetlake's are checked to count, between the two INFO requests, every request of the account,
-  whichever gateway answered it.
+  whichever gateway answered it;
+* a page past the end (``offset`` 7 of 5 streams): a clustered server answers NAMES with
+  ``streams`` ``[]`` where a single server answers ``null``, and LIST with ``total`` 0 where a
+  single server counts the streams (its clustered LIST returns before it sets the total when the
+  page is empty); jetlake answers as the single server does, which
+  ``tests/test_streams_api.py::test_stream_list_and_names`` holds it to, so these two are
+  checked to be the single server's answers.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ STREAMS: dict[str, tuple[list[str], int]] = {
     "PAY": (["pay.*"], 5),
     "SHIP": (["ship.a", "ship.b"], 2),
 }
-#: A filter some streams' subjects collide with and some do not (``logs.*.x``, ``ship.b``).
+#: A filter some streams' subjects collide with and one's do not (``logs.*.x``).
 FILTER = "*.a"
 
 #: Given a client once the streams exist: a stream on the meta owner's gateway and one on the
@@ -66,7 +73,9 @@ async def _case(nc: Client, placed: Placed) -> dict[str, Any]:
     """The requests, in order, and their answers by what they ask."""
     for name, (subjects, _) in STREAMS.items():
         created = await until_ok(
-            nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": subjects, "num_replicas": 2}
+            nc,
+            f"STREAM.CREATE.{name}",
+            {"name": name, "subjects": subjects, "num_replicas": 2, "max_bytes": 1 << 20},
         )
         assert "error" not in created, created
     local, remote = await placed(nc)
@@ -87,7 +96,13 @@ async def _case(nc: Client, placed: Placed) -> dict[str, Any]:
     (first,) = await sub.fetch(1, timeout=5)
     await first.ack_sync()
     out["purge"] = await request(nc, f"STREAM.PURGE.{local}", {"keep": 2})
-    for label, body in (("", None), (" subject", {"subject": FILTER}), (" offset", {"offset": 2})):
+    for label, body in (
+        ("", None),
+        (" subject", {"subject": FILTER}),
+        (" offset", {"offset": 2}),
+        (" no match", {"subject": "none.>"}),
+        (" past the end", {"offset": 7}),
+    ):
         out["names" + label] = await request(nc, "STREAM.NAMES", body)
         out["list" + label] = await request(nc, "STREAM.LIST", body)
     out["info"] = await request(nc, "INFO", None)
@@ -104,6 +119,10 @@ async def _case(nc: Client, placed: Placed) -> dict[str, Any]:
     out["info after"] = await request(nc, "INFO", None)
     return out
 
+
+#: Pages past the end, where a clustered server's answers differ from a single server's
+#: (module docstring).
+PAST_THE_END = {"names past the end", "list past the end"}
 
 #: The requests ``_case`` asks from the first INFO (itself included) to the last (not included),
 #: and how many of them get an error (the overlap and the two creates of existing names).
@@ -182,8 +201,19 @@ def test_account_wide_answers_of_two_gateways_match_a_clustered_jetstream(tmp_pa
     assert [expected[f"again {n}"]["error"]["err_code"] for n in (remote, local)] == [10058, 10058]
     assert expected["names after"]["streams"] == sorted(set(STREAMS) - {remote})
     assert expected["consumer names"]["consumers"] == ["C1", "C2"]
-    for key in expected:
+    # when listed, jetlake's streams were served by both gateways: the meta owner and the other
+    served = {s["config"]["name"]: s["cluster"]["leader"] for s in got["list"]["streams"]}
+    assert set(served.values()) == set(owners)
+    assert (served[local], served[remote]) == owners
+    for key in expected.keys() - PAST_THE_END:
         assert comparable(got[key], "jetlake") == comparable(expected[key], None), key
+    # a page past the end: the cluster's quirks, jetlake's answer that of a single server
+    for key, clustered, single in (
+        ("names past the end", ([], 5), (None, 5)),
+        ("list past the end", ([], 0), ([], 5)),
+    ):
+        assert (expected[key]["streams"], expected[key]["total"]) == clustered, expected[key]
+        assert (got[key]["streams"], got[key]["total"]) == single, got[key]
     # jetlake's storage: the one copy of what the streams hold, as listed
     for info, listed in (("info", "list"), ("info after", "list after")):
         held = sum(s["state"]["bytes"] for s in got[listed]["streams"])
