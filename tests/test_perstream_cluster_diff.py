@@ -201,6 +201,9 @@ def test_account_wide_answers_of_two_gateways_match_a_clustered_jetstream(tmp_pa
     assert [expected[f"again {n}"]["error"]["err_code"] for n in (remote, local)] == [10058, 10058]
     assert expected["names after"]["streams"] == sorted(set(STREAMS) - {remote})
     assert expected["consumer names"]["consumers"] == ["C1", "C2"]
+    infos = (expected["info"], expected["info after"])
+    assert [(i["streams"], i["consumers"]) for i in infos] == [(5, 3), (4, 1)]
+    assert [i["reserved_storage"] for i in infos] == [5 << 20, 4 << 20]
     # when listed, jetlake's streams were served by both gateways: the meta owner and the other
     served = {s["config"]["name"]: s["cluster"]["leader"] for s in got["list"]["streams"]}
     assert set(served.values()) == set(owners)
