@@ -93,7 +93,7 @@ class Api:
 
     async def account_info(self, _body: bytes) -> AccountInfoResponse:
         """``$JS.API.INFO`` (its body is not read, as on the server); per stream, the other
-        gateways' usage gathered and added."""
+        gateways' usage and API counts gathered and added, as a cluster sums its servers'."""
         usage = usage_of(self.reg)
         if self.streams.others is not None:
             usage += (await self.streams.others()).usage
@@ -105,7 +105,7 @@ class Api:
             streams=usage.streams,
             consumers=usage.consumers,
             domain=self.domain,
-            api=ApiStats(API_LEVEL, self.reg.api_total, self.reg.api_errors),
+            api=ApiStats(API_LEVEL, usage.api_total, usage.api_errors),
         )
 
 

@@ -59,7 +59,8 @@ from storage_delta.format.nats import is_valid_subject, subjects_overlap
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What an account's streams hold and reserve (``$JS.API.INFO``), of one gateway or summed."""
+    """What an account's streams hold and reserve and how many API requests were answered
+    (``$JS.API.INFO``), of one gateway or summed: a cluster's INFO sums its servers' counts."""
 
     memory: int = 0
     storage: int = 0
@@ -67,13 +68,16 @@ class Usage:
     reserved_storage: int = 0
     streams: int = 0
     consumers: int = 0
+    api_total: int = 0
+    api_errors: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def usage_of(reg: Registry) -> Usage:
-    """This gateway's streams' usage; offline streams count as streams."""
+    """This gateway's streams' usage and the API requests it answered; offline streams count as
+    streams."""
     memory = [s for s in reg.streams.values() if s.config.storage == "memory"]
     files = [s for s in reg.streams.values() if s.config.storage != "memory"]
     return Usage(
@@ -84,6 +88,8 @@ def usage_of(reg: Registry) -> Usage:
         reserved_storage=sum(max(s.config.max_bytes, 0) for s in files),
         streams=len(reg.streams) + len(reg.quarantine.streams),
         consumers=sum(len(c) for c in reg.consumers.values()),
+        api_total=reg.api_total,
+        api_errors=reg.api_errors,
     )
 
 
