@@ -43,7 +43,7 @@ async def hub(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
 
 async def per_stream(root: str, hub: EmbeddedServer, name: str) -> Gateway:
     settings = Settings(data_root=root, nats_url=hub.leaf_url, leaf_name=name)
-    gateway = Gateway(settings, Ownership(open_lease(StoreRoot(root)), 1.0, name), per_stream=True)
+    gateway = Gateway(settings, Ownership(open_lease(StoreRoot(root)), 1.0, name))
     await gateway.start()
     return gateway
 

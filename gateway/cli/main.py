@@ -130,7 +130,7 @@ async def _serve_streams(
     from gateway.service.gateway import Gateway
     from gateway.service.placing import Placing
 
-    gateway = Gateway(settings, ownership, per_stream=True)
+    gateway = Gateway(settings, ownership)
     monitor = None
     tasks: list[asyncio.Task[None]] = []
     try:

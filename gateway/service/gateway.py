@@ -49,7 +49,7 @@ from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
 from storage_delta.commit.durable import Unsynced, flush_every
-from storage_delta.commit.owner import Fenced, StreamFenced
+from storage_delta.commit.owner import StreamFenced
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
@@ -82,15 +82,12 @@ class Core:
 
 
 class Gateway:
-    def __init__(
-        self, settings: Settings, ownership: Ownership | None = None, per_stream: bool = False
-    ) -> None:
-        """``ownership``: the lease this gateway holds the store under (its epoch fences every
-        table it writes); None for a root outside the lease (an object store). ``per_stream``
-        (#19, docs/perstream-status.md; needs ``ownership``, whose lease and name it claims
-        streams under): the gateway serves only the streams it claims (:meth:`claim`, and a
-        create), each fenced on its own in every table; the store's epoch fences none of them and
-        makes its holder the meta owner (:attr:`meta`). Otherwise it serves the whole store."""
+    def __init__(self, settings: Settings, ownership: Ownership | None = None) -> None:
+        """``ownership``: the store's leases, under whose name this gateway serves only the
+        streams it claims (:meth:`claim`, and a create), each fenced on its own in every table
+        (#19, docs/architecture.md, *Several gateways on one store*); the store lease makes its
+        holder the meta owner (:attr:`meta`). None: it serves the whole store, unfenced (a
+        gateway that owns its root alone, as in-process tests and tools open one)."""
         self.settings = settings
         self.ownership = ownership
         sync_s = settings.sync_seconds
@@ -103,13 +100,11 @@ class Gateway:
             settings.storage_options or None,
             fsync=sync_s is None,
             unsynced=Unsynced() if self.flush_s is not None else None,
-            epoch=ownership.epoch if ownership is not None and not per_stream else None,
             log_retention_s=settings.log_retention_ms / 1000,
         )
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jetlake-io")
         claims = None
-        if per_stream:
-            assert ownership is not None, "per-stream ownership claims under the store's lease"
+        if ownership is not None:
             claims = StreamClaims(ownership.lease, ownership.name, self.root, self.executor)
             ownership.listening = True
         #: Per stream: the stream leases this gateway holds (None: it serves the whole store).
@@ -307,9 +302,6 @@ class Gateway:
             self._gathering.subscribe()
             dispatcher.on_gathering = self._gathering.on_msg
             stream_api.others = self._others
-        elif self.ownership is not None:  # before anything is copied, read or committed
-            leaf.admits = self.ownership.fresh
-            writer.loop.on_fenced = acklog.loop.on_fenced = registry.catalog_loop.on_fenced = self._fenced
         sourcing.start()
         await leaf.start(dispatcher)
         phases.append(time.monotonic())
@@ -587,33 +579,15 @@ class Gateway:
             if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
                 stream.restore_lost(d.file.min_seq, d.file.max_seq)
 
-    def step_down(self) -> None:
-        """The store was lost: answer nothing from now on (the link is cut, so the hub drops this
-        gateway's interest and the new owner answers alone). :meth:`close` follows."""
-        if self.core is not None:
-            self.core.leaf.cut()
-
     def _gateways(self) -> Gateways:
         """The store's live gateways (this one alone when it holds no lease)."""
         if self.ownership is None:
             return Gateways(self.settings.leaf_name)
         return self.ownership.gateways()
 
-    def _fenced(self, exc: Fenced) -> None:
-        """A commit met a newer owner's epoch: step down before its waiters hear of the failure,
-        so that no PubAck or error goes out for what this gateway did not commit."""
-        log.error("fenced: %s; stepping down", exc)
-        self.step_down()
-        if self.ownership is not None:
-            self.ownership.lost.set()
-
-    async def close(self, lost: bool = False) -> None:
-        """Stop taking work, finish the commit in flight and answer what is owed, then stop.
-        ``lost``: the store has another owner; what is queued fails or lands before its fence, and
-        nothing that only the owner may write (removals, index snapshots) is written."""
+    async def close(self) -> None:
+        """Stop taking work, finish the commit in flight and answer what is owed, then stop."""
         core = self.core
-        if lost:
-            self.step_down()
         self._stop_taking()
         if core is not None:
             for stream in core.registry.streams.values():
@@ -621,15 +595,9 @@ class Gateway:
                     core.leaf.unsubscribe(subject)
             core.publish.close()
             await core.writer.close()
-            if not lost:
-                await self._leave_state(core)
-            for table, closing in (("catalog", core.registry.close), ("ack log", core.acklog.close)):
-                try:
-                    await closing()
-                except Fenced:
-                    if not lost:
-                        raise
-                    log.info("the %s's last commits were fenced", table)
+            await self._leave_state(core)
+            await core.registry.close()
+            await core.acklog.close()
             await asyncio.sleep(0)  # let the PubAck callbacks of the last commit write
         await self.tasks.close()
         if self.root.unsynced is not None:  # a clean stop leaves nothing unsynced, whatever the interval

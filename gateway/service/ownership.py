@@ -1,13 +1,12 @@
-"""The store lease as a gateway lives it: stand by until it owns the store, hold it, notice the loss.
+"""The leases as a gateway lives them: the store lease (whose holder is the meta owner, the placer:
+:mod:`gateway.service.placing`) and the streams' leases (:class:`StreamClaims`).
 
 The protocol is :mod:`storage_delta.commit.lease` and :mod:`storage_delta.commit.owner`
-(docs/architecture.md, "Several gateways on one store"). Here: a standby watches the owner's beat
-and claims the next epoch once the beat has not changed for a whole lease (or names a process of
-this host that is gone); the owner beats every fifth of the lease and steps down when it finds a
-newer epoch claimed. What it reads from the link it serves only while it may still own the store
-(:meth:`Ownership.fresh`): after a pause (``SIGSTOP``, a stalled machine) it answers nothing once
-it finds a newer epoch claimed. None of this is what keeps a stale owner from writing; the fence
-in every commit is.
+(docs/architecture.md, "Several gateways on one store"). Here: a gateway standing by watches the
+holder's beat and claims the next epoch once the beat has not changed for a whole lease (or names
+a process of this host that is gone); the holder beats every fifth of the lease and steps down
+when it finds a newer epoch claimed. None of this is what keeps a stale owner of a stream from
+writing it; the fence per stream in every commit is.
 
 Every tick each gateway, owner or standby, also announces itself (``Lease.announce``); the owner
 reads the announcements and judges a gateway live when its count changed within a lease by its
@@ -55,7 +54,6 @@ class Ownership:
         self.epoch = 0
         #: Set when the store was lost (a newer epoch, or a commit that was fenced).
         self.lost = asyncio.Event()
-        self._beaten = 0.0  # time.monotonic() of the last beat
         #: time.monotonic() of this gateway's last announcement that was written: while less than
         #: a lease old, no meta owner can have judged it gone (per-stream ownership).
         self.announced_at = 0.0
@@ -77,7 +75,6 @@ class Ownership:
             free = not current or self.lease.holder_gone(beat) or time.monotonic() - since >= self.lease_s
             if free and await asyncio.to_thread(self.lease.claim, current + 1):
                 self.epoch = current + 1
-                self._beaten = time.monotonic()
                 self.lost.clear()
                 log.info(
                     "owner of the store as epoch %d (%.2f s after the last change of its beat seen)",
@@ -105,8 +102,6 @@ class Ownership:
                 # so (503/10077) until it comes back; the beat tries again next tick. Should it stay
                 # away for a lease a standby may take over, and the fence in every commit decides.
                 log.warning("renewing the store lease failed: %s", exc)
-                continue
-            self._beaten = time.monotonic()
 
     async def announce(self) -> None:
         """For the life of the process, every tick: say this gateway is alive and, while it owns
@@ -151,20 +146,6 @@ class Ownership:
         """This gateway and every other whose announcement it has read, live or not yet judged
         (a meta owner's first lease, per-stream placement)."""
         return [self.name, *sorted(self._heard)]
-
-    def fresh(self) -> bool:
-        """Whether what the link reads may be served: the last beat is less than a lease old (no
-        standby can have taken over), or, when it is older (a pause, a stalled loop), no newer
-        epoch is claimed yet (a look at the lease directory, on this slow path only; a lone gateway
-        whose beat was late keeps serving). A newer epoch found here means the store is lost."""
-        if self.lost.is_set():
-            return False
-        if time.monotonic() - self._beaten < self.lease_s:
-            return True
-        if self.lease.current() != self.epoch:
-            self.lost.set()
-            return False
-        return True
 
     async def release(self) -> None:
         """A clean stop: a standby may take over at once."""

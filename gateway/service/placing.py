@@ -1,6 +1,6 @@
 """Per-stream ownership as gateway processes live it (#19, docs/perstream-status.md, step 3).
 
-Every gateway serves the streams it claims (``Gateway(per_stream=True)``) and, beside that, stands
+Every gateway serves the streams it claims (:meth:`Gateway.claim`) and, beside that, stands
 by for the store lease (:mod:`gateway.service.ownership`); its holder is the **meta owner**. The
 meta owner places the store's streams over the live gateways every tick
 (:func:`gateway.service.placement.place`: rendezvous ranking, bounded load, sticky owners, a

@@ -361,15 +361,6 @@ class LeafConnection:
             assert self._writer is not None
             await self._writer.drain()
 
-    def cut(self) -> None:
-        """Stop at once: nothing queued or written later goes out, the connection is aborted (the
-        hub drops its interest, so another gateway's answers are the only ones) and no reconnect
-        follows. For a gateway that lost the store; :meth:`close` still awaits the task."""
-        self._closing = True
-        self._out, self._out_bytes = [], 0
-        if self._writer is not None:
-            self._writer.transport.abort()
-
     async def close(self) -> None:
         self._closing = True
         self._flush()
