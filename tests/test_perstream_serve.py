@@ -362,6 +362,33 @@ async def _joined_under_load(gw: Jetlake, join: Callable[[], None], root: StoreR
         await nc.close()
 
 
+def test_a_create_is_answered_by_the_gateway_the_stream_is_placed_on(tmp_path: Path) -> None:
+    """Ten streams of R 1 created through the meta owner: each create is answered by the gateway the
+    placement puts the stream on (the meta owner forwards it there), so a publish right after it is
+    acknowledged at once and no stream moves afterwards (created on the meta owner and handed over
+    later, its first requests would go unanswered while it moved, as a real cluster never does)."""
+    at_create, later = two_gateways(tmp_path, _created_where_placed)
+    assert at_create == later
+    assert len(set(at_create.values())) == 2  # both gateways got some (all on one: 1 in 512)
+
+
+async def _created_where_placed(t: Spread) -> tuple[dict[str, str], dict[str, str]]:
+    names = [f"N{i}" for i in range(10)]
+    at_create = {}
+    for name in names:
+        info = await t.js.add_stream(name=name, subjects=[f"{name.lower()}.>"])
+        assert info.cluster is not None
+        at_create[name] = str(info.cluster.leader)
+        ack = await t.js.publish(f"{name.lower()}.x", b"first", timeout=2)  # asked once
+        assert (ack.stream, ack.seq) == (name, 1)
+    await asyncio.sleep(2.0)  # ten ticks: a move would have been placed and made
+    later = await leaders(t.nc, names)
+    for log in t.logs:
+        text = log.read_text()
+        assert not [n for n in names if f"stream {n} handed over" in text], text
+    return at_create, later
+
+
 def test_account_wide_answers_name_every_gateways_streams(tmp_path: Path) -> None:
     """S and T on two gateways: STREAM.NAMES, STREAM.LIST and ``$JS.API.INFO`` (answered by the
     meta owner) count and show both, each with its own state as its owner renders it; with the

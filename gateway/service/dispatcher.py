@@ -44,6 +44,7 @@ ApiRequest = tuple[list[str], str, bytes, bytes | None]
 BARRIER = ""
 #: A pull request's first tokens (``CONSUMER.MSG.NEXT.<stream>.<consumer>``): taken at once, no lane.
 PULL = ["CONSUMER", "MSG", "NEXT"]
+CREATE = ["STREAM", "CREATE"]
 
 
 def lane_of(toks: list[str]) -> str | None:
@@ -96,6 +97,9 @@ class LinkDispatcher:
         self.served: Callable[[str], Awaitable[bool]] | None = None
         #: Per-stream ownership: the gathering of account-wide answers (``service.gathering``).
         self.on_gathering: Callable[[Msg], None] | None = None
+        #: Per-stream ownership: whether a create of a new stream this gateway would answer went
+        #: to the gateway the placement puts it on instead (``Gateway.forwards``).
+        self.forwards: Callable[[str, Msg], bool] | None = None
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
 
@@ -182,10 +186,19 @@ class LinkDispatcher:
             return True
         return lane is not None and toks[:3] != PULL and self.awaits is not None and self.awaits(lane)
 
-    def _api_request(self, msg: Msg) -> None:
+    def forwarded(self, msg: Msg) -> None:
+        """An API request the meta owner forwarded here: this gateway's to answer (a create of
+        the stream the placement puts here)."""
+        if msg.subject.startswith(self.api_prefix):
+            self._api_request(msg, taken=True)
+
+    def _api_request(self, msg: Msg, taken: bool = False) -> None:
         toks = split_api_subject(msg.subject, self.api_prefix) or []
-        if not self._takes(toks, lane_of(toks)):
+        if not taken and not self._takes(toks, lane_of(toks)):
             return  # another gateway's to answer
+        forwards = self.forwards
+        if not taken and toks[:2] == CREATE and len(toks) == 3 and forwards and forwards(toks[2], msg):
+            return  # the placed gateway answers
         if toks[:3] == PULL and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return

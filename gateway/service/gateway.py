@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -48,6 +49,7 @@ from gateway.service.ownership import Ownership, StreamClaims
 from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.leafauth import LeafTarget
+from gateway.wire.protocol import Msg
 from storage_delta.commit.durable import Unsynced, flush_every
 from storage_delta.commit.owner import StreamFenced
 from storage_delta.commit.store import StoreRoot
@@ -119,6 +121,12 @@ class Gateway:
         self.followed = 0
         #: Per stream: the placement last followed (stream → gateway name).
         self.placement: dict[str, str] = {}
+        #: Per stream, the meta owner: the gateway a new stream of this config is placed on
+        #: (``Placing.place_new``; None: not known yet, this gateway creates it).
+        self.place_new: Callable[[str, dict[str, Any]], str | None] | None = None
+        #: Per stream, the meta owner: the new streams whose create it forwarded (stream →
+        #: gateway, when), until a placement records them; it does not answer them meanwhile.
+        self.forwarded: dict[str, tuple[str, float]] = {}
         self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
         #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.
         self._recovering: set[str] = set()
@@ -301,6 +309,8 @@ class Gateway:
             self._gathering = Gathering(settings.domain, self.ownership.name, leaf, stream_api.summary)
             self._gathering.subscribe()
             dispatcher.on_gathering = self._gathering.on_msg
+            self._gathering.on_forwarded = dispatcher.forwarded
+            dispatcher.forwards = self.forwards
             stream_api.others = self._others
         sourcing.start()
         await leaf.start(dispatcher)
@@ -387,7 +397,26 @@ class Gateway:
             return True  # deleted here, still placed here: its "not found" is this gateway's
         if not self.meta or self.ownership is None or self.followed < self.ownership.epoch:
             return False
-        return stream is None or stream not in self.placement
+        return stream is None or (stream not in self.placement and stream not in self.forwarded)
+
+    def forwards(self, name: str, msg: Msg) -> bool:
+        """``LinkDispatcher.forwards``: the meta owner hands a create of a stream that exists
+        nowhere to the gateway :attr:`place_new` puts it on, unless that is this one. A request
+        whose config does not parse is answered here (its error is the same everywhere)."""
+        if self.place_new is None or self._gathering is None or self.core is None:
+            return False
+        if name in self.core.registry.streams or name in self.placement:
+            return False
+        try:
+            config = json.loads(msg.data) if msg.data else {}
+            target = self.place_new(name, config if isinstance(config, dict) else {})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return False
+        if target is None or self.ownership is None or target == self.ownership.name:
+            return False
+        self.forwarded[name] = (target, time.monotonic())
+        self._gathering.forward(target, msg)
+        return True
 
     def awaits(self, stream: str) -> bool:
         """Per stream, ``LinkDispatcher.awaits``: a stream placed on this gateway and not served

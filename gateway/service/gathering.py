@@ -8,6 +8,13 @@ publish reaches all), and each answers with its streams as STREAM.LIST renders t
 :data:`TIMEOUT_S` passed: a stream placed on a gateway that did not answer is listed as
 ``missing``, as a cluster lists a stream whose leader did not answer. The requests are few (one per
 account-wide API request), so nothing is cached.
+
+The same subjects carry **forwarded creates**: the meta owner answers a create of a new stream only
+when the placement puts the stream on itself; otherwise it forwards the request, as the client sent
+it, to the gateway placed (``$JLK.<domain>.F.<digest of its name>.<the API subject>``, the client's
+reply subject kept), which creates and answers it. A real cluster places a stream when it creates
+it; a stream created on the meta owner and moved afterwards would leave its first requests
+unanswered while it moves.
 """
 
 from __future__ import annotations
@@ -41,9 +48,13 @@ class Gathering:
         self._leaf = leaf
         self._summary = summary
         self.request_subject = f"{PREFIX}{domain}.STREAMS"
-        # a gateway's name holds its host's dots: the reply subject carries a digest of it
-        token = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+        self._domain = domain
+        # a gateway's name holds its host's dots: the subjects carry a digest of it
+        token = _token(name)
         self._reply_prefix = f"{PREFIX}{domain}.R.{token}."
+        self._forwarded_prefix = self.forward_prefix(name)
+        #: Told of a request another gateway forwarded here (its subject the client's again).
+        self.on_forwarded: Callable[[Msg], None] | None = None
         self._asked = 0
         #: The gatherings under way: request number → the answers so far, and who to wake.
         self._open: dict[str, tuple[dict[str, dict[str, Any]], asyncio.Event, frozenset[str]]] = {}
@@ -51,6 +62,14 @@ class Gathering:
     def subscribe(self) -> None:
         self._leaf.subscribe(self.request_subject)
         self._leaf.subscribe(self._reply_prefix + ">")
+        self._leaf.subscribe(self._forwarded_prefix + ">")
+
+    def forward_prefix(self, gateway: str) -> str:
+        return f"{PREFIX}{self._domain}.F.{_token(gateway)}."
+
+    def forward(self, gateway: str, msg: Msg) -> None:
+        """Hand the API request ``msg`` to ``gateway``, which answers the client."""
+        self._leaf.publish(self.forward_prefix(gateway) + msg.subject, msg.data, msg.reply, msg.hdrs)
 
     def on_msg(self, msg: Msg) -> None:
         """A request (answered with this gateway's summary) or an answer to one of its own."""
@@ -58,6 +77,11 @@ class Gathering:
             if msg.reply:
                 body = {"gateway": self.name, **self._summary()}
                 self._leaf.publish(msg.reply, json.dumps(body, separators=(",", ":")).encode())
+            return
+        if msg.subject.startswith(self._forwarded_prefix):
+            if self.on_forwarded is not None:
+                msg.subject = msg.subject[len(self._forwarded_prefix) :]
+                self.on_forwarded(msg)
             return
         if not msg.subject.startswith(self._reply_prefix):
             return
@@ -95,3 +119,7 @@ class Gathering:
             del self._open[key]
         answers.pop(self.name, None)  # the hub may hand a leaf its own request
         return answers
+
+
+def _token(name: str) -> str:
+    return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()

@@ -23,12 +23,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
 from gateway.service.placement import place
 from storage_delta.commit.lease import Placement
-from storage_delta.tables.removals import StreamReplicas
+from storage_delta.tables.removals import PlacedStream, StreamReplicas
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,30 @@ class Placing:
         self._awaited: dict[str, float] = {}
         #: Set when this gateway, as the meta owner, recorded a placement: it follows at once.
         self._recorded = asyncio.Event()
+        #: Meta owner: what the last tick placed by (streams, live gateways, owners), for
+        #: :meth:`place_new`.
+        self._view: tuple[dict[str, PlacedStream], list[str], dict[str, str]] | None = None
+        gateway.place_new = self.place_new
+
+    def place_new(self, name: str, config: dict[str, Any]) -> str | None:
+        """Meta owner: the gateway a stream ``name`` of ``config`` (a create's) is placed on, as
+        the next tick would place it (None: this gateway is not the meta owner, or has not placed
+        yet)."""
+        if self._view is None or not self.gateway.meta:
+            return None
+        streams, live, owners = self._view
+        streams = {**streams, name: PlacedStream.of(config)}
+        owner = place(
+            {s: p.num_replicas for s, p in streams.items()},
+            live,
+            {**self._created_owners(), **owners},
+            {s: p.origins for s, p in streams.items()},
+        ).get(name)
+        return owner
+
+    def _created_owners(self) -> dict[str, str]:
+        """The new streams whose create went to another gateway, not recorded yet."""
+        return {stream: owner for stream, (owner, _) in self.gateway.forwarded.items()}
 
     async def lead(self) -> None:
         """Stand by until this gateway holds the store lease, then beat it and place every tick
@@ -66,6 +91,8 @@ class Placing:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 self.gateway.meta = False
+                self._view = None
+                self.gateway.forwarded = {}
 
     async def _place(self) -> None:
         """The meta owner's ticks. For its first lease every gateway it has heard of counts as
@@ -94,7 +121,11 @@ class Placing:
                     heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
                 live = [name for name in heard if name not in gone]
                 # the streams it created itself count as its own until first placed
-                current = {stream: ownership.name for stream in claims.held.streams()} | recorded.owners
+                current = (
+                    {stream: ownership.name for stream in claims.held.streams()}
+                    | self._created_owners()
+                    | recorded.owners
+                )
                 owners = place(
                     {name: s.num_replicas for name, s in streams.items()},
                     live,
@@ -113,6 +144,12 @@ class Placing:
                 # nowhere: before it, a stream the last record left out (created just before the
                 # previous meta owner stopped) would get a "not found" from it.
                 gateway.placement, gateway.handovers = owners, handovers
+                self._view = (streams, live, owners)
+                # placed now, or a create that did not come about (refused, never sent on)
+                since = time.monotonic() - ownership.lease_s
+                gateway.forwarded = {
+                    s: (g, at) for s, (g, at) in gateway.forwarded.items() if s not in owners and at > since
+                }
                 gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
