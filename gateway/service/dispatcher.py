@@ -194,11 +194,12 @@ class LinkDispatcher:
 
     def _api_request(self, msg: Msg, taken: bool = False) -> None:
         toks = split_api_subject(msg.subject, self.api_prefix) or []
-        if not taken and not self._takes(toks, lane_of(toks)):
-            return  # another gateway's to answer
-        forwards = self.forwards
-        if not taken and toks[:2] == CREATE and len(toks) == 3 and forwards and forwards(toks[2], msg):
-            return  # the placed gateway answers
+        if not taken:
+            forwards = self.forwards
+            if toks[:2] == CREATE and len(toks) == 3 and forwards is not None and forwards(toks[2], msg):
+                return  # the gateway the new stream is placed on answers
+            if not self._takes(toks, lane_of(toks)):
+                return  # another gateway's to answer
         if toks[:3] == PULL and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return

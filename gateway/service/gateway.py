@@ -306,7 +306,12 @@ class Gateway:
             dispatcher.served = self.served
             leaf.admits = self._admits
             assert self.ownership is not None
-            self._gathering = Gathering(settings.domain, self.ownership.name, leaf, stream_api.summary)
+            self._gathering = Gathering(
+                settings.domain,
+                self.ownership.name,
+                leaf,
+                lambda: {**stream_api.summary(), "pending": self._pending()},
+            )
             self._gathering.subscribe()
             dispatcher.on_gathering = self._gathering.on_msg
             self._gathering.on_forwarded = dispatcher.forwarded
@@ -403,16 +408,20 @@ class Gateway:
         """``LinkDispatcher.forwards``: the meta owner hands a create of a stream that exists
         nowhere to the gateway :attr:`place_new` puts it on, unless that is this one. A request
         whose config does not parse is answered here (its error is the same everywhere)."""
-        if self.place_new is None or self._gathering is None or self.core is None:
+        ownership = self.ownership
+        if self.place_new is None or self._gathering is None or self.core is None or ownership is None:
             return False
-        if name in self.core.registry.streams or name in self.placement:
+        if not self.meta or self.followed < ownership.epoch:
             return False
+        registry = self.core.registry
+        if name in registry.streams or name in registry.quarantine.streams or name in self.placement:
+            return False  # it exists (or is offline here): its gateway answers
         try:
             config = json.loads(msg.data) if msg.data else {}
             target = self.place_new(name, config if isinstance(config, dict) else {})
         except (ValueError, TypeError, KeyError, AttributeError):
             return False
-        if target is None or self.ownership is None or target == self.ownership.name:
+        if target is None or target == ownership.name:
             return False
         self.forwarded[name] = (target, time.monotonic())
         self._gathering.forward(target, msg)
@@ -479,15 +488,35 @@ class Gateway:
         answers = await self._gathering.gather([name for name, _ in self.ownership.gateways().standbys])
         streams: dict[str, Mapping[str, Any]] = {}
         usage = Usage()
+        pending = set(self._pending())
         for answer in answers.values():
             usage += Usage(**answer["usage"])
+            pending.update(answer.get("pending", ()))
             for info in answer["streams"]:
                 streams.setdefault(str(info["config"]["name"]), info)  # one moving: either view
-        me = self.ownership.name
+        me, registry = self.ownership.name, self.core.registry if self.core is not None else None
+        here = set(registry.streams) | set(registry.quarantine.streams) if registry is not None else set()
+        # placed on a gateway that did not answer, or on one that has yet to serve it (moving)
         missing = sorted(
-            s for s, g in self.placement.items() if g != me and g not in answers and s not in streams
+            s
+            for s, g in self.placement.items()
+            if s not in streams and s not in here and ((g != me and g not in answers) or s in pending)
         )
         return Others(tuple(streams.values()), usage, tuple(missing))
+
+    def _pending(self) -> list[str]:
+        """Per stream: the streams placed here that this gateway does not serve yet (their claim
+        to come or under way, a handover awaited): a gathering lists them as ``missing``, not as
+        gone."""
+        claims, ownership = self.claims, self.ownership
+        assert claims is not None, "per stream"
+        assert ownership is not None, "per stream"
+        return sorted(
+            s
+            for s, g in self.placement.items()
+            if g == ownership.name
+            and (s in self._claiming or s in self._recovering or claims.held.epoch(s) is None)
+        )
 
     async def release(self, name: str) -> None:
         """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then

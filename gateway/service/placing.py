@@ -53,6 +53,9 @@ class Placing:
         #: Meta owner: what the last tick placed by (streams, live gateways, owners), for
         #: :meth:`place_new`.
         self._view: tuple[dict[str, PlacedStream], list[str], dict[str, str]] | None = None
+        #: Meta owner: the streams :meth:`place_new` placed since that tick's catalog (their
+        #: creates may not be committed yet), so that creates between two ticks count each other.
+        self._new: dict[str, tuple[PlacedStream, float]] = {}
         gateway.place_new = self.place_new
 
     def place_new(self, name: str, config: dict[str, Any]) -> str | None:
@@ -61,19 +64,22 @@ class Placing:
         yet)."""
         if self._view is None or not self.gateway.meta:
             return None
-        streams, live, owners = self._view
-        streams = {**streams, name: PlacedStream.of(config)}
-        owner = place(
+        known, live, owners = self._view
+        self._new[name] = (PlacedStream.of(config), time.monotonic())
+        streams = {**known, **{s: placed for s, (placed, _) in self._new.items()}}
+        return place(
             {s: p.num_replicas for s, p in streams.items()},
             live,
-            {**self._created_owners(), **owners},
+            self._current() | owners,
             {s: p.origins for s, p in streams.items()},
         ).get(name)
-        return owner
 
-    def _created_owners(self) -> dict[str, str]:
-        """The new streams whose create went to another gateway, not recorded yet."""
-        return {stream: owner for stream, (owner, _) in self.gateway.forwarded.items()}
+    def _current(self) -> dict[str, str]:
+        """The streams held here (created here, not placed yet) and those whose create went to
+        another gateway, as their owners."""
+        held = self.gateway.claims.held.streams() if self.gateway.claims is not None else ()
+        forwarded = {stream: owner for stream, (owner, _) in self.gateway.forwarded.items()}
+        return dict.fromkeys(held, self.ownership.name) | forwarded
 
     async def lead(self) -> None:
         """Stand by until this gateway holds the store lease, then beat it and place every tick
@@ -91,7 +97,7 @@ class Placing:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 self.gateway.meta = False
-                self._view = None
+                self._view, self._new = None, {}
                 self.gateway.forwarded = {}
 
     async def _place(self) -> None:
@@ -121,11 +127,7 @@ class Placing:
                     heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
                 live = [name for name in heard if name not in gone]
                 # the streams it created itself count as its own until first placed
-                current = (
-                    {stream: ownership.name for stream in claims.held.streams()}
-                    | self._created_owners()
-                    | recorded.owners
-                )
+                current = self._current() | recorded.owners
                 owners = place(
                     {name: s.num_replicas for name, s in streams.items()},
                     live,
@@ -145,8 +147,11 @@ class Placing:
                 # previous meta owner stopped) would get a "not found" from it.
                 gateway.placement, gateway.handovers = owners, handovers
                 self._view = (streams, live, owners)
-                # placed now, or a create that did not come about (refused, never sent on)
+                # in the catalog now, or a create that did not come about (refused, never sent on)
                 since = time.monotonic() - ownership.lease_s
+                self._new = {
+                    s: (p, at) for s, (p, at) in self._new.items() if s not in streams and at > since
+                }
                 gateway.forwarded = {
                     s: (g, at) for s, (g, at) in gateway.forwarded.items() if s not in owners and at > since
                 }
