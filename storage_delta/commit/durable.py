@@ -24,7 +24,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor, wait
 
 ALWAYS = "always"
@@ -77,11 +77,21 @@ def sync_together(paths: Sequence[str]) -> None:
     The first path is synced on the calling thread, the others meanwhile on the pool: one thread
     woken fewer per commit on the synchronous publish path (#23)."""
     first, *rest = dict.fromkeys(paths)
-    syncs = [_SYNCERS.submit(fsync_path, path) for path in rest]
-    try:
+    with syncing(rest):
         fsync_path(first)
+
+
+@contextlib.contextmanager
+def syncing(paths: Iterable[str]) -> Iterator[None]:
+    """Sync ``paths`` on the pool while the body runs (work that does not need them synced yet,
+    such as encoding and writing the log entry that will name them); on leaving, every one is on
+    stable storage, or the first error is raised. The syncs end before anything is raised, the
+    body's errors included: none is left running unawaited."""
+    syncs = [_SYNCERS.submit(fsync_path, path) for path in dict.fromkeys(paths)]
+    try:
+        yield
     finally:
-        wait(syncs)  # all of them ended before anything is raised: none is left running unawaited
+        wait(syncs)
     for sync in syncs:
         sync.result()
 
