@@ -68,14 +68,21 @@ def checkpoint_table(root: StoreRoot, dt: DeltaTable, name: str, keep_entries: i
     """A checkpoint of table ``name`` at ``dt``'s version, then the trim of its expired log files
     (``keep_entries``: see :func:`trim_log`). Never holds anything a commit waits for; call it on
     a thread of its own."""
-    local = root.local_path()
-    if local is None:
+    if root.local_path() is None:
         retry_listing(dt.create_checkpoint)
         retry_listing(dt.cleanup_metadata)
         return
+    checkpoint_local(root, name, dt.version(), keep_entries)
+
+
+def checkpoint_local(root: StoreRoot, name: str, version: int, keep_entries: int | None = None) -> None:
+    """:func:`checkpoint_table` of a table on a local root at ``version`` (a version whose entry
+    exists), without a handle: the stage loads what it needs."""
+    local = root.local_path()
+    assert local is not None, "checkpoint_local of a table on an object store"
     table_path = os.path.join(local, name)
-    if _staged_checkpoint(root, table_path, dt.version()):
-        digest = record_checkpoint_digest(table_path, dt.version())
+    if _staged_checkpoint(root, table_path, version):
+        digest = record_checkpoint_digest(table_path, version)
         if digest is not None:
             root.settle_file(digest, [table_path])
     trim_log(table_path, root.log_retention_s, keep_entries=keep_entries)

@@ -30,7 +30,7 @@ from typing import Any
 
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage_delta.commit.durable import Unsynced, fsync_path, sync_together
+from storage_delta.commit.durable import Unsynced, fsync_path, syncing
 from storage_delta.commit.owner import (
     OWNER_APP,
     StreamEpochs,
@@ -219,19 +219,21 @@ class LocalLogAppender:
     ) -> int:
         """Link the commit at the first free version; ``landed(v)`` judges a version taken by
         another writer (True: our commit is already there). With ``sync`` the entry is synced
-        (together with ``unsynced``, the files it names) before it is linked and the log
-        directory after: two rounds of syncs per commit."""
-        rest = [json.dumps(line, separators=(",", ":")).encode() for line in lines[1:]]
-        # The commitInfo (first) records a CRC-32 per following line: a flipped bit that still
-        # parses, or a tail cut at a line's end, is found, and by its line (format/integrity.py).
-        head = {"commitInfo": {**lines[0]["commitInfo"], LINES_KEY: lines_digest(rest)}}
-        body = b"\n".join([json.dumps(head, separators=(",", ":")).encode(), *rest]) + b"\n"
+        (together with ``unsynced``, the files it names, whose syncs start first and run while
+        the entry is encoded and written) before it is linked and the log directory after: two
+        rounds of syncs per commit."""
         tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
-        with open(tmp, "wb") as fh:
-            fh.write(body)
-        if self.sync:
-            # the entry's bytes, and the files it names, are down before its name can be
-            sync_together([tmp, *unsynced])
+        # the entry's bytes, and the files it names, are down before its name can be
+        with syncing(unsynced if self.sync else ()):
+            rest = [json.dumps(line, separators=(",", ":")).encode() for line in lines[1:]]
+            # The commitInfo (first) records a CRC-32 per following line: a flipped bit that still
+            # parses, or a tail cut at a line's end, is found, and by its line (format/integrity.py).
+            head = {"commitInfo": {**lines[0]["commitInfo"], LINES_KEY: lines_digest(rest)}}
+            body = b"\n".join([json.dumps(head, separators=(",", ":")).encode(), *rest]) + b"\n"
+            with open(tmp, "wb") as fh:
+                fh.write(body)
+            if self.sync:
+                fsync_path(tmp)
         try:
             while True:
                 version = self.next_version
