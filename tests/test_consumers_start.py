@@ -65,3 +65,43 @@ async def test_deliver_policy(targets: dict[str, str], unique: str, policy: dict
         }
 
     await same(targets, case, unique)
+
+
+STARTS: list[dict[str, Any]] = [
+    {"deliver_policy": "all"},
+    {"deliver_policy": "by_start_sequence", "opt_start_seq": 1},
+    {"deliver_policy": "by_start_sequence", "opt_start_seq": 9},  # beyond the end: kept
+    {"deliver_policy": "by_start_time", "opt_start_time": "2000-01-01T00:00:00Z"},
+    {"deliver_policy": "last"},
+    {"deliver_policy": "new"},
+]
+
+
+async def test_a_consumer_starts_no_lower_than_the_streams_first_sequence(
+    targets: dict[str, str], unique: str
+) -> None:
+    """A purged stream (three messages, two kept), a stream purged empty and one whose config
+    starts at sequence 5: a new consumer's delivered and ack floor count the sequences below the
+    stream's first as passed (the server moves a start below the first sequence up to it), so its
+    info and what it delivers agree."""
+
+    async def case(nc: Client, name: str) -> Any:
+        out = []
+        for kind in ("kept", "empty", "first"):
+            s = f"{name}{kind}".upper()
+            body: dict[str, Any] = {"name": s, "subjects": [f"{s.lower()}.>"]}
+            if kind == "first":
+                body["first_seq"] = 5
+            await api(nc, f"STREAM.CREATE.{s}", body)
+            if kind != "first":
+                for i in range(3):
+                    await nc.request(f"{s.lower()}.x", b"m%d" % i)
+                await api(nc, f"STREAM.PURGE.{s}", {"keep": 2} if kind == "kept" else {})
+            for i, cfg in enumerate(STARTS):
+                config = {"durable_name": f"c{i}", "ack_policy": "explicit", **cfg}
+                created = await api(nc, f"CONSUMER.CREATE.{s}.c{i}", {"stream_name": s, "config": config})
+                got = await pull(nc, s, f"c{i}", {"batch": 5, "expires": 200_000_000}, 6)
+                out.append([kind, cfg, state(created), got])
+        return out
+
+    await same(targets, case, unique)

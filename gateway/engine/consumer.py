@@ -177,6 +177,13 @@ def start_position(stream: Stream, cfg: ConsumerConfig, time_seq: int | None) ->
     """Where a new consumer starts: the stream sequence it counts as already passed, and (for
     ``last_per_subject``) the sequences to deliver before resuming after that point.
     ``time_seq`` is the first sequence at or after ``opt_start_time`` (found by the caller)."""
+    start, skip = _requested_start(stream, cfg, time_seq)
+    # a start below the stream's first sequence (a purge, a config's ``first_seq``) is moved up
+    # to it, as the server does: the sequences below count as passed, delivered and ack floor too
+    return max(start, stream.state.first_seq - 1), skip
+
+
+def _requested_start(stream: Stream, cfg: ConsumerConfig, time_seq: int | None) -> tuple[int, list[int]]:
     policy = cfg.deliver_policy
     filters = cfg.filters
     last = stream.state.last_seq
