@@ -72,7 +72,7 @@ async def stream_info(nc: Client, stream: str) -> dict[str, Any]:
 
 async def create_two(js: JetStreamContext) -> None:
     """S and T with ``num_replicas`` 2: two gateways ready to serve each, among which placement
-    spreads them (a stream of R 1 stays on its first-ranked gateway, whatever the load). Asked
+    spreads them (a stream of R 1 goes to its first-ranked gateway, whatever the load). Asked
     again while the meta owner has not yet heard the other gateway live (400/10005)."""
     deadline = time.monotonic() + 30
     for stream in ("S", "T"):

@@ -58,10 +58,13 @@ def test_current_owners_keep_their_streams_while_they_may() -> None:
     # any balanced placement within the replica sets stands as it is, however it came about
     settled = {f"S{i}": "g1" if i < 6 else "g2" for i in range(12)}
     assert place(streams(12, 3), ["g1", "g2"], settled) == settled
-    # an owner outside a stream's replica set gives it up
+    # an owner outside a stream's replica set (a scale-down, a gateway that joined and ranks
+    # first) keeps it while under its share, as a cluster keeps a stream's leader; a new one goes
+    # to its replica set
     stream = "S0"
     outsider = rank(stream, GATEWAYS)[2]
-    assert place({stream: 2}, GATEWAYS, {stream: outsider})[stream] != outsider
+    assert place({stream: 2}, GATEWAYS, {stream: outsider})[stream] == outsider
+    assert place({stream: 2}, GATEWAYS, {})[stream] == rank(stream, GATEWAYS)[0]
 
 
 def test_nothing_is_placed_without_a_live_gateway() -> None:
@@ -87,8 +90,8 @@ def test_a_stream_and_its_local_origins_are_placed_as_one_group() -> None:
     assert wide["A"] == wide["O"] == rank("A", GATEWAYS)[0]
     narrow = {"A": 1, "O": 1}
     outsider = rank("A", GATEWAYS)[2]
-    moved = place(narrow, GATEWAYS, {"A": outsider, "O": outsider}, {"A": ["O"]})
-    assert moved == dict.fromkeys(narrow, rank("A", GATEWAYS)[0])
+    kept = place(narrow, GATEWAYS, {"A": outsider, "O": outsider}, {"A": ["O"]})
+    assert kept == dict.fromkeys(narrow, outsider)
 
 
 def test_a_new_sourcing_stream_joins_its_origins_owner_and_the_group_stays() -> None:

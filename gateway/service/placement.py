@@ -12,9 +12,11 @@ The rules:
   gateway of the stream's replica set has room. Plain rendezvous hashing leaves the load to
   chance: two streams over two gateways land on one gateway half the time, which would make a
   second gateway add no throughput exactly where the issue measures it;
-* **stickiness**: a stream stays with its current owner while that owner is live, in the
-  stream's replica set and under its share, since every move is a handover (a pause of the
-  stream's service). Only then are the streams left over placed, in name order;
+* **stickiness**: a stream stays with its current owner while that owner is live and under its
+  share, since every move is a handover (a pause of the stream's service), even when the owner
+  is no longer of its replica set (a scale-down, a gateway that joined and ranks first): a
+  clustered JetStream keeps a stream's leader through both. Only then are the streams left over
+  placed, in name order;
 * **a stream stays with its local origins**: streams joined by mirror and source relations in the
   same store (:func:`groups`) are placed as one unit, so a mirror or a source and its origin always
   have one owner and the owner's copying follows the origin in its own registry
@@ -95,8 +97,9 @@ def place(
     for unit in units:
         ranked = candidates[unit[0]]
         # the current owner of most of its members (ties: the group's rank order) if it may stay
-        held = Counter(owner for s in unit if (owner := current.get(s)) in ranked)
-        keep = sorted(held, key=lambda g: (-held[g], ranked.index(g)))
+        held = Counter(owner for s in unit if (owner := current.get(s)) in gateways)
+        order = rank(unit[0], gateways)
+        keep = sorted(held, key=lambda g: (-held[g], order.index(g)))
         owner = next((g for g in keep if fits(g, unit)), None)
         if owner is not None:
             settle(unit, owner)
