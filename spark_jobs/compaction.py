@@ -162,9 +162,13 @@ def _rows(stats: str) -> int:
     return int(json.loads(stats)["numRecords"])
 
 
+#: How many times a run plans again after its swap was abandoned to a racing writer.
+REPLANS = 2
+
+
 def seal(spark: SparkSession, root: StoreRoot, min_files: int = 2) -> Outcome:
     """Merge every full block's small files into one sorted file (the data does not change)."""
-    return execute(spark, root, plan_seal(live_files(root), min_files), data_change=False)
+    return _replanned(lambda: execute(spark, root, plan_seal(live_files(root), min_files), data_change=False))
 
 
 def retention(
@@ -172,5 +176,30 @@ def retention(
 ) -> Outcome:
     """Remove physically what the logical state says is gone. The states are loaded only after the
     files are listed (see the module docstring), hence a loader rather than a snapshot."""
-    files = live_files(root)
-    return execute(spark, root, plan_retention(files, load_states(root)), data_change=True)
+
+    def attempt() -> Outcome:
+        files = live_files(root)
+        return execute(spark, root, plan_retention(files, load_states(root)), data_change=True)
+
+    return _replanned(attempt)
+
+
+def _replanned(attempt: Callable[[], Outcome]) -> Outcome:
+    """``attempt`` again (up to :data:`REPLANS` times) while its swap is abandoned: the gateway's
+    own compaction merges the same small files of a busy stream, and a job that gave up on the
+    first conflict left a whole run's removals to the next run. The figures add up over the
+    attempts; ``abandoned`` is the last attempt's."""
+    out = attempt()
+    for _ in range(REPLANS):
+        if not out.abandoned:
+            break
+        again = attempt()
+        out = Outcome(
+            rows_removed=out.rows_removed + again.rows_removed,
+            files_removed=out.files_removed + again.files_removed,
+            files_added=out.files_added + again.files_added,
+            bytes_before=out.bytes_before,
+            bytes_after=again.bytes_after,
+            abandoned=again.abandoned,
+        )
+    return out

@@ -185,3 +185,22 @@ def test_schedule_runs_each_job_on_its_interval_and_survives_a_failure() -> None
     assert sorted(runs[:2]) == ["retention", "seal"]
     assert runs.count("retention") >= 2
     assert runs.count("seal") > runs.count("retention")
+
+
+def test_a_run_whose_swap_was_abandoned_plans_again() -> None:
+    """A swap abandoned to a racing writer (the gateway compacting the same files) is planned
+    again, at most ``REPLANS`` times; the figures add up over the attempts."""
+    first = compaction.Outcome(rows_removed=3, files_removed=1, bytes_before=10, bytes_after=9, abandoned=2)
+    second = compaction.Outcome(rows_removed=5, files_removed=2, files_added=1, bytes_before=9, bytes_after=4)
+    attempts = iter([first, second])
+    assert compaction._replanned(lambda: next(attempts)) == compaction.Outcome(
+        rows_removed=8, files_removed=3, files_added=1, bytes_before=10, bytes_after=4
+    )
+    calls = []
+
+    def racing() -> compaction.Outcome:
+        calls.append(1)
+        return compaction.Outcome(abandoned=1)
+
+    assert compaction._replanned(racing).abandoned == 1
+    assert len(calls) == 1 + compaction.REPLANS
