@@ -1,6 +1,6 @@
 """``several_gateways`` (#19): aggregate ingest of several streams over one gateway and over two
-gateways on one store, then the handover after ``kill -9`` of a stream's owner, from the kill to the
-next PubAck, a few times in a row.
+gateways on one store, then the move after ``kill -9`` of a stream's gateway (another one started in
+its place each time), from the kill to the next PubAck, a few times in a row.
 
 Each stream is served by one gateway (per-stream ownership). A stream of ``num_replicas`` 1 goes to
 its first-ranked gateway (rendezvous hashing of its name), so a few streams may well all land on
@@ -26,7 +26,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,8 @@ Result = dict[str, Any]
 
 async def ingest(url: str, streams: int, publishers: int, seconds: float, spread_over: int = 1) -> float:
     """Messages a second acknowledged while ``publishers`` per stream publish (each awaiting its
-    PubAck) for ``seconds``. ``spread_over`` > 1 (per-stream ownership): the streams are created
+    PubAck, asking again after a time-out or "no responders", as through a stream's move) for
+    ``seconds``. ``spread_over`` > 1 (per-stream ownership): the streams are created
     with that many replicas and the publishers wait until every gateway owns its share."""
     async with await nats.connect(url) as nc:
         js = nc.jetstream()
@@ -59,7 +59,10 @@ async def ingest(url: str, streams: int, publishers: int, seconds: float, spread
             nonlocal acked
             payload = b"x" * 128
             while time.monotonic() < deadline:
-                await js.publish(f"i{stream}.x", payload)
+                try:
+                    await js.publish(f"i{stream}.x", payload)
+                except (NatsTimeout, NoRespondersError, NoStreamResponseError):
+                    continue  # the stream is moving (a second gateway joined): asked again
                 acked += 1
 
         started = time.monotonic()
@@ -100,14 +103,16 @@ async def _spread(nc: Client, names: list[str], gateways: int) -> None:
         await asyncio.sleep(0.2)
 
 
-async def next_ack_after(url: str, kill: Callable[[], None]) -> float:
-    """Seconds from ``kill()`` returning (the owner is dead) to the first PubAck of a publish
-    retried with one ``Nats-Msg-Id``."""
+async def next_ack_after(url: str, kill: Callable[[str], None]) -> float:
+    """Seconds from ``kill(H's gateway)`` returning (the gateway serving stream H, as its info's
+    ``cluster.leader`` names it, is dead) to the first PubAck of a publish retried with one
+    ``Nats-Msg-Id``."""
     async with await nats.connect(url) as nc:
         js = nc.jetstream()
         await js.add_stream(name="H", subjects=["h.>"], duplicate_window=120)
         await js.publish("h.x", b"before")
-        await asyncio.to_thread(kill)
+        info = json.loads((await nc.request("$JS.API.STREAM.INFO.H", b"", timeout=5)).data)
+        await asyncio.to_thread(kill, info["cluster"]["leader"])
         killed = time.monotonic()
         while True:
             try:
@@ -146,15 +151,21 @@ def two_gateways(
     try:
         wait_log(peers[0].log, "standing by: epoch 1 holds the store")
         rate = asyncio.run(ingest(gw.url, streams, publishers, seconds))
+        assert gw.gateway is not None
+        live = [gw.gateway, peers[0].proc]
         gaps = []
-        owner = gw.gateway
-        for epoch in range(2, handovers + 2):
-            assert owner is not None
-            gaps.append(asyncio.run(next_ack_after(gw.url, partial(stop, owner, signal.SIGKILL))))
-            taker = next(p for p in peers if f"owner of the store as epoch {epoch}" in p.text())
-            owner = taker.proc
-            peers.append(Peer(gw, f"gateway-{epoch}", gw.gateway_env))  # the next standby
-            wait_log(peers[-1].log, f"standing by: epoch {epoch} holds the store")
+
+        def kill(leader: str) -> None:
+            """``kill -9`` of the gateway named ``leader`` (``<leaf name>-<host>-<pid>``)."""
+            proc = next(p for p in live if leader.endswith(f"-{p.pid}"))
+            stop(proc, signal.SIGKILL)
+            live.remove(proc)
+
+        for n in range(2, handovers + 2):
+            gaps.append(asyncio.run(next_ack_after(gw.url, kill)))
+            peers.append(Peer(gw, f"gateway-{n}", gw.gateway_env))  # two gateways again
+            wait_log(peers[-1].log, "jetlake serving")
+            live.append(peers[-1].proc)
             asyncio.run(_drop_stream(gw.url, "H"))
         return {
             "msgs_per_s": round(rate),
