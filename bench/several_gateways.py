@@ -36,7 +36,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
-from tests.harness import Jetlake, Peer, moto_s3, s3_options, stop, wait_log
+from tests.harness import Jetlake, Peer, ReferenceJetStream, moto_s3, s3_options, stop, wait_log
 
 Result = dict[str, Any]
 
@@ -178,6 +178,27 @@ def two_gateways(
         gw.stop()
 
 
+def jetstream(work: Path, streams: int, publishers: int, seconds: float) -> Result:
+    """The same ingest on the real JetStream (one server, a file store, ``sync_interval: always``
+    as jetlake syncs every commit): what the gateways' rates are set against."""
+    server = ReferenceJetStream(work, sync_interval="always")
+    server.start()
+    try:
+        return {
+            "jetstream_always_msgs_per_s": round(
+                asyncio.run(ingest(server.url, streams, publishers, seconds))
+            )
+        }
+    finally:
+        server.stop()
+
+
+def _ratios(out: Result, jetlake: dict[str, int]) -> None:
+    """Each jetlake rate over the real JetStream's of the same run."""
+    reference = out["jetstream_always_msgs_per_s"]
+    out["ratios"] = {name: round(rate / reference, 2) for name, rate in jetlake.items()}
+
+
 async def _drop_stream(url: str, name: str) -> None:
     async with await nats.connect(url) as nc:
         await nc.jetstream().delete_stream(name)
@@ -198,14 +219,17 @@ def spread(work: Path, streams: int, publishers: int, seconds: float, s3: dict[s
             for peer in peers:
                 stop(peer.proc)
             gw.stop()
-    return {
+    out: Result = {
         "workload": "several_gateways spread",
         "store": "s3 (moto)" if s3 is not None else "local",
         "streams": streams,
         "publishers_per_stream": publishers,
         "one_gateway_msgs_per_s": rates[0],
         "two_gateways_msgs_per_s": rates[1],
+        **jetstream(work / "jetstream", streams, publishers, seconds),
     }
+    _ratios(out, {"one_gateway": rates[0], "two_gateways": rates[1]})
+    return out
 
 
 def run(
@@ -219,6 +243,10 @@ def run(
     }
     out["one_gateway_msgs_per_s"] = round(one_gateway(work / "one", streams, publishers, seconds, s3))
     out["two_gateways"] = two_gateways(work / "two", streams, publishers, seconds, handovers, s3)
+    out |= jetstream(work / "jetstream", streams, publishers, seconds)
+    _ratios(
+        out, {"one_gateway": out["one_gateway_msgs_per_s"], "two_gateways": out["two_gateways"]["msgs_per_s"]}
+    )
     return out
 
 

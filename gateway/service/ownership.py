@@ -52,7 +52,8 @@ class Ownership:
         self._heard: dict[str, tuple[int, float]] = {}
         #: The epoch held (0: none yet).
         self.epoch = 0
-        #: Set when the store was lost (a newer epoch, or a commit that was fenced).
+        #: Set when the store lease was lost (a newer epoch found by :meth:`hold`): its holder is no
+        #: longer the meta owner.
         self.lost = asyncio.Event()
         #: time.monotonic() of this gateway's last announcement that was written: while less than
         #: a lease old, no meta owner can have judged it gone (per-stream ownership).

@@ -23,7 +23,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, TypeVar
 
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
@@ -32,6 +33,7 @@ from storage_delta.commit.lease import Placement
 from storage_delta.tables.removals import PlacedStream, StreamReplicas
 
 log = logging.getLogger(__name__)
+Entry = TypeVar("Entry")
 
 
 class Placing:
@@ -67,12 +69,7 @@ class Placing:
         known, live, owners = self._view
         self._new[name] = (PlacedStream.of(config), time.monotonic())
         streams = {**known, **{s: placed for s, (placed, _) in self._new.items()}}
-        return place(
-            {s: p.num_replicas for s, p in streams.items()},
-            live,
-            self._current() | owners,
-            {s: p.origins for s, p in streams.items()},
-        ).get(name)
+        return _placed(streams, live, self._current() | owners).get(name)
 
     def _current(self) -> dict[str, str]:
         """The streams held here (created here, not placed yet) and those whose create went to
@@ -128,12 +125,7 @@ class Placing:
                 live = [name for name in heard if name not in gone]
                 # the streams it created itself count as its own until first placed
                 current = self._current() | recorded.owners
-                owners = place(
-                    {name: s.num_replicas for name, s in streams.items()},
-                    live,
-                    current,
-                    {name: s.origins for name, s in streams.items()},
-                )
+                owners = _placed(streams, live, current)
                 handovers = self._handovers(current, owners, live)
                 placement = Placement(ownership.epoch, owners, handovers)
                 if placement != recorded:
@@ -149,12 +141,8 @@ class Placing:
                 self._view = (streams, live, owners)
                 # in the catalog now, or a create that did not come about (refused, never sent on)
                 since = time.monotonic() - ownership.lease_s
-                self._new = {
-                    s: (p, at) for s, (p, at) in self._new.items() if s not in streams and at > since
-                }
-                gateway.forwarded = {
-                    s: (g, at) for s, (g, at) in gateway.forwarded.items() if s not in owners and at > since
-                }
+                self._new = _unsettled(self._new, streams, since)
+                gateway.forwarded = _unsettled(gateway.forwarded, owners, since)
                 gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
@@ -229,3 +217,23 @@ class Placing:
             del self._awaited[stream]
             return True
         return False
+
+
+def _placed(
+    streams: Mapping[str, PlacedStream], live: list[str], current: Mapping[str, str]
+) -> dict[str, str]:
+    """:func:`place` over the catalog's view of the streams."""
+    return place(
+        {name: s.num_replicas for name, s in streams.items()},
+        live,
+        current,
+        {name: s.origins for name, s in streams.items()},
+    )
+
+
+def _unsettled(
+    entries: dict[str, tuple[Entry, float]], settled: Collection[str], since: float
+) -> dict[str, tuple[Entry, float]]:
+    """``entries`` (stream → what, since when) without the streams ``settled`` (in the catalog,
+    or placed) and those older than ``since`` (a create that did not come about)."""
+    return {s: (e, at) for s, (e, at) in entries.items() if s not in settled and at > since}
