@@ -288,10 +288,17 @@ class Peer:
     """Another gateway on the same hub and store root, with a log of its own."""
 
     def __init__(
-        self, gw: Jetlake, name: str, env: dict[str, str] | None = None, leaf_url: str | None = None
+        self,
+        gw: Jetlake,
+        name: str,
+        env: dict[str, str] | None = None,
+        leaf_url: str | None = None,
+        host: str | None = None,
     ) -> None:
         self.log = gw.workdir / f"{name}.log"
         command = gw.gateway_command(free_port(), leaf_url)
+        if host is not None:  # a host name of its own (a UTS namespace): as if on another machine
+            command = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', host, *command]
         self.proc: subprocess.Popen[bytes] = spawn(
             command, self.log, env={**os.environ, **(env or {})}, cwd=ROOT
         )

@@ -123,11 +123,13 @@ def two_gateways(
     cluster: bool = False,
     root: StoreRoot | None = None,
     env: dict[str, str] | None = None,
+    hosts: tuple[str, str] | None = None,
 ) -> Result:
     """Two per-stream gateways on one root (a local one, or ``root``: an object store) for
     ``scenario``, on one hub node or (``cluster``) as leaves of nodes 0 and 1 of a 3-node hub
-    cluster with the client on node 2; S and T spread over them. Afterwards every table's log
-    shows each stream's epochs never going down."""
+    cluster with the client on node 2, each with a host name of its own (``hosts``: neither can
+    tell from the other's pid that it is gone) or both on this one; S and T spread over them.
+    Afterwards every table's log shows each stream's epochs never going down."""
     gw = Jetlake(tmp_path)  # the store root and the gateway command
     gw.gateway_env = dict(env or {})
     if root is not None:
@@ -139,16 +141,24 @@ def two_gateways(
     urls: tuple[str, ...]
     store = root or StoreRoot(str(gw.data_root))
     try:
-        if hub is None:
+        host_a, host_b = hosts or (None, None)
+        if hub is None and hosts is None:
             gw.start()
             assert gw.gateway is not None
             first, urls = (gw.gateway, gw.workdir / "gateway.log"), (gw.url,)
+        elif hub is None:
+            gw.workdir.mkdir(parents=True, exist_ok=True)
+            gw.start_server()
+            peers.append(Peer(gw, "gateway-a", gw.gateway_env, host=host_a))
+            wait_log(peers[0].log, "owner of the store as epoch 1")
+            first, urls = (peers[0].proc, peers[0].log), (gw.url,)
         else:
             hub.start()
-            peers.append(Peer(gw, "gateway-a", gw.gateway_env, leaf_url=hub.leaf_url(0)))
+            peers.append(Peer(gw, "gateway-a", gw.gateway_env, leaf_url=hub.leaf_url(0), host=host_a))
             wait_log(peers[0].log, "owner of the store as epoch 1")
             first, urls = (peers[0].proc, peers[0].log), tuple(hub.url(n) for n in range(3))
-        peers.append(Peer(gw, "gateway-b", gw.gateway_env, leaf_url=hub.leaf_url(1) if hub else None))
+        leaf_b = hub.leaf_url(1) if hub else None
+        peers.append(Peer(gw, "gateway-b", gw.gateway_env, leaf_url=leaf_b, host=host_b))
         wait_log(peers[-1].log, "jetlake serving")
         procs, logs = (first[0], peers[-1].proc), (first[1], peers[-1].log)
         result = asyncio.run(_spread_then(procs, logs, urls, store, scenario))
@@ -191,9 +201,15 @@ def test_kill_9_of_one_streams_owner_moves_only_that_stream_within_2_s(tmp_path:
     assert other_gap < 0.5
 
 
-async def _two_streams_one_killed(t: Spread, per_stream: int = 120) -> tuple[float, float]:
+async def _two_streams_one_killed(
+    t: Spread, per_stream: int = 120, kill_meta: bool | None = None
+) -> tuple[float, float]:
+    """``kill -9`` of S's owner, or (``kill_meta``) of the meta owner's stream's (the first
+    gateway started) or the other's."""
     root, nc, js, placed = t.root, t.nc, t.js, t.placed
     killed_stream, other = "S", "T"
+    if kill_meta is not None and (owner_index(t, placed["S"]) == 0) != kill_meta:
+        killed_stream, other = "T", "S"
     # reaped by ``stop``: a zombie would still look alive to the survivor's look at its pid
     kill = partial(stop, t.procs[owner_index(t, placed[killed_stream])], signal.SIGKILL)
 
@@ -213,8 +229,8 @@ async def _two_streams_one_killed(t: Spread, per_stream: int = 120) -> tuple[flo
                 killed_at.append(time.monotonic())
 
     expected = {f"{killed_stream}-{i}" for i in range(per_stream)}
-    sub = await js.pull_subscribe("s.>", "C", stream="S")
-    consumer = Acker(js, sub, expected, killed_at, stream="S")
+    sub = await js.pull_subscribe(f"{killed_stream.lower()}.>", "C", stream=killed_stream)
+    consumer = Acker(js, sub, expected, killed_at, stream=killed_stream)
     await asyncio.wait_for(
         asyncio.gather(publisher("S"), publisher("T"), consumer.run(per_stream)), timeout=120
     )
@@ -232,6 +248,22 @@ async def _two_streams_one_killed(t: Spread, per_stream: int = 120) -> tuple[flo
     around = [t for t in acked[other] if killed_at[0] - 1 < t < killed_at[0] + 3]
     other_gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
     return moved_in, other_gap
+
+
+@pytest.mark.parametrize("kill_meta", [True, False], ids=["meta-owner", "other"])
+def test_kill_9_of_a_gateway_on_another_host_moves_its_stream_within_2_s(
+    tmp_path: Path, kill_meta: bool
+) -> None:
+    """Gateways on two hosts (a host name each): neither can tell from the other's pid that it is
+    gone, and with a lease of 5 s the store alone would say so after 5 s. The hub says so at once
+    (it withdraws the killed gateway's subscriptions), so its stream moves within 2 s, whether it
+    held the store lease (the meta owner) or not."""
+    scenario = partial(_two_streams_one_killed, kill_meta=kill_meta)
+    lease = {"JETLAKE_OWNER_LEASE_MS": "5000"}
+    moved_in, other_gap = two_gateways(tmp_path, scenario, env=lease, hosts=("host-a", "host-b"))
+    print(f"another host: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, gap {other_gap:.2f} s")
+    assert moved_in < 2.0
+    assert other_gap < 0.5
 
 
 def test_a_paused_streams_owner_is_fenced_and_drops_only_that_stream(tmp_path: Path) -> None:

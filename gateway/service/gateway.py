@@ -45,6 +45,7 @@ from gateway.runtime.settings import Settings
 from gateway.runtime.tasks import TaskOwner
 from gateway.service.dispatcher import LinkDispatcher
 from gateway.service.gathering import Gathering
+from gateway.service.gathering import digest as gathering_digest
 from gateway.service.ownership import Ownership, StreamClaims
 from gateway.wire import protocol
 from gateway.wire.leaf import LeafConnection
@@ -137,8 +138,8 @@ class Gateway:
         self._served: dict[str, asyncio.Event] = {}
         #: Per stream: the streams of the claims under way.
         self._claiming: set[str] = set()
-        #: Per stream: the account-wide answers' gathering (set at start).
-        self._gathering: Gathering | None = None
+        #: Per stream: the account-wide answers, forwarded creates and presence on the hub.
+        self.gathering: Gathering | None = None
         self.tasks = TaskOwner()
         self.reader = MessageReader(self.root)
         self.cold = ColdReader(self.reader, self.executor)
@@ -151,6 +152,7 @@ class Gateway:
         #: Per-stream ownership: the tables a claim fences (every table a stream's rows go to).
         self._tables: tuple[MessageTable, CatalogTable, RemovalLog, AckLogTable] | None = None
         self._stop_dropping: Callable[[], None] | None = None
+        self._stop_watching: Callable[[], None] | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -306,15 +308,16 @@ class Gateway:
             dispatcher.served = self.served
             leaf.admits = self._admits
             assert self.ownership is not None
-            self._gathering = Gathering(
+            self.gathering = Gathering(
                 settings.domain,
                 self.ownership.name,
                 leaf,
                 lambda: {**stream_api.summary(), "pending": self._pending()},
             )
-            self._gathering.subscribe()
-            dispatcher.on_gathering = self._gathering.on_msg
-            self._gathering.on_forwarded = dispatcher.forwarded
+            self.gathering.subscribe()
+            self._stop_watching = self.gathering.presence.connect(self._presence)
+            dispatcher.on_gathering = self.gathering.on_msg
+            self.gathering.on_forwarded = dispatcher.forwarded
             dispatcher.forwards = self.forwards
             stream_api.others = self._others
         sourcing.start()
@@ -409,7 +412,7 @@ class Gateway:
         nowhere to the gateway :attr:`place_new` puts it on, unless that is this one. A request
         whose config does not parse is answered here (its error is the same everywhere)."""
         ownership = self.ownership
-        if self.place_new is None or self._gathering is None or self.core is None or ownership is None:
+        if self.place_new is None or self.gathering is None or self.core is None or ownership is None:
             return False
         if not self.meta or self.followed < ownership.epoch:
             return False
@@ -424,7 +427,7 @@ class Gateway:
         if target is None or target == ownership.name:
             return False
         self.forwarded[name] = (target, time.monotonic())
-        self._gathering.forward(target, msg)
+        self.gathering.forward(target, msg)
         return True
 
     def awaits(self, stream: str) -> bool:
@@ -483,9 +486,9 @@ class Gateway:
     async def _others(self) -> Others:
         """Per stream, ``StreamApi.others``: the other live gateways' streams and usage, gathered;
         the streams placed on a gateway that did not answer in time are ``missing``."""
-        assert self._gathering is not None, "per stream, started"
+        assert self.gathering is not None, "per stream, started"
         assert self.ownership is not None, "per stream"
-        answers = await self._gathering.gather([name for name, _ in self.ownership.gateways().standbys])
+        answers = await self.gathering.gather([name for name, _ in self.ownership.gateways().standbys])
         streams: dict[str, Mapping[str, Any]] = {}
         usage = Usage()
         pending = set(self._pending())
@@ -551,6 +554,13 @@ class Gateway:
         assert self.claims is not None
         if self.claims.held.epoch(name) is None and name not in await self.claim([name]):
             raise StreamFenced(frozenset({name}))
+
+    def _presence(self, digest: str, present: bool) -> None:
+        """``Gathering.presence``: which of the gateways this one heard of came or went."""
+        assert self.ownership is not None, "per stream"
+        for name in self.ownership.heard():
+            if gathering_digest(name) == digest:
+                self.ownership.on_hub(name, present)
 
     def _dropped(self, names: frozenset[str]) -> None:
         """``StreamClaims.dropped``: a newer owner fenced these streams; they leave this gateway
@@ -669,6 +679,10 @@ class Gateway:
         or fail)."""
         if self._stop_dropping is not None:
             self._stop_dropping()
+        if self._stop_watching is not None:
+            self._stop_watching()
+        if self.gathering is not None:
+            self.gathering.close()
         if self.sourcing is not None:
             self.sourcing.close()
 

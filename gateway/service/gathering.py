@@ -15,6 +15,13 @@ it, to the gateway placed (``$JLK.<domain>.F.<digest of its name>.<the API subje
 reply subject kept), which creates and answers it. A real cluster places a stream when it creates
 it; a stream created on the meta owner and moved afterwards would leave its first requests
 unanswered while it moves.
+
+The forwarding subscription doubles as each gateway's **presence** on the hub: the hub tells every
+leaf of every other leaf's subscriptions (``LS+``/``LS-``), and it withdraws a gateway's within
+milliseconds of its connection closing (``kill -9``, a crash, a cut link), where the store learns
+of it only when a lease of announcements has gone by (:attr:`Gathering.presence`). And the meta
+owner says on ``$JLK.<domain>.PLACED`` that it recorded a new placement, so that the others follow
+it at once rather than at their next read of the record (:attr:`Gathering.placed`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
+from gateway.runtime.signals import Signal
 from gateway.wire.leaf import LeafConnection
 from gateway.wire.protocol import Msg
 
@@ -50,11 +58,19 @@ class Gathering:
         self.request_subject = f"{PREFIX}{domain}.STREAMS"
         self._domain = domain
         # a gateway's name holds its host's dots: the subjects carry a digest of it
-        token = _token(name)
+        token = digest(name)
         self._reply_prefix = f"{PREFIX}{domain}.R.{token}."
         self._forwarded_prefix = self.forward_prefix(name)
         #: Told of a request another gateway forwarded here (its subject the client's again).
         self.on_forwarded: Callable[[Msg], None] | None = None
+        self._placed_subject = f"{PREFIX}{domain}.PLACED"
+        #: Told when the meta owner says it recorded a placement.
+        self.placed: Signal[[]] = Signal()
+        #: Told when another gateway's presence on the hub comes (True) or goes (False), by the
+        #: digest of its name (:func:`digest`).
+        self.presence: Signal[[str, bool]] = Signal()
+        self._presence_prefix = f"{PREFIX}{domain}.F."
+        self._stop_watching = leaf.interest.moved.connect(self._moved)
         self._asked = 0
         #: The gatherings under way: request number → the answers so far, and who to wake.
         self._open: dict[str, tuple[dict[str, dict[str, Any]], asyncio.Event, frozenset[str]]] = {}
@@ -63,9 +79,24 @@ class Gathering:
         self._leaf.subscribe(self.request_subject)
         self._leaf.subscribe(self._reply_prefix + ">")
         self._leaf.subscribe(self._forwarded_prefix + ">")
+        self._leaf.subscribe(self._placed_subject)
+
+    def close(self) -> None:
+        self._stop_watching()
+
+    def say_placed(self) -> None:
+        """Meta owner: a new placement is recorded; the others read it now."""
+        self._leaf.publish(self._placed_subject, b"")
+
+    def _moved(self, subject: str, here: bool) -> None:
+        """``Interest.moved``: another gateway's forwarding subscription came or went."""
+        if subject.startswith(self._presence_prefix) and subject.endswith(".>"):
+            token = subject[len(self._presence_prefix) : -2]
+            if "." not in token and subject != self._forwarded_prefix + ">":
+                self.presence.emit(token, here)
 
     def forward_prefix(self, gateway: str) -> str:
-        return f"{PREFIX}{self._domain}.F.{_token(gateway)}."
+        return f"{PREFIX}{self._domain}.F.{digest(gateway)}."
 
     def forward(self, gateway: str, msg: Msg) -> None:
         """Hand the API request ``msg`` to ``gateway``, which answers the client."""
@@ -73,6 +104,9 @@ class Gathering:
 
     def on_msg(self, msg: Msg) -> None:
         """A request (answered with this gateway's summary) or an answer to one of its own."""
+        if msg.subject == self._placed_subject:
+            self.placed.emit()
+            return
         if msg.subject == self.request_subject:
             if msg.reply:
                 body = {"gateway": self.name, **self._summary()}
@@ -121,5 +155,6 @@ class Gathering:
         return answers
 
 
-def _token(name: str) -> str:
+def digest(name: str) -> str:
+    """What a gateway's subjects carry for its name (which holds its host's dots)."""
     return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()

@@ -11,11 +11,22 @@ writing it; the fence per stream in every commit is.
 Every tick each gateway, owner or standby, also announces itself (``Lease.announce``); the owner
 reads the announcements and judges a gateway live when its count changed within a lease by its
 own clock (:meth:`Ownership.gateways`, the streams' ``cluster`` view and replica placement).
+
+Waiting out a lease is how a gateway learns that another one on another machine is gone, and on
+an object store a lease shorter than a few seconds makes the gateways judge each other gone by
+their slow round trips. The hub knows sooner: a gateway's subscriptions are withdrawn within
+milliseconds of its connection closing (:class:`gateway.service.gathering.Gathering`'s presence).
+A gateway whose presence the hub withdrew (:meth:`Ownership.on_hub`) counts as gone at once: its
+streams are placed elsewhere and, if it held the store lease, a standby claims the next epoch
+without waiting. That is safe whatever the cause, as every commit is fenced per stream; a gateway
+that is alive but cut off from the hub cannot serve its clients anyway, and finds its streams taken
+at its next commit of them or its next look at their leases.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -61,6 +72,42 @@ class Ownership:
         #: Per-stream ownership: every gateway reads the announcements (it answers its streams'
         #: ``cluster`` view and replica checks), not only the store's owner.
         self.listening = False
+        #: The gateways the hub withdrew (their connection closed), until they come back.
+        self._left: set[str] = set()
+        #: The ticks under way (:meth:`tick`), woken when a gateway leaves the hub.
+        self._ticking: set[asyncio.Event] = set()
+
+    def on_hub(self, name: str, present: bool) -> None:
+        """The hub has gateway ``name``'s presence again (``present``) or withdrew it: withdrawn,
+        it is not live from now on (its streams move, its store lease is free), and the ticks
+        under way end at once."""
+        if present:
+            self._left.discard(name)
+            return
+        if name == self.name or name in self._left:
+            return
+        self._left.add(name)
+        log.info("gateway %s left the hub", name)
+        for waker in self._ticking:
+            waker.set()
+
+    def departed(self) -> frozenset[str]:
+        """The gateways the hub withdrew."""
+        return frozenset(self._left)
+
+    async def tick(self) -> None:
+        """Wait a tick (a fifth of the lease), or less: until a gateway leaves the hub."""
+        waker = asyncio.Event()
+        self._ticking.add(waker)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waker.wait(), self.lease_s / TICKS_PER_LEASE)
+        finally:
+            self._ticking.discard(waker)
+
+    def _held_by_departed(self, beat: Beat | None) -> bool:
+        """``beat`` is of a gateway the hub withdrew (its name ends with its host and pid)."""
+        return beat is not None and any(n.endswith(f"-{beat.host}-{beat.pid}") for n in self._left)
 
     async def acquire(self) -> int:
         """Stand by until this process claims an epoch; returns it."""
@@ -73,7 +120,12 @@ class Ownership:
                 if seen is None and current and not self.lease.holder_gone(beat):
                     log.info("standing by: epoch %d holds the store", current)
                 seen, since = (current, beat), time.monotonic()
-            free = not current or self.lease.holder_gone(beat) or time.monotonic() - since >= self.lease_s
+            free = (
+                not current
+                or self.lease.holder_gone(beat)
+                or self._held_by_departed(beat)
+                or time.monotonic() - since >= self.lease_s
+            )
             if free and await asyncio.to_thread(self.lease.claim, current + 1):
                 self.epoch = current + 1
                 self.lost.clear()
@@ -83,7 +135,7 @@ class Ownership:
                     time.monotonic() - since,
                 )
                 return self.epoch
-            await asyncio.sleep(self.lease_s / TICKS_PER_LEASE)
+            await self.tick()
 
     async def hold(self) -> None:
         """Beat while no newer epoch is claimed; then set :attr:`lost` and return."""
@@ -136,11 +188,16 @@ class Ownership:
                 await asyncio.to_thread(self.lease.withdraw, name)
         for name in self._heard.keys() - counts.keys():
             del self._heard[name]
+        self._left &= counts.keys()
 
     def gateways(self) -> Gateways:
         """This gateway and the live standbys, by name."""
         now = time.monotonic()
-        live = sorted((name, now - at) for name, (_, at) in self._heard.items() if now - at < self.lease_s)
+        live = sorted(
+            (name, now - at)
+            for name, (_, at) in self._heard.items()
+            if now - at < self.lease_s and name not in self._left
+        )
         return Gateways(self.name, tuple((name, int(quiet * 1e9)) for name, quiet in live))
 
     def heard(self) -> list[str]:

@@ -7,7 +7,8 @@ meta owner places the store's streams over the live gateways every tick
 stream kept with its local mirror and source origins) and
 records the placement beside the member records under its store epoch
 (``Lease.record_placement``). Every gateway reads the record every tick (the lease is tick-based
-already: beats and announcements) and follows it: it claims the streams placed on it and hands
+already: beats and announcements), and at once when the meta owner says over the hub that it
+recorded one, and follows it: it claims the streams placed on it and hands
 over the ones placed on another gateway (``Gateway.release``). A record of an older meta owner
 than one already followed is ignored (a paused meta owner that wakes up writes one last record
 before it finds the store lost).
@@ -50,8 +51,11 @@ class Placing:
         self._moving: dict[str, tuple[str, float]] = {}
         #: Follower: the streams handed over to this gateway, since when it waits for the release.
         self._awaited: dict[str, float] = {}
-        #: Set when this gateway, as the meta owner, recorded a placement: it follows at once.
+        #: Set when a placement was recorded (by this gateway as the meta owner, or by the meta
+        #: owner that says so over the hub): the follower reads it at once.
         self._recorded = asyncio.Event()
+        assert gateway.gathering is not None, "started"
+        self._gathering = gateway.gathering
         #: Meta owner: what the last tick placed by (streams, live gateways, owners), for
         #: :meth:`place_new`.
         self._view: tuple[dict[str, PlacedStream], list[str], dict[str, str]] | None = None
@@ -116,7 +120,7 @@ class Placing:
             try:
                 streams = await asyncio.to_thread(catalog.read)
                 recorded = await asyncio.to_thread(ownership.lease.placement)
-                gone = await asyncio.to_thread(ownership.lease.gone_members)
+                gone = await asyncio.to_thread(ownership.lease.gone_members) | ownership.departed()
                 if time.monotonic() < settled:
                     heard = ownership.heard()
                 else:
@@ -131,6 +135,7 @@ class Placing:
                 if placement != recorded:
                     await asyncio.to_thread(ownership.lease.record_placement, placement)
                     self._recorded.set()  # this gateway follows at once, not at its next tick
+                    self._gathering.say_placed()  # and so do the others
                     moved = {s: g for s, g in owners.items() if recorded.owners.get(s) != g}
                     if moved:
                         log.info("placed %s over %d gateways", moved, len(live))
@@ -146,7 +151,7 @@ class Placing:
                 gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
-            await asyncio.sleep(self.tick_s)
+            await ownership.tick()  # or less: a gateway that left the hub is placed around now
 
     def _handovers(self, current: dict[str, str], owners: dict[str, str], live: list[str]) -> dict[str, str]:
         """The streams moving from a live gateway (stream → that gateway), kept for a lease after
@@ -166,6 +171,13 @@ class Placing:
     async def follow(self) -> None:
         """Every tick: the newest placement's streams of this gateway claimed, those placed on
         another gateway handed over, one after another."""
+        stop_hearing = self._gathering.placed.connect(self._recorded.set)
+        try:
+            await self._following()
+        finally:
+            stop_hearing()
+
+    async def _following(self) -> None:
         newest = 0
         while True:
             try:
@@ -176,7 +188,7 @@ class Placing:
                     self.gateway.followed = placement.epoch
             except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
                 log.exception("following the placement failed")
-            # a tick, or less when this gateway (the meta owner) has just recorded a placement
+            # a tick, or less when a placement has just been recorded (here, or said over the hub)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recorded.wait(), self.tick_s)
             self._recorded.clear()

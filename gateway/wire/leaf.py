@@ -37,6 +37,9 @@ class Interest:
         self._wild: dict[str, int] = {}
         #: Told after every change (consumer timers look at who listens then, not on a tick).
         self.changed: Signal[[]] = Signal()
+        #: Told of each plain subject the hub reported coming (True) or going (False), before
+        #: :attr:`changed`; not of a :meth:`clear`: a lost link says nothing of who left.
+        self.moved: Signal[[str, bool]] = Signal()
 
     def add(self, subject: str, queue: str | None = None) -> None:
         entry = (subject, queue or "")
@@ -44,6 +47,8 @@ class Interest:
             self._entries.add(entry)
             bucket = self._bucket(subject)
             bucket[subject] = bucket.get(subject, 0) + 1
+            if not queue:
+                self.moved.emit(subject, True)
         self.changed.emit()
 
     def remove(self, subject: str, queue: str | None = None) -> None:
@@ -56,6 +61,8 @@ class Interest:
                 bucket[subject] = n
             else:
                 del bucket[subject]
+            if not queue:
+                self.moved.emit(subject, False)
         self.changed.emit()
 
     def _bucket(self, subject: str) -> dict[str, int]:
