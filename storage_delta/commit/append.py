@@ -59,6 +59,7 @@ from storage_delta.commit.store import (
     open_or_create,
     write_data_file,
 )
+from storage_delta.commit.txns import app_version
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,11 @@ class TableAppender:
             return known[1]
         version = dt.version()
         try:
-            epoch = dt.transaction_version(stream_owner_app(stream)) or 0
+            epoch = app_version(self.root, self.spec.name, dt, stream_owner_app(stream))
         except DeltaError:
             catch_up(dt)
             version = dt.version()
-            epoch = dt.transaction_version(stream_owner_app(stream)) or 0
+            epoch = app_version(self.root, self.spec.name, dt, stream_owner_app(stream))
         self._epochs[stream] = (version, epoch)
         return epoch
 
@@ -291,9 +292,9 @@ class TableAppender:
         if self.app_id is None:
             return 0
         catch_up(self.dt)
-        check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+        check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
         if self.streams is None:
-            return self.dt.transaction_version(self.app_id) or 0
+            return app_version(self.root, self.spec.name, self.dt, self.app_id)
         # Fenced per stream: the newest of our versions among the streams we still hold (a
         # fenced stream's count goes on under its new owner and says nothing of ours).
         held = self.streams.streams()
@@ -302,7 +303,7 @@ class TableAppender:
             [
                 0,  # (a stream not yet committed by us holds a version below our base, or none)
                 *(
-                    (self.dt.transaction_version(self.dedup_app(s)) or 0) - b[1]
+                    app_version(self.root, self.spec.name, self.dt, self.dedup_app(s)) - b[1]
                     for s in ours
                     if (b := self._bases.get(s)) is not None and b[0] == self.streams.epoch(s)
                 ),
@@ -313,7 +314,7 @@ class TableAppender:
         """The newest version the table holds of another app id (a stream source's position)."""
         with self._lock:
             catch_up(self.dt)
-            return self.dt.transaction_version(app_id) or 0
+            return app_version(self.root, self.spec.name, self.dt, app_id)
 
     def next_version(self) -> int:
         """The version the next commit should carry: one past what is committed or in hand."""
@@ -382,7 +383,7 @@ class TableAppender:
                 # let delta-rs judge it from now on unless it still allows blind appends.
                 catch_up(self.dt)
                 self._jumped()
-                check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+                check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
                 if blind_appends_allowed(self.dt):
                     self._local.next_version = self.dt.version() + 1
                     self._local.append(adds, txn, more_txns, unsynced, streams)
@@ -398,9 +399,9 @@ class TableAppender:
         The log appender goes on from here if it did not land."""
         catch_up(self.dt)
         self._jumped()
-        check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+        check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
         self._check_streams(streams)
-        return txn is not None and (self.dt.transaction_version(txn[0]) or 0) >= txn[1]
+        return txn is not None and app_version(self.root, self.spec.name, self.dt, txn[0]) >= txn[1]
 
     def _commit_delta_rs(
         self,
@@ -420,7 +421,7 @@ class TableAppender:
         for attempt in range(self._retries + 1):
             # A handle loaded after a newer owner's fence (hygiene's fresh one) commits on top of it
             # without a conflict: the fence must be looked for in its snapshot first.
-            check_epoch(self.dt.transaction_version(OWNER_APP) or 0, self.epoch)
+            check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
             self._check_streams(streams)
             try:
                 partitions = list(self.spec.partition_by)

@@ -51,6 +51,7 @@ from storage_delta.commit.store import (
     open_or_create,
     read_checked,
 )
+from storage_delta.commit.txns import app_version
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +392,7 @@ class ObjectStoreLease(Lease):
 
     def current(self) -> int:
         catch_up(self._claims)
-        return self._claims.transaction_version(OWNER_APP) or 0
+        return app_version(self.root, LEASE_DIR, self._claims, OWNER_APP)
 
     def claim(self, epoch: int) -> bool:
         if self.current() != epoch - 1:
@@ -405,7 +406,7 @@ class ObjectStoreLease(Lease):
 
     def stream_current(self, stream: str) -> int:
         catch_up(self._claims)
-        return self._claims.transaction_version(stream_owner_app(stream)) or 0
+        return app_version(self.root, LEASE_DIR, self._claims, stream_owner_app(stream))
 
     def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
         if self.stream_current(stream) != epoch - 1:

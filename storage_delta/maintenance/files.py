@@ -20,8 +20,9 @@ import logging
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from urllib.parse import unquote
 
 import numpy as np
@@ -48,6 +49,7 @@ from storage_delta.commit.store import (
     retry_listing,
     write_data_file,
 )
+from storage_delta.commit.txns import app_version
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import verified_bytes
 
@@ -232,7 +234,7 @@ def swap_actions(
             return False
     # A gateway's swap (its compaction) stops at a newer owner's fence like its appends: one in the
     # version planned on, or (below) one among the commits landed since.
-    check_epoch(dt.transaction_version(OWNER_APP) or 0, root.epoch)
+    check_epoch(app_version(root, table, dt, OWNER_APP), root.epoch)
     local = root.local_path()
     if local is not None and blind_appends_allowed(dt):
         try:
@@ -247,7 +249,8 @@ def swap_actions(
         except UnsupportedTable:
             catch_up(dt)  # delta-rs's commit judges the new protocol
     before = dt.version()
-    swapped = _swap_delta_rs(dt, schema, partitions, [*adds, *removes], wanted, retries, root.epoch)
+    versions = partial(app_version, root, table, dt)
+    swapped = _swap_delta_rs(dt, versions, schema, partitions, [*adds, *removes], wanted, retries, root.epoch)
     if swapped and root.local_path() is not None:
         catch_up(dt)
         root.settle_log_entries(table, before + 1, dt.version())
@@ -260,6 +263,7 @@ def _live_paths(dt: DeltaTable) -> set[str]:
 
 def _swap_delta_rs(
     dt: DeltaTable,
+    versions: Callable[[str], int],
     schema: pa.Schema,
     partitions: list[str],
     actions: list[AddAction | RemoveAction],
@@ -268,10 +272,11 @@ def _swap_delta_rs(
     epoch: int | None = None,
 ) -> bool:
     """The swap through delta-rs's commit (object stores), retrying races lost to appends; a
-    newer owner's epoch in the version caught up to stops it (``epoch``: the writer's)."""
-    version = (dt.transaction_version(APP_ID) or 0) + 1
+    newer owner's epoch in the version caught up to stops it (``epoch``: the writer's);
+    ``versions``: an app id's version in ``dt``'s snapshot."""
+    version = versions(APP_ID) + 1
     for attempt in range(retries + 1):
-        check_epoch(dt.transaction_version(OWNER_APP) or 0, epoch)
+        check_epoch(versions(OWNER_APP), epoch)
         if not wanted <= _live_paths(dt):
             return False
         try:
@@ -281,7 +286,7 @@ def _swap_delta_rs(
             # Catch up on the commits that won (an incremental read, not a reload), so the next
             # try's window between its snapshot and its commit is as short as it can be.
             catch_up(dt)
-            if (dt.transaction_version(APP_ID) or 0) >= version:
+            if versions(APP_ID) >= version:
                 return True  # it landed although the call reported an error
             log.info("swap of %d files lost a race (attempt %d), retrying", len(wanted), attempt + 1)
             time.sleep(random.uniform(0, min(0.005 * 2**attempt, 0.1)))

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from storage_delta.commit.append import Part, TableAppender, TableSpec
 from storage_delta.commit.store import StoreRoot, open_existing
+from storage_delta.commit.txns import app_version
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.files import live_files
 from storage_delta.tables.catalog import CatalogTable
@@ -96,7 +97,7 @@ def latest_run(root: StoreRoot) -> LatestRun | None:
     dt = open_existing(root, sch.ACKFLOORS)
     if dt is None:
         return None
-    runs = dt.transaction_version(APP_ID) or 0
+    runs = app_version(root, sch.ACKFLOORS, dt, APP_ID)
     table = dt.to_pyarrow_table()
     if table.num_rows == 0:
         return LatestRun(runs, 0, [])
