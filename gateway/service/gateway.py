@@ -521,6 +521,23 @@ class Gateway:
             and (s in self._claiming or s in self._recovering or claims.held.epoch(s) is None)
         )
 
+    async def follow_tables(self) -> None:
+        """Per stream, on an object store: bring the tables' handles forward (a listing of each
+        log and a GET per entry since), the writers' and the message reader's, so that a claim
+        fences and recovers from them rather than catching up on every other gateway's commits
+        first (the writers') or replaying the log since its checkpoint (the reader's first load:
+        0.3 s in the S3 takeover test). A tick's work, beside the placement's read."""
+        if self.root.local_path() is not None or self._tables is None:
+            return
+        tables, reader = self._tables, self.reader
+
+        def follow() -> None:
+            for table in tables:
+                table.follow()
+            reader.stream_files("")
+
+        await asyncio.get_running_loop().run_in_executor(self.executor, follow)
+
     async def release(self, name: str) -> None:
         """Per stream: hand stream ``name`` over (placement moved it): its removals recorded, then
         it is no longer served, what was queued for it is committed (its publishers answered),

@@ -181,7 +181,9 @@ class Placing:
         newest = 0
         while True:
             try:
-                placement = await asyncio.to_thread(self.ownership.lease.placement)
+                placement, _ = await asyncio.gather(
+                    asyncio.to_thread(self.ownership.lease.placement), self.gateway.follow_tables()
+                )
                 if placement.epoch >= newest:
                     newest = placement.epoch
                     await self._follow(placement)

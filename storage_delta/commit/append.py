@@ -183,6 +183,13 @@ class TableAppender:
         (:meth:`take_unwritten`)."""
         return self.dt.version()
 
+    def follow(self) -> None:
+        """Bring the handle to the table's newest version (other gateways' commits), so that the
+        next commit, a claim's fence among them, does not catch up on all of them first."""
+        with self._lock:
+            catch_up(self.dt)
+            self._jumped()
+
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
         if self.streams is not None and streams:
@@ -573,3 +580,7 @@ class WriterTable:
     def version_now(self) -> int:
         """The table's version as its handle knows it (:meth:`TableAppender.version_now`)."""
         return self._appender.version_now()
+
+    def follow(self) -> None:
+        """:meth:`TableAppender.follow`."""
+        self._appender.follow()
