@@ -178,12 +178,16 @@ class Placing:
             stop_hearing()
 
     async def _following(self) -> None:
-        newest = 0
+        newest, recorded = 0, False
         while True:
             try:
-                placement, _ = await asyncio.gather(
-                    asyncio.to_thread(self.ownership.lease.placement), self.gateway.follow_tables()
-                )
+                # the tables' handles on a tick; a placement just recorded is followed at once
+                # (its claims catch up on what the last tick left)
+                reading = asyncio.to_thread(self.ownership.lease.placement)
+                if recorded:
+                    placement = await reading
+                else:
+                    placement, _ = await asyncio.gather(reading, self.gateway.follow_tables())
                 if placement.epoch >= newest:
                     newest = placement.epoch
                     await self._follow(placement)
@@ -191,8 +195,11 @@ class Placing:
             except Exception:  # a claim fenced by a newer one, the store out of reach: next tick
                 log.exception("following the placement failed")
             # a tick, or less when a placement has just been recorded (here, or said over the hub)
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._recorded.wait(), self.tick_s)
+                recorded = True
+            except TimeoutError:
+                recorded = False
             self._recorded.clear()
 
     async def _follow(self, placement: Placement) -> None:

@@ -35,7 +35,15 @@ from storage_delta.commit.durable import (
     sync_new_file,
     sync_tree,
 )
-from storage_delta.format.integrity import LINES_KEY, DamagedFile, crc_hex, lines_digest, read_verified
+from storage_delta.format.integrity import (
+    FETCH_AHEAD,
+    LINES_KEY,
+    DamagedFile,
+    crc_hex,
+    fetched_ahead,
+    lines_digest,
+    parse_verified,
+)
 
 
 class CommitConflict(Exception):
@@ -448,12 +456,16 @@ def read_checked(
     if adds is None:
         adds = add_actions(dt)
     tables, damaged = [schema.empty_table()], []
-    for add in adds:
-        path = str(add["path"])
+    by_path = {f"{base}/{name}/{add['path']}": add for add in adds}
+    ahead = FETCH_AHEAD if root.local_path() is None else 1
+    for full, buf in fetched_ahead(fs, list(by_path), ahead):
+        add = by_path[full]
         try:
-            tables.append(read_verified(fs, f"{base}/{name}/{path}", schema.names, schema))
+            if isinstance(buf, DamagedFile):
+                raise buf
+            tables.append(parse_verified(buf, full, schema.names, schema))
         except DamagedFile as exc:
-            damaged.append(DamagedAdd(path, exc.reason, add))
+            damaged.append(DamagedAdd(str(add["path"]), exc.reason, add))
     return pa.concat_tables(tables), damaged
 
 

@@ -23,7 +23,9 @@ import os
 import re
 import zlib
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +133,40 @@ class RowBounds:
         return table.filter(mask)
 
 
+#: Files fetched side by side from an object store (each a round trip or two of its own).
+FETCH_AHEAD = 8
+
+
+def fetched_ahead(
+    fs: pafs.FileSystem, paths: list[str], ahead: int
+) -> Iterator[tuple[str, pa.Buffer | DamagedFile]]:
+    """Each of ``paths`` with its verified bytes (:func:`verified_bytes`), or the
+    :class:`DamagedFile` that says why not, in order; up to ``ahead`` fetched side by side, so an
+    object store's round trips overlap (no more held at once, so a long list of large files
+    never sits in memory whole). ``ahead`` 1: one after another, on the calling thread."""
+
+    def fetch(path: str) -> pa.Buffer | DamagedFile:
+        try:
+            return verified_bytes(fs, path)
+        except DamagedFile as exc:
+            return exc
+
+    if ahead <= 1 or len(paths) <= 1:
+        for path in paths:
+            yield path, fetch(path)
+        return
+    with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="jetlake-fetch") as pool:
+        pending: deque[tuple[str, Future[pa.Buffer | DamagedFile]]] = deque()
+        for path in paths:
+            pending.append((path, pool.submit(fetch, path)))
+            if len(pending) >= ahead:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+
+
 def read_verified(
     fs: pafs.FileSystem,
     full: str,
@@ -141,7 +177,17 @@ def read_verified(
     """The file's rows within ``bounds`` (``columns`` of them, as ``schema`` types them; a column
     the file lacks comes as nulls), after its CRC-32 and every page checksum and the footer were
     checked; raises :class:`DamagedFile`."""
-    buf = verified_bytes(fs, full)
+    return parse_verified(verified_bytes(fs, full), full, columns, schema, bounds)
+
+
+def parse_verified(
+    buf: pa.Buffer,
+    full: str,
+    columns: list[str] | None,
+    schema: pa.Schema,
+    bounds: RowBounds | None = None,
+) -> pa.Table:
+    """:func:`read_verified` of the bytes ``buf`` of file ``full`` (its CRC-32 checked already)."""
     wanted = schema.names if columns is None else columns
     looked_at = [c for c in (bounds.columns() if bounds else []) if c not in wanted]
     try:

@@ -21,7 +21,14 @@ from deltalake import DeltaTable
 
 from storage_delta.commit.store import StoreRoot, catch_up, open_existing
 from storage_delta.format import schema as sch
-from storage_delta.format.integrity import DamagedFile, RowBounds, read_verified, verified_bytes
+from storage_delta.format.integrity import (
+    FETCH_AHEAD,
+    DamagedFile,
+    RowBounds,
+    fetched_ahead,
+    parse_verified,
+    verified_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +100,14 @@ class MessageReader:
     def _verified_tables(
         self, files: list[DataFile], columns: list[str], bounds: RowBounds | None = None
     ) -> Iterator[pa.Table]:
-        for f in files:
-            if f.path in self.damaged:
-                continue
+        wanted = {f"{self._base}/{f.path}": f for f in files if f.path not in self.damaged}
+        ahead = FETCH_AHEAD if self.root.local_path() is None else 1
+        for full, buf in fetched_ahead(self._fs, list(wanted), ahead):
+            f = wanted[full]
             try:
-                table = read_verified(
-                    self._fs, f"{self._base}/{f.path}", columns, sch.MESSAGE_FILE_SCHEMA, bounds
-                )
+                if isinstance(buf, DamagedFile):
+                    raise buf
+                table = parse_verified(buf, full, columns, sch.MESSAGE_FILE_SCHEMA, bounds)
             except DamagedFile as exc:
                 self._found_damage(f, exc.reason)
                 continue
