@@ -211,6 +211,30 @@ def test_what_it_does_not_handle_is_left_to_delta_rs(tmp_path: Path, monkeypatch
     table.close()
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"add":{"size":1}}',
+        b'{"add":{"path":"p","size":"big","partitionValues":{}}}',
+        b"[1]",
+        b'{"a":1,"b":2}',
+    ],
+)
+def test_an_entry_that_is_not_delta_s_is_left_to_delta_rs(tmp_path: Path, line: bytes) -> None:
+    """An entry without digests (another writer's) whose line parses but is no action as Delta
+    writes it: the carried checkpoint declines (delta-rs judges it), it does not fail the round."""
+    root = StoreRoot(str(tmp_path))
+    table = MessageTable(root, checkpoint_every=10**9)
+    table.commit([message("S", 1)], 1)
+    table._appender.hygiene()
+    path = table_path(root)
+    base, _ = newest_checkpoint(path)
+    Path(path, "_delta_log", f"{base + 1:020d}.json").write_bytes(b'{"commitInfo":{}}\n' + line + b"\n")
+    with pytest.raises(Unsupported):
+        carried_checkpoint(path, base, base + 1, 0)
+    table.close()
+
+
 def test_the_tombstone_retention_is_read_as_delta_writes_it() -> None:
     assert (
         incremental.tombstone_retention_ms({"delta.deletedFileRetentionDuration": "interval 1 hours"})

@@ -70,26 +70,34 @@ def _since(log_dir: str, base: int, version: int) -> tuple[dict[str, Any], dict[
             raise Unsupported(f"entry {v}: {exc}") from exc
         if check_log_entry(body, creation=v == 0):
             raise Unsupported(f"entry {v} is damaged")
-        for raw in body.splitlines():
-            if not raw.strip():
-                continue
-            action = json.loads(raw)
-            if len(action) != 1:
-                raise Unsupported(f"entry {v}: a line of {len(action)} actions")
-            ((kind, body),) = action.items()
-            if kind == "commitInfo":
-                continue
-            if kind == "txn":
-                txns[body["appId"]] = body
-            elif kind == "add":
-                removes.pop(body["path"], None)
-                adds[body["path"]] = body
-            elif kind == "remove":
-                adds.pop(body["path"], None)
-                removes[body["path"]] = body
-            else:
-                raise Unsupported(f"entry {v}: a {kind} action")
+        try:
+            for raw in body.splitlines():
+                if raw.strip():
+                    _take(json.loads(raw), adds, removes, txns)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # not an action as Delta's
+            raise Unsupported(f"entry {v}: {exc!r}") from exc
     return adds, removes, txns
+
+
+def _take(
+    action: dict[str, Any], adds: dict[str, Any], removes: dict[str, Any], txns: dict[str, Any]
+) -> None:
+    """One line of an entry into the actions since (the newest on each path, each app id)."""
+    if len(action) != 1:
+        raise Unsupported(f"a line of {len(action)} actions")
+    ((kind, body),) = action.items()
+    if kind == "commitInfo":
+        return
+    if kind == "txn":
+        txns[str(body["appId"])] = body
+    elif kind == "add":
+        removes.pop(body["path"], None)
+        adds[str(body["path"])] = body
+    elif kind == "remove":
+        adds.pop(body["path"], None)
+        removes[str(body["path"])] = body
+    else:
+        raise Unsupported(f"a {kind} action")
 
 
 def _row(kind: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +180,11 @@ def carried_checkpoint(table_path: str, base: int, version: int, now_ms: int) ->
         ),
         *(_row("txn", t) for t in txns.values()),
     ]
-    return pa.concat_tables([prev.filter(keep), pa.Table.from_pylist(fresh, schema=prev.schema)])
+    try:
+        added = pa.Table.from_pylist(fresh, schema=prev.schema)
+    except (pa.ArrowException, TypeError, ValueError) as exc:  # a field of another type than Delta's
+        raise Unsupported(f"entries {base + 1}..{version}: {exc}") from exc
+    return pa.concat_tables([prev.filter(keep), added])
 
 
 def write_carried(table: pa.Table, stage_log: str, version: int) -> dict[str, int]:
