@@ -175,16 +175,23 @@ def test_a_carried_checkpoint_drops_tombstones_as_they_expire(tmp_path: Path) ->
     table.close()
 
 
-def test_what_it_does_not_handle_is_left_to_delta_rs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A metaData change since the previous checkpoint, and a previous checkpoint that does not
-    match its digest: the carried checkpoint declines, and delta-rs's checkpoint is written
-    instead (it holds the change)."""
+def checkpointed_once(tmp_path: Path) -> tuple[StoreRoot, MessageTable, str, int]:
+    """A table of one message with its first checkpoint (delta-rs's): the root, the writer, the
+    table's path and the checkpoint's version."""
     root = StoreRoot(str(tmp_path))
     table = MessageTable(root, checkpoint_every=10**9)
     table.commit([message("S", 1)], 1)
     table._appender.hygiene()
     path = table_path(root)
     base, _ = newest_checkpoint(path)
+    return root, table, path, base
+
+
+def test_what_it_does_not_handle_is_left_to_delta_rs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metaData change since the previous checkpoint, and a previous checkpoint that does not
+    match its digest: the carried checkpoint declines, and delta-rs's checkpoint is written
+    instead (it holds the change)."""
+    root, table, path, base = checkpointed_once(tmp_path)
     digest = checkpoint_digest_path(path, base)
     good = Path(digest).read_text()
     Path(digest).write_text("00000000")
@@ -223,12 +230,7 @@ def test_what_it_does_not_handle_is_left_to_delta_rs(tmp_path: Path, monkeypatch
 def test_an_entry_that_is_not_delta_s_is_left_to_delta_rs(tmp_path: Path, line: bytes) -> None:
     """An entry without digests (another writer's) whose line parses but is no action as Delta
     writes it: the carried checkpoint declines (delta-rs judges it), it does not fail the round."""
-    root = StoreRoot(str(tmp_path))
-    table = MessageTable(root, checkpoint_every=10**9)
-    table.commit([message("S", 1)], 1)
-    table._appender.hygiene()
-    path = table_path(root)
-    base, _ = newest_checkpoint(path)
+    _, table, path, base = checkpointed_once(tmp_path)
     Path(path, "_delta_log", f"{base + 1:020d}.json").write_bytes(b'{"commitInfo":{}}\n' + line + b"\n")
     with pytest.raises(Unsupported):
         carried_checkpoint(path, base, base + 1, 0)
