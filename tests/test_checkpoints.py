@@ -148,7 +148,8 @@ import sys
 from storage_delta.commit.durable import fsync_path
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
-table = MessageTable(StoreRoot(sys.argv[1], log_retention_s=0.0), checkpoint_every=3)
+root = StoreRoot(sys.argv[1], log_retention_s=0.0)
+table = MessageTable(root, checkpoint_every=3, checkpoint_min_interval_s=0.0)
 seq = table.last_txn_version()
 while True:
     seq += 1
@@ -506,3 +507,27 @@ def test_a_long_log_left_from_before_the_bound_is_trimmed_at_start(
     reopened.close()
     assert len([n for n in os.listdir(log_dir(root)) if n.endswith(".json")]) <= 50
     assert rows(root) == list(range(1, 201))
+
+
+def test_a_writer_checkpoints_at_most_once_per_interval_but_within_ten_intervals_of_commits(
+    tmp_path: Path,
+) -> None:
+    """With a shortest time between checkpoints (the ``messages`` writer's second), an interval
+    of commits starts a round only once that time has passed, and ten intervals start one
+    whatever the time: what a load replays stays bounded."""
+    table = MessageTable(StoreRoot(str(tmp_path)), checkpoint_every=5, checkpoint_min_interval_s=3600.0)
+    rounds: list[int] = []
+    table._appender.hygiene = lambda: rounds.append(table._appender._commits)  # type: ignore[method-assign]
+    for seq in range(1, 61):
+        table.commit([message(seq)], seq)
+    table.close()
+    assert rounds == [5, 55]  # the first at once (no round before it), the next 50 commits on
+    table = MessageTable(
+        StoreRoot(str(tmp_path / "quick")), checkpoint_every=5, checkpoint_min_interval_s=0.0
+    )
+    rounds = []
+    table._appender.hygiene = lambda: rounds.append(table._appender._commits)  # type: ignore[method-assign]
+    for seq in range(1, 21):
+        table.commit([message(seq)], seq)
+    table.close()
+    assert rounds == [5, 10, 15, 20]

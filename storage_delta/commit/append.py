@@ -15,9 +15,11 @@ The rules, in the order a commit meets them (docs/storage.md):
   of the next log file; it reads no table state), on an object store delta-rs commits it through a
   live handle; a lost race there is a :class:`CommitConflict`, after which the handle catches up and
   the txn marker decides between "it landed" and "try again", ``retries`` times;
-* every ``checkpoint_every`` commits a checkpoint and the log's trim run beside the commits, on a
-  thread of their own, one at a time, so a restart replays little and no commit waits for one, on
-  a root that syncs too (:mod:`storage_delta.commit.checkpoint`);
+* every ``checkpoint_every`` commits (and, for a table that asks, no sooner than
+  ``checkpoint_min_interval_s`` after the previous one unless ten intervals of commits have passed)
+  a checkpoint and the log's trim run beside the commits, on a thread of their own, one at a time,
+  so a restart replays little and no commit waits for one, on a root that syncs too
+  (:mod:`storage_delta.commit.checkpoint`);
 * on a root that syncs (``sync_interval`` ``always``) a commit's data files, its log entry and the
   directory entries it made are on stable storage when ``append`` returns
   (:mod:`storage_delta.commit.durable`).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -89,6 +92,7 @@ class TableAppender:
         retries: int = 5,
         log_keep_entries: int | None = None,
         streams: StreamEpochs | None = None,
+        checkpoint_min_interval_s: float = 0.0,
     ) -> None:
         self.root = root
         self.spec = spec
@@ -117,6 +121,9 @@ class TableAppender:
         )
         self._retries = retries
         self._checkpoint_every = checkpoint_every
+        self._checkpoint_min_interval_s = checkpoint_min_interval_s
+        #: This appender's commits when its last hygiene round started, and when (monotonic).
+        self._hygiene_at = (0, -float("inf"))
         #: The trim's bound on the log by entries (:func:`~storage_delta.commit.checkpoint.trim_log`).
         self._log_keep_entries = log_keep_entries
         #: Per stream, the epoch this appender fenced it under and the base of its count there
@@ -357,7 +364,7 @@ class TableAppender:
             if version is not None:
                 self._landed = version
             self._commits += 1
-            if self._commits % self._checkpoint_every == 0:
+            if self._checkpoint_due():
                 self._start_hygiene()
 
     def _commit(
@@ -477,12 +484,26 @@ class TableAppender:
                 self._start_hygiene()
         return newer
 
+    def _checkpoint_due(self) -> bool:
+        """Under ``_lock``: an interval of commits since the last round started, and the table's
+        shortest time between two rounds passed too, or ten intervals of commits (what a load
+        replays stays bounded). A checkpoint's cost grows with the live files and the entries it
+        takes in, not with the rows: of a table written one message per commit at hundreds of
+        commits a second, a round every 100 commits cost as much CPU as a tenth of the commits
+        themselves, with the loads its fresh handle and the compaction's catch-ups made (#23)."""
+        commits = self._commits - self._hygiene_at[0]
+        if commits < self._checkpoint_every:
+            return False
+        waited = time.monotonic() - self._hygiene_at[1]
+        return waited >= self._checkpoint_min_interval_s or commits >= 10 * self._checkpoint_every
+
     def _start_hygiene(self, checkpoint: bool = True) -> None:
         """Under ``_lock``: one pool, one round at a time, whichever thread asks."""
         if self._hygiene_running is not None and not self._hygiene_running.done():
-            return  # the previous round is still at it; the next interval tries again
+            return  # the previous round is still at it; a later commit tries again
         if self._hygiene_pool is None:
             self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
+        self._hygiene_at = (self._commits, time.monotonic())
         self._hygiene_running = self._hygiene_pool.submit(self.hygiene if checkpoint else self._trim)
 
     def _trim(self) -> None:
@@ -547,18 +568,32 @@ class WriterTable:
     LOG_KEEP_ENTRIES: int | None = None
     #: Whether each stream is fenced on its own (a commit may leave a stream's rows out).
     per_stream = False
+    #: The shortest time between two of the writer's checkpoints (besides ``checkpoint_every``
+    #: commits; see :meth:`TableAppender._checkpoint_due`).
+    CHECKPOINT_MIN_INTERVAL_S = 0.0
 
     def __init__(
         self,
         root: StoreRoot,
         checkpoint_every: int = 100,
         streams: StreamEpochs | None = None,
+        checkpoint_min_interval_s: float | None = None,
     ) -> None:
         self.root = root
         self.per_stream = streams is not None
         keep = self.LOG_KEEP_ENTRIES
         self._appender = TableAppender(
-            root, self.SPEC, self.APP_ID, checkpoint_every, log_keep_entries=keep, streams=streams
+            root,
+            self.SPEC,
+            self.APP_ID,
+            checkpoint_every,
+            log_keep_entries=keep,
+            streams=streams,
+            checkpoint_min_interval_s=(
+                self.CHECKPOINT_MIN_INTERVAL_S
+                if checkpoint_min_interval_s is None
+                else checkpoint_min_interval_s
+            ),
         )
 
     def fence_streams(self, streams: Collection[str], before: int) -> frozenset[str]:

@@ -45,12 +45,14 @@ import shutil
 import time
 import uuid
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.durable import fsync_path
+from storage_delta.commit.incremental import Unsupported, carried_checkpoint, write_carried
 from storage_delta.commit.store import StoreRoot, retry_listing
 from storage_delta.format.integrity import checkpoint_digest_path, record_checkpoint_digest
 
@@ -118,6 +120,45 @@ def _staged_checkpoint(root: StoreRoot, table_path: str, version: int) -> bool:
     stage = os.path.join(stages, uuid.uuid4().hex)  # its own: a job may checkpoint the table too
     stage_log = os.path.join(stage, "_delta_log")
     os.makedirs(stage_log)
+    carried = _carried(table_path, last, base, version)
+    if carried is not None:
+        names = _checkpoint_names(version, None)
+        write_carried(carried, stage_log, version)
+    else:
+        names = _delta_rs_checkpoint(log_dir, stage, last, base, version)
+    for file_name in [*names, "_last_checkpoint"]:
+        fsync_path(os.path.join(stage_log, file_name))  # bytes down before the name is in the log
+    # The checkpoint first: a ``_last_checkpoint`` naming a checkpoint not yet there would send
+    # every reader to a missing file.
+    for file_name in [*names, "_last_checkpoint"]:
+        os.replace(os.path.join(stage_log, file_name), os.path.join(log_dir, file_name))
+    if root.fsync:
+        fsync_path(log_dir)
+    elif root.unsynced is not None:
+        root.unsynced.log([os.path.join(log_dir, n) for n in [*names, "_last_checkpoint"]], log_dir)
+    shutil.rmtree(stage, ignore_errors=True)
+    return True
+
+
+def _carried(table_path: str, last: dict[str, object] | None, base: int, version: int) -> pa.Table | None:
+    """The checkpoint at ``version`` carried forward from the one at ``base``
+    (:mod:`storage_delta.commit.incremental`); None where delta-rs makes it (no previous
+    checkpoint, one of several parts, an entry it does not handle)."""
+    if last is None or _checkpoint_names(base, last.get("parts")) != [f"{base:020d}.checkpoint.parquet"]:
+        return None
+    try:
+        return carried_checkpoint(table_path, base, version, int(time.time() * 1000))
+    except Unsupported as exc:
+        log.info("checkpoint at %d of %s by delta-rs: %s", version, table_path, exc)
+        return None
+
+
+def _delta_rs_checkpoint(
+    log_dir: str, stage: str, last: dict[str, object] | None, base: int, version: int
+) -> list[str]:
+    """delta-rs's checkpoint at ``version`` in the stage, without merge tombstones; returns its
+    file names."""
+    stage_log = os.path.join(stage, "_delta_log")
     # What a load of ``version`` reads: the previous checkpoint and the entries after it. Links, not
     # copies: entries and checkpoints are never rewritten.
     linked = _checkpoint_names(base, last.get("parts")) if last is not None else []
@@ -133,18 +174,7 @@ def _staged_checkpoint(root: StoreRoot, table_path: str, version: int) -> bool:
         raise RuntimeError(f"delta-rs wrote no checkpoint at version {version} in {stage_log}")
     names = _checkpoint_names(version, written.get("parts"))
     _drop_merge_tombstones(stage_log, names, written)
-    for file_name in [*names, "_last_checkpoint"]:
-        fsync_path(os.path.join(stage_log, file_name))  # bytes down before the name is in the log
-    # The checkpoint first: a ``_last_checkpoint`` naming a checkpoint not yet there would send
-    # every reader to a missing file.
-    for file_name in [*names, "_last_checkpoint"]:
-        os.replace(os.path.join(stage_log, file_name), os.path.join(log_dir, file_name))
-    if root.fsync:
-        fsync_path(log_dir)
-    elif root.unsynced is not None:
-        root.unsynced.log([os.path.join(log_dir, n) for n in [*names, "_last_checkpoint"]], log_dir)
-    shutil.rmtree(stage, ignore_errors=True)
-    return True
+    return names
 
 
 def _drop_merge_tombstones(log_dir: str, names: list[str], pointer: dict[str, object]) -> None:
