@@ -32,7 +32,6 @@ from storage_delta.commit.deltalog import commit_path
 from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
-    add_actions,
     catch_up,
     open_existing,
     open_version,
@@ -189,9 +188,10 @@ class StreamReplicas:
     catalog's rows are only ever appended; a stream's newest row by ``rev`` wins whichever file
     holds it); when a file went (a compaction's swap, a repair), the whole snapshot again. So a
     tick costs a look at the log, not a read of every stream's rows (which grew with the
-    streams). A damaged catalog file's rows are left out: a stream they alone name is placed on
-    no gateway, and the meta owner answers it as offline (its quarantine, read at its start);
-    a stream with older rows elsewhere is placed, and its claim finds it offline. Blocking."""
+    streams), and only the streams whose newest row changed are parsed again. A damaged
+    catalog file's rows are left out: a stream they alone name is placed on no gateway, and the
+    meta owner answers it as offline (its quarantine, read at its start); a stream with older
+    rows elsewhere is placed, and its claim finds it offline. Blocking."""
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
@@ -212,30 +212,40 @@ class StreamReplicas:
         dt = self._dt
         if dt.version() == self._version:
             return self._replicas
-        adds = add_actions(dt)
-        files = {str(add["path"]) for add in adds}
+        # the paths alone of every file (one per catalog commit, never compacted), the whole
+        # add actions only of the new ones: a dict per file each tick grew with the commits
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        paths = actions.column("path").to_pylist()
+        files = set(paths)
+        replicas = dict(self._replicas)  # a caller may hold the last answer: left as it was
         if not self._files <= files:  # rows went with a file: start again from the snapshot
-            self._files, self._newest = set(), {}
-        fresh = [add for add in adds if str(add["path"]) not in self._files]
+            self._files, self._newest, replicas = set(), {}, {}
+        added = pa.array([i for i, path in enumerate(paths) if path not in self._files], pa.int64())
+        fresh = actions.take(added).to_pylist()  # none: a commit without files (a claim's fence)
         rows, _ = read_checked(self.root, dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh)
-        _newest_stream_rows(rows, self._newest)
-        self._files, self._version = files, dt.version()
-        self._replicas = {
-            name: PlacedStream.of(json.loads(body)["config"])
-            for name, (_, deleted, body) in self._newest.items()
-            if not deleted
-        }
-        return self._replicas
+        # only the streams whose newest row changed are parsed again (all of them each tick
+        # took a JSON parse per stream, on a thread holding the GIL beside the event loop)
+        for name in _newest_stream_rows(rows, self._newest):
+            _, deleted, body = self._newest[name]
+            if deleted:
+                replicas.pop(name, None)
+            else:
+                replicas[name] = PlacedStream.of(json.loads(body)["config"])
+        self._files, self._version, self._replicas = files, dt.version(), replicas
+        return replicas
 
 
-def _newest_stream_rows(catalog: pa.Table, newest: dict[str, tuple[int, bool, str]]) -> None:
+def _newest_stream_rows(catalog: pa.Table, newest: dict[str, tuple[int, bool, str]]) -> set[str]:
     """Fold the catalog's rows ``catalog`` into ``newest``: per stream, its newest stream row
-    by ``rev`` (rev, deleted, body)."""
+    by ``rev`` (rev, deleted, body). Returns the streams whose newest row this changed."""
+    changed: set[str] = set()
     for rev, kind, name, deleted, body in zip(
         *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
+            changed.add(name)
+    return changed
 
 
 def _live_stream_bodies(catalog: pa.Table) -> dict[str, dict[str, Any]]:
