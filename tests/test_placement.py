@@ -3,6 +3,7 @@ balanced, sticky, within each stream's replica set, and the same wherever it is 
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -10,7 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from gateway.service.placement import groups, place, rank
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.checkpoint import checkpoint_table, trim_log
+from storage_delta.commit.store import StoreRoot, write_data_file
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import removes_of, swap_actions
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
 from storage_delta.tables.removals import PlacedStream, StreamReplicas
 from tests.test_stream_fence import fenced
@@ -161,7 +165,34 @@ def test_the_catalog_view_follows_creates_updates_and_deletes_commit_by_commit(t
         assert StreamReplicas(root).read() == want, version  # a reader of the whole catalog
         assert view.read() is got  # no commit since: the same answer, nothing read
     assert answers == expected  # the answers given were left as they were
+    assert pa.table(catalog.dt.get_add_actions(flatten=True)).num_rows == len(steps)  # a file each
     # a new owner's fence of S0: a catalog commit without files, which changes no stream
     fenced(CatalogTable, root, {"S0": 1})
     assert view.read() == expected[-1]
-    assert pa.table(catalog.dt.get_add_actions(flatten=True)).num_rows == len(steps)  # a file each
+
+
+def test_the_catalog_view_reads_the_snapshot_when_files_went_or_the_log_was_trimmed(tmp_path: Path) -> None:
+    """Following the log's entries (a local store, #23) stops where they cannot tell the view:
+    a commit that removes files (a fold of the catalog's rows into one file) and entries trimmed
+    below a checkpoint past what the view last read. Either way the view is a fresh reader's."""
+    root = StoreRoot(str(tmp_path))
+    catalog, view = CatalogTable(root), StreamReplicas(root)
+    for version in range(1, 4):
+        catalog.commit([CatalogChange("stream", f"S{version}", f"S{version}", {"config": {}})], version)
+    assert set(view.read()) == {"S1", "S2", "S3"}
+    # all files folded into one, and S2 ended in the same swap: the rows that went are not read
+    files = pa.table(catalog.dt.get_add_actions(flatten=True))
+    rows = CatalogTable(root).dt.to_pyarrow_table()
+    kept = rows.filter(pa.compute.not_equal(rows["stream"], "S2"))
+    add = write_data_file(root, sch.CATALOG, {}, kept)
+    assert swap_actions(root, sch.CATALOG, sch.CATALOG_SCHEMA, [], removes_of(files), [add])
+    assert set(view.read()) == {"S1", "S3"} == set(StreamReplicas(root).read())
+    # the log trimmed to a checkpoint past the view's version, the entry of S4 below it
+    writer = CatalogTable(root)
+    for version in range(4, 8):
+        writer.commit([CatalogChange("stream", f"S{version}", f"S{version}", {"config": {}})], version)
+        if version >= 6:  # a trim keeps the entries from the newest but one checkpoint
+            checkpoint_table(root, writer.dt, sch.CATALOG)
+    assert trim_log(os.path.join(str(tmp_path), sch.CATALOG), 0) > 0
+    live = {"S1", "S3", "S4", "S5", "S6", "S7"}
+    assert set(view.read()) == live == set(StreamReplicas(root).read())

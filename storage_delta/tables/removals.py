@@ -15,6 +15,7 @@ The gateway appends a file every few seconds, so the table is compacted by a job
 from __future__ import annotations
 
 import json
+import os
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.checkpoint import checkpoint_table
-from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.deltalog import checkpointed_version, commit_path
 from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
@@ -203,6 +204,13 @@ class StreamReplicas:
         self._replicas: dict[str, PlacedStream] = {}
 
     def read(self) -> dict[str, PlacedStream]:
+        followed = self._follow_log()
+        if followed is not None:
+            version, adds = followed
+            if version == self._version:
+                return self._replicas
+            self._files.update(str(a["path"]) for a in adds)
+            return self._fold(adds, version, self._files, False)
         if self._dt is None:
             self._dt = open_existing(self.root, sch.CATALOG)
             if self._dt is None:
@@ -217,12 +225,51 @@ class StreamReplicas:
         actions = pa.table(dt.get_add_actions(flatten=True))
         paths = actions.column("path").to_pylist()
         files = set(paths)
-        replicas = dict(self._replicas)  # a caller may hold the last answer: left as it was
-        if not self._files <= files:  # rows went with a file: start again from the snapshot
-            self._files, self._newest, replicas = set(), {}, {}
-        added = pa.array([i for i, path in enumerate(paths) if path not in self._files], pa.int64())
+        reset = not self._files <= files  # rows went with a file: start again from the snapshot
+        known = set() if reset else self._files
+        added = pa.array([i for i, path in enumerate(paths) if path not in known], pa.int64())
         fresh = actions.take(added).to_pylist()  # none: a commit without files (a claim's fence)
-        rows, _ = read_checked(self.root, dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh)
+        return self._fold(fresh, dt.version(), files, reset)
+
+    def _follow_log(self) -> tuple[int, list[dict[str, Any]]] | None:
+        """Locally, after a first read: the newest version and the files its commits since this
+        view's added, from the log's entries themselves, one small file each; None when the
+        snapshot must be read (an object store, a file removed, the log trimmed past this view's
+        version). A delta-rs handle brought up to date replayed the log from its checkpoint:
+        90 ms a tick with 10,000 files (#23)."""
+        local = self.root.local_path()
+        if local is None or self._version < 0:
+            return None
+        log_dir = os.path.join(local, sch.CATALOG, "_delta_log")
+        version, adds = self._version, []
+        while True:
+            try:
+                with open(commit_path(log_dir, version + 1), "rb") as fh:
+                    lines = fh.read().splitlines()
+            except FileNotFoundError:
+                break
+            for line in lines:
+                action = json.loads(line) if line.strip() else {}
+                if "remove" in action:
+                    return None
+                if (add := action.get("add")) is not None:
+                    adds.append({**add, "path": unquote(add["path"])})
+            version += 1
+        # entries are only ever trimmed from the oldest up to a checkpoint: none after this
+        # view's version and a newer checkpoint means they were, not that nothing landed
+        if version == self._version and checkpointed_version(log_dir) > version:
+            return None
+        return version, adds
+
+    def _fold(
+        self, fresh: list[dict[str, Any]], version: int, files: set[str], reset: bool
+    ) -> dict[str, PlacedStream]:
+        """Fold the rows of the files ``fresh`` into the view (``reset``: into an empty one)."""
+        assert self._dt is not None
+        replicas = {} if reset else dict(self._replicas)  # a caller may hold the last answer
+        if reset:
+            self._newest = {}
+        rows, _ = read_checked(self.root, self._dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh)
         # only the streams whose newest row changed are parsed again (all of them each tick
         # took a JSON parse per stream, on a thread holding the GIL beside the event loop)
         for name in _newest_stream_rows(rows, self._newest):
@@ -231,7 +278,7 @@ class StreamReplicas:
                 replicas.pop(name, None)
             else:
                 replicas[name] = PlacedStream.of(json.loads(body)["config"])
-        self._files, self._version, self._replicas = files, dt.version(), replicas
+        self._files, self._version, self._replicas = files, version, replicas
         return replicas
 
 
