@@ -249,7 +249,10 @@ class StreamReplicas:
             except FileNotFoundError:
                 break
             for line in lines:
-                action = json.loads(line) if line.strip() else {}
+                try:
+                    action = json.loads(line) if line.strip() else {}
+                except ValueError:  # a damaged entry: delta-rs's load says what it makes of it
+                    return None
                 if "remove" in action:
                     return None
                 if (add := action.get("add")) is not None:
