@@ -3,11 +3,21 @@ balanced, sticky, within each stream's replica set, and the same wherever it is 
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
 
 from gateway.service.placement import groups, place, rank
-from storage_delta.tables.removals import PlacedStream
+from storage_delta.commit.checkpoint import checkpoint_table, trim_log
+from storage_delta.commit.store import StoreRoot, write_data_file
+from storage_delta.format import schema as sch
+from storage_delta.maintenance.files import removes_of, swap_actions
+from storage_delta.tables.catalog import CatalogChange, CatalogTable
+from storage_delta.tables.removals import PlacedStream, StreamReplicas
+from tests.test_stream_fence import fenced
 
 GATEWAYS = ["g1", "g2", "g3"]
 
@@ -115,3 +125,74 @@ def test_the_catalog_view_names_only_local_origins() -> None:
     sources = [{"name": "P"}, {"name": "O"}, {"name": "R", "external": {"api": "$JS.hub.API"}}]
     assert PlacedStream.of({"num_replicas": 3, "sources": sources}) == PlacedStream(3, ("O", "P"))
     assert PlacedStream.of({"num_replicas": 2, "mirror": None, "sources": None}) == PlacedStream(2, ())
+
+
+def test_the_catalog_view_follows_creates_updates_and_deletes_commit_by_commit(tmp_path: Path) -> None:
+    """``StreamReplicas`` reads only the files added since its last read and parses only the
+    streams whose newest row they change (#23): what it answers is, after every commit, what a
+    fresh reader of the whole catalog answers, and an answer it gave stays as it was."""
+    root = StoreRoot(str(tmp_path))
+    catalog, view = CatalogTable(root), StreamReplicas(root)
+
+    def body(replicas: int, mirror: str | None = None) -> dict[str, object]:
+        config: dict[str, object] = {"num_replicas": replicas}
+        if mirror is not None:
+            config["mirror"] = {"name": mirror}
+        return {"config": config, "created": 1}
+
+    steps: list[list[CatalogChange]] = [
+        [CatalogChange("stream", f"S{i}", f"S{i}", body(1)) for i in range(5)],
+        [CatalogChange("stream", "S1", "S1", body(3))],  # an update
+        [CatalogChange("consumer", "S2", "C", {"config": {}})],  # not a stream's row
+        [CatalogChange("stream", "S3", "S3", None), CatalogChange("stream", "M", "M", body(2, "S0"))],
+        [CatalogChange("stream", "S3", "S3", body(1))],  # made again
+        [CatalogChange("stream", "S4", "S4", None)],
+    ]
+    expected: list[dict[str, PlacedStream]] = [
+        {f"S{i}": PlacedStream(1, ()) for i in range(5)},
+        {**{f"S{i}": PlacedStream(1, ()) for i in range(5)}, "S1": PlacedStream(3, ())},
+    ]
+    expected.append(expected[-1])
+    expected.append({**{s: p for s, p in expected[-1].items() if s != "S3"}, "M": PlacedStream(2, ("S0",))})
+    expected.append({**expected[-1], "S3": PlacedStream(1, ())})
+    expected.append({s: p for s, p in expected[-1].items() if s != "S4"})
+    answers = []
+    for version, (changes, want) in enumerate(zip(steps, expected, strict=True), start=1):
+        catalog.commit(changes, version)
+        got = view.read()
+        answers.append(got)
+        assert got == want, version
+        assert StreamReplicas(root).read() == want, version  # a reader of the whole catalog
+        assert view.read() is got  # no commit since: the same answer, nothing read
+    assert answers == expected  # the answers given were left as they were
+    assert pa.table(catalog.dt.get_add_actions(flatten=True)).num_rows == len(steps)  # a file each
+    # a new owner's fence of S0: a catalog commit without files, which changes no stream
+    fenced(CatalogTable, root, {"S0": 1})
+    assert view.read() == expected[-1]
+
+
+def test_the_catalog_view_reads_the_snapshot_when_files_went_or_the_log_was_trimmed(tmp_path: Path) -> None:
+    """Following the log's entries (a local store, #23) stops where they cannot tell the view:
+    a commit that removes files (a fold of the catalog's rows into one file) and entries trimmed
+    below a checkpoint past what the view last read. Either way the view is a fresh reader's."""
+    root = StoreRoot(str(tmp_path))
+    catalog, view = CatalogTable(root), StreamReplicas(root)
+    for version in range(1, 4):
+        catalog.commit([CatalogChange("stream", f"S{version}", f"S{version}", {"config": {}})], version)
+    assert set(view.read()) == {"S1", "S2", "S3"}
+    # all files folded into one, and S2 ended in the same swap: the rows that went are not read
+    files = pa.table(catalog.dt.get_add_actions(flatten=True))
+    rows = CatalogTable(root).dt.to_pyarrow_table()
+    kept = rows.filter(pa.compute.not_equal(rows["stream"], "S2"))
+    add = write_data_file(root, sch.CATALOG, {}, kept)
+    assert swap_actions(root, sch.CATALOG, sch.CATALOG_SCHEMA, [], removes_of(files), [add])
+    assert set(view.read()) == {"S1", "S3"} == set(StreamReplicas(root).read())
+    # the log trimmed to a checkpoint past the view's version, the entry of S4 below it
+    writer = CatalogTable(root)
+    for version in range(4, 8):
+        writer.commit([CatalogChange("stream", f"S{version}", f"S{version}", {"config": {}})], version)
+        if version >= 6:  # a trim keeps the entries from the newest but one checkpoint
+            checkpoint_table(root, writer.dt, sch.CATALOG)
+    assert trim_log(os.path.join(str(tmp_path), sch.CATALOG), 0) > 0
+    live = {"S1", "S3", "S4", "S5", "S6", "S7"}
+    assert set(view.read()) == live == set(StreamReplicas(root).read())

@@ -15,6 +15,7 @@ The gateway appends a file every few seconds, so the table is compacted by a job
 from __future__ import annotations
 
 import json
+import os
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
@@ -28,11 +29,10 @@ from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.checkpoint import checkpoint_table
-from storage_delta.commit.deltalog import commit_path
+from storage_delta.commit.deltalog import checkpointed_version, commit_path
 from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
-    add_actions,
     catch_up,
     open_existing,
     open_version,
@@ -189,9 +189,10 @@ class StreamReplicas:
     catalog's rows are only ever appended; a stream's newest row by ``rev`` wins whichever file
     holds it); when a file went (a compaction's swap, a repair), the whole snapshot again. So a
     tick costs a look at the log, not a read of every stream's rows (which grew with the
-    streams). A damaged catalog file's rows are left out: a stream they alone name is placed on
-    no gateway, and the meta owner answers it as offline (its quarantine, read at its start);
-    a stream with older rows elsewhere is placed, and its claim finds it offline. Blocking."""
+    streams), and only the streams whose newest row changed are parsed again. A damaged
+    catalog file's rows are left out: a stream they alone name is placed on no gateway, and the
+    meta owner answers it as offline (its quarantine, read at its start); a stream with older
+    rows elsewhere is placed, and its claim finds it offline. Blocking."""
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
@@ -203,6 +204,13 @@ class StreamReplicas:
         self._replicas: dict[str, PlacedStream] = {}
 
     def read(self) -> dict[str, PlacedStream]:
+        followed = self._follow_log()
+        if followed is not None:
+            version, adds = followed
+            if version == self._version:
+                return self._replicas
+            self._files.update(str(a["path"]) for a in adds)
+            return self._fold(adds, version, self._files, False)
         if self._dt is None:
             self._dt = open_existing(self.root, sch.CATALOG)
             if self._dt is None:
@@ -212,30 +220,82 @@ class StreamReplicas:
         dt = self._dt
         if dt.version() == self._version:
             return self._replicas
-        adds = add_actions(dt)
-        files = {str(add["path"]) for add in adds}
-        if not self._files <= files:  # rows went with a file: start again from the snapshot
-            self._files, self._newest = set(), {}
-        fresh = [add for add in adds if str(add["path"]) not in self._files]
-        rows, _ = read_checked(self.root, dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh)
-        _newest_stream_rows(rows, self._newest)
-        self._files, self._version = files, dt.version()
-        self._replicas = {
-            name: PlacedStream.of(json.loads(body)["config"])
-            for name, (_, deleted, body) in self._newest.items()
-            if not deleted
-        }
-        return self._replicas
+        # the paths alone of every file (one per catalog commit, never compacted), the whole
+        # add actions only of the new ones: a dict per file each tick grew with the commits
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        paths = actions.column("path").to_pylist()
+        files = set(paths)
+        reset = not self._files <= files  # rows went with a file: start again from the snapshot
+        known = set() if reset else self._files
+        added = pa.array([i for i, path in enumerate(paths) if path not in known], pa.int64())
+        fresh = actions.take(added).to_pylist()  # none: a commit without files (a claim's fence)
+        return self._fold(fresh, dt.version(), files, reset)
+
+    def _follow_log(self) -> tuple[int, list[dict[str, Any]]] | None:
+        """Locally, after a first read: the newest version and the files its commits since this
+        view's added, from the log's entries themselves, one small file each; None when the
+        snapshot must be read (an object store, a file removed, the log trimmed past this view's
+        version). A delta-rs handle brought up to date replayed the log from its checkpoint:
+        90 ms a tick with 10,000 files (#23)."""
+        local = self.root.local_path()
+        if local is None or self._version < 0:
+            return None
+        log_dir = os.path.join(local, sch.CATALOG, "_delta_log")
+        version, adds = self._version, []
+        while True:
+            try:
+                with open(commit_path(log_dir, version + 1), "rb") as fh:
+                    lines = fh.read().splitlines()
+            except FileNotFoundError:
+                break
+            for line in lines:
+                try:
+                    action = json.loads(line) if line.strip() else {}
+                except ValueError:  # a damaged entry: delta-rs's load says what it makes of it
+                    return None
+                if "remove" in action:
+                    return None
+                if (add := action.get("add")) is not None:
+                    adds.append({**add, "path": unquote(add["path"])})
+            version += 1
+        # entries are only ever trimmed from the oldest up to a checkpoint: none after this
+        # view's version and a newer checkpoint means they were, not that nothing landed
+        if version == self._version and checkpointed_version(log_dir) > version:
+            return None
+        return version, adds
+
+    def _fold(
+        self, fresh: list[dict[str, Any]], version: int, files: set[str], reset: bool
+    ) -> dict[str, PlacedStream]:
+        """Fold the rows of the files ``fresh`` into the view (``reset``: into an empty one)."""
+        assert self._dt is not None
+        replicas = {} if reset else dict(self._replicas)  # a caller may hold the last answer
+        if reset:
+            self._newest = {}
+        rows, _ = read_checked(self.root, self._dt, sch.CATALOG, sch.CATALOG_SCHEMA, fresh)
+        # only the streams whose newest row changed are parsed again (all of them each tick
+        # took a JSON parse per stream, on a thread holding the GIL beside the event loop)
+        for name in _newest_stream_rows(rows, self._newest):
+            _, deleted, body = self._newest[name]
+            if deleted:
+                replicas.pop(name, None)
+            else:
+                replicas[name] = PlacedStream.of(json.loads(body)["config"])
+        self._files, self._version, self._replicas = files, version, replicas
+        return replicas
 
 
-def _newest_stream_rows(catalog: pa.Table, newest: dict[str, tuple[int, bool, str]]) -> None:
+def _newest_stream_rows(catalog: pa.Table, newest: dict[str, tuple[int, bool, str]]) -> set[str]:
     """Fold the catalog's rows ``catalog`` into ``newest``: per stream, its newest stream row
-    by ``rev`` (rev, deleted, body)."""
+    by ``rev`` (rev, deleted, body). Returns the streams whose newest row this changed."""
+    changed: set[str] = set()
     for rev, kind, name, deleted, body in zip(
         *(catalog.column(c).to_pylist() for c in CATALOG_COLUMNS), strict=True
     ):
         if kind == "stream" and (name not in newest or newest[name][0] < rev):
             newest[name] = (rev, deleted, body)
+            changed.add(name)
+    return changed
 
 
 def _live_stream_bodies(catalog: pa.Table) -> dict[str, dict[str, Any]]:
