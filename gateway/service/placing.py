@@ -24,13 +24,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
-from gateway.service.placement import place, place_one
+from gateway.service.placement import place
 from storage_delta.commit.lease import Placement
 from storage_delta.tables.removals import PlacedStream, StreamReplicas
 
@@ -72,15 +71,9 @@ class Placing:
         if self._view is None or not self.gateway.meta:
             return None
         known, live, owners = self._view
-        new = PlacedStream.of(config)
-        self._new[name] = (new, time.monotonic())
+        self._new[name] = (PlacedStream.of(config), time.monotonic())
         streams = {**known, **{s: placed for s, (placed, _) in self._new.items()}}
-        current = self._current() | owners
-        if any(origin in streams for origin in new.origins):  # it joins its origins' group
-            return _placed(streams, live, current).get(name)
-        current.pop(name, None)
-        load = Counter(g for s, g in current.items() if s in streams)
-        return place_one(name, new.num_replicas, live, load, len(streams))
+        return _placed(streams, live, self._current() | owners).get(name)
 
     def _current(self) -> dict[str, str]:
         """The streams held here (created here, not placed yet) and those whose create went to
