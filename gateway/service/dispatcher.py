@@ -45,6 +45,8 @@ BARRIER = ""
 #: A pull request's first tokens (``CONSUMER.MSG.NEXT.<stream>.<consumer>``): taken at once, no lane.
 PULL = ["CONSUMER", "MSG", "NEXT"]
 CREATE = ["STREAM", "CREATE"]
+#: How many creates' reply subjects a gateway remembers (``LinkDispatcher._creates_taken``).
+CREATES_REMEMBERED = 256
 
 
 def lane_of(toks: list[str]) -> str | None:
@@ -100,6 +102,11 @@ class LinkDispatcher:
         #: Per-stream ownership: whether a create of a new stream this gateway would answer went
         #: to the gateway the placement puts it on instead (``Gateway.forwards``).
         self.forwards: Callable[[str, Msg], bool] | None = None
+        #: Per-stream ownership: the reply subjects of the last creates this gateway took. A create
+        #: forwarded here by the meta owner also reaches this gateway from the client; once the
+        #: stream is here (a create of it made again right after the first), both copies would be
+        #: answered, and the client's one request counted twice.
+        self._creates_taken: deque[str] = deque(maxlen=CREATES_REMEMBERED)
 
     # ---- what the link hands over (wire.leaf.LinkHandler) ---------------------------------------
 
@@ -203,6 +210,10 @@ class LinkDispatcher:
         if toks[:3] == PULL and len(toks) == 5:
             self._delivery.pull_request(toks[3], toks[4], msg.reply, msg.data, msg.hdrs)
             return
+        if toks[:2] == CREATE and msg.reply and self.forwards is not None:
+            if msg.reply in self._creates_taken:
+                return  # the other copy of this very request is answered already
+            self._creates_taken.append(msg.reply)
         if self._api_waiting >= API_QUEUE_SIZE:
             self.api_dropped += 1
             return

@@ -212,7 +212,8 @@ class Placing:
         gateway, name = self.gateway, self.ownership.name
         claims = gateway.claims
         assert claims is not None
-        gateway.placement, gateway.handovers = placement.owners, placement.handovers
+        if not gateway.meta:  # the meta owner's own are newer than any record it may read back
+            gateway.placement, gateway.handovers = placement.owners, placement.handovers
         ready = [
             stream
             for stream in sorted(s for s, g in placement.owners.items() if g == name)
