@@ -72,12 +72,14 @@ class AppVersions:
 
     def _move_to(self, version: int) -> None:
         if 0 <= self._version < version:
-            apps = dict(self._apps)
-            self._apply(apps, range(self._version + 1, version + 1))
-        else:
-            apps = {}
-            start = self._read_checkpoint(apps, version)
-            self._apply(apps, range(start + 1, version + 1))
+            # in place, not a copy of every app id per commit: a read that fails part way sets
+            # the version to -1 (:meth:`of`), and the next ask reads afresh
+            self._apply(self._apps, range(self._version + 1, version + 1))
+            self._version = version
+            return
+        apps: dict[str, int] = {}
+        start = self._read_checkpoint(apps, version)
+        self._apply(apps, range(start + 1, version + 1))
         self._apps, self._version = apps, version
 
     def _read_checkpoint(self, apps: dict[str, int], version: int) -> int:
