@@ -197,7 +197,10 @@ def _stopped_with_small_files(gw: Jetlake, count: int) -> StoreRoot:
 async def _create(url: str) -> None:
     nc = await nats.connect(url)
     try:
-        await nc.jetstream().add_stream(name="K", subjects=["k.>"])
+        # a first create waits for its claim's and its catalog commit's fsyncs: in CI's parallel
+        # phase (Spark jobs, power-cut trials) one took over the client's default 5 s; what these
+        # tests measure is the compaction after it
+        await nc.jetstream(timeout=30).add_stream(name="K", subjects=["k.>"])
     finally:
         await nc.close()
 
