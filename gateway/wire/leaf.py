@@ -264,7 +264,8 @@ class LeafConnection:
 
     def _on_control(self, frame: proto.Frame, writer: asyncio.StreamWriter, up: bool) -> bool:
         """Interest, PING, INFO, PONG, -ERR; whether the link is up after the frame (the first
-        PONG brings it up: only then are the subscriptions sent and writes let through)."""
+        PONG brings it up: only then are the subscriptions sent and writes let through; the
+        second says the server holds the subscriptions, and the link is connected)."""
         if isinstance(frame, proto.Interest):
             if frame.added:
                 self.interest.add(frame.subject, frame.queue)
@@ -277,11 +278,15 @@ class LeafConnection:
             self.server_info = frame.body
             self.permissions = SubscribePermissions.from_info(frame.body)
         elif isinstance(frame, proto.Pong) and not up:
-            writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)))
+            # the CONNECT taken: the subscriptions, and a PING whose PONG says the server holds
+            # them (the link counts as connected only then: a request right after a start got
+            # "no responders" from a hub that had not read them yet)
+            writer.write(b"".join(self._sub_frame(s) for s in sorted(self._subs)) + b"PING\r\n")
             self._writer = writer
+            return True
+        elif isinstance(frame, proto.Pong) and not self._connected.is_set():
             self._connected.set()
             self._handler.on_connected(self.server_info)
-            return True
         elif isinstance(frame, proto.ServerError):
             if not frame.text.startswith("Permissions Violation"):
                 raise ConnectionError(f"server error: {frame.text}")
