@@ -531,3 +531,21 @@ def test_a_writer_checkpoints_at_most_once_per_interval_but_within_ten_intervals
         table.commit([message(seq)], seq)
     table.close()
     assert rounds == [5, 10, 15, 20]
+
+
+def test_a_starts_trim_alone_does_not_put_the_first_checkpoint_off(tmp_path: Path) -> None:
+    """A start runs the log's trim alone on a table that is not behind (``checkpoint_if_behind``);
+    the first interval of commits after it still checkpoints at once. It used to count as a round
+    and put the checkpoint off by the shortest time between two: a gateway whose first hundred
+    publishes took less than a second left ``messages`` with no checkpoint at all."""
+    table = MessageTable(StoreRoot(str(tmp_path)), checkpoint_every=5, checkpoint_min_interval_s=3600.0)
+    assert not table.checkpoint_if_behind()  # the trim alone
+    running = table._appender._hygiene_running
+    assert running is not None
+    running.result()
+    rounds: list[int] = []
+    table._appender.hygiene = lambda: rounds.append(table._appender._commits)  # type: ignore[method-assign]
+    for seq in range(1, 11):
+        table.commit([message(seq)], seq)
+    table.close()
+    assert rounds == [5]

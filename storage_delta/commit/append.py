@@ -503,7 +503,8 @@ class TableAppender:
             return  # the previous round is still at it; a later commit tries again
         if self._hygiene_pool is None:
             self._hygiene_pool = ThreadPoolExecutor(1, thread_name_prefix=f"jetlake-{self.spec.name}-ckpt")
-        self._hygiene_at = (self._commits, time.monotonic())
+        if checkpoint:  # a trim alone (a start's) does not put the next checkpoint off
+            self._hygiene_at = (self._commits, time.monotonic())
         self._hygiene_running = self._hygiene_pool.submit(self.hygiene if checkpoint else self._trim)
 
     def _trim(self) -> None:
