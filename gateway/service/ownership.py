@@ -41,7 +41,7 @@ from storage_delta.commit.lease import Beat, Lease
 from storage_delta.commit.owner import StreamEpochs
 from storage_delta.commit.store import StoreRoot
 from storage_delta.tables.acklog import AckLog, AckLogTable
-from storage_delta.tables.scope import Quarantine, Scope, StoreState, load_store_state
+from storage_delta.tables.scope import KeptRows, Quarantine, Scope, StoreState, load_store_state
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +252,8 @@ class StreamClaims:
         #: What the start's check set aside (damaged ``messages`` log entries), with the names it
         #: may concern: a stream claimed later and named by it comes back offline, as at a start.
         self.offline: Collection[tuple[Scope, str]] = ()
+        #: What a claim reads back, kept read (the gateway's ticks keep it warm on object stores).
+        self.kept = KeptRows.of(root)
 
     async def claim(
         self, streams: Collection[str], tables: Sequence[WriterTable], acks: AckLogTable
@@ -307,9 +309,9 @@ class StreamClaims:
             return ClaimedStreams(epochs, StoreState([], {}, Quarantine(), []), AckLog({}, 0, 0))
         state, history = await asyncio.gather(
             loop.run_in_executor(
-                self.executor, partial(load_store_state, self.root, self.offline, only=read)
+                self.executor, partial(load_store_state, self.root, self.offline, read, self.kept)
             ),
-            loop.run_in_executor(self.executor, acks.load, read),
+            loop.run_in_executor(self.executor, acks.load, read, self.kept.acks),
         )
         return ClaimedStreams(epochs, state, history)
 

@@ -191,11 +191,15 @@ class TableAppender:
         return self.dt.version()
 
     def follow(self) -> None:
-        """Bring the handle to the table's newest version (other gateways' commits), so that the
-        next commit, a claim's fence among them, does not catch up on all of them first."""
+        """Bring the handle to the table's newest version (other gateways' commits), and what its
+        epoch checks read (:func:`app_version`) with it, so that the next commit, a claim's fence
+        among them, does not catch up on all of them first: a handle that had not committed yet
+        read every entry since the checkpoint one after another at its first fence (0.3 to 0.9 s of
+        the S3 takeover test's acks fence, against 0.1 s for the tables it had written)."""
         with self._lock:
             catch_up(self.dt)
             self._jumped()
+            app_version(self.root, self.spec.name, self.dt, OWNER_APP)
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""

@@ -35,7 +35,7 @@ from deltalake import DeltaTable
 from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.loop import CommitLoop
 from storage_delta.commit.owner import commit_without_fenced
-from storage_delta.commit.store import StoreRoot, read_checked, write_data_file
+from storage_delta.commit.store import CheckedRows, StoreRoot, read_checked, write_data_file
 from storage_delta.format import schema as sch
 from storage_delta.format.integrity import DamagedFile
 from storage_delta.maintenance.files import delete_unreferenced, removes_of, swap_actions
@@ -364,12 +364,16 @@ class AckLogTable(WriterTable):
 
         return commit_without_fenced(attempt)
 
-    def load(self, only: Collection[str] | None = None) -> AckLog:
+    def load(self, only: Collection[str] | None = None, kept: CheckedRows | None = None) -> AckLog:
         """Every consumer's rows in lsn order, folded as compaction would (which replays to the
         same state, and keeps a restart fast however long the log grew since its last compaction).
         ``only``: the consumers of these streams (a gateway that just took them over); the highest
-        lsn is still the whole table's, as the writer's count goes on above every row."""
-        table, damaged = read_checked(self.root, self.dt, sch.ACKS, sch.ACK_SCHEMA)
+        lsn is still the whole table's, as the writer's count goes on above every row. ``kept``:
+        the table's rows read through it (at its newest version), not through this writer's
+        handle."""
+        table, damaged = (
+            kept.read() if kept is not None else read_checked(self.root, self.dt, sch.ACKS, sch.ACK_SCHEMA)
+        )
         for bad in damaged:  # its rows are lost: consumers restart from what the others say
             log.error(
                 "damaged data file %s/%s left out of the ack log; see jetlake repair",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
@@ -202,8 +203,13 @@ class StreamReplicas:
         #: Per stream, its newest row: (rev, deleted, body).
         self._newest: dict[str, tuple[int, bool, str]] = {}
         self._replicas: dict[str, PlacedStream] = {}
+        self._lock = threading.Lock()  # the meta owner's ticks and the follower's
 
     def read(self) -> dict[str, PlacedStream]:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> dict[str, PlacedStream]:
         followed = self._follow_log()
         if followed is not None:
             version, adds = followed

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage_delta.commit.store import DamagedAdd, StoreRoot, open_existing, read_checked
+from storage_delta.commit.store import CheckedRows, DamagedAdd, StoreRoot, open_existing, read_checked
 from storage_delta.format import schema as sch
 from storage_delta.tables.catalog import CatalogEntry, entries_of
 from storage_delta.tables.removals import StreamLogicalState, live_streams_of, stream_states_of
@@ -110,16 +110,46 @@ class StoreState:
         return name in self.catalogued or any(scope.names(name) for scope, _ in self.quarantine.ranges)
 
 
+@dataclass(frozen=True, slots=True)
+class KeptRows:
+    """The rows a stream's new owner reads back after its fences (per-stream ownership), kept
+    read from one claim to the next and between them (:class:`CheckedRows`)."""
+
+    catalog: CheckedRows
+    removals: CheckedRows
+    acks: CheckedRows
+
+    @classmethod
+    def of(cls, root: StoreRoot) -> KeptRows:
+        return cls(
+            CheckedRows(root, sch.CATALOG, sch.CATALOG_SCHEMA),
+            CheckedRows(root, sch.REMOVALS, sch.REMOVALS_SCHEMA),
+            CheckedRows(root, sch.ACKS, sch.ACK_SCHEMA),
+        )
+
+    def follow(self) -> None:
+        """Read what was added since the last read. Blocking."""
+        for rows in (self.catalog, self.removals, self.acks):
+            rows.read()
+
+
 def load_store_state(
-    root: StoreRoot, offline: Collection[tuple[Scope, str]] = (), only: Collection[str] | None = None
+    root: StoreRoot,
+    offline: Collection[tuple[Scope, str]] = (),
+    only: Collection[str] | None = None,
+    kept: KeptRows | None = None,
 ) -> StoreState:
     """Read ``catalog`` and ``removals`` with every file checked; the streams a damaged file may
     concern are quarantined and left out, the others come back exactly. ``offline`` adds the names
     a damaged log entry set aside at start may concern, with why (``repair.check_at_start``,
     ``storage_delta.tables.unresolved``). ``only``: the streams to recover (a gateway that just took
-    them over, per-stream ownership); None: all. Blocking."""
-    catalog, catalog_damage = _read(root, sch.CATALOG, sch.CATALOG_SCHEMA)
-    removals, removals_damage = _read(root, sch.REMOVALS, sch.REMOVALS_SCHEMA)
+    them over, per-stream ownership); None: all. ``kept``: read through these (None: afresh).
+    Blocking."""
+    if kept is not None:
+        (catalog, catalog_damage), (removals, removals_damage) = kept.catalog.read(), kept.removals.read()
+    else:
+        catalog, catalog_damage = _read(root, sch.CATALOG, sch.CATALOG_SCHEMA)
+        removals, removals_damage = _read(root, sch.REMOVALS, sch.REMOVALS_SCHEMA)
     live = live_streams_of(catalog)
     known = set(catalog.column("stream").to_pylist())
     quarantine = Quarantine()
