@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
+import storage_delta.commit.lease as lease_module
 from storage_delta.commit.append import WriterTable
 from storage_delta.commit.lease import BEATS_DIR, KEEP_EPOCHS, Lease, LocalLease, ObjectStoreLease, open_lease
 from storage_delta.commit.owner import (
@@ -30,7 +31,7 @@ from storage_delta.commit.owner import (
     stream_of_owner_app,
     stream_owner_app,
 )
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.store import StoreRoot, catch_up
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
@@ -501,3 +502,35 @@ def test_the_stream_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: st
     fs, base = root.filesystem()
     folder = f"{base}/{BEATS_DIR}/streams/S"
     check_claims_pruned(a, lambda: [i.base_name for i in fs.get_file_info(pafs.FileSelector(folder))])
+
+
+def test_streams_claimed_together_on_s3_get_each_epoch_once(
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover claims its streams in one commit of the claims table: those another gateway
+    claimed first are left out, and when another claim lands between the read of the epochs and
+    the commit (delta-rs refuses the commit then), each is claimed alone; every epoch goes to one
+    claimant and names it."""
+    root = StoreRoot("s3://lake/perstream-lease-many", s3_options(s3_endpoint))
+    a, b = ObjectStoreLease(root), ObjectStoreLease(root)
+    assert b.claim_stream("T", 1, "b")
+    assert a.claim_streams({"S": 1, "T": 1, "U": 1}, "a") == {"S", "U"}
+    assert [b.stream_holder(s, 1) for s in "STU"] == ["a", "b", "a"]
+
+    # b claims V right after a read the epochs: a's one commit is refused, V is left to b
+    real = catch_up
+    raced: list[bool] = []
+
+    def catch_up_then_b_claims(dt: DeltaTable) -> None:
+        real(dt)
+        if dt is a._claims and not raced:
+            raced.append(b.claim_stream("V", 1, "b"))
+
+    monkeypatch.setattr(lease_module, "catch_up", catch_up_then_b_claims)
+    assert a.claim_streams({"S": 2, "V": 1, "W": 1}, "a") == {"S", "W"}
+    assert raced == [True]
+    assert [(b.stream_current(s), b.stream_holder(s, b.stream_current(s))) for s in "SVW"] == [
+        (2, "a"),
+        (1, "b"),
+        (1, "a"),
+    ]

@@ -477,7 +477,8 @@ class Gateway:
         if now - max(ownership.announced_at, self._leases_checked) < ownership.lease_s:
             return True
         held = claims.held
-        taken = frozenset(s for s in held.streams() if ownership.lease.stream_current(s) != held.epoch(s))
+        current = ownership.lease.streams_current(held.streams())
+        taken = frozenset(s for s, epoch in current.items() if epoch != held.epoch(s))
         if taken:
             claims.drop(taken)
         self._leases_checked = now

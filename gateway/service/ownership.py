@@ -317,7 +317,7 @@ class StreamClaims:
 
     def _claim_leases(self, streams: Sequence[str]) -> dict[str, int]:
         """Blocking: the next epoch of each stream's lease claimed; those this gateway got."""
-        epochs = {stream: self.lease.stream_current(stream) + 1 for stream in streams}
+        epochs = {stream: epoch + 1 for stream, epoch in self.lease.streams_current(streams).items()}
         return {s: epochs[s] for s in sorted(self.lease.claim_streams(epochs, self.name))}
 
     def _let_go(self, streams: Collection[str]) -> None:

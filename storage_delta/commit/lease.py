@@ -34,7 +34,8 @@ import os
 import socket
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -52,6 +53,7 @@ from storage_delta.commit.store import (
     read_checked,
 )
 from storage_delta.commit.txns import app_version
+from storage_delta.format.integrity import FETCH_AHEAD
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,10 @@ class Lease(ABC):
     @abstractmethod
     def stream_current(self, stream: str) -> int:
         """The highest epoch of ``stream``'s lease claimed so far (0: none)."""
+
+    def streams_current(self, streams: Collection[str]) -> dict[str, int]:
+        """:meth:`stream_current` of each of ``streams``."""
+        return {stream: self.stream_current(stream) for stream in streams}
 
     @abstractmethod
     def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
@@ -405,8 +411,13 @@ class ObjectStoreLease(Lease):
         return True
 
     def stream_current(self, stream: str) -> int:
+        return self.streams_current([stream])[stream]
+
+    def streams_current(self, streams: Collection[str]) -> dict[str, int]:
+        """One look at the claims table's log for all of them (a look each was a listing per
+        stream of a takeover)."""
         catch_up(self._claims)
-        return app_version(self.root, LEASE_DIR, self._claims, stream_owner_app(stream))
+        return {s: app_version(self.root, LEASE_DIR, self._claims, stream_owner_app(s)) for s in streams}
 
     def claim_stream(self, stream: str, epoch: int, name: str) -> bool:
         if self.stream_current(stream) != epoch - 1:
@@ -415,7 +426,33 @@ class ObjectStoreLease(Lease):
             commit_adds(self._claims, [], CLAIMS_SCHEMA, [], (stream_owner_app(stream), epoch))
         except CommitConflict:
             return False  # another claim of this epoch won the version
-        # the holder's name is written after the claim: a reader may find none for a moment
+        self._name_holder(stream, epoch, name)
+        return True
+
+    def claim_streams(self, epochs: Mapping[str, int], name: str) -> frozenset[str]:
+        """The streams whose epoch before the claimed one is the newest, claimed in one commit
+        of the claims table (an app transaction each), their holders named side by side: a
+        takeover of five streams, one commit and its round trips after another, took a second
+        against moto (#19). delta-rs refuses the commit when another claim of any of them landed
+        since the epochs were read; then each is claimed alone, as :meth:`claim_stream`."""
+        if len(epochs) <= 1:
+            return super().claim_streams(epochs, name)
+        current = self.streams_current(epochs)
+        free = {stream: epoch for stream, epoch in epochs.items() if current[stream] == epoch - 1}
+        if not free:
+            return frozenset()
+        try:
+            txns = [(stream_owner_app(stream), epoch) for stream, epoch in sorted(free.items())]
+            commit_adds(self._claims, [], CLAIMS_SCHEMA, [], more_txns=txns)
+        except CommitConflict:
+            return super().claim_streams(free, name)
+        with ThreadPoolExecutor(min(len(free), FETCH_AHEAD), thread_name_prefix="jetlake-holders") as pool:
+            list(pool.map(lambda item: self._name_holder(item[0], item[1], name), free.items()))
+        return frozenset(free)
+
+    def _name_holder(self, stream: str, epoch: int, name: str) -> None:
+        """After a claim: the holder's name beside it (a reader may find none for a moment),
+        and the stream's claims more than :data:`KEEP_EPOCHS` below it pruned."""
         with self._fs.open_output_stream(self._stream_holder_path(stream, epoch)) as out:
             out.write(json.dumps({"name": name, "host": self.host, "pid": self.pid}).encode())
         folder = f"{self._beats}/streams/{stream}"
@@ -423,7 +460,6 @@ class ObjectStoreLease(Lease):
         for old in superseded([i.base_name.removesuffix(".json") for i in listing], epoch):
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_file(f"{folder}/{old}.json")
-        return True
 
     def _stream_holder_path(self, stream: str, epoch: int) -> str:
         return f"{self._beats}/streams/{stream}/epoch-{epoch:020d}.json"
@@ -451,13 +487,21 @@ class ObjectStoreLease(Lease):
             out.write(body)
 
     def _member_records(self) -> list[bytes]:
-        records = []
+        """Fetched side by side: a new meta owner reads them all before it places, one round trip
+        each (and the records of gateways killed lately are still there)."""
         listing = self._fs.get_file_info(pafs.FileSelector(self._beats, allow_not_found=True))
-        for info in listing:
-            if info.base_name.startswith(MEMBER):
-                with contextlib.suppress(FileNotFoundError), self._fs.open_input_stream(info.path) as fh:
-                    records.append(bytes(fh.read()))
-        return records
+        paths = [info.path for info in listing if info.base_name.startswith(MEMBER)]
+        if not paths:
+            return []
+        with ThreadPoolExecutor(min(len(paths), FETCH_AHEAD), thread_name_prefix="jetlake-members") as pool:
+            return [raw for raw in pool.map(self._member_record, paths) if raw is not None]
+
+    def _member_record(self, path: str) -> bytes | None:
+        try:
+            with self._fs.open_input_stream(path) as fh:
+                return bytes(fh.read())
+        except FileNotFoundError:  # withdrawn since the listing
+            return None
 
     def _drop_member(self, name: str) -> None:
         self._fs.delete_file(f"{self._beats}/{MEMBER}{name}.json")
