@@ -57,7 +57,8 @@ from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable
 from storage_delta.read import index_snapshot
 from storage_delta.read.consumer_log import reduce
-from storage_delta.read.reader import MessageReader
+from storage_delta.read.index_snapshot import DamagedSnapshot
+from storage_delta.read.reader import FileDamage, MessageReader, StoredIndex
 from storage_delta.tables.acklog import AckLog, AckLogTable, AckLogWriter
 from storage_delta.tables.catalog import CatalogTable
 from storage_delta.tables.removals import RemovalLog
@@ -602,7 +603,6 @@ class Gateway:
         ephemeral ones' too: as on the real server with file storage, they come back and go after
         their ``inactive_threshold`` unless someone uses them. Returns the streams installed (all
         of them at a start; per stream, the one claimed, if it is live)."""
-        loop = asyncio.get_running_loop()
         registry.quarantine.streams.update(recovered.quarantine.streams)
         registry.quarantine.ranges += recovered.quarantine.ranges
         installed: list[Stream] = []
@@ -618,29 +618,25 @@ class Gateway:
                 # claimed mid-life: its publishes reach it once it is recovered (``claim``)
                 stream = registry.install_stream(config, int(entry.body["created"]), self.claims is None)
                 installed.append(stream)
-                now = now_ns()
-                since = headers_since(stream.config, stream.created_ns, now)
-                stored, through, damage = await loop.run_in_executor(
-                    self.executor,
-                    index_snapshot.load_index,
-                    self.root,
-                    self.reader,
-                    stream.name,
-                    stream.created_ns,
-                    since,
-                    stream.record_overhead,
-                )
-                stream.restore_stored(stored)
-                snapshots.restored(stream, through, damage)
-                state = logical.get(stream.name)
-                if state is not None and state.created == stream.created_ns:
-                    for first, last in state.removed:
-                        stream.restore_removed(first, last)
-                    stream.restore_last_seq(state.last_seq)
-                await self._restore_lost(stream)
-                replay_headers(stream, stored.headers, now)
-                stream.enforce_limits(time.time_ns())
-            elif entry.kind == "consumer" and entry.stream in registry.streams:
+        # the streams' files read side by side (a takeover of five streams on S3 read them one
+        # stream after another: 0.8 to 1.2 s), then each restored in the catalog's order
+        now = now_ns()
+        reads = await asyncio.gather(*(self._read_stream(stream, now) for stream in installed))
+        for stream, (stored, through, damage, lost) in zip(installed, reads, strict=True):
+            stream.restore_stored(stored)
+            snapshots.restored(stream, through, damage)
+            state = logical.get(stream.name)
+            if state is not None and state.created == stream.created_ns:
+                for first, last in state.removed:
+                    stream.restore_removed(first, last)
+                stream.restore_last_seq(state.last_seq)
+            for d in lost:
+                if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
+                    stream.restore_lost(d.file.min_seq, d.file.max_seq)
+            replay_headers(stream, stored.headers, now)
+            stream.enforce_limits(time.time_ns())
+        for entry in recovered.entries:
+            if entry.kind == "consumer" and entry.stream in registry.streams:
                 # The catalog's entry is the definition (its commit answered the create or the
                 # update); the ack log gives the state, and the start only when its create row
                 # was cut off (no incarnation of this creation: a fresh state).
@@ -658,15 +654,27 @@ class Gateway:
                 consumer.restore(cstate)
         return installed
 
-    async def _restore_lost(self, stream: Stream) -> None:
-        """A damaged data file's messages are lost, as JetStream's file store loses the records of a
-        corrupt block (``Stream.restore_lost``). The files below the index snapshot are checked
-        here (the scan checked the others)."""
+    async def _read_stream(
+        self, stream: Stream, now: int
+    ) -> tuple[StoredIndex, int, DamagedSnapshot | None, list[FileDamage]]:
+        """What recovery reads of ``stream``: its index (snapshot and the files above it), and its
+        damaged files, whose messages are lost as JetStream's file store loses the records of a
+        corrupt block (``Stream.restore_lost``): the files below the snapshot are checked here
+        (the scan checked the others)."""
         loop = asyncio.get_running_loop()
-        damage = await loop.run_in_executor(self.executor, self.reader.verify, stream.name)
-        for d in damage:
-            if d.file.max_ts >= stream.created_ns:  # not a file of an earlier stream of this name
-                stream.restore_lost(d.file.min_seq, d.file.max_seq)
+        since = headers_since(stream.config, stream.created_ns, now)
+        stored, through, damage = await loop.run_in_executor(
+            self.executor,
+            index_snapshot.load_index,
+            self.root,
+            self.reader,
+            stream.name,
+            stream.created_ns,
+            since,
+            stream.record_overhead,
+        )
+        lost = await loop.run_in_executor(self.executor, self.reader.verify, stream.name)
+        return stored, through, damage, lost
 
     def _gateways(self) -> Gateways:
         """The store's live gateways (this one alone when it holds no lease)."""
