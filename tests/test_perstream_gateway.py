@@ -245,3 +245,51 @@ async def test_a_request_for_a_stream_placed_here_waits_for_its_claim(
     finally:
         await nc.close()
         await (a if b is None else b).close()
+
+
+async def test_a_create_refused_after_its_claim_lets_the_claim_go(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A create claims its stream before the checks that need the stream's owner (the overlap with
+    the other gateways' streams, the replicas' placement): refused by one of them, it lets the
+    claim go (the held epoch dropped, the lease released), so no gateway keeps an epoch of a
+    stream it does not serve, which another gateway's claim would pass and a move back would
+    find held and not claim again (#19). The same name made next claims its lease's next epoch;
+    a create refused for a stream that exists here keeps it held."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    nc = await nats.connect(hub.client_url)
+    try:
+        assert a.claims is not None
+        assert a.ownership is not None
+        lease = a.ownership.lease
+
+        async def create(name: str, config: dict[str, object]) -> dict[str, object]:
+            msg = await nc.request(
+                f"$JS.API.STREAM.CREATE.{name}", json.dumps({"name": name, **config}).encode()
+            )
+            answer: dict[str, object] = json.loads(msg.data)
+            return answer
+
+        assert "error" not in await create("O", {"subjects": ["ov.>"]})
+        refused = [
+            await create("N", {"subjects": ["ov.a"]}),  # overlaps O
+            await create("N", {"subjects": ["n"], "num_replicas": 2}),  # one gateway live
+        ]
+        assert [r["error"]["err_code"] for r in refused] == [10065, 10005]  # type: ignore[index]
+        assert a.claims.held.epoch("N") is None
+        assert lease.stream_current("N") == 2
+        assert lease.stream_released("N", 1)
+        assert lease.stream_released("N", 2)
+        made = await create("N", {"subjects": ["n"]})
+        assert "error" not in made, made
+        assert a.claims.held.epoch("N") == 3
+        assert (await nc.jetstream().publish("n", b"1")).seq == 1
+        other = await create("O", {"subjects": ["other"]})  # exists here with other subjects
+        assert other["error"]["err_code"] == 10058  # type: ignore[index]
+        assert a.claims.held.epoch("O") == 1
+        assert not lease.stream_released("O", 1)
+    finally:
+        await nc.close()
+        await a.close()

@@ -303,6 +303,7 @@ class Gateway:
                 fenced_by.on_stream_fenced = self.claims.drop
             self._stop_dropping = self.claims.dropped.connect(self._dropped)
             registry.claim = self._claim_new
+            registry.let_go = self._let_go
             dispatcher.answers = self.answers
             dispatcher.awaits = self.awaits
             dispatcher.served = self.served
@@ -558,19 +559,30 @@ class Gateway:
                 await loop.flush()
             except Exception as exc:  # their waiters heard it; the fence keeps the table right
                 log.warning("the %s commits before handing %s over failed: %s", loop.name, name, exc)
+        await self._let_go(name)
+        log.info("stream %s handed over", name)
+
+    async def _let_go(self, name: str) -> None:
+        """Per stream: stream ``name`` no longer held, and its lease released
+        (``Lease.release_stream``: the next owner need not wait a lease); also ``Registry.let_go``,
+        for a create refused after its claim."""
+        claims = self.claims
+        assert claims is not None, "per stream"
         epoch = claims.held.epoch(name)
         claims.held.drop(name)
         if epoch is not None and self.ownership is not None:  # the next owner claims at once
             await asyncio.to_thread(self.ownership.lease.release_stream, name, epoch)
-        log.info("stream %s handed over", name)
 
-    async def _claim_new(self, name: str) -> None:
+    async def _claim_new(self, name: str) -> bool:
         """``Registry.claim``: this gateway owns a stream before the catalog commit creating it
-        (a no-op for a stream held). Another gateway claiming it at once leaves the request
+        (a no-op for a stream held: False). Another gateway claiming it at once leaves the request
         unanswered (the client times out and asks again), as :class:`StreamFenced`."""
         assert self.claims is not None
-        if self.claims.held.epoch(name) is None and name not in await self.claim([name]):
+        if self.claims.held.epoch(name) is not None:
+            return False
+        if name not in await self.claim([name]):
             raise StreamFenced(frozenset({name}))
+        return True
 
     def _presence(self, digest: str, present: bool) -> None:
         """``Gathering.presence``: which of the gateways this one heard of came or went."""
