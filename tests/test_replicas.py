@@ -184,7 +184,9 @@ async def _answers(url: str) -> list[Any]:
             )
         await request(nc, "STREAM.CREATE.U", {"name": "U", "subjects": ["u"]})
         for r in UPDATES:
-            config = (await request(nc, "STREAM.INFO.U", None))["config"]
+            info = await request(nc, "STREAM.INFO.U", None)
+            assert "config" in info, (info, out)
+            config = info["config"]
             out.append(outcome(await request(nc, "STREAM.UPDATE.U", {**config, "num_replicas": r})))
         for stream in ("C3", "C2"):  # R2, R1
             for r in CONSUMERS:

@@ -42,10 +42,9 @@ Entry = TypeVar("Entry")
 @dataclass(frozen=True, slots=True)
 class _View:
     """What the meta owner's last placement was computed from, and its answer: the catalog's
-    streams, the live gateways, stream → owner, and how many streams each gateway owns."""
+    streams, stream → owner, and how many streams each gateway owns."""
 
     streams: dict[str, PlacedStream]
-    live: list[str]
     owners: dict[str, str]
     load: Counter[str]
 
@@ -71,6 +70,10 @@ class Placing:
         self._gathering = gateway.gathering
         #: Meta owner: what the last tick placed by, and its answer, for :meth:`place_new`.
         self._view: _View | None = None
+        #: Meta owner: until when every gateway heard of counts as live (its first lease), and
+        #: the gateways its last tick found gone.
+        self._settled = 0.0
+        self._gone: frozenset[str] = frozenset()
         #: Meta owner: the streams :meth:`place_new` placed since that tick's catalog (their
         #: creates may not be committed yet) and where, so that creates between two ticks count
         #: each other.
@@ -91,23 +94,37 @@ class Placing:
         if view is None or not self.gateway.meta:
             return None
         new = PlacedStream.of(config)
+        # the gateways live now: one that joined since the tick gets its share of new streams at
+        # once (else they all go to the others, and the next tick hands some over)
+        live = self._live(self._gone | self.ownership.departed())
         since_tick = {s: entry for s, (entry, _) in self._new.items() if s != name and s not in view.streams}
         holder = self._holder(name, view)
-        if holder is not None and holder in view.live:
+        if holder is not None and holder in live:
             owner = holder
         elif any(o in view.streams or o in since_tick for o in new.origins):  # joins their group
             streams = {**view.streams, **{s: placed for s, (placed, _) in since_tick.items()}, name: new}
             current = self._current() | view.owners
-            placed = _placed(streams, view.live, current).get(name)
+            placed = _placed(streams, live, current).get(name)
             if placed is None:  # no gateway live
                 return None
             owner = placed
         else:
             load = view.load + Counter(where for _, where in since_tick.values())
             total = len(view.streams) + len(since_tick) + 1
-            owner = place_one(name, new.num_replicas, view.live, load, total)
+            owner = place_one(name, new.num_replicas, live, load, total)
         self._new[name] = ((new, owner), time.monotonic())
         return owner
+
+    def _live(self, gone: frozenset[str]) -> list[str]:
+        """The live gateways but those ``gone``: for the meta owner's first lease every gateway
+        heard of, then those whose announcements changed within a lease."""
+        ownership = self.ownership
+        if time.monotonic() < self._settled:
+            heard = ownership.heard()
+        else:
+            gateways = ownership.gateways()
+            heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
+        return [name for name in heard if name not in gone]
 
     def _holder(self, name: str, view: _View) -> str | None:
         """The gateway that holds stream ``name`` as far as the meta owner knows: this one when it
@@ -154,7 +171,7 @@ class Placing:
         ownership, gateway = self.ownership, self.gateway
         claims = gateway.claims
         assert claims is not None
-        settled = time.monotonic() + ownership.lease_s
+        self._settled = time.monotonic() + ownership.lease_s
         catalog = StreamReplicas(gateway.root)  # read again only where the catalog changed
         # what the last placement was computed from, and its answer: a tick whose catalog, live
         # gateways and owners are those of the last one places nothing again (ranking every stream
@@ -169,13 +186,9 @@ class Placing:
             try:
                 streams = await asyncio.to_thread(catalog.read)
                 recorded = await asyncio.to_thread(ownership.lease.placement)
-                gone = await asyncio.to_thread(ownership.lease.gone_members) | ownership.departed()
-                if time.monotonic() < settled:
-                    heard = ownership.heard()
-                else:
-                    gateways = ownership.gateways()
-                    heard = [gateways.leader, *(name for name, _ in gateways.standbys)]
-                live = [name for name in heard if name not in gone]
+                gone = await asyncio.to_thread(ownership.lease.gone_members)
+                self._gone = gone
+                live = self._live(gone | ownership.departed())
                 # the streams it created itself count as its own until first placed
                 current = self._current() | recorded.owners
                 if (streams, live, current) != placed_from:  # else the same answer again
@@ -194,7 +207,7 @@ class Placing:
                 # previous meta owner stopped) would get a "not found" from it.
                 gateway.placement, gateway.handovers = owners, handovers
                 if self._view is None or self._view.owners is not owners:
-                    self._view = _View(streams, live, owners, Counter(owners.values()))
+                    self._view = _View(streams, owners, Counter(owners.values()))
                 # in the catalog now, or a create that did not come about (refused, never sent on)
                 since = time.monotonic() - ownership.lease_s
                 self._new = _unsettled(self._new, streams, since)
