@@ -24,7 +24,8 @@ from gateway.runtime.embedded import EmbeddedServer
 from gateway.runtime.settings import Settings
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import Ownership
-from storage_delta.commit.lease import open_lease
+from gateway.service.placing import Placing
+from storage_delta.commit.lease import Placement, open_lease
 from storage_delta.commit.owner import stream_owner_app
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
@@ -293,3 +294,42 @@ async def test_a_create_refused_after_its_claim_lets_the_claim_go(
     finally:
         await nc.close()
         await a.close()
+
+
+async def test_a_stream_deleted_here_made_again_elsewhere_and_placed_back_is_claimed_again(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A gateway keeps the epoch of a stream it deleted (it answers the stream's "not found" while
+    the placement still puts it here). Made again by another gateway (which claims the next
+    epoch) and placed back here before any placement named that one (it was killed first), the
+    stream is claimed again and served, not found held and answered "not found" (#19)."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    b: Gateway | None = None
+    nc = await nats.connect(hub.client_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        await js.delete_stream("S")
+        assert a.claims is not None
+        assert a.claims.held.epoch("S") == 1
+        a.meta = False
+        b = await per_stream(root, hub, "b")
+        b.meta = True
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert b.claims is not None
+        assert b.claims.held.epoch("S") == 2
+        assert (await js.publish("s.x", b"1")).seq == 1
+        await b.close()
+        b = None
+        assert a.ownership is not None
+        await Placing(a.ownership, a)._follow(Placement(1, {"S": a.ownership.name}, {}))
+        assert a.claims.held.epoch("S") == 3
+        assert (await js.stream_info("S")).state.messages == 1
+        assert (await js.publish("s.x", b"2")).seq == 2
+    finally:
+        await nc.close()
+        await a.close()
+        if b is not None:
+            await b.close()

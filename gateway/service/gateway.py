@@ -573,6 +573,36 @@ class Gateway:
         if epoch is not None and self.ownership is not None:  # the next owner claims at once
             await asyncio.to_thread(self.ownership.lease.release_stream, name, epoch)
 
+    async def drop_passed(self, names: Collection[str]) -> None:
+        """Per stream: of the streams ``names`` placed here, those held but not served (deleted
+        here, whose held epoch stays) whose lease another gateway has claimed since (the name
+        made again there) are no longer held (``StreamClaims.drop``), so that the follower claims
+        them again: found held, a stream that came back (its gateway killed before a tick
+        recorded where it went) was not claimed and was answered "not found" (#19). One read of
+        the lease per such stream; none for the streams served here."""
+        core, claims, ownership = self.core, self.claims, self.ownership
+        assert core is not None, "started"
+        assert claims is not None, "per stream"
+        assert ownership is not None, "per stream"
+        registry = core.registry
+        idle = {
+            s: epoch
+            for s in names
+            if (epoch := claims.held.epoch(s)) is not None
+            and s not in registry.streams
+            and s not in registry.quarantine.streams
+            and s not in self._claiming
+            and s not in self._recovering
+        }
+        if not idle:
+            return
+        lease = ownership.lease
+        passed = await asyncio.to_thread(
+            lambda: frozenset(s for s, epoch in idle.items() if lease.stream_current(s) > epoch)
+        )
+        if passed:
+            claims.drop(passed)
+
     async def _claim_new(self, name: str) -> bool:
         """``Registry.claim``: this gateway owns a stream before the catalog commit creating it
         (a no-op for a stream held: False). Another gateway claiming it at once leaves the request

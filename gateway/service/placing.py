@@ -272,9 +272,11 @@ class Placing:
         assert claims is not None
         if not gateway.meta:  # the meta owner's own are newer than any record it may read back
             gateway.placement, gateway.handovers = placement.owners, placement.handovers
+        placed_here = sorted(s for s, g in placement.owners.items() if g == name)
+        await gateway.drop_passed(placed_here)
         ready = [
             stream
-            for stream in sorted(s for s, g in placement.owners.items() if g == name)
+            for stream in placed_here
             if claims.held.epoch(stream) is None and await self._released(stream, placement)
         ]
         if ready:  # all in one claim: one fence commit per table, one read of each
