@@ -24,7 +24,8 @@ from gateway.runtime.embedded import EmbeddedServer
 from gateway.runtime.settings import Settings
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import Ownership
-from storage_delta.commit.lease import open_lease
+from gateway.service.placing import Placing
+from storage_delta.commit.lease import Placement, open_lease
 from storage_delta.commit.owner import stream_owner_app
 from storage_delta.commit.store import StoreRoot
 from storage_delta.format import schema as sch
@@ -245,3 +246,90 @@ async def test_a_request_for_a_stream_placed_here_waits_for_its_claim(
     finally:
         await nc.close()
         await (a if b is None else b).close()
+
+
+async def test_a_create_refused_after_its_claim_lets_the_claim_go(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A create claims its stream before the checks that need the stream's owner (the overlap with
+    the other gateways' streams, the replicas' placement): refused by one of them, it lets the
+    claim go (the held epoch dropped, the lease released), so no gateway keeps an epoch of a
+    stream it does not serve, which another gateway's claim would pass and a move back would
+    find held and not claim again (#19). The same name made next claims its lease's next epoch;
+    a create refused for a stream that exists here keeps it held."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    nc = await nats.connect(hub.client_url)
+    try:
+        assert a.claims is not None
+        assert a.ownership is not None
+        lease = a.ownership.lease
+
+        async def create(name: str, config: dict[str, object]) -> dict[str, object]:
+            msg = await nc.request(
+                f"$JS.API.STREAM.CREATE.{name}", json.dumps({"name": name, **config}).encode()
+            )
+            answer: dict[str, object] = json.loads(msg.data)
+            return answer
+
+        assert "error" not in await create("O", {"subjects": ["ov.>"]})
+        refused = [
+            await create("N", {"subjects": ["ov.a"]}),  # overlaps O
+            await create("N", {"subjects": ["n"], "num_replicas": 2}),  # one gateway live
+        ]
+        assert [r["error"]["err_code"] for r in refused] == [10065, 10005]  # type: ignore[index]
+        assert a.claims.held.epoch("N") is None
+        assert lease.stream_current("N") == 2
+        assert lease.stream_released("N", 1)
+        assert lease.stream_released("N", 2)
+        made = await create("N", {"subjects": ["n"]})
+        assert "error" not in made, made
+        assert a.claims.held.epoch("N") == 3
+        assert (await nc.jetstream().publish("n", b"1")).seq == 1
+        other = await create("O", {"subjects": ["other"]})  # exists here with other subjects
+        assert other["error"]["err_code"] == 10058  # type: ignore[index]
+        assert a.claims.held.epoch("O") == 1
+        assert not lease.stream_released("O", 1)
+    finally:
+        await nc.close()
+        await a.close()
+
+
+async def test_a_stream_deleted_here_made_again_elsewhere_and_placed_back_is_claimed_again(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """A gateway keeps the epoch of a stream it deleted (it answers the stream's "not found" while
+    the placement still puts it here). Made again by another gateway (which claims the next
+    epoch) and placed back here before any placement named that one (it was killed first), the
+    stream is claimed again and served, not found held and answered "not found" (#19)."""
+    root = str(tmp_path / "data")
+    a = await per_stream(root, hub, "a")
+    a.meta = True
+    b: Gateway | None = None
+    nc = await nats.connect(hub.client_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"])
+        await js.delete_stream("S")
+        assert a.claims is not None
+        assert a.claims.held.epoch("S") == 1
+        a.meta = False
+        b = await per_stream(root, hub, "b")
+        b.meta = True
+        await js.add_stream(name="S", subjects=["s.>"])
+        assert b.claims is not None
+        assert b.claims.held.epoch("S") == 2
+        assert (await js.publish("s.x", b"1")).seq == 1
+        await b.close()
+        b = None
+        assert a.ownership is not None
+        await Placing(a.ownership, a)._follow(Placement(1, {"S": a.ownership.name}, {}))
+        assert a.claims.held.epoch("S") == 3
+        assert (await js.stream_info("S")).state.messages == 1
+        assert (await js.publish("s.x", b"2")).seq == 2
+    finally:
+        await nc.close()
+        await a.close()
+        if b is not None:
+            await b.close()

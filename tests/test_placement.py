@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from gateway.service.placement import groups, place, rank
+from gateway.service.placement import groups, place, place_one, rank
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
 from storage_delta.commit.store import StoreRoot, write_data_file
 from storage_delta.format import schema as sch
@@ -196,3 +196,25 @@ def test_the_catalog_view_reads_the_snapshot_when_files_went_or_the_log_was_trim
     assert trim_log(os.path.join(str(tmp_path), sch.CATALOG), 0) > 0
     live = {"S1", "S3", "S4", "S5", "S6", "S7"}
     assert set(view.read()) == live == set(StreamReplicas(root).read())
+
+
+def test_a_new_stream_placed_alone_stays_where_the_next_placement_finds_it() -> None:
+    """``place_one`` (a create's: one ranking, not a placement of every stream) puts the new stream
+    on one of its first R gateways, on one with room when one has, and the next placement of every
+    stream (the meta owner's next tick, the new one's owner as current) keeps it there: a create
+    forwarded to that gateway is not moved a tick later. Over many random stores."""
+    rng = random.Random(7)
+    for _ in range(300):
+        gateways = [f"g{i}" for i in range(rng.randint(1, 5))]
+        replicas = {f"s{i}": rng.randint(1, len(gateways)) for i in range(rng.randint(0, 40))}
+        current = place(replicas, gateways, {})
+        name, r = f"new{rng.randint(0, 99)}", rng.randint(1, len(gateways))
+        load = Counter(current.values())
+        alone = place_one(name, r, gateways, load, len(replicas) + 1)
+        ranked = rank(name, gateways)[:r]
+        assert alone in ranked
+        share = -(-(len(replicas) + 1) // len(gateways))
+        if any(load[g] + 1 <= share for g in ranked):
+            assert load[alone] + 1 <= share
+            after = place({**replicas, name: r}, gateways, {**current, name: alone})
+            assert after[name] == alone, (replicas, name, r)

@@ -184,7 +184,9 @@ async def _answers(url: str) -> list[Any]:
             )
         await request(nc, "STREAM.CREATE.U", {"name": "U", "subjects": ["u"]})
         for r in UPDATES:
-            config = (await request(nc, "STREAM.INFO.U", None))["config"]
+            info = await request(nc, "STREAM.INFO.U", None)
+            assert "config" in info, (info, out)
+            config = info["config"]
             out.append(outcome(await request(nc, "STREAM.UPDATE.U", {**config, "num_replicas": r})))
         for stream in ("C3", "C2"):  # R2, R1
             for r in CONSUMERS:
@@ -272,3 +274,55 @@ async def _cluster_view(gw: Jetlake, peer: Peer, names: tuple[str, str]) -> None
             assert "replicas" not in info["cluster"]  # no other gateway any more
         finally:
             second.stop()
+
+
+@pytest.mark.slow
+def test_creates_refused_after_their_claim_then_made_are_served_after_a_kill(tmp_path: Path) -> None:
+    """Creates of R2 refused by a lone gateway (10005, after its claim), asked again once a second
+    gateway is live, then that gateway killed at once (before the meta owner records where the
+    streams went): every stream is served by the survivor, its info and a publish answered. A
+    create refused after its claim left the first gateway holding the stream's epoch; asked again,
+    the create went to the other gateway, which claimed above it, and when the stream came back
+    the first found it held, did not claim it and answered "not found" (#19)."""
+    gw = Jetlake(tmp_path / "jetlake")
+    gw.start()
+    try:
+        assert gw.gateway is not None
+        asyncio.run(_refused_then_made(gw, f"jetlake-{socket.gethostname()}-{gw.gateway.pid}"))
+    finally:
+        gw.stop()
+
+
+async def _refused_then_made(gw: Jetlake, survivor: str) -> None:
+    names = [f"N{i}" for i in range(6)]
+
+    def config(name: str) -> dict[str, Any]:
+        return {"name": name, "subjects": [name.lower()], "num_replicas": 2}
+
+    async with connected(gw.url) as nc:
+        for name in names:
+            refused = await request(nc, f"STREAM.CREATE.{name}", config(name))
+            assert refused["error"]["err_code"] == 10005, refused
+        peer = Peer(gw, "gateway2")
+        try:
+            await asyncio.to_thread(wait_log, peer.log, "standing by")
+            made = [await until_ok(nc, f"STREAM.CREATE.{names[0]}", config(names[0]))]
+            # the meta owner's placement has both gateways (then the creates are spread over them)
+            await asyncio.to_thread(wait_log, gw.workdir / "gateway.log", "over 2 gateways")
+            made += [await request(nc, f"STREAM.CREATE.{name}", config(name)) for name in names[1:]]
+            stop(peer.proc, signal.SIGKILL)
+        finally:
+            peer.stop()
+        assert [answer.get("error") for answer in made] == [None] * len(names)
+        js = nc.jetstream()
+        for name in names:
+            assert (await info_of(nc, name))["cluster"]["leader"] == survivor
+            for _ in range(4):  # a stream in the middle of its move is answered by no gateway
+                try:
+                    ack = await js.publish(name.lower(), b"1", timeout=2, headers={"Nats-Msg-Id": name})
+                    break
+                except NatsTimeout:
+                    continue
+            else:
+                ack = await js.publish(name.lower(), b"1", timeout=2, headers={"Nats-Msg-Id": name})
+            assert (ack.stream, ack.seq) == (name, 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from operator import attrgetter
+from types import TracebackType
 from typing import Protocol
 
 from gateway.adapters.ack_recorder import AckRecorder
@@ -86,8 +87,14 @@ class Registry:
         #: create (its lease claimed and every table fenced, then what the store holds of the
         #: stream installed: another gateway may have created it meanwhile), before the create's
         #: catalog commit, which the appender refuses for a stream not held. A no-op for a stream
-        #: held already. None: the gateway owns the whole store.
-        self.claim: Callable[[str], Awaitable[None]] | None = None
+        #: held already. Whether this call claimed it (False: held already). None: the gateway
+        #: owns the whole store.
+        self.claim: Callable[[str], Awaitable[bool]] | None = None
+        #: Per-stream ownership: lets go of a stream :attr:`claim` claimed for a create that did
+        #: not come about (refused after the claim: 10005, an overlap, a failed commit), so that
+        #: the gateway holds no epoch of a stream it does not serve: a later claim of it elsewhere
+        #: would pass that epoch, and a move back here would find it held and not claim it again.
+        self.let_go: Callable[[str], Awaitable[None]] | None = None
         #: Told of every consumer removed (the API's delete, inactivity): delivery answers its
         #: waiting requests and the advisory goes out.
         self.consumer_removed: Signal[[Consumer]] = Signal()
@@ -219,12 +226,17 @@ class Registry:
         self.consumers.setdefault(stream.name, {})[consumer.name] = consumer
         return consumer
 
+    def claimed(self, name: str) -> ClaimedForCreate:
+        """Per-stream ownership: stream ``name`` owned (:attr:`claim`) for a create made inside
+        ``async with``; should the create fail with no stream of that name here, a claim made
+        for it is let go (:attr:`let_go`). Nothing to do for a gateway that owns the whole store."""
+        return ClaimedForCreate(self, name)
+
     async def add_stream(self, config: StreamConfig, created_ns: int) -> Stream:
-        if self.claim is not None:
-            await self.claim(config.name)
-            if config.name in self.streams:  # created by another gateway before this claim
-                raise errors.STREAM_NAME_EXISTS
-        await self._persist_stream(config, {"config": to_json(config), "created": created_ns})
+        async with self.claimed(config.name):
+            if self.claim is not None and config.name in self.streams:
+                raise errors.STREAM_NAME_EXISTS  # created by another gateway before this claim
+            await self._persist_stream(config, {"config": to_json(config), "created": created_ns})
         stream = self.install_stream(config, created_ns)
         self.stream_added.emit(stream)
         return stream
@@ -344,3 +356,24 @@ class Registry:
             stream = self.streams.get(name)
             if stream is not None:
                 stream.rollback()
+
+
+class ClaimedForCreate:
+    """:meth:`Registry.claimed`. A class, not ``contextlib.asynccontextmanager``, which sets the
+    traceback of the exception it passes on: the API's errors are frozen."""
+
+    def __init__(self, registry: Registry, name: str) -> None:
+        self.registry = registry
+        self.name = name
+        self.fresh = False
+
+    async def __aenter__(self) -> None:
+        claim = self.registry.claim
+        self.fresh = claim is not None and await claim(self.name)
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        let_go, streams = self.registry.let_go, self.registry.streams
+        if isinstance(exc, Exception) and self.fresh and self.name not in streams and let_go is not None:
+            await let_go(self.name)

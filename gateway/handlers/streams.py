@@ -381,21 +381,26 @@ class StreamApi:
         stream_config.check_create(req)
         cfg = await self._with_origins(stream_config.normalize(req, self.reg.server_version))
         existing = self.reg.streams.get(name)
-        if existing is None and self.reg.claim is not None:
+        if existing is None:
             # per-stream ownership: owner first; a stream another gateway created comes with it
-            await self.reg.claim(name)
-            existing = self.reg.streams.get(name)
+            async with self.reg.claimed(name):
+                existing = self.reg.streams.get(name)
+                stream = existing if existing is not None else await self._create(cfg)
         if existing is not None:
             if not stream_config.same_config(existing.config, cfg):
                 raise errors.STREAM_NAME_EXISTS
             stream = existing
-        else:
-            self._check_overlap(cfg)
-            await self._check_overlap_elsewhere(cfg)
-            self._check_placement(cfg.num_replicas)
-            stream = await self.reg.add_stream(cfg, now_ns())
-            self.publish(advisories.stream_action(name, "create", now_ns()))
         return StreamCreateResponse(info=self._info(stream, with_domain=False), did_create=True)
+
+    async def _create(self, cfg: StreamConfig) -> Stream:
+        """A stream that exists nowhere, made of ``cfg`` if no other stream's subjects overlap
+        its own and its replicas can be placed."""
+        self._check_overlap(cfg)
+        await self._check_overlap_elsewhere(cfg)
+        self._check_placement(cfg.num_replicas)
+        stream = await self.reg.add_stream(cfg, now_ns())
+        self.publish(advisories.stream_action(cfg.name, "create", now_ns()))
+        return stream
 
     async def stream_update(self, name: str, body: bytes) -> StreamCreateResponse:
         # As the server: the whole config is checked (a name is required) before it is compared

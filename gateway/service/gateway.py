@@ -304,6 +304,7 @@ class Gateway:
                 fenced_by.on_stream_fenced = self.claims.drop
             self._stop_dropping = self.claims.dropped.connect(self._dropped)
             registry.claim = self._claim_new
+            registry.let_go = self._let_go
             dispatcher.answers = self.answers
             dispatcher.awaits = self.awaits
             dispatcher.served = self.served
@@ -563,19 +564,59 @@ class Gateway:
                 await loop.flush()
             except Exception as exc:  # their waiters heard it; the fence keeps the table right
                 log.warning("the %s commits before handing %s over failed: %s", loop.name, name, exc)
+        await self._let_go(name)
+        log.info("stream %s handed over", name)
+
+    async def _let_go(self, name: str) -> None:
+        """Per stream: stream ``name`` no longer held, and its lease released
+        (``Lease.release_stream``: the next owner need not wait a lease); also ``Registry.let_go``,
+        for a create refused after its claim."""
+        claims = self.claims
+        assert claims is not None, "per stream"
         epoch = claims.held.epoch(name)
         claims.held.drop(name)
         if epoch is not None and self.ownership is not None:  # the next owner claims at once
             await asyncio.to_thread(self.ownership.lease.release_stream, name, epoch)
-        log.info("stream %s handed over", name)
 
-    async def _claim_new(self, name: str) -> None:
+    async def drop_passed(self, names: Collection[str]) -> None:
+        """Per stream: of the streams ``names`` placed here, those held but not served (deleted
+        here, whose held epoch stays) whose lease another gateway has claimed since (the name
+        made again there) are no longer held (``StreamClaims.drop``), so that the follower claims
+        them again: found held, a stream that came back (its gateway killed before a tick
+        recorded where it went) was not claimed and was answered "not found" (#19). One read of
+        the lease for them all; none for the streams served here."""
+        core, claims, ownership = self.core, self.claims, self.ownership
+        assert core is not None, "started"
+        assert claims is not None, "per stream"
+        assert ownership is not None, "per stream"
+        registry = core.registry
+        idle = {
+            s: epoch
+            for s in names
+            if (epoch := claims.held.epoch(s)) is not None
+            and s not in registry.streams
+            and s not in registry.quarantine.streams
+            and s not in self._claiming
+            and s not in self._recovering
+        }
+        if not idle:
+            return
+        lease = ownership.lease
+        current = await asyncio.to_thread(lease.streams_current, idle)
+        passed = frozenset(s for s, epoch in idle.items() if current[s] > epoch)
+        if passed:
+            claims.drop(passed)
+
+    async def _claim_new(self, name: str) -> bool:
         """``Registry.claim``: this gateway owns a stream before the catalog commit creating it
-        (a no-op for a stream held). Another gateway claiming it at once leaves the request
+        (a no-op for a stream held: False). Another gateway claiming it at once leaves the request
         unanswered (the client times out and asks again), as :class:`StreamFenced`."""
         assert self.claims is not None
-        if self.claims.held.epoch(name) is None and name not in await self.claim([name]):
+        if self.claims.held.epoch(name) is not None:
+            return False
+        if name not in await self.claim([name]):
             raise StreamFenced(frozenset({name}))
+        return True
 
     def _presence(self, digest: str, present: bool) -> None:
         """``Gathering.presence``: which of the gateways this one heard of came or went."""

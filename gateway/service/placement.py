@@ -86,27 +86,45 @@ def place(
     candidates = {unit[0]: rank(unit[0], gateways)[: max(1, *(replicas[s] for s in unit))] for unit in units}
     owners: dict[str, str] = {}
 
-    def fits(gateway: str, unit: list[str]) -> bool:
-        """Room for the whole group, or for a group larger than a share: an empty gateway."""
-        return load[gateway] == 0 or load[gateway] + len(unit) <= share
-
     def settle(unit: list[str], owner: str) -> None:
         owners.update(dict.fromkeys(unit, owner))
         load[owner] += len(unit)
 
     for unit in units:
-        ranked = candidates[unit[0]]
         # the current owner of most of its members (ties: the group's rank order) if it may stay
         held = Counter(owner for s in unit if (owner := current.get(s)) in gateways)
         order = rank(unit[0], gateways)
         keep = sorted(held, key=lambda g: (-held[g], order.index(g)))
-        owner = next((g for g in keep if fits(g, unit)), None)
+        owner = next((g for g in keep if _has_room(load, g, share, len(unit))), None)
         if owner is not None:
             settle(unit, owner)
     for unit in units:
         if unit[0] in owners:
             continue
-        ranked = candidates[unit[0]]
-        # the first of its replica set with room; when all are full, the least loaded of them
-        settle(unit, next((g for g in ranked if fits(g, unit)), min(ranked, key=lambda g: load[g])))
+        settle(unit, _roomiest(candidates[unit[0]], load, share, len(unit)))
     return owners
+
+
+def place_one(
+    stream: str, num_replicas: int, live: Collection[str], load: Mapping[str, int], total: int
+) -> str:
+    """Where :func:`place` puts a new ``stream`` that joins no group, given the ``load`` of each
+    live gateway (how many of the other streams it owns) and the ``total`` of streams with this
+    one: a create's, at the cost of one ranking instead of a placement of every stream (which
+    grew to 0.4 s a create at 10,000 streams)."""
+    gateways = sorted(set(live))
+    share = -(-total // len(gateways))
+    return _roomiest(rank(stream, gateways)[: max(1, num_replicas)], load, share, 1)
+
+
+def _roomiest(ranked: list[str], load: Mapping[str, int], share: int, size: int) -> str:
+    """The first of a unit's replica set (``ranked``) with room for its ``size`` streams; when
+    all are full, the least loaded of them."""
+    fitting = (g for g in ranked if _has_room(load, g, share, size))
+    return next(fitting, min(ranked, key=lambda g: load.get(g, 0)))
+
+
+def _has_room(load: Mapping[str, int], gateway: str, share: int, size: int) -> bool:
+    """Room for ``size`` streams within the share, or none yet (a group larger than a share)."""
+    held = load.get(gateway, 0)
+    return held == 0 or held + size <= share
