@@ -16,12 +16,14 @@ import json
 import threading
 import weakref
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format.integrity import FETCH_AHEAD
 
 
 def app_version(root: StoreRoot, table: str, dt: DeltaTable, app_id: str) -> int:
@@ -50,6 +52,7 @@ class AppVersions:
     def __init__(self, root: StoreRoot, table: str) -> None:
         self._fs, base = root.filesystem()
         self._log = f"{base}/{table}/_delta_log"
+        self._ahead = FETCH_AHEAD if root.local_path() is None else 1
         self._lock = threading.Lock()
         #: The version :attr:`_apps` is as of (-1: nothing read yet).
         self._version = -1
@@ -108,15 +111,25 @@ class AppVersions:
         return checkpoint
 
     def _apply(self, apps: dict[str, int], versions: Iterable[int]) -> None:
-        for version in versions:
-            with self._fs.open_input_stream(f"{self._log}/{version:020d}.json") as fh:
-                body = bytes(fh.read())
+        paths = [f"{self._log}/{version:020d}.json" for version in versions]
+        if self._ahead > 1 and len(paths) > 1:
+            # on an object store side by side: a handle read for the first time (a new gateway's
+            # first tick, a writer's first fence) reads up to a checkpoint interval of entries
+            with ThreadPoolExecutor(min(len(paths), self._ahead), thread_name_prefix="jetlake-txns") as pool:
+                bodies = list(pool.map(self._entry, paths))
+        else:
+            bodies = [self._entry(path) for path in paths]
+        for body in bodies:
             for line in body.splitlines():
                 if b'"txn"' not in line:
                     continue
                 txn = json.loads(line).get("txn")
                 if txn is not None:  # the snapshot's is the last one (the log's order)
                     apps[str(txn["appId"])] = int(txn["version"])
+
+    def _entry(self, path: str) -> bytes:
+        with self._fs.open_input_stream(path) as fh:
+            return bytes(fh.read())
 
 
 #: Per live handle (by ``id``), what was read for it.
