@@ -532,9 +532,10 @@ class Gateway:
         replaying the log since its checkpoint (the reader's first load: 0.3 s in the S3
         takeover test) or fetching every file of the catalog, the removal and the ack log (0.3 to
         0.4 s). A tick's work (``Placing._keep_warm``)."""
-        if self.root.local_path() is not None or self._tables is None or self.claims is None:
+        kept = self.claims.kept if self.claims is not None else None
+        if self._tables is None or kept is None:  # a local root (or not per stream)
             return
-        tables, reader, kept = self._tables, self.reader, self.claims.kept
+        tables, reader = self._tables, self.reader
 
         def follow() -> None:
             for table in tables:

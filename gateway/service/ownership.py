@@ -252,8 +252,10 @@ class StreamClaims:
         #: What the start's check set aside (damaged ``messages`` log entries), with the names it
         #: may concern: a stream claimed later and named by it comes back offline, as at a start.
         self.offline: Collection[tuple[Scope, str]] = ()
-        #: What a claim reads back, kept read (the gateway's ticks keep it warm on object stores).
-        self.kept = KeptRows.of(root)
+        #: On an object store, what a claim reads back, kept read and warm (the gateway's ticks);
+        #: None on a local root, where a fresh read is cheap and the rows are not held for the
+        #: gateway's life (the catalog's grow with every change of every stream).
+        self.kept = KeptRows.of(root) if root.local_path() is None else None
 
     async def claim(
         self, streams: Collection[str], tables: Sequence[WriterTable], acks: AckLogTable
@@ -307,11 +309,12 @@ class StreamClaims:
         read = {s for s in fence if s not in lost}
         if not read:
             return ClaimedStreams(epochs, StoreState([], {}, Quarantine(), []), AckLog({}, 0, 0))
+        kept = self.kept
         state, history = await asyncio.gather(
             loop.run_in_executor(
-                self.executor, partial(load_store_state, self.root, self.offline, read, self.kept)
+                self.executor, partial(load_store_state, self.root, self.offline, read, kept)
             ),
-            loop.run_in_executor(self.executor, acks.load, read, self.kept.acks),
+            loop.run_in_executor(self.executor, acks.load, read, kept.acks if kept is not None else None),
         )
         return ClaimedStreams(epochs, state, history)
 
