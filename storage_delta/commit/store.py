@@ -122,6 +122,9 @@ class StoreRoot:
                 endpoint_override=opts.get("AWS_ENDPOINT_URL"),
                 region=opts.get("AWS_REGION", "us-east-1"),
                 allow_bucket_creation=False,
+                # a file smaller than an upload part (a commit's data file, a beat, a record) goes
+                # up as one PUT when it is closed, not as a multipart upload's three requests
+                allow_delayed_open=True,
             )
             return fs, self.uri[len("s3://") :].rstrip("/")
         fs, path = pafs.FileSystem.from_uri(self.uri)
