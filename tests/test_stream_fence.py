@@ -510,10 +510,12 @@ def test_streams_claimed_together_on_s3_get_each_epoch_once(
     """A takeover claims its streams in one commit of the claims table: those another gateway
     claimed first are left out, and when another claim lands between the read of the epochs and
     the commit (delta-rs refuses the commit then), each is claimed alone; every epoch goes to one
-    claimant and names it."""
+    claimant and names it. As a takeover does, the epochs are read (``streams_current``) before
+    the claim, which checks them against what that read brought in and reads nothing again."""
     root = StoreRoot("s3://lake/perstream-lease-many", s3_options(s3_endpoint))
     a, b = ObjectStoreLease(root), ObjectStoreLease(root)
     assert b.claim_stream("T", 1, "b")
+    assert a.streams_current("STU") == {"S": 0, "T": 1, "U": 0}
     assert a.claim_streams({"S": 1, "T": 1, "U": 1}, "a") == {"S", "U"}
     assert [b.stream_holder(s, 1) for s in "STU"] == ["a", "b", "a"]
 
@@ -527,6 +529,7 @@ def test_streams_claimed_together_on_s3_get_each_epoch_once(
             raced.append(b.claim_stream("V", 1, "b"))
 
     monkeypatch.setattr(lease_module, "catch_up", catch_up_then_b_claims)
+    assert a.streams_current("SVW") == {"S": 1, "V": 0, "W": 0}
     assert a.claim_streams({"S": 2, "V": 1, "W": 1}, "a") == {"S", "W"}
     assert raced == [True]
     assert [(b.stream_current(s), b.stream_holder(s, b.stream_current(s))) for s in "SVW"] == [
