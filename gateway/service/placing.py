@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from gateway.service.gateway import Gateway
 from gateway.service.ownership import TICKS_PER_LEASE, Ownership
-from gateway.service.placement import place, place_one
+from gateway.service.placement import kept, place, place_one
 from storage_delta.commit.lease import Placement
 from storage_delta.tables.removals import PlacedStream, StreamReplicas
 
@@ -335,13 +335,12 @@ class Placing:
 def _placed(
     streams: Mapping[str, PlacedStream], live: list[str], current: Mapping[str, str]
 ) -> dict[str, str]:
-    """:func:`place` over the catalog's view of the streams."""
-    return place(
-        {name: s.num_replicas for name, s in streams.items()},
-        live,
-        current,
-        {name: s.origins for name, s in streams.items()},
-    )
+    """:func:`place` over the catalog's view of the streams, or its answer found without ranking
+    them when the current owners are it (:func:`kept`)."""
+    replicas = {name: s.num_replicas for name, s in streams.items()}
+    origins = {name: s.origins for name, s in streams.items() if s.origins}
+    as_held = kept(replicas, live, current, origins)
+    return as_held if as_held is not None else place(replicas, live, current, origins)
 
 
 def _unsettled(
