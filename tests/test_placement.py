@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from gateway.service.placement import groups, place, place_one, rank
+from gateway.service.placement import groups, kept, place, place_one, rank
 from storage_delta.commit.checkpoint import checkpoint_table, trim_log
 from storage_delta.commit.store import StoreRoot, write_data_file
 from storage_delta.format import schema as sch
@@ -20,6 +20,7 @@ from storage_delta.tables.removals import PlacedStream, StreamReplicas
 from tests.test_stream_fence import fenced
 
 GATEWAYS = ["g1", "g2", "g3"]
+Owners = dict[str, str] | None
 
 
 def streams(n: int, replicas: int = 1) -> dict[str, int]:
@@ -218,3 +219,56 @@ def test_a_new_stream_placed_alone_stays_where_the_next_placement_finds_it() -> 
             assert load[alone] + 1 <= share
             after = place({**replicas, name: r}, gateways, {**current, name: alone})
             assert after[name] == alone, (replicas, name, r)
+
+
+def test_the_current_owners_kept_without_ranking_are_the_full_placement() -> None:
+    """``kept`` (the meta owner's tick without ranking every stream) answers exactly what ``place``
+    does whenever it answers, over random stores: creates placed one at a time as a create is,
+    deletes, origins joining streams, gateways joining and leaving, owners moved by hand past
+    their share or away from their group. And it answers every tick after creates without a
+    membership change where each stream may go to any gateway and none has local origins (a lone
+    gateway's case always), else the meta owner would rank every stream again each tick."""
+
+    def checked(live: list[str], current: dict[str, str], origins: dict[str, list[str]]) -> Owners:
+        answer = kept(replicas, live, current, origins)
+        if answer is not None:
+            assert answer == place(replicas, live, current, origins), (replicas, live, current, origins)
+        return answer
+
+    rng = random.Random(23)
+    for _ in range(2000):
+        gateways = [f"g{i}" for i in range(rng.randint(1, 5))]
+        anywhere = rng.random() < 0.5  # every stream's replica set is every gateway, no origins
+        replicas = {
+            f"s{i}": len(gateways) if anywhere else rng.randint(1, len(gateways))
+            for i in range(rng.randint(0, 40))
+        }
+        names = sorted(replicas)
+        origins: dict[str, list[str]] = {}
+        for name in [] if anywhere else names:
+            if rng.random() < 0.15:
+                origins[name] = rng.sample(names, min(len(names), rng.randint(0, 2)))
+        current = place(replicas, gateways, {}, origins)
+        for _ in range(rng.randint(0, 8)):  # creates, as the meta owner places each between ticks
+            name = f"n{rng.randint(0, 999)}"
+            r = len(gateways) if anywhere else rng.randint(1, len(gateways))
+            total = len(replicas) + (name not in replicas)
+            current[name] = place_one(name, r, gateways, Counter(current.values()), total)
+            replicas[name] = r
+        steady = checked(gateways, dict(current), origins)
+        assert steady is not None or not anywhere, (replicas, gateways, current)
+        for name in rng.sample(sorted(replicas), min(len(replicas), rng.randint(0, 3))):  # deletes
+            del replicas[name]  # (a share lowered may move a stream: then ``place`` decides)
+        checked(gateways, dict(current), origins)
+        live = list(gateways)
+        change = rng.random()
+        if change < 0.2:  # a gateway joins
+            live.append("g9")
+        elif change < 0.4 and len(live) > 1:  # one leaves
+            live.remove(rng.choice(live))
+        elif change < 0.6 and current:  # an owner moved by hand: past its share, out of its group
+            current[rng.choice(sorted(current))] = rng.choice(live)
+        elif change < 0.7 and len(replicas) > 1:  # a new source joins two streams
+            a, b = rng.sample(sorted(replicas), 2)
+            origins = {**origins, a: [b]}
+        checked(live, current, origins)

@@ -595,11 +595,11 @@ class Gateway:
         assert claims is not None, "per stream"
         assert ownership is not None, "per stream"
         registry = core.registry
-        idle = {
+        idle = {  # served first: most are, and a dict look-up is cheaper than the epoch's call
             s: epoch
             for s in names
-            if (epoch := claims.held.epoch(s)) is not None
-            and s not in registry.streams
+            if s not in registry.streams
+            and (epoch := claims.held.epoch(s)) is not None
             and s not in registry.quarantine.streams
             and s not in self._claiming
             and s not in self._recovering

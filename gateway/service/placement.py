@@ -105,6 +105,41 @@ def place(
     return owners
 
 
+def kept(
+    streams: Collection[str],
+    live: Collection[str],
+    current: Mapping[str, str],
+    origins: Mapping[str, Collection[str]] | None = None,
+) -> dict[str, str] | None:
+    """:func:`place`'s answer for ``streams`` (whatever their ``num_replicas``) when it is the
+    ``current`` owners themselves, found without ranking a stream (None: :func:`place` must
+    decide). It is when every stream's current owner is live, each stream has the owner of each
+    of its local origins (so every group has one owner), and no gateway owns more than its share:
+    then :func:`place`'s first pass keeps every unit with its owner (that gateway's load before
+    the unit, plus the unit, is at most what it owns in all, within the share) and its second has
+    nothing left to place. With one gateway that is every tick's case; with more, every tick's
+    while streams are only created (each where :func:`place_one` put it, within its share when
+    its replica set has room) and updated, and no gateway joins or leaves. A dict look-up a
+    stream, where a placement ranks each stream's gateways by hashes: 0.3 s on the event loop at
+    10,000 streams, each tick the catalog changed (#23)."""
+    gateways = set(live)
+    if not gateways:
+        return None
+    owners: dict[str, str] = {}
+    for stream in streams:
+        owner = current.get(stream)
+        if owner is None or owner not in gateways:
+            return None
+        owners[stream] = owner
+    for stream, joined in (origins or {}).items():
+        if stream in owners and any(o in owners and owners[o] != owners[stream] for o in joined):
+            return None
+    share = -(-len(streams) // len(gateways))
+    if any(load > share for load in Counter(owners.values()).values()):
+        return None
+    return owners
+
+
 def place_one(
     stream: str, num_replicas: int, live: Collection[str], load: Mapping[str, int], total: int
 ) -> str:
