@@ -333,3 +333,21 @@ async def test_a_stream_deleted_here_made_again_elsewhere_and_placed_back_is_cla
         await a.close()
         if b is not None:
             await b.close()
+
+
+async def test_a_handover_from_a_gateway_that_died_is_no_handover(
+    tmp_path: Path, hub: EmbeddedServer
+) -> None:
+    """S placed away from a live gateway is a handover: its next owner waits for the release (or
+    a lease). Once that gateway is no longer live (killed, gone from the hub) it will never
+    release, so S is a handover no more and its next owner claims at once, fencing it; kept for
+    the lease, the move waited out the lease after each kill (up to 5 s on an object store)."""
+    a = await per_stream(str(tmp_path / "data"), hub, "a")
+    try:
+        assert a.ownership is not None
+        placing = Placing(a.ownership, a)
+        assert placing._handovers({"S": "g1"}, {"S": "g2"}, ["g1", "g2"]) == {"S": "g1"}
+        assert placing._handovers({"S": "g1"}, {"S": "g2"}, ["g1", "g2"]) == {"S": "g1"}
+        assert placing._handovers({"S": "g1"}, {"S": "g2"}, ["g2"]) == {}
+    finally:
+        await a.close()

@@ -231,7 +231,11 @@ class Placing:
 
     def _handovers(self, current: dict[str, str], owners: dict[str, str], live: list[str]) -> dict[str, str]:
         """The streams moving from a live gateway (stream → that gateway), kept for a lease after
-        the move was placed: by then the next owner has claimed, the release or not."""
+        the move was placed (by then the next owner has claimed, the release or not) while that
+        gateway stays live: one that dies before it released (killed, or gone from the hub) will
+        never release, and its next owner, which waits for the release, would wait out the lease
+        (moves after a kill grew to the 5 s lease of an object store in `bench.several_gateways`);
+        the next owner's fence, not the release, keeps the stream right."""
         now = time.monotonic()
         for stream, owner in owners.items():
             was = current.get(stream)
@@ -240,7 +244,7 @@ class Placing:
         self._moving = {
             s: (was, at)
             for s, (was, at) in self._moving.items()
-            if now - at < self.ownership.lease_s and s in owners
+            if now - at < self.ownership.lease_s and s in owners and was in live
         }
         return {stream: was for stream, (was, _) in self._moving.items()}
 
