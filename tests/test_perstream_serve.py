@@ -494,13 +494,13 @@ def test_on_s3_kill_9_moves_one_stream_with_nothing_lost(
     """The kill -9 case on an s3:// root (moto): stream leases are app transactions of the claims
     table, the fences delta-rs commits. Every acknowledged message stored once, the consumer goes
     on from its durable state, the other stream keeps being served, the logs' epochs per stream
-    never go down. The lease is the object store's default, 5 s: against moto on a shared
-    machine a beat or an announcement can take longer than 1 s, and the gateways would take turns
-    judging each other gone. The handover is printed, not bounded (the 2 s bound is the local
-    root's)."""
+    never go down. A lease of 5 s: against moto on a shared machine a beat or an announcement
+    can take longer than 1 s, and the gateways would take turns judging each other gone. The
+    handover is printed, not bounded (the 2 s bound is the local root's)."""
     root = StoreRoot("s3://lake/perstream", s3_options(request.getfixturevalue("s3_endpoint")))
     scenario = partial(_two_streams_one_killed, per_stream=40)
-    moved_in, other_gap = two_gateways(tmp_path, scenario, root=root)
+    lease = {"JETLAKE_OWNER_LEASE_MS": "5000"}
+    moved_in, other_gap = two_gateways(tmp_path, scenario, root=root, env=lease)
     print(
         f"s3: kill -9 to the moved stream's next PubAck {moved_in:.2f} s, the other's gap {other_gap:.2f} s"
     )

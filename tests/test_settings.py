@@ -297,14 +297,3 @@ def test_an_event_loop_jetlake_does_not_know_is_refused() -> None:
     with pytest.raises(SettingsError, match="event_loop: 'tokio' is not one of uvloop, asyncio"):
         LOADER.load(environ={"JETLAKE_EVENT_LOOP": "tokio"})
     assert LOADER.load(environ={"JETLAKE_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"
-
-
-def test_the_owner_lease_goes_by_the_root_unless_set() -> None:
-    """0 (the shipped value): 1 s on a local root, 5 s on an object store, whose beats are round
-    trips; a value set is taken on either; below 0 is refused."""
-    by_root = LOADER.load(environ={})
-    assert (by_root.owner_lease_s(object_store=False), by_root.owner_lease_s(object_store=True)) == (1.0, 5.0)
-    chosen = LOADER.load(environ={"JETLAKE_OWNER_LEASE_MS": "2500"})
-    assert (chosen.owner_lease_s(object_store=False), chosen.owner_lease_s(object_store=True)) == (2.5, 2.5)
-    with pytest.raises(SettingsError, match="owner_lease_ms: -1 is below 0"):
-        LOADER.load(environ={"JETLAKE_OWNER_LEASE_MS": "-1"})

@@ -97,9 +97,7 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     root = StoreRoot(settings.data_root, settings.storage_options or None)
     ownership = Ownership(
-        await asyncio.to_thread(open_lease, root),
-        settings.owner_lease_s(root.local_path() is None),
-        settings.leaf_name,
+        await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000, settings.leaf_name
     )
     await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
     announcing = asyncio.create_task(ownership.announce(), name="announce")

@@ -19,9 +19,6 @@ MiB = 1024 * 1024
 
 
 EVENT_LOOPS = ("uvloop", "asyncio")
-#: ``owner_lease_ms`` 0: the lease on a local root and on an object store.
-LOCAL_LEASE_S = 1.0
-OBJECT_STORE_LEASE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,11 +83,10 @@ class Settings:
         "0: never",
     )
     owner_lease_ms: int = setting(
-        0,
+        1000,
         "several gateways on one store root: how long a gateway's beat may stay unchanged before its "
         "streams (and, for the meta owner, the store lease) move to another "
-        "(docs/architecture.md, *Several gateways on one store*); 0: by the root, 1000 on a local one "
-        "and 5000 on an object store, whose beats are round trips",
+        "(docs/architecture.md, *Several gateways on one store*)",
     )
     index_snapshot_interval_ms: int = setting(
         10_000,
@@ -150,8 +146,6 @@ class Settings:
             sync_interval_seconds(self.sync_interval)
         except ValueError as exc:
             raise SettingsError(f"sync_interval: {exc}") from None
-        if self.owner_lease_ms < 0:
-            raise SettingsError(f"owner_lease_ms: {self.owner_lease_ms} is below 0")
         if self.event_loop not in EVENT_LOOPS:
             raise SettingsError(f"event_loop: {self.event_loop!r} is not one of {', '.join(EVENT_LOOPS)}")
 
@@ -159,17 +153,6 @@ class Settings:
     def sync_seconds(self) -> float | None:
         """``sync_interval`` in seconds; None for ``always``."""
         return sync_interval_seconds(self.sync_interval)
-
-    def owner_lease_s(self, object_store: bool) -> float:
-        """``owner_lease_ms`` in seconds, by the root when 0. On an object store a beat, an
-        announcement and the reads of a tick are round trips that a loaded store can stretch past
-        a second, and the gateways would take turns judging each other gone, their streams moving
-        back and forth (seen against moto with 1 s). A gateway killed or crashed is noticed by the
-        hub at once whatever the lease; the lease bounds only how long a paused or cut-off one
-        keeps its streams."""
-        if self.owner_lease_ms:
-            return self.owner_lease_ms / 1000
-        return OBJECT_STORE_LEASE_S if object_store else LOCAL_LEASE_S
 
     @property
     def embedded(self) -> bool:
