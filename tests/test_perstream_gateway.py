@@ -341,7 +341,7 @@ async def test_a_handover_from_a_gateway_that_died_is_no_handover(
     """S placed away from a live gateway is a handover: its next owner waits for the release (or
     a lease). Once that gateway is no longer live (killed, gone from the hub) it will never
     release, so S is a handover no more and its next owner claims at once, fencing it; kept for
-    the lease, the move waited out the lease after each kill (up to 5 s on an object store)."""
+    the lease, the move waited out the lease after the kill."""
     a = await per_stream(str(tmp_path / "data"), hub, "a")
     try:
         assert a.ownership is not None

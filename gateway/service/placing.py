@@ -234,8 +234,7 @@ class Placing:
         the move was placed (by then the next owner has claimed, the release or not) while that
         gateway stays live: one that dies before it released (killed, or gone from the hub) will
         never release, and its next owner, which waits for the release, would wait out the lease
-        (moves after a kill grew to the 5 s lease of an object store in `bench.several_gateways`);
-        the next owner's fence, not the release, keeps the stream right."""
+        after the kill; the next owner's fence, not the release, keeps the stream right."""
         now = time.monotonic()
         for stream, owner in owners.items():
             was = current.get(stream)
