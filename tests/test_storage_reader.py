@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.seal import seal_stream
-from storage_delta.read.reader import MessageReader
+from storage_delta.read import reader as reader_mod
+from storage_delta.read.reader import DataFile, MessageReader
 from tests.harness import duckdb_connection
 
 BLOCK = 10  # small blocks, so a few dozen messages span several partitions
@@ -173,3 +176,48 @@ def test_stored_index_is_what_the_rows_say(tmp_path: Path) -> None:
         ]
         seal_stream(root, "KV")
     assert reader.stored_index("NONE").seq.tolist() == []
+
+
+def test_a_listing_taken_while_another_thread_catches_up_is_not_kept_as_the_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's reads share one reader over its worker threads. A thread that listed the
+    files at one version while another caught the handle up to a newer one must not leave its
+    older listing in the cache as the newer version's: the messages of the newer commits would
+    then read as gone (a cold read's answer for a consumer) until the table changed again. The
+    listing is slowed down here so that the threads meet every time."""
+    root = StoreRoot(str(tmp_path / "root"))
+    table = MessageTable(root)
+    table.commit([message("RACE", 1)], 1)
+    reader = MessageReader(root)
+    assert [f.max_seq for f in reader.stream_files("RACE")] == [1]
+    table.commit([message("RACE", 2)], 2)  # the reader's handle is at the first commit now
+
+    listed = threading.Event()
+    caught_up = threading.Event()
+    real = reader_mod._files_by_stream
+
+    def slow_listing(dt: DeltaTable) -> dict[str, list[DataFile]]:
+        files = real(dt)
+        if threading.current_thread().name == "first":
+            listed.set()
+            caught_up.wait(1.0)  # the second thread catches up and lists meanwhile (unless it waits)
+        return files
+
+    monkeypatch.setattr(reader_mod, "_files_by_stream", slow_listing)
+    first = threading.Thread(target=reader.stream_files, args=("RACE",), name="first")
+    first.start()
+    assert listed.wait(10)
+    table.commit([message("RACE", 3)], 3)  # a commit while the first listing is under way
+
+    def second_listing() -> None:
+        reader.stream_files("RACE")
+        caught_up.set()
+
+    second = threading.Thread(target=second_listing, name="second")
+    second.start()
+    first.join(10)
+    second.join(10)
+    table.close()
+    assert [f.max_seq for f in reader.stream_files("RACE")] == [1, 2, 3]
+    assert reader.read_range("RACE", 1, 3, BLOCK).column("seq").to_pylist() == [1, 2, 3]

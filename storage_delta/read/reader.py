@@ -11,6 +11,7 @@ stream never overlap in sequences: that is what lets a search stop at the first 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -56,7 +57,8 @@ class FileDamage:
 
 
 class MessageReader:
-    """Reads the ``messages`` table; every method blocks and belongs on a worker thread."""
+    """Reads the ``messages`` table; every method blocks and belongs on a worker thread, and one
+    reader serves all of the gateway's worker threads at once."""
 
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
@@ -65,6 +67,10 @@ class MessageReader:
         self._base = f"{base}/{sch.MESSAGES}"
         self._files: dict[str, list[DataFile]] = {}
         self._files_version = -1
+        #: The gateway's worker threads share the reader: a listing is taken and cached as its
+        #: version under this lock, or one thread could keep a listing it took before another
+        #: caught the handle up, as the newer version's (its newest files' messages read as gone).
+        self._listing = threading.Lock()
         #: Damaged files found by a read or :meth:`verify` (path -> what and why); never read again.
         self.damaged: dict[str, FileDamage] = {}
         self._verified: set[str] = set()
@@ -80,14 +86,15 @@ class MessageReader:
 
     def stream_files(self, stream: str) -> list[DataFile]:
         """The stream's live files in sequence order (cached per table version)."""
-        dt = self._table()
-        if dt is None:
-            return []
-        if dt.version() != self._files_version:
-            self._files = _files_by_stream(dt)
-            self._files_version = dt.version()
-            self._verified &= {f.path for files in self._files.values() for f in files}
-        return self._files.get(stream, [])
+        with self._listing:
+            dt = self._table()
+            if dt is None:
+                return []
+            if dt.version() != self._files_version:
+                self._files = _files_by_stream(dt)
+                self._files_version = dt.version()
+                self._verified &= {f.path for files in self._files.values() for f in files}
+            return self._files.get(stream, [])
 
     def _read(self, files: list[DataFile], columns: list[str], bounds: RowBounds | None) -> pa.Table:
         """The files' rows, each file checked first (its CRC-32, its pages, its footer): a damaged
