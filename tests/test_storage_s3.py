@@ -15,6 +15,7 @@ from storage_delta.commit.lease import CLAIMS_SCHEMA, ObjectStoreLease
 from storage_delta.commit.owner import OWNER_APP, Fenced
 from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds
 from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.format import schema as sch
 from storage_delta.maintenance.seal import seal_stream
 from storage_delta.read.reader import MessageReader
 from tests.harness import Jetlake, Peer, moto_s3, s3_options, wait_log
@@ -50,6 +51,28 @@ def test_write_read_and_resume_on_s3(s3_endpoint: str) -> None:
     assert reader.first_seq_at_time("S", 1_700_000_000_000_000_000 + 20) == 20
     # a new process resumes from the txn marker in the table
     assert MessageTable(root).last_txn_version() == 12
+
+
+def test_verify_on_s3_finds_the_damaged_file_among_those_fetched_side_by_side(s3_endpoint: str) -> None:
+    """A takeover checks every file of the streams it takes; on an object store the files are
+    fetched several at a time, and the damage found must still be the damaged file's own."""
+    root = s3_root(s3_endpoint, "verify")
+    table = MessageTable(root)
+    for seq in range(1, 21):
+        table.commit([message("V", seq)], seq)
+    table.close()
+    reader = MessageReader(root)
+    files = reader.stream_files("V")
+    assert len(files) == 20
+    bad = files[13]
+    fs, base = root.filesystem()
+    with fs.open_output_stream(f"{base}/{sch.MESSAGES}/{bad.path}") as out:
+        out.write(b"PAR1 not what its commit wrote PAR1")
+    damage = reader.verify("V")
+    assert [(d.file.path, d.file.min_seq) for d in damage] == [(bad.path, 14)]
+    assert "CRC-32" in damage[0].reason
+    got = reader.read_range("V", 1, 20, 10).column("seq").to_pylist()
+    assert got == [s for s in range(1, 21) if s != 14]
 
 
 def test_append_after_another_writer_removed_files_on_s3(s3_endpoint: str) -> None:

@@ -28,7 +28,6 @@ from storage_delta.format.integrity import (
     RowBounds,
     fetched_ahead,
     parse_verified,
-    verified_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -108,8 +107,7 @@ class MessageReader:
         self, files: list[DataFile], columns: list[str], bounds: RowBounds | None = None
     ) -> Iterator[pa.Table]:
         wanted = {f"{self._base}/{f.path}": f for f in files if f.path not in self.damaged}
-        ahead = FETCH_AHEAD if self.root.local_path() is None else 1
-        for full, buf in fetched_ahead(self._fs, list(wanted), ahead):
+        for full, buf in fetched_ahead(self._fs, list(wanted), self._ahead()):
             f = wanted[full]
             try:
                 if isinstance(buf, DamagedFile):
@@ -120,6 +118,10 @@ class MessageReader:
                 continue
             self._verified.add(f.path)
             yield table
+
+    def _ahead(self) -> int:
+        """Files fetched side by side: several on an object store, one at a time locally."""
+        return FETCH_AHEAD if self.root.local_path() is None else 1
 
     def _found_damage(self, f: DataFile, reason: str) -> None:
         self.damaged[f.path] = FileDamage(f, reason)
@@ -137,13 +139,17 @@ class MessageReader:
         """Check every live file of ``stream`` not checked yet (its CRC-32 only: the pages are
         checked when a read decodes them); returns the stream's damaged files. Recovery calls it for
         the files below an index snapshot, which it does not read."""
-        for f in self.stream_files(stream):
-            if f.path in self._verified or f.path in self.damaged:
-                continue
-            try:
-                verified_bytes(self._fs, f"{self._base}/{f.path}")
-            except DamagedFile as exc:
-                self._found_damage(f, exc.reason)
+        wanted = {
+            f"{self._base}/{f.path}": f
+            for f in self.stream_files(stream)
+            if f.path not in self._verified and f.path not in self.damaged
+        }
+        # fetched side by side on an object store: a takeover checks every file of each stream
+        # it takes, and one after another that was a round trip or two per file of the move (#19)
+        for full, buf in fetched_ahead(self._fs, list(wanted), self._ahead()):
+            f = wanted[full]
+            if isinstance(buf, DamagedFile):
+                self._found_damage(f, buf.reason)
                 continue
             self._verified.add(f.path)
         return self.damage(stream)
