@@ -334,6 +334,11 @@ def test_a_joining_gateway_gets_a_stream_by_a_clean_handover(tmp_path: Path) -> 
     released = logged_at(first, f"stream {moved} handed over")
     claimed = logged_at(peer.text(), f"owner of stream {moved} as its epoch")
     assert released <= claimed, (released, claimed)
+    # nothing was placed on the joining gateway before it could claim: placed while it was still
+    # starting, its streams were handed over and then waited, unserved, for its start to end
+    started = logged_at(peer.text(), "INFO gateway.service.gateway: started in")
+    placed_there = logged_at(first, f"-{peer.proc.pid}'")
+    assert started <= placed_there, (started, placed_there)
     # a tick for each follower, the release's flushes, the claim: under the issue's 2 s (a lease
     # waited out on top would not always be: the release ordering above is what shows none was)
     assert pause < 2.0

@@ -100,15 +100,11 @@ async def serve(settings: Settings) -> int:
         await asyncio.to_thread(open_lease, root), settings.owner_lease_ms / 1000, settings.leaf_name
     )
     await asyncio.to_thread(warm_up, root, CATALOG, CATALOG_SCHEMA)
-    announcing = asyncio.create_task(ownership.announce(), name="announce")
     try:
         await _serve_streams(settings, ownership, stop, monitor_stack)
     finally:
         if monitor_stack is not None:
             await monitor_stack  # a thread's import cannot be cut short; its error surfaces here
-        announcing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await announcing
         await ownership.leave()
         if embedded is not None:
             await embedded.stop()
@@ -133,8 +129,15 @@ async def _serve_streams(
     gateway = Gateway(settings, ownership)
     monitor = None
     tasks: list[asyncio.Task[None]] = []
+    announcing: asyncio.Task[None] | None = None
     try:
         await gateway.start()
+        # Announced only now that it can claim and serve: announced from the process's start, a
+        # gateway joining an object store was live to the meta owner seconds before it could take
+        # anything, got streams placed on it (their owners handed them over at once) and left
+        # them unserved until its start ended, and its announcements, late while its start held
+        # the loop, made it look gone again and the streams move back (#19).
+        announcing = asyncio.create_task(ownership.announce(), name="announce")
         _tune_gc()
         placing = Placing(ownership, gateway)
         tasks = [
@@ -151,6 +154,10 @@ async def _serve_streams(
         await _stop_monitor(monitor)
         await gateway.close()
         await ownership.release()
+        if announcing is not None:
+            announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcing
 
 
 async def _start_monitor(
