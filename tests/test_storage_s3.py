@@ -13,8 +13,8 @@ import pytest
 
 from storage_delta.commit.lease import CLAIMS_SCHEMA, ObjectStoreLease
 from storage_delta.commit.owner import OWNER_APP, Fenced
-from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds
-from storage_delta.commit.writer import MessageTable, StoredMessage
+from storage_delta.commit.store import CommitConflict, StoreRoot, commit_adds, open_existing
+from storage_delta.commit.writer import APP_ID, MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.maintenance.seal import seal_stream
 from storage_delta.read.reader import MessageReader
@@ -73,6 +73,21 @@ def test_verify_on_s3_finds_the_damaged_file_among_those_fetched_side_by_side(s3
     assert "CRC-32" in damage[0].reason
     got = reader.read_range("V", 1, 20, 10).column("seq").to_pylist()
     assert got == [s for s in range(1, 21) if s != 14]
+
+
+def test_the_txn_versions_a_writer_keeps_from_its_own_commits_are_the_logs(s3_endpoint: str) -> None:
+    """On an object store a writer brings its txn versions forward from what it committed, not by
+    reading its own entries back: they must be what the log says, as a fresh reader finds them."""
+    root = s3_root(s3_endpoint, "txns")
+    table = MessageTable(root)
+    for version in range(1, 8):
+        table.commit([message("A", version), message("B", version)], version)
+        assert table.last_txn_version() == version
+    table.close()
+    fresh = open_existing(root, sch.MESSAGES)
+    assert fresh is not None
+    assert fresh.transaction_version(APP_ID) == 7
+    assert MessageTable(root).last_txn_version() == 7
 
 
 def test_append_after_another_writer_removed_files_on_s3(s3_endpoint: str) -> None:

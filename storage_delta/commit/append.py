@@ -62,7 +62,7 @@ from storage_delta.commit.store import (
     open_or_create,
     write_data_file,
 )
-from storage_delta.commit.txns import app_version
+from storage_delta.commit.txns import app_version, note_commit
 
 log = logging.getLogger(__name__)
 
@@ -443,10 +443,14 @@ class TableAppender:
             self._check_streams(streams)
             try:
                 partitions = list(self.spec.partition_by)
+                at = self.dt.version()
                 commit_adds(self.dt, adds, self.spec.schema, partitions, txn, more_txns=more_txns)
                 # The handle does not advance past its own commit; without this the next commit
                 # would conflict with this one (same app id) and pay for a reload and a retry.
                 catch_up(self.dt)
+                if self.dt.version() == at + 1:  # the one new entry is this commit
+                    txns = [*([txn] if txn else []), *more_txns]
+                    note_commit(self.root, self.spec.name, self.dt, at + 1, txns)
                 break
             except CommitConflict:
                 if self._catch_up_landed(txn, streams):

@@ -38,6 +38,24 @@ def app_version(root: StoreRoot, table: str, dt: DeltaTable, app_id: str) -> int
     return held[1].of(dt, app_id)
 
 
+def note_commit(
+    root: StoreRoot, table: str, dt: DeltaTable, version: int, txns: Iterable[tuple[str, int]]
+) -> None:
+    """The handle ``dt`` made the commit ``version`` with the app transactions ``txns`` and was
+    brought to it: what it holds goes forward from memory, without reading back the entry just
+    written (a HEAD and a GET of every commit on an object store, #19). Only from the version
+    before it; otherwise the next :func:`app_version` reads as before."""
+    key = id(dt)
+    with _HANDLES_LOCK:
+        held = _HANDLES.get(key)
+        versions = held[1] if held is not None and held[0]() is dt else None
+    if versions is None:
+        versions = AppVersions(root, table)
+        with _HANDLES_LOCK:
+            _HANDLES[key] = (weakref.ref(dt, partial(_forget, key)), versions)
+    versions.committed(version, txns)
+
+
 def _forget(key: int, _ref: weakref.ref[DeltaTable]) -> None:
     """A handle is gone: so is what was read for it."""
     with _HANDLES_LOCK:
@@ -72,6 +90,14 @@ class AppVersions:
                     self._version = -1
                     return dt.transaction_version(app_id) or 0
             return self._apps.get(app_id, 0)
+
+    def committed(self, version: int, txns: Iterable[tuple[str, int]]) -> None:
+        """:func:`note_commit`: ``version`` is known to hold ``txns`` and no other app's."""
+        with self._lock:
+            if self._version == version - 1 and self._version >= 0:
+                for app, v in txns:
+                    self._apps[app] = v
+                self._version = version
 
     def _move_to(self, version: int) -> None:
         if 0 <= self._version < version:
