@@ -119,6 +119,42 @@ def test_puback_percentiles_count_only_the_sample_window() -> None:
     assert got["0.99"] == [pytest.approx(0.00099)]
 
 
+def test_series_at_rest_hold_their_values_through_the_ring() -> None:
+    """Idle streams and consumers are passed over by the sampler (#23): their points are the same
+    as if every sample had been written, across the ring turning over, a change after a long rest,
+    a stream going and coming back, and ``top`` choosing by the latest value."""
+    h = History(capacity=4)
+    c = ConsumerReading("S", "c", 0, 0, 3)
+    for t in range(6):  # S at rest from t=1 on, longer than the ring; T busy
+        h.add(reading(float(t), {"S": 50, "T": 2 * t}, [c]))
+    assert points(h, "ingest") == {"S": [0.0] * 4, "T": [2.0] * 4}
+    assert points(h, "lag") == {"S/c": [3] * 4}
+    assert points(h, "bytes")["S"] == [500] * 4
+    moved = replace(c, delivered=2, ack_pending=2, lag=1)
+    for t in range(6, 9):  # S moves once, then rests again
+        h.add(reading(float(t), {"S": 54, "T": 2 * t}, [moved]))
+    assert points(h, "ingest") == {"S": [0.0, 4.0, 0.0, 0.0], "T": [2.0] * 4}
+    assert points(h, "delivery") == {"S": [0.0, 2.0, 0.0, 0.0], "T": [0.0] * 4}
+    assert points(h, "lag") == {"S/c": [3, 1, 1, 1]}
+    assert points(h, "ack_pending") == {"S/c": [0, 2, 2, 2]}
+    assert points(h, "bytes") == {"S": [500, 540, 540, 540], "T": [100, 120, 140, 160]}
+    (top,) = [s for s in h.render(top=1)["series"] if s["metric"] == "bytes"]
+    assert top["labels"] == {"stream": "S"}  # at rest, and the most bytes
+    # at rest but for one counter: a publish raises the lag alone; a removal lowers the bytes
+    # alone; a publish and a removal of one size raise the count alone
+    more = replace(moved, lag=4)
+    h.add(Reading(9.0, 1009.0, {"S": 54, "T": 18}, {"S": 500, "T": 180}, [more], [0] * 4, BOUNDS))
+    h.add(Reading(10.0, 1010.0, {"S": 55, "T": 20}, {"S": 500, "T": 200}, [more], [0] * 4, BOUNDS))
+    assert points(h, "lag") == {"S/c": [1, 1, 4, 4]}
+    assert points(h, "bytes")["S"] == [540, 540, 500, 500]
+    assert points(h, "ingest")["S"] == [0.0, 0.0, 0.0, 1.0]
+    h.add(reading(11.0, {"T": 22}, []))  # S and its consumer gone
+    h.add(reading(12.0, {"S": 54, "T": 24}, [c]))  # and back, made anew
+    assert points(h, "ingest") == {"T": [2.0] * 4}
+    assert points(h, "bytes")["S"] == [540]
+    assert points(h, "lag") == {"S/c": [3]}
+
+
 def live(block: int, lo: int, hi: int, size: int = 100, ts: int = 10) -> LiveFile:
     return LiveFile("S", block, f"b{block}-{lo}", size, lo, hi, ts, ts, hi - lo + 1)
 

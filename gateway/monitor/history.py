@@ -7,10 +7,12 @@ growing": numbers at one moment (``/jsz``, ``/metrics``) do not say it, and Prom
 there. The sampler only reads counters the components keep (the publish path's messages stored per
 stream and its PubAck latency histogram, each stream's bytes, each consumer's delivered consumer
 sequence, pending set and ack floor), on the event loop, in O(streams + consumers) a second; rates
-are the differences of two readings. Each series holds at most ``capacity`` points, and a series
-goes with its stream or consumer, so memory is bounded by what exists (about 5 KB a series); an
-answer holds the ``top`` series of each metric that stand highest now (at most 100), so it costs
-the loop tens of milliseconds however many streams there are.
+are the differences of two readings. It writes only what moved: a series at rest holds its value
+until it changes or an answer reads it (thousands of idle streams cost a comparison each, #23).
+Each series holds at most ``capacity`` points, and a series goes with its stream or consumer, so
+memory is bounded by what exists (about 5 KB a series); an answer holds the ``top`` series of each
+metric that stand highest now (at most 100), so it costs the loop tens of milliseconds however
+many streams there are.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ METRICS = {
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one is four times as dear to make, 10,000 a second
 class ConsumerReading:
     stream: str
     consumer: str
@@ -106,6 +108,17 @@ def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float 
     return bounds[-1]
 
 
+@dataclass(slots=True)
+class _Series:
+    """A series' ring of ``capacity`` doubles (NaN: no value at that sample), written up to sample
+    ``filled`` (exclusive); every later sample holds ``held``, written in when the value changes or
+    an answer reads the series."""
+
+    values: array[float]
+    held: float
+    filled: int
+
+
 class History:
     """Ring buffers on one time axis: the sample times in one deque, each series' values in a fixed
     array of ``capacity`` doubles (NaN: no value at that sample), written at the slot of the sample.
@@ -116,51 +129,106 @@ class History:
         self.interval_s = interval_s
         self._times: deque[float] = deque(maxlen=capacity)  # Unix s of the last samples
         self._samples = 0  # samples taken so far: the next one's slot is this modulo capacity
-        self._series: dict[SeriesKey, array[float]] = {}
+        self._series: dict[SeriesKey, _Series] = {}
         self._last: Reading | None = None
+        self._pairs: dict[tuple[str, str], ConsumerReading] = {}  # the last reading's consumers
+        #: streams whose last values put were no ingest, no delivery: unmoved, nothing to write
+        self._resting: set[str] = set()
 
     def add(self, now: Reading) -> None:
         """One sample: rates against the previous reading, levels as they are. A counter that went
-        down (its stream or consumer was made anew) gives no rate this time."""
+        down (its stream or consumer was made anew) gives no rate this time. A stream or consumer
+        whose counters did not move since a sample that already put it at rest (no rate, the same
+        levels) is passed over: its series hold their value (:class:`_Series`), so the loop's work
+        a second is what moved, not what exists (#23: thousands of idle KV buckets)."""
         before, self._last = self._last, now
-        slot = self._samples % self.capacity
-        live: set[SeriesKey] = set()
-
-        def put(metric: str, labels: tuple[tuple[str, str], ...], value: float | None) -> None:
-            key = (metric, labels)
-            live.add(key)
-            values = self._series.get(key)
-            if values is None:
-                if value is None:
-                    return
-                values = self._series[key] = array("d", [math.nan]) * self.capacity
-            values[slot] = math.nan if value is None else value
-
+        sample = self._samples
         dt = now.mono - before.mono if before is not None else 0.0
-        delivered: dict[str, int] = dict.fromkeys(now.stored, 0)
-        was = {(c.stream, c.consumer): c.delivered for c in before.consumers} if before else {}
+        was, self._pairs = self._pairs, {(c.stream, c.consumer): c for c in now.consumers}
+        delivered: dict[str, int] = {}
         for c in now.consumers:
-            pair = (("stream", c.stream), ("consumer", c.consumer))
-            put("lag", pair, c.lag)
-            put("ack_pending", pair, c.ack_pending)
             prior = was.get((c.stream, c.consumer))
-            if prior is not None and c.delivered >= prior and c.stream in delivered:
-                delivered[c.stream] += c.delivered - prior
+            if prior is not None and (c.delivered, c.lag, c.ack_pending) == (
+                prior.delivered,
+                prior.lag,
+                prior.ack_pending,
+            ):
+                continue  # at rest: lag and ack_pending hold, nothing delivered
+            pair = (("stream", c.stream), ("consumer", c.consumer))
+            self._put(("lag", pair), c.lag, sample)
+            self._put(("ack_pending", pair), c.ack_pending, sample)
+            if prior is not None and c.delivered >= prior.delivered and c.stream in now.stored:
+                delivered[c.stream] = delivered.get(c.stream, 0) + c.delivered - prior.delivered
+        was_stored = before.stored if before is not None else {}
+        was_bytes = before.bytes if before is not None else {}
         for name, stored in now.stored.items():
+            count = was_stored.get(name)
+            held = now.bytes.get(name)
+            moved = delivered.get(name, 0)
+            at_rest = count == stored and was_bytes.get(name) == held and not moved and dt > 0
+            if at_rest and name in self._resting:
+                continue  # ingest and delivery stay 0, bytes as they were
             labels = (("stream", name),)
-            prior = before.stored.get(name) if before else None
-            rate = (stored - prior) / dt if prior is not None and stored >= prior and dt > 0 else None
-            put("ingest", labels, rate)
-            put("delivery", labels, delivered[name] / dt if before is not None and dt > 0 else None)
-            put("bytes", labels, now.bytes.get(name))
+            rate = (stored - count) / dt if count is not None and stored >= count and dt > 0 else None
+            rate_out = moved / dt if before is not None and dt > 0 else None
+            self._put(("ingest", labels), rate, sample)
+            self._put(("delivery", labels), rate_out, sample)
+            self._put(("bytes", labels), held, sample)
+            if rate == 0 and rate_out == 0:
+                self._resting.add(name)
+            else:
+                self._resting.discard(name)
+        puback: list[SeriesKey] = [("puback_seconds", (("quantile", str(q)),)) for q in QUANTILES]
         if before is not None and before.puback_bounds == now.puback_bounds:
             window = [a - b for a, b in zip(now.puback_counts, before.puback_counts, strict=True)]
-            for q in QUANTILES:
-                put("puback_seconds", (("quantile", str(q)),), quantile(q, now.puback_bounds, window))
-        for key in [k for k in self._series if k not in live]:  # its stream or consumer is gone
-            del self._series[key]
+            for q, key in zip(QUANTILES, puback, strict=True):
+                self._put(key, quantile(q, now.puback_bounds, window), sample)
+        else:
+            self._drop(puback)
+        self._drop_gone(before, now, was)
         self._times.append(round(now.wall, 3))
         self._samples += 1
+
+    def _put(self, key: SeriesKey, value: float | None, sample: int) -> None:
+        """``value`` (None: no value) at ``sample``; a series starts at its first value."""
+        series = self._series.get(key)
+        if series is None:
+            if value is None:
+                return
+            series = self._series[key] = _Series(array("d", [math.nan]) * self.capacity, math.nan, sample)
+        v = math.nan if value is None else float(value)
+        if v == series.held or (math.isnan(v) and math.isnan(series.held)):
+            return
+        self._fill(series, sample)
+        series.values[sample % self.capacity] = series.held = v
+        series.filled = sample + 1
+
+    def _fill(self, series: _Series, upto: int) -> None:
+        """Write the value a series holds into the slots of its samples before ``upto``."""
+        start = max(series.filled, upto - self.capacity)
+        if start < upto:
+            slots = np.arange(start, upto) % self.capacity
+            np.frombuffer(series.values, dtype=np.float64)[slots] = series.held
+        series.filled = upto
+
+    def _drop(self, keys: Sequence[SeriesKey]) -> None:
+        for key in keys:
+            self._series.pop(key, None)
+
+    def _drop_gone(
+        self, before: Reading | None, now: Reading, was: dict[tuple[str, str], ConsumerReading]
+    ) -> None:
+        """The series of streams and consumers in the previous reading (``was``: its consumers)
+        and not in this one."""
+        if before is None:
+            return
+        for name in before.stored.keys() - now.stored.keys():
+            self._resting.discard(name)
+            labels = (("stream", name),)
+            self._drop([("ingest", labels), ("delivery", labels), ("bytes", labels)])
+        for stream, consumer in was.keys() - self._pairs.keys():
+            pair = (("stream", stream), ("consumer", consumer))
+            self._drop([("lag", pair), ("ack_pending", pair)])
 
     def _points(self, values: array[float], times: np.ndarray, order: np.ndarray) -> list[list[float]]:
         """A series' points ``[unix s, value]``, oldest first, the samples without a value left out
@@ -173,14 +241,13 @@ class History:
         """The JSON of ``/history``: the series with their points, oldest first; with ``top``, per
         metric only the ``top`` series of the highest latest values (a page draws a few lines, not
         one per stream of thousands), chosen before any point is read."""
-        by_metric: dict[str, list[tuple[SeriesKey, array[float]]]] = {}
-        for key, values in sorted(self._series.items()):
-            by_metric.setdefault(key[0], []).append((key, values))
+        by_metric: dict[str, list[tuple[SeriesKey, _Series]]] = {}
+        for key, held in sorted(self._series.items()):
+            by_metric.setdefault(key[0], []).append((key, held))
         if top is not None and self._samples:
-            slot = (self._samples - 1) % self.capacity
 
-            def latest(item: tuple[SeriesKey, array[float]]) -> float:
-                v = item[1][slot]
+            def latest(item: tuple[SeriesKey, _Series]) -> float:
+                v = item[1].held  # the value of the latest sample
                 return -math.inf if math.isnan(v) else v
 
             for metric, items in by_metric.items():
@@ -191,8 +258,9 @@ class History:
         order = (first + np.arange(len(times))) % self.capacity
         series = []
         for items in by_metric.values():
-            for (metric, labels), values in items:
-                points = self._points(values, times, order)
+            for (metric, labels), held in items:
+                self._fill(held, self._samples)
+                points = self._points(held.values, times, order)
                 if points:
                     series.append({"metric": metric, "labels": dict(labels), "points": points})
         return {
