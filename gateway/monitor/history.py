@@ -11,8 +11,9 @@ are the differences of two readings. It writes only what moved: a series at rest
 until it changes or an answer reads it (thousands of idle streams cost a comparison each, #23).
 Each series holds at most ``capacity`` points, and a series goes with its stream or consumer, so
 memory is bounded by what exists (about 5 KB a series); an answer holds the ``top`` series of each
-metric that stand highest now (at most 100), so it costs the loop tens of milliseconds however
-many streams there are.
+metric that stand highest now (at most 100), so its size does not grow with the streams; its time
+does, as every series is ranked (0.12 to 0.28 s of the loop at 10,000 streams on a loaded machine,
+bench/RESULTS.md).
 """
 
 from __future__ import annotations
