@@ -12,6 +12,7 @@ import pytest
 
 from gateway.adapters.ack_recorder import AckRecorder
 from storage_delta.commit.store import StoreRoot
+from storage_delta.format.schema import ACK_SCHEMA
 from storage_delta.read.consumer_log import reduce
 from storage_delta.tables import acklog as al
 from tests.test_acklog import restored, same_state
@@ -56,7 +57,7 @@ CASES = [
     # a run whose every column is one value, then one whose every column is per row
     [
         al.AckRun("S", "c", al.ACK, 3, 1, 0, 0, 9, 7, 7, 4, 4),
-        al.AckRun("T", "d", al.DELIVER, 2, *[(1, 2)] * 8),
+        al.AckRun("T", "d", al.DELIVER, 2, (1, 2), (3, 4), (1, 1), (5, 6), (1, 2), (3, 4), (0, 1), (0, 2)),
     ],
 ]
 
@@ -121,7 +122,7 @@ async def test_recorded_runs_land_as_the_state_machine_made_them(tmp_path: Path)
     for r in rows:
         r.ts = NAK_TS if r.kind == al.NAK else r.ts  # a nak's time is the clock's
     assert [al.to_arrow([r]).drop_columns("lsn").to_pylist()[0] for r in rows[1:]] == [
-        dict(zip(al.sch.ACK_SCHEMA.names[1:], e, strict=True)) for e in expected
+        dict(zip(ACK_SCHEMA.names[1:], e, strict=True)) for e in expected
     ]
     assert writer.loop.rows_committed == len(rows)
     same_state(restored(consumer, reduce(rows, consumer.created_ns)), consumer)
