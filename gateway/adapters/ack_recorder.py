@@ -147,26 +147,47 @@ class AckRecorder:
 
     def acked_run(self, consumer: Consumer, settled: list[tuple[int, int, int]]) -> None:
         """Record the plain acks of :meth:`Consumer.ack_run` that settled a message, one row each
-        with the positions right after it, stamped with the run's ack time."""
+        with the positions right after it, stamped with the run's ack time: one run of columns."""
         if settled:
-            stream, name, ts = consumer.stream.name, consumer.name, consumer.ack_floor_active_ns
-            sseq, dseq = consumer.sseq, consumer.dseq
-            self.writer.add_rows(
-                [
-                    (stream, name, al.ACK, seq, 0, 0, ts, sseq, dseq, fseq, fcseq, None)
-                    for seq, fseq, fcseq in settled
-                ]
+            seqs, floor_seqs, floor_cseqs = zip(*settled, strict=True)
+            self.writer.add_run(
+                al.AckRun(
+                    consumer.stream.name,
+                    consumer.name,
+                    al.ACK,
+                    len(settled),
+                    seqs,
+                    0,
+                    0,
+                    consumer.ack_floor_active_ns,
+                    consumer.sseq,
+                    consumer.dseq,
+                    floor_seqs,
+                    floor_cseqs,
+                )
             )
 
     def delivered_run(self, consumer: Consumer, run: list[Delivered]) -> None:
-        """Record deliveries (of :meth:`Consumer.deliver_run` or ``deliver``), one row each."""
-        stream, name, ts, kind = consumer.stream.name, consumer.name, consumer.last_active_ns, al.DELIVER
-        self.writer.add_rows(
-            [
-                (stream, name, kind, seq, cseq, n, ts, sseq, cseq, fseq, fcseq, None)
-                for seq, cseq, n, _, sseq, fseq, fcseq in run
-            ]
-        )
+        """Record deliveries (of :meth:`Consumer.deliver_run` or ``deliver``), one row each, as one
+        run of columns (a delivery's consumer sequence is also the delivered one after it)."""
+        if run:
+            seqs, cseqs, deliveries, _, sseqs, floor_seqs, floor_cseqs = zip(*run, strict=True)
+            self.writer.add_run(
+                al.AckRun(
+                    consumer.stream.name,
+                    consumer.name,
+                    al.DELIVER,
+                    len(run),
+                    seqs,
+                    cseqs,
+                    deliveries,
+                    consumer.last_active_ns,
+                    sseqs,
+                    cseqs,
+                    floor_seqs,
+                    floor_cseqs,
+                )
+            )
 
     def room(self) -> int:
         """How many more frequent rows the ack log takes now."""

@@ -65,7 +65,9 @@ class CommitLoop(Generic[Row]):
     ``drained(rows)`` is told, on the event loop, of every run of rows that leaves the queue (taken
     for a commit, in order, or failed): fronts keep their bounds and numbering with it. ``commit``
     runs on ``executor`` and may be called again for the same batch and version after an error.
-    ``committed(rows)`` hears of each landed batch, on the event loop."""
+    ``committed(rows)`` hears of each landed batch, on the event loop. ``rows_of`` says how many
+    table rows an item of :attr:`pending` stands for (the ack log queues runs of rows as columns),
+    one each without it; :attr:`pending_rows` counts them."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class CommitLoop(Generic[Row]):
         committed: Callable[[list[Row]], None] | None = None,
         drained: Callable[[list[Row]], None] | None = None,
         stream_of: Callable[[Row], str] | None = None,
+        rows_of: Callable[[Row], int] | None = None,
     ) -> None:
         self.name = name
         self._executor = executor
@@ -95,12 +98,15 @@ class CommitLoop(Generic[Row]):
         self.on_stream_fenced: Callable[[frozenset[str]], None] | None = None
         #: A row's stream, for per-stream ownership (which rows a fenced stream rolls back).
         self._stream_of = stream_of
+        self._rows_of = rows_of
         #: The stream a waiter waits for, when it named one (per-stream ownership).
         self._waiter_streams: dict[asyncio.Future[None], str] = {}
         self._linger_s = linger_s
         self._gather_rows = gather_rows
         self._retry_s = retry_s
         self.pending: list[Row] = []
+        #: The table rows :attr:`pending` holds (what fronts add as ``queued``'s ``added``).
+        self.pending_rows = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._in_flight: list[asyncio.Future[None]] = []
         self._batch: list[Row] = []
@@ -137,10 +143,11 @@ class CommitLoop(Generic[Row]):
         they (and every row before them) are committed; it resolves at once when nothing is owed.
         Rows without a waiter may wait up to ``linger_s`` for company. ``stream``: the rows are
         all of that stream, so only its fence fails the future (per-stream ownership)."""
+        self.pending_rows += added
         if not sync:
             # The loop waits for the first row, then for the linger time or enough rows: waking it
             # for each row in between would only cost it a new timer each time.
-            if len(self.pending) <= added or self._ready():
+            if self.pending_rows <= added or self._ready():
                 self._wakeup.set()
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -172,7 +179,7 @@ class CommitLoop(Generic[Row]):
             self._urgent
             or self._closed
             or self._linger_s <= 0
-            or (self._gather_rows > 0 and len(self.pending) >= self._gather_rows)
+            or (self._gather_rows > 0 and self.pending_rows >= self._gather_rows)
         )
 
     async def _gather(self) -> None:
@@ -222,7 +229,7 @@ class CommitLoop(Generic[Row]):
     async def _cycle(self) -> None:
         await self._gather()
         batch, self._in_flight = self.pending, self._waiters
-        self.pending, self._waiters, self._urgent = [], [], False
+        self.pending, self.pending_rows, self._waiters, self._urgent = [], 0, [], False
         self._batch, self._batch_version = batch, self._version + 1
         if self._drained is not None:
             self._drained(batch)
@@ -274,24 +281,29 @@ class CommitLoop(Generic[Row]):
                     fenced = exc.streams if isinstance(exc, LeftOutThenFailed) else None
                     break
                 if self._closed or time.perf_counter() - started + delay > self._retry_s:
-                    log.exception("%s commit of %d rows failed", self.name, len(batch))
+                    log.exception("%s commit of %d rows failed", self.name, self._rows(batch))
                     self.failures += 1
                     self._version = landed
                     self._fail(batch, exc)
                     return False
-                log.warning("%s commit of %d rows failed (%r); retrying", self.name, len(batch), exc)
+                log.warning("%s commit of %d rows failed (%r); retrying", self.name, self._rows(batch), exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_CAP_S)
         self._version = version
         if fenced:
             batch = self._drop_fenced(batch, fenced)
         self.commits += 1
-        self.rows_committed += len(batch)
+        rows = self._rows(batch)
+        self.rows_committed += rows
         self.commit_seconds.observe(time.perf_counter() - started)
-        self.batch_rows.observe(len(batch))
+        self.batch_rows.observe(rows)
         if self._committed is not None:
             self._committed(batch)
         return True
+
+    def _rows(self, batch: list[Row]) -> int:
+        rows_of = self._rows_of
+        return len(batch) if rows_of is None else sum(map(rows_of, batch))
 
     def _drop_fenced(self, batch: list[Row], fenced: frozenset[str]) -> list[Row]:
         """A commit left out the rows of ``fenced`` streams (a newer owner holds them): the
@@ -327,7 +339,7 @@ class CommitLoop(Generic[Row]):
     def _fail(self, batch: list[Row], exc: BaseException) -> None:
         """``batch`` (the failed commit's rows) and everything queued behind it fail: the owner
         puts its view back to what is durable, then every waiter gets ``exc``."""
-        behind, self.pending = self.pending, []
+        behind, self.pending, self.pending_rows = self.pending, [], 0
         if self._drained is not None:
             self._drained(behind)
         try:

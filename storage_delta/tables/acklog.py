@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from array import array
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -103,10 +104,34 @@ _FIELD_ORDER = [
 ]
 
 
-#: A row as the appender queues it: the fields in ``ACK_SCHEMA`` order after ``lsn`` (the queued
-#: rows' lsns are consecutive, so a batch knows them from its first), a plain tuple because the
-#: gateway queues one per delivery and one per ack.
-AckRow = tuple[str, str, str, int, int, int, int, int, int, int, int, str | None]
+#: A number column of an :class:`AckRun`: one value for all its rows, or one per row (a tuple, as
+#: ``zip`` transposes a run's tuples, or any buffer of int64).
+Numbers = int | Sequence[int]
+
+
+@dataclass(slots=True)
+class AckRun:
+    """Rows as the writer queues them: ``n`` rows of one consumer and kind whose number columns
+    hold one value per row or one for all, so that a run of deliveries or acks is a few columns,
+    not a Python object per row (#23). Their lsns are consecutive from the batch's first."""
+
+    stream: str
+    consumer: str
+    kind: str
+    n: int
+    seq: Numbers
+    cseq: Numbers
+    deliveries: Numbers
+    ts: Numbers
+    delivered_seq: Numbers
+    delivered_cseq: Numbers
+    floor_seq: Numbers
+    floor_cseq: Numbers
+    body: str | None = None
+
+
+#: AckRun's number columns, in ``ACK_SCHEMA`` order.
+_NUMBER_COLUMNS = [f.name for f in sch.ACK_SCHEMA if pa.types.is_integer(f.type) and f.name != "lsn"]
 
 
 def to_arrow(records: list[AckRecord]) -> pa.Table:
@@ -116,22 +141,31 @@ def to_arrow(records: list[AckRecord]) -> pa.Table:
     )
 
 
-def rows_to_arrow(rows: list[AckRow], first_lsn: int) -> pa.Table:
-    """Queued rows (lsns from ``first_lsn`` on) as one Arrow table, column by column."""
-    fields = list(sch.ACK_SCHEMA)[1:]
-    columns = zip(*rows, strict=True) if rows else ([] for _ in fields)
-    lsns = pa.array(np.arange(first_lsn, first_lsn + len(rows), dtype=np.int64))
-    return pa.Table.from_arrays(
-        [lsns, *(pa.array(col, f.type) for col, f in zip(columns, fields, strict=True))],
-        schema=sch.ACK_SCHEMA,
-    )
+def runs_to_arrow(runs: list[AckRun], first_lsn: int) -> pa.Table:
+    """Queued runs (lsns from ``first_lsn`` on) as one Arrow table: each number column is one
+    ``array('q')`` that a run's values or its single value repeated extend in C, each string column
+    the runs' values taken per row by Arrow, so the cost per row is no Python object's."""
+    sizes = [r.n for r in runs]
+    total = sum(sizes)
+    of_run = np.repeat(np.arange(len(runs)), sizes)
+    columns: dict[str, pa.Array] = {"lsn": pa.array(np.arange(first_lsn, first_lsn + total, dtype=np.int64))}
+    for name in ("stream", "consumer", "kind", "body"):
+        columns[name] = pa.array([getattr(r, name) for r in runs], pa.string()).take(of_run)
+    for name in _NUMBER_COLUMNS:
+        col = array("q")
+        for r in runs:
+            v = getattr(r, name)
+            col += array("q", (v,)) * r.n if type(v) is int else array("q", v)
+        columns[name] = pa.array(np.frombuffer(col, np.int64))
+    return pa.Table.from_arrays([columns[name] for name in sch.ACK_SCHEMA.names], schema=sch.ACK_SCHEMA)
 
 
-def _as_row(r: AckRecord) -> AckRow:
-    return (
+def _as_run(r: AckRecord) -> AckRun:
+    return AckRun(
         r.stream,
         r.consumer,
         r.kind,
+        1,
         r.seq,
         r.cseq,
         r.deliveries,
@@ -434,8 +468,16 @@ def compact_store(root: StoreRoot) -> Compaction:
     return AckLogTable(root).compact(live)
 
 
-def _row_stream(row: AckRow) -> str:
-    return row[0]
+def _run_stream(run: AckRun) -> str:
+    return run.stream
+
+
+def _run_rows(run: AckRun) -> int:
+    return run.n
+
+
+def _rows(runs: list[AckRun]) -> int:
+    return sum(r.n for r in runs)
 
 
 class AckLogWriter:
@@ -478,7 +520,7 @@ class AckLogWriter:
         self._since_compaction = backlog
         self._compaction: asyncio.Task[None] | None = None
         #: The commit loop: its counters (commits, rows) are the ack log's.
-        self.loop: CommitLoop[AckRow] = CommitLoop(
+        self.loop: CommitLoop[AckRun] = CommitLoop(
             "acklog",
             executor,
             self._append,
@@ -489,7 +531,8 @@ class AckLogWriter:
             retry_s=self.RETRY_S,
             committed=self._committed,
             drained=self._drained,
-            stream_of=_row_stream,
+            stream_of=_run_stream,
+            rows_of=_run_rows,
         )
         self._per_stream = table.per_stream
         self.compactions = 0
@@ -498,11 +541,11 @@ class AckLogWriter:
         await self.loop.start()
 
     def has_room(self) -> bool:
-        return not self.loop.closed and len(self.loop.pending) < self._max_pending
+        return not self.loop.closed and self.loop.pending_rows < self._max_pending
 
     def room(self) -> int:
         """How many more rows :meth:`has_room` would take one after the other."""
-        return 0 if self.loop.closed else max(self._max_pending - len(self.loop.pending), 0)
+        return 0 if self.loop.closed else max(self._max_pending - self.loop.pending_rows, 0)
 
     def submit(self, record: AckRecord | None, sync: bool = False) -> asyncio.Future[None] | None:
         """Queue a row. With ``sync`` the returned future resolves once it (and every row queued
@@ -511,7 +554,7 @@ class AckLogWriter:
             return self.loop.queued(sync, 0)
         self._lsn += 1
         record.lsn = self._lsn
-        self.loop.pending.append(_as_row(record))
+        self.loop.pending.append(_as_run(record))
         return self.loop.queued(sync, stream=record.stream if self._per_stream else None)
 
     def add(
@@ -529,14 +572,14 @@ class AckLogWriter:
         """:meth:`submit` for the frequent rows (deliveries, acks) without building a record:
         ``positions`` are the consumer's (delivered seq, delivered cseq, floor seq, floor cseq)."""
         self._lsn += 1
-        self.loop.pending.append((stream, consumer, kind, seq, cseq, deliveries, ts, *positions, None))
+        self.loop.pending.append(AckRun(stream, consumer, kind, 1, seq, cseq, deliveries, ts, *positions))
         return self.loop.queued(sync, stream=stream if self._per_stream else None)
 
-    def add_rows(self, rows: list[AckRow]) -> None:
-        """:meth:`add` for many rows in one call (no sync)."""
-        self._lsn += len(rows)
-        self.loop.pending.extend(rows)
-        self.loop.queued(False, len(rows))
+    def add_run(self, run: AckRun) -> None:
+        """:meth:`add` for a run of rows in one call (no sync)."""
+        self._lsn += run.n
+        self.loop.pending.append(run)
+        self.loop.queued(False, run.n)
 
     async def flush(self) -> None:
         """Wait until every row submitted so far is committed."""
@@ -553,29 +596,30 @@ class AckLogWriter:
             self._lsn += gap
             self._taken_lsn += gap
 
-    def _drained(self, rows: list[AckRow]) -> None:
+    def _drained(self, runs: list[AckRun]) -> None:
         """Rows leave the queue in lsn order: a batch's lsns follow the last batch's."""
         self._batch_first_lsn = self._taken_lsn + 1
-        self._taken_lsn += len(rows)
+        self._taken_lsn += _rows(runs)
 
-    def _append(self, batch: list[AckRow], version: int) -> frozenset[str]:
+    def _append(self, batch: list[AckRun], version: int) -> frozenset[str]:
         """On the executor: the batch's columns are built there, not on the event loop. Only one
         batch is in flight, so its first lsn is the one noted when it was taken."""
-        return self._table.append(rows_to_arrow(batch, self._batch_first_lsn), version)
+        return self._table.append(runs_to_arrow(batch, self._batch_first_lsn), version)
 
-    def _failed(self, rows: list[AckRow], exc: BaseException) -> None:
+    def _failed(self, runs: list[AckRun], exc: BaseException) -> None:
         """The rows are not in the log: the consumers' state in memory is ahead of it, which a
         restart repairs by redelivering what the log does not show acknowledged."""
-        log.error("%d ack log rows were not committed: %r", len(rows), exc)
+        log.error("%d ack log rows were not committed: %r", _rows(runs), exc)
 
     @property
     def last_lsn(self) -> int:
         """The lsn of the row queued last."""
         return self._lsn
 
-    def _committed(self, batch: list[AckRow]) -> None:
-        self.committed_lsn = self._batch_first_lsn + len(batch) - 1
-        self._since_compaction += len(batch)
+    def _committed(self, batch: list[AckRun]) -> None:
+        rows = _rows(batch)
+        self.committed_lsn = self._batch_first_lsn + rows - 1
+        self._since_compaction += rows
         due = self._compact_every and self._since_compaction >= self._compact_every
         if due and self._compaction is None and not self.loop.closed:
             self._compaction = asyncio.create_task(self._compact(), name="acklog-compact")
