@@ -88,11 +88,7 @@ async def _spread(nc: Client, names: list[str], gateways: int) -> None:
     """Until ``names`` are owned by ``gateways`` gateways, evenly (stream info ``cluster.leader``)."""
     deadline = time.monotonic() + 60
     while True:
-        leaders: list[str] = []
-        for name in names:
-            with contextlib.suppress(NatsTimeout, NoRespondersError):
-                reply = await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=1)
-                leaders.append(json.loads(reply.data).get("cluster", {}).get("leader", ""))
+        leaders = await _leaders(nc, names)
         counts = Counter(leaders)
         if (
             len(leaders) == len(names)
@@ -197,6 +193,16 @@ def jetstream(work: Path, streams: int, publishers: int, seconds: float) -> Resu
         server.stop()
 
 
+async def _leaders(nc: Client, names: list[str]) -> list[str]:
+    """The ``cluster.leader`` of each of ``names`` that answers its stream info within a second."""
+    leaders: list[str] = []
+    for name in names:
+        with contextlib.suppress(NatsTimeout, NoRespondersError):
+            reply = await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=1)
+            leaders.append(json.loads(reply.data).get("cluster", {}).get("leader", ""))
+    return leaders
+
+
 async def _settled(url: str, names: list[str]) -> None:
     """Until the moves a joining gateway brings about are over: two lease lengths for it to count
     as live and its share to be placed, then until every one of ``names`` answers with the same
@@ -207,11 +213,7 @@ async def _settled(url: str, names: list[str]) -> None:
     async with await nats.connect(url) as nc:
         seen: list[str] = []
         while True:
-            leaders: list[str] = []
-            for name in names:
-                with contextlib.suppress(NatsTimeout, NoRespondersError):
-                    reply = await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=1)
-                    leaders.append(json.loads(reply.data).get("cluster", {}).get("leader", ""))
+            leaders = await _leaders(nc, names)
             if len(leaders) == len(names) and leaders == seen:
                 return
             assert time.monotonic() < deadline, f"never settled: {leaders}"
