@@ -141,6 +141,10 @@ async def test_waiting_request_served_by_new_messages(targets: dict[str, str], u
         await asyncio.sleep(0.2)
         await publish(nc, name, 3)
         got = [describe(await sub.next_msg(timeout=3)) for _ in range(3)]
+        # Without each delivery's pending count: the real server's is a race between its delivery
+        # of a message and the store of the next one (a loaded CI run saw it give 1 for the first
+        # message, where it usually gives 0). The consumer's state below is settled.
+        got = [d[:6] + d[7:] for d in got]
         return {"got": got, "info": state(await api(nc, f"CONSUMER.INFO.{name}.f"))}
 
     out = await same(targets, case, unique)
