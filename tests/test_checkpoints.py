@@ -19,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from storage_delta.commit import checkpoint as ckpt
-from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender
+from storage_delta.commit.deltalog import BelowTrim, LocalLogEntries, LogAppender
 from storage_delta.commit.durable import fsync_path
 from storage_delta.commit.store import StoreRoot, catch_up, open_existing, open_version
 from storage_delta.commit.writer import MessageTable, StoredMessage
@@ -450,7 +450,7 @@ def test_a_swap_planned_below_a_trim_is_abandoned_not_linked_at_a_trimmed_versio
     table.close()
     gone = min(int(n[:20]) for n in os.listdir(log_dir(root)) if n.endswith(".json")) - 1
     assert gone > 0  # trimmed below
-    stale = LocalLogAppender(str(tmp_path / sch.MESSAGES), gone)
+    stale = LogAppender(LocalLogEntries(str(tmp_path / sch.MESSAGES)), gone)
     before = sorted(os.listdir(log_dir(root)))
     with pytest.raises(BelowTrim):
         stale.swap([], [], "OPTIMIZE")

@@ -16,7 +16,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import RemoveAction
 
 from storage_delta.commit import store as tables
-from storage_delta.commit.deltalog import ConcurrentRemoval, LocalLogAppender, commit_path
+from storage_delta.commit.deltalog import ConcurrentRemoval, LocalLogEntries, LogAppender, commit_path
 from storage_delta.commit.store import StoreRoot, write_data_file
 from storage_delta.commit.writer import APP_ID, GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.format import schema as sch
@@ -103,7 +103,7 @@ def test_swap_wins_over_appends_it_has_not_seen(root: StoreRoot) -> None:
         for f in stale
         if f.max_seq is not None and f.max_seq <= 2
     ]
-    swapper = LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=snapshot)
+    swapper = LogAppender(LocalLogEntries(f"{root.uri}/{sch.MESSAGES}"), next_version=snapshot)
     assert swapper.swap(removes, [], "DELETE") == snapshot + 5
     table.commit([message("S", 9)], 9)  # and the gateway's next append follows the swap
     table.close()
@@ -124,8 +124,9 @@ def test_swap_of_files_another_job_removed_commits_nothing(root: StoreRoot) -> N
         RemoveAction(f.log_path, True, 0, f.size, {"stream": f.stream, "block": str(f.block)})
         for f in files[1:3]
     ]
+    stale = LogAppender(LocalLogEntries(f"{root.uri}/{sch.MESSAGES}"), next_version=snapshot)
     with pytest.raises(ConcurrentRemoval):
-        LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=snapshot).swap(removes, [], "DELETE")
+        stale.swap(removes, [], "DELETE")
     assert not swap_files(root, files[1:3], [], data_change=True)
     table.close()
     assert seqs_in_table(root) == {"S": [3, 4, 5]}
@@ -141,11 +142,11 @@ def test_retry_of_a_commit_that_landed_writes_nothing(root: StoreRoot) -> None:
         schema=sch.MESSAGE_FILE_SCHEMA,
     )
     add = write_data_file(root, sch.MESSAGES, {"stream": "S", "block": "0"}, rows)
-    appender = LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=2)
+    appender = LogAppender(LocalLogEntries(f"{root.uri}/{sch.MESSAGES}"), next_version=2)
     assert appender.append([add], (APP_ID, 2)) == 2
     files = sorted(os.listdir(log_dir(root)))
     # the retry, by a writer that did not learn that version 2 landed
-    stale = LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version=2)
+    stale = LogAppender(LocalLogEntries(f"{root.uri}/{sch.MESSAGES}"), next_version=2)
     assert stale.append([add], (APP_ID, 2)) == 2
     assert sorted(os.listdir(log_dir(root))) == files
     table.close()
@@ -200,7 +201,7 @@ def test_vacuum_keeps_files_a_writer_has_not_committed(root: StoreRoot) -> None:
     assert vacuum(root, retention_hours=1, dry_run=False) == []
     assert os.path.exists(f"{root.uri}/{sch.MESSAGES}/{in_flight.path}")
     next_version = len([f for f in os.listdir(log_dir(root)) if f.endswith(".json")])
-    LocalLogAppender(f"{root.uri}/{sch.MESSAGES}", next_version).append([in_flight], (APP_ID, 4))
+    LogAppender(LocalLogEntries(f"{root.uri}/{sch.MESSAGES}"), next_version).append([in_flight], (APP_ID, 4))
     table.close()
     assert seqs_in_table(root) == {"S": [1, 2, 3, 4]}
 

@@ -197,7 +197,7 @@ def test_a_stale_owner_behind_a_trim_is_still_fenced(tmp_path: Path) -> None:
         if v % 10 == 0:
             b._appender.hygiene()  # a checkpoint, and the trim below it
     b.close()
-    local = a._appender._local
+    local = a._appender._log
     assert local is not None
     assert not os.path.exists(
         os.path.join(str(tmp_path), "messages", "_delta_log", f"{local.next_version:020d}.json")

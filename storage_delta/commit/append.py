@@ -11,10 +11,11 @@ The rules, in the order a commit meets them (docs/storage.md):
   for each stream ``S`` it touches instead, and the stream's owner epoch;
 * a version at or below what the table already holds for ``app_id`` is not written again: that is
   how a retry after an error that hid a success (delta-rs #2509) lands once;
-* on a local store root the commit is a blind append through :class:`LocalLogAppender` (put-if-absent
-  of the next log file; it reads no table state), on an object store delta-rs commits it through a
-  live handle; a lost race there is a :class:`CommitConflict`, after which the handle catches up and
-  the txn marker decides between "it landed" and "try again", ``retries`` times;
+* on a local store root and on S3 the commit is a blind append through :class:`LogAppender`
+  (put-if-absent of the next log entry; it reads no table state), on any other object store
+  delta-rs commits it through a live handle; a lost race there is a :class:`CommitConflict`, after
+  which the handle catches up and the txn marker decides between "it landed" and "try again",
+  ``retries`` times;
 * every ``checkpoint_every`` commits (and, for a table that asks, no sooner than
   ``checkpoint_min_interval_s`` after the previous one unless ten intervals of commits have passed)
   a checkpoint and the log's trim run beside the commits, on a thread of their own, one at a time,
@@ -41,7 +42,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction
 
 from storage_delta.commit.checkpoint import checkpoint_local, checkpoint_table, trim_log
-from storage_delta.commit.deltalog import BelowTrim, LocalLogAppender, UnsupportedTable, checkpointed_version
+from storage_delta.commit.deltalog import BelowTrim, LogAppender, UnsupportedTable, checkpointed_version
 from storage_delta.commit.durable import sync_together
 from storage_delta.commit.owner import (
     OWNER_APP,
@@ -98,7 +99,7 @@ class TableAppender:
         self.spec = spec
         self.app_id = app_id
         self.dt = open_or_create(root, spec.name, spec.schema, list(spec.partition_by))
-        local = root.local_path()
+        entries = root.log_entries(spec.name)
         #: The stream leases this appender's writer holds, when each stream has an owner of its own:
         #: then every commit is fenced per stream (the streams it touches) instead of by the
         #: store's epoch, which other gateways' commits to the same table do not carry.
@@ -106,17 +107,11 @@ class TableAppender:
         #: The owner epoch of the store's lease this appender writes under (None: outside it, or
         #: fenced per stream).
         self.epoch = root.epoch if app_id is not None and streams is None else None
-        self._local = (
-            LocalLogAppender(
-                f"{local}/{spec.name}",
-                self.dt.version() + 1,
-                root.fsync,
-                root.unsynced,
-                self.epoch,
-                streams,
-                self._stream_epoch,
-            )
-            if local is not None and app_id is not None and blind_appends_allowed(self.dt)
+        #: jetlake's own commit (put-if-absent of the log entry), where the store allows it;
+        #: None: delta-rs's (another object store, or a table beyond what a blind append assumes).
+        self._log = (
+            LogAppender(entries, self.dt.version() + 1, self.epoch, streams, self._stream_epoch)
+            if entries is not None and app_id is not None and blind_appends_allowed(self.dt)
             else None
         )
         self._retries = retries
@@ -147,8 +142,8 @@ class TableAppender:
         """Commit the owner epoch ``epoch`` alone, before anything of the table is read to recover:
         a writer of an older epoch meets it on its way to any later version and stops
         (:mod:`storage_delta.commit.owner`)."""
-        if self._local is not None:
-            self._local.append([], (OWNER_APP, epoch))
+        if self._log is not None:
+            self._log.append([], (OWNER_APP, epoch))
         else:
             self._commit_delta_rs([], None, [(OWNER_APP, epoch)])
 
@@ -161,12 +156,12 @@ class TableAppender:
 
         Asked of delta-rs once and remembered (each ask scans the snapshot's app transactions,
         which grow with the streams, and it came at every commit): an answer as of a version at
-        or past :attr:`_epochs_from` still holds. On a local root the log appender reads every
-        version it passes after that one itself (``LocalLogAppender.seen``), so older answers are
+        or past :attr:`_epochs_from` still holds. Through jetlake's own commit the log appender reads
+        every version it passes after that one itself (``LogAppender.seen``), so older answers are
         never needed; through delta-rs, the handle's version is where a commit goes on from.
         ``exact``: as of the handle's version, whatever the log appender read."""
         dt = self.dt  # hygiene may swap it meanwhile: one handle for the version and the answer
-        floor = self._epochs_from if self._local is not None and not exact else dt.version()
+        floor = self._epochs_from if self._log is not None and not exact else dt.version()
         known = self._epochs.get(stream)
         if known is not None and known[0] >= floor:
             return known[1]
@@ -199,7 +194,11 @@ class TableAppender:
         with self._lock:
             catch_up(self.dt)
             self._jumped()
-            app_version(self.root, self.spec.name, self.dt, OWNER_APP)
+            check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
+            if self._log is not None:
+                # and the log appender goes on from there, rather than reading every entry since
+                # (a GET each on an object store) at its next commit
+                self._log.next_version = max(self._log.next_version, self.dt.version() + 1)
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""
@@ -223,11 +222,11 @@ class TableAppender:
             names = sorted(set(streams) - lost - left_out)
             if not names:
                 return
-            if self._local is not None:
+            if self._log is not None:
                 epoch = held.epoch(names[0])
                 if epoch is None:
                     raise StreamFenced(frozenset(names[:1]))
-                self._local.append([], (stream_owner_app(names[0]), epoch), streams=names)
+                self._log.append([], (stream_owner_app(names[0]), epoch), streams=names)
             else:
                 self._commit_delta_rs([], None, [], names)
 
@@ -384,17 +383,17 @@ class TableAppender:
         txns = self._txns(version, streams)
         txn = txns[0] if txns else None
         more_txns = [*txns[1:], *more_txns]
-        if self._local is not None and txn is not None:
+        if self._log is not None and txn is not None:
             try:
-                self._local.append(adds, txn, more_txns, unsynced, streams)
+                self._log.append(adds, txn, more_txns, unsynced, streams)
                 return
             except BelowTrim:
                 # Behind a trim: the versions in between are in the checkpoint only. Look again
                 # from there (the owner's fence and our txn are in the snapshot) and go on past it.
                 if self._catch_up_landed(txn, streams):
                     return  # it landed before the trim
-                self._local.next_version = self.dt.version() + 1
-                self._local.append(adds, txn, more_txns, unsynced, streams)
+                self._log.next_version = self.dt.version() + 1
+                self._log.append(adds, txn, more_txns, unsynced, streams)
                 return
             except UnsupportedTable:
                 # Someone changed the table beyond what a blind append may assume: look again, and
@@ -403,10 +402,10 @@ class TableAppender:
                 self._jumped()
                 check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
                 if blind_appends_allowed(self.dt):
-                    self._local.next_version = self.dt.version() + 1
-                    self._local.append(adds, txn, more_txns, unsynced, streams)
+                    self._log.next_version = self.dt.version() + 1
+                    self._log.append(adds, txn, more_txns, unsynced, streams)
                     return
-                self._local = None
+                self._log = None
         if unsynced:
             sync_together(unsynced)
         self._commit_delta_rs(adds, txn, more_txns, streams)

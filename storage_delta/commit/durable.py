@@ -7,7 +7,7 @@ rename, a link) is durable only once its directory is synced. So with ``sync_int
 (the default) every new data file is synced, then the directories that got a new entry (the
 partition directory, and the parents of directories the write created), before the commit's log
 entry is published; the log entry itself is synced before it is linked into ``_delta_log`` and the
-log directory after (``deltalog.LocalLogAppender``). The data goes first so that a surviving log
+log directory after (``deltalog.LocalLogEntries``). The data goes first so that a surviving log
 entry never names a file that did not survive.
 
 With a duration (JetStream's relaxation: ``2m``) commits do not sync; they note what they wrote in
@@ -72,7 +72,7 @@ def sync_together(paths: Sequence[str]) -> None:
     ``fsync`` of a new file or of a directory with a new entry waits for its own journal commit,
     one after another when issued in turn; issued together, they share commits. A commit's data
     files, their directories and its staged log entry need no order among themselves, only to be
-    down before the entry is linked (:meth:`~storage_delta.commit.deltalog.LocalLogAppender.append`):
+    down before the entry is linked (:meth:`~storage_delta.commit.deltalog.LocalLogEntries.staged`):
     a commit that made new partition directories paid six journal commits in turn, now about two.
     The first path is synced on the calling thread, the others meanwhile on the pool: one thread
     woken fewer per commit on the synchronous publish path (#23)."""

@@ -8,6 +8,7 @@ actions through one live table handle (``create_write_transaction``) rather than
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -26,8 +27,15 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
+from obstore.store import S3Store
 
-from storage_delta.commit.deltalog import checkpointed_version, commit_path
+from storage_delta.commit.deltalog import (
+    LocalLogEntries,
+    LogEntries,
+    ObjectLogEntries,
+    checkpointed_version,
+    commit_path,
+)
 from storage_delta.commit.durable import (
     Unsynced,
     make_dirs,
@@ -108,6 +116,19 @@ class StoreRoot:
         elif self.unsynced is not None:
             self.unsynced.log([f"{log_dir}/{v:020d}.json" for v in range(first, last + 1)], log_dir)
 
+    def log_entries(self, table: str) -> LogEntries | None:
+        """Where ``table``'s log entries are claimed by jetlake's own commit
+        (:class:`~storage_delta.commit.deltalog.LogAppender`): the local folder, or an S3 bucket
+        (conditional writes); None for any other object store, whose commits delta-rs makes."""
+        local = self.local_path()
+        if local is not None:
+            return LocalLogEntries(os.path.join(local, table), self.fsync, self.unsynced)
+        if self.uri.startswith("s3://"):
+            bucket, _, prefix = self.table_uri(table)[len("s3://") :].partition("/")
+            options = tuple(sorted((self.storage_options or {}).items()))
+            return ObjectLogEntries(_s3_store(bucket, prefix, options))
+        return None
+
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path within it, for writing parquet ourselves."""
         if "://" not in self.uri:
@@ -129,6 +150,15 @@ class StoreRoot:
             return fs, self.uri[len("s3://") :].rstrip("/")
         fs, path = pafs.FileSystem.from_uri(self.uri)
         return fs, path.rstrip("/")
+
+
+@functools.lru_cache(maxsize=64)
+def _s3_store(bucket: str, prefix: str, options: tuple[tuple[str, str], ...]) -> S3Store:
+    """One client per table folder (its connections are kept): the store root's storage options
+    are delta-rs's names, which object_store (under both delta-rs and obstore) reads alike."""
+    config = {k.lower(): v for k, v in options if k.upper() != "AWS_ALLOW_HTTP"}
+    allow_http = dict(options).get("AWS_ALLOW_HTTP", "false").lower() == "true"
+    return S3Store(bucket, prefix=prefix, config=config, client_options={"allow_http": allow_http})  # type: ignore[arg-type]
 
 
 T = TypeVar("T")
@@ -294,7 +324,7 @@ def _create_with_digests(path: str, schema: pa.Schema, partition_by: list[str]) 
 
 def blind_appends_allowed(dt: DeltaTable) -> bool:
     """Whether the table's protocol asks nothing of a writer beyond what
-    :class:`storage_delta.deltalog.LocalLogAppender` does (writer version 2, no writer features)."""
+    :class:`storage_delta.commit.deltalog.LogAppender` does (writer version 2, no writer features)."""
     protocol = dt.protocol()
     return protocol.min_writer_version <= 2 and not protocol.writer_features
 

@@ -4,10 +4,11 @@ in one commit, checkpoint, vacuum.
 The jobs run beside a gateway that appends all the time. delta-rs counts a plain append as reading
 the whole table (#3890), so whichever of a job's swap and an append commits second fails delta-rs's
 conflict check, and under steady ingest a swap through delta-rs loses every race. On a local store
-root :func:`swap_files` therefore commits through :class:`~storage_delta.deltalog.LocalLogAppender`,
-which conflicts a swap only with a commit that removed one of the same files. On an object store
-the swap goes through delta-rs and retries lost races; there it carries an app transaction
-(``jetlake-jobs``, n) so that a commit reported as failed but landed (#2509) is recognised.
+root and on S3 :func:`swap_files` therefore commits through
+:class:`~storage_delta.commit.deltalog.LogAppender`, which conflicts a swap only with a commit that
+removed one of the same files. On any other object store the swap goes through delta-rs and
+retries lost races; there it carries an app transaction (``jetlake-jobs``, n) so that a commit
+reported as failed but landed (#2509) is recognised.
 
 Vacuum keeps removed files for a margin, so that a reader that planned on an older version still
 finds them, and never deletes a file a concurrent writer has written but not committed yet (#3645):
@@ -35,7 +36,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage_delta.commit.checkpoint import checkpoint_table
 from storage_delta.commit.deltalog import (
     ConcurrentRemoval,
-    LocalLogAppender,
+    LogAppender,
     UnsupportedTable,
 )
 from storage_delta.commit.owner import OWNER_APP, check_epoch
@@ -235,12 +236,10 @@ def swap_actions(
     # A gateway's swap (its compaction) stops at a newer owner's fence like its appends: one in the
     # version planned on, or (below) one among the commits landed since.
     check_epoch(app_version(root, table, dt, OWNER_APP), root.epoch)
-    local = root.local_path()
-    if local is not None and blind_appends_allowed(dt):
+    entries = root.log_entries(table)
+    if entries is not None and blind_appends_allowed(dt):
         try:
-            appender = LocalLogAppender(
-                f"{local}/{table}", dt.version() + 1, root.fsync, root.unsynced, root.epoch
-            )
+            appender = LogAppender(entries, dt.version() + 1, root.epoch)
             appender.swap(removes, adds, "DELETE" if any(r.data_change for r in removes) else "OPTIMIZE")
             return True
         except ConcurrentRemoval as exc:
