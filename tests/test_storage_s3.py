@@ -259,6 +259,32 @@ def test_the_owner_fence_holds_on_s3(s3_endpoint: str) -> None:
     assert MessageReader(root).read_range("S", 1, 10, 10).column("data").to_pylist() == [b"d1", b"d2"]
 
 
+def test_a_writer_following_the_log_on_s3_passes_others_commits_and_meets_a_fence(s3_endpoint: str) -> None:
+    """A standby's writer brought forward by reading the new entries itself (no listing) stands
+    after every version the other writer made, so its next commit claims the first free one at
+    once; a newer owner's fence among them stops it there, as a claim would."""
+    root = s3_root(s3_endpoint, "follow")
+    standby = MessageTable(replace(root, epoch=1))
+    active = type("Active", (MessageTable,), {"APP_ID": "active"})(replace(root, epoch=1))
+    for seq in range(1, 6):
+        active.commit([message("A", seq)], seq)
+    log = standby._appender._log
+    assert log is not None
+    standby._appender.follow()
+    newest = open_existing(root, sch.MESSAGES)
+    assert newest is not None
+    assert log.next_version == newest.version() + 1
+    standby.commit([message("B", 1)], 1)
+    assert log.next_version == newest.version() + 2
+    MessageTable(replace(root, epoch=2)).close()  # a new owner's fence
+    with pytest.raises(Fenced):
+        standby._appender.follow()
+    with pytest.raises(Fenced):
+        standby.commit([message("B", 2)], 2)
+    active.close()
+    standby.close()
+
+
 def test_the_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> None:
     root = s3_root(s3_endpoint, "lease")
     a, b = ObjectStoreLease(root), ObjectStoreLease(root)

@@ -539,13 +539,14 @@ class Gateway:
         )
 
     async def follow_tables(self) -> None:
-        """Per stream, on an object store: bring the tables' handles forward (a listing of each
-        log and a GET per entry since), the writers' and the message reader's, and the rows a
-        claim reads back (:attr:`StreamClaims.kept`), so that a claim fences and recovers from
-        them rather than catching up on every other gateway's commits first (the writers'),
-        replaying the log since its checkpoint (the reader's first load: 0.3 s in the S3
-        takeover test) or fetching every file of the catalog, the removal and the ack log (0.3 to
-        0.4 s). A tick's work (``Placing._keep_warm``)."""
+        """Per stream, on an object store: bring the tables forward, the writers (a GET per entry
+        since, :meth:`TableAppender.follow`), the message reader's handle (a listing of the log
+        and a GET per entry since) and the rows a claim reads back (:attr:`StreamClaims.kept`),
+        so that a claim fences and recovers from them rather than catching up on every other
+        gateway's commits first (the writers'), replaying the log since its checkpoint (the
+        reader's first load: 0.3 s in the S3 takeover test) or fetching every file of the
+        catalog, the removal and the ack log (0.3 to 0.4 s). A lease's work
+        (``Placing._keep_warm``)."""
         kept = self.claims.kept if self.claims is not None else None
         if self._tables is None or kept is None:  # a local root (or not per stream)
             return

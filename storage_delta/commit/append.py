@@ -28,6 +28,7 @@ The rules, in the order a commit meets them (docs/storage.md):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -186,19 +187,22 @@ class TableAppender:
         return self.dt.version()
 
     def follow(self) -> None:
-        """Bring the handle to the table's newest version (other gateways' commits), and what its
-        epoch checks read (:func:`app_version`) with it, so that the next commit, a claim's fence
-        among them, does not catch up on all of them first: a handle that had not committed yet
-        read every entry since the checkpoint one after another at its first fence (0.3 to 0.9 s of
-        the S3 takeover test's acks fence, against 0.1 s for the tables it had written)."""
+        """Bring this writer forward to the table's newest version (other gateways' commits), so
+        that its next commit, a claim's fence among them, does not catch up on all of them first:
+        a handle that had not committed yet read every entry since the checkpoint one after
+        another at its first fence (0.3 to 0.9 s of the S3 takeover test's acks fence, against
+        0.1 s for the tables it had written). Through jetlake's own commit the log appender reads
+        the new entries itself (:meth:`LogAppender.follow`: a GET each, and one when nothing
+        changed, where a delta-rs catch-up lists the log first); a table beyond what it appends to
+        blindly is left to the next commit, which turns to delta-rs."""
         with self._lock:
+            if self._log is not None:
+                with contextlib.suppress(UnsupportedTable):
+                    self._log.follow()
+                return
             catch_up(self.dt)
             self._jumped()
-            check_epoch(app_version(self.root, self.spec.name, self.dt, OWNER_APP), self.epoch)
-            if self._log is not None:
-                # and the log appender goes on from there, rather than reading every entry since
-                # (a GET each on an object store) at its next commit
-                self._log.next_version = max(self._log.next_version, self.dt.version() + 1)
+            app_version(self.root, self.spec.name, self.dt, OWNER_APP)
 
     def _check_streams(self, streams: Collection[str]) -> None:
         """:class:`StreamFenced` for the streams of ``streams`` the handle shows fenced."""

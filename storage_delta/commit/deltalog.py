@@ -138,8 +138,8 @@ class LogEntries(ABC):
         claimed (a root that syncs)."""
 
     @abstractmethod
-    def read(self, version: int) -> bytes:
-        """The entry of ``version`` (one that exists)."""
+    def read(self, version: int) -> bytes | None:
+        """The entry of ``version``; None when there is none."""
 
     @abstractmethod
     def trimmed(self, version: int) -> bool:
@@ -191,9 +191,12 @@ class LocalLogEntries(LogEntries):
         finally:
             os.unlink(tmp)
 
-    def read(self, version: int) -> bytes:
-        with open(commit_path(self.log_dir, version), "rb") as fh:
-            return fh.read()
+    def read(self, version: int) -> bytes | None:
+        try:
+            with open(commit_path(self.log_dir, version), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
 
     def trimmed(self, version: int) -> bool:
         return version <= checkpointed_version(self.log_dir) and not os.path.exists(
@@ -227,8 +230,11 @@ class ObjectLogEntries(LogEntries):
 
         yield claim
 
-    def read(self, version: int) -> bytes:
-        return bytes(obstore.get(self.store, f"_delta_log/{version:020d}.json").bytes())
+    def read(self, version: int) -> bytes | None:
+        try:
+            return bytes(obstore.get(self.store, f"_delta_log/{version:020d}.json").bytes())
+        except FileNotFoundError:
+            return None
 
     def trimmed(self, version: int) -> bool:
         try:
@@ -370,11 +376,18 @@ class LogAppender:
                 self.next_version = version + 1
                 return version
 
-    def _actions(self, version: int) -> Iterator[dict[str, Any]]:
-        """Another writer's commit, action by action; a protocol or metadata change stops us, and
-        so does a newer owner's epoch (before anything in the commit is taken for ours: a new
-        owner's txn versions may equal the ones we are committing)."""
-        actions = [json.loads(raw) for raw in self.entries.read(version).splitlines()]
+    def _actions(self, version: int) -> list[dict[str, Any]]:
+        """Another writer's commit (a version found taken), action by action (:meth:`_passed`)."""
+        entry = self.entries.read(version)
+        if entry is None:  # taken a moment ago and gone: trimmed below a checkpoint meanwhile
+            raise BelowTrim(f"version {version} was trimmed while this writer passed it")
+        return self._passed(version, entry)
+
+    def _passed(self, version: int, entry: bytes) -> list[dict[str, Any]]:
+        """The actions of another writer's commit; a protocol or metadata change stops us, and so
+        does a newer owner's epoch (before anything in the commit is taken for ours: a new owner's
+        txn versions may equal the ones we are committing)."""
+        actions = [json.loads(raw) for raw in entry.splitlines()]
         for action in actions:
             t = action.get("txn")
             if t is None:
@@ -385,16 +398,25 @@ class LogAppender:
                 check_epoch(self.owner_seen, self.owner)
             elif (stream := stream_of_owner_app(app)) is not None:
                 self.seen[stream] = max(self.seen.get(stream, 0), int(t.get("version", 0)))
-        for action in actions:
-            if "protocol" in action or "metaData" in action:
-                raise UnsupportedTable(f"version {version} changed the table's protocol or schema")
-            yield action
+        if any("protocol" in action or "metaData" in action for action in actions):
+            raise UnsupportedTable(f"version {version} changed the table's protocol or schema")
+        return actions
+
+    def follow(self) -> None:
+        """Pass the versions other writers made since, up to the first free one, as a claim would
+        (their epochs remembered; :class:`Fenced` or :class:`UnsupportedTable` as there), without
+        claiming anything: a standby keeps its position so, and its first commit after a takeover
+        does not read all of them then. A read a version, one when nothing changed (no listing of
+        the log, which a delta-rs handle's catch-up makes)."""
+        while (entry := self.entries.read(self.next_version)) is not None:
+            self._passed(self.next_version, entry)
+            self.next_version += 1
 
     def _landed_or_check(self, version: int, txn: tuple[str, int], streams: Collection[str] = ()) -> bool:
         """True when another writer's commit holds our ``txn`` (so ours is already committed);
         :class:`StreamFenced` when it fenced a stream of ``streams`` (the epochs are looked at
         first: a new owner's txn versions are not ours)."""
-        actions = list(self._actions(version))
+        actions = self._actions(version)
         if self.streams is not None and streams:
             self._check_streams(streams)
         for action in actions:
