@@ -8,8 +8,9 @@ The rules:
   its first ``num_replicas`` are the gateways it may be served from (its replica set; the
   ``cluster`` view's leader and replicas). A gateway that joins or leaves changes only the ranks
   that involve it, so few streams move;
-* **bounded load**: no gateway gets more than its share, ``ceil(streams / gateways)``, while a
-  gateway of the stream's replica set has room. Plain rendezvous hashing leaves the load to
+* **bounded load**: no gateway is given a stream past its share, ``ceil(streams / gateways)``,
+  while a gateway of the stream's replica set has room, and none keeps more than its limit
+  (below). Plain rendezvous hashing leaves the load to
   chance: two streams over two gateways land on one gateway half the time, which would make a
   second gateway add no throughput exactly where the issue measures it;
 * **stickiness with slack**: a stream stays with its current owner while that owner is live and
