@@ -225,7 +225,7 @@ def test_the_current_owners_kept_without_ranking_are_the_full_placement() -> Non
     """``kept`` (the meta owner's tick without ranking every stream) answers exactly what ``place``
     does whenever it answers, over random stores: creates placed one at a time as a create is,
     deletes, origins joining streams, gateways joining and leaving, owners moved by hand past
-    their share or away from their group. And it answers every tick after creates without a
+    their limit or away from their group. And it answers every tick after creates without a
     membership change where each stream may go to any gateway and none has local origins (a lone
     gateway's case always), else the meta owner would rank every stream again each tick."""
 
@@ -258,7 +258,7 @@ def test_the_current_owners_kept_without_ranking_are_the_full_placement() -> Non
         steady = checked(gateways, dict(current), origins)
         assert steady is not None or not anywhere, (replicas, gateways, current)
         for name in rng.sample(sorted(replicas), min(len(replicas), rng.randint(0, 3))):  # deletes
-            del replicas[name]  # (a share lowered may move a stream: then ``place`` decides)
+            del replicas[name]  # (a limit lowered may move a stream: then ``place`` decides)
         checked(gateways, dict(current), origins)
         live = list(gateways)
         change = rng.random()
@@ -266,7 +266,7 @@ def test_the_current_owners_kept_without_ranking_are_the_full_placement() -> Non
             live.append("g9")
         elif change < 0.4 and len(live) > 1:  # one leaves
             live.remove(rng.choice(live))
-        elif change < 0.6 and current:  # an owner moved by hand: past its share, out of its group
+        elif change < 0.6 and current:  # an owner moved by hand: past its limit, out of its group
             current[rng.choice(sorted(current))] = rng.choice(live)
         elif change < 0.7 and len(replicas) > 1:  # a new source joins two streams
             a, b = rng.sample(sorted(replicas), 2)
