@@ -211,9 +211,16 @@ class ObjectLogEntries(LogEntries):
     retried finds its own entry there: an entry holding exactly the same bytes is ours (each
     carries a nonce), so a commit never lands unawares, which a swap without a ``txn`` relies on."""
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, retention_s: float) -> None:
         #: The store, rooted at the table's folder.
         self.store = store
+        #: A bound below the age at which the log's entries may be trimmed (delta-rs trims those
+        #: older than the table's ``delta.logRetentionDuration``, 30 days unless set; jetlake's
+        #: ``log_retention_ms``, an hour by default, is not longer on the tables it makes).
+        self.retention_s = retention_s
+        #: The version after this writer's last claim, and until when it cannot be trimmed
+        #: (monotonic): see :meth:`trimmed`.
+        self._untrimmed: tuple[int, float] = (-1, 0.0)
 
     @contextmanager
     def staged(self, encode: Callable[[], bytes], unsynced: Sequence[str]) -> Iterator[Callable[[int], bool]]:
@@ -225,7 +232,9 @@ class ObjectLogEntries(LogEntries):
             try:
                 obstore.put(self.store, path, body, mode="create")
             except AlreadyExistsError:
-                return self.read(version) == body
+                if self.read(version) != body:
+                    return False
+            self._untrimmed = (version + 1, time.monotonic() + self.retention_s / 2)
             return True
 
         yield claim
@@ -237,6 +246,13 @@ class ObjectLogEntries(LogEntries):
             return None
 
     def trimmed(self, version: int) -> bool:
+        """Without a request for the version after this writer's last claim, for half the
+        retention after it: that version's entry, if there is one, was written after ours (its
+        writer saw ours taken), so it is younger than that and no trim removed it. A sync
+        publisher's commits then cost two PUTs, not two PUTs and a GET of ``_last_checkpoint``."""
+        after, until = self._untrimmed
+        if version == after and time.monotonic() < until:
+            return False
         try:
             found = obstore.get(self.store, "_delta_log/_last_checkpoint").bytes()
             checkpoint = int(json.loads(bytes(found))["version"])

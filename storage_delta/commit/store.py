@@ -126,7 +126,7 @@ class StoreRoot:
         if self.uri.startswith("s3://"):
             bucket, _, prefix = self.table_uri(table)[len("s3://") :].partition("/")
             options = tuple(sorted((self.storage_options or {}).items()))
-            return ObjectLogEntries(_s3_store(bucket, prefix, options))
+            return ObjectLogEntries(_s3_store(bucket, prefix, options), self.log_retention_s)
         return None
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
