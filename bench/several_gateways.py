@@ -109,6 +109,7 @@ async def next_ack_after(url: str, kill: Callable[[str], None]) -> float:
         await js.add_stream(name="H", subjects=["h.>"], duplicate_window=120)
         await js.publish("h.x", b"before")
         info = json.loads((await nc.request("$JS.API.STREAM.INFO.H", b"", timeout=5)).data)
+        assert "cluster" in info, info
         await asyncio.to_thread(kill, info["cluster"]["leader"])
         killed = time.monotonic()
         while True:

@@ -131,7 +131,8 @@ class Gateway:
         #: (``Placing.place_new``; None: not known yet, this gateway creates it).
         self.place_new: Callable[[str, dict[str, Any]], str | None] | None = None
         #: Per stream, the meta owner: the new streams whose create it forwarded (stream →
-        #: gateway, when), until a placement records them; it does not answer them meanwhile.
+        #: gateway, when), until a placement records them (or ``placing.FORWARD_LEASES`` passed);
+        #: it does not answer them meanwhile.
         self.forwarded: dict[str, tuple[str, float]] = {}
         self._leases_checked = 0.0  # time.monotonic() of the last look at the held streams' leases
         #: Per stream: the streams being recovered after a claim, answered by no one meanwhile.

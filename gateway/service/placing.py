@@ -36,6 +36,13 @@ from storage_delta.commit.lease import Placement
 from storage_delta.tables.removals import PlacedStream, StreamReplicas
 
 log = logging.getLogger(__name__)
+
+#: Leases a create forwarded to another gateway is waited for before its name counts as placed
+#: nowhere again (a create that did not come about: refused there, or that gateway gone). Until
+#: then the meta owner does not answer requests naming it: a client sees a time-out at worst, where
+#: a "not found" for a stream being created was a wrong answer (bench.several_gateways on S3 got
+#: 10059 for a stream just created and published to, 2 runs in 7).
+FORWARD_LEASES = 5
 Entry = TypeVar("Entry")
 
 
@@ -223,7 +230,11 @@ class Placing:
                 # in the catalog now, or a create that did not come about (refused, never sent on)
                 since = time.monotonic() - ownership.lease_s
                 self._new = _unsettled(self._new, streams, since)
-                gateway.forwarded = _unsettled(gateway.forwarded, owners, since)
+                # a forwarded create waits on another gateway's claim and catalog commit (on S3
+                # under load about a second, and a lease was 1 s): until it is placed, or it
+                # surely did not come about, the name is not this gateway's to call "not found"
+                forwarded_since = time.monotonic() - FORWARD_LEASES * ownership.lease_s
+                gateway.forwarded = _unsettled(gateway.forwarded, owners, forwarded_since)
                 gateway.meta = True
             except Exception:  # the store out of reach, a damaged catalog: the next tick again
                 log.exception("placing the streams failed")
