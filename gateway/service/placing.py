@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 #: a "not found" for a stream being created was a wrong answer (bench.several_gateways on S3 got
 #: 10059 for a stream just created and published to, 2 runs in 7).
 FORWARD_LEASES = 5
+
 Entry = TypeVar("Entry")
 
 

@@ -82,8 +82,16 @@ def checkpointed_version(log_dir: str) -> int:
     """The version ``_last_checkpoint`` names (its commits from there on are all present), or -1."""
     try:
         with open(os.path.join(log_dir, "_last_checkpoint"), "rb") as fh:
-            return int(json.load(fh)["version"])
-    except (OSError, ValueError, KeyError, TypeError):
+            return version_named(fh.read())
+    except OSError:
+        return -1
+
+
+def version_named(last_checkpoint: bytes) -> int:
+    """The version a ``_last_checkpoint``'s bytes name, or -1 when they do not parse."""
+    try:
+        return int(json.loads(last_checkpoint)["version"])
+    except (ValueError, KeyError, TypeError):
         return -1
 
 
@@ -228,9 +236,8 @@ class ObjectLogEntries(LogEntries):
         body = encode()
 
         def claim(version: int) -> bool:
-            path = f"_delta_log/{version:020d}.json"
             try:
-                obstore.put(self.store, path, body, mode="create")
+                obstore.put(self.store, _entry_key(version), body, mode="create")
             except AlreadyExistsError:
                 if self.read(version) != body:
                     return False
@@ -241,7 +248,7 @@ class ObjectLogEntries(LogEntries):
 
     def read(self, version: int) -> bytes | None:
         try:
-            return bytes(obstore.get(self.store, f"_delta_log/{version:020d}.json").bytes())
+            return bytes(obstore.get(self.store, _entry_key(version)).bytes())
         except FileNotFoundError:
             return None
 
@@ -254,17 +261,21 @@ class ObjectLogEntries(LogEntries):
         if version == after and time.monotonic() < until:
             return False
         try:
-            found = obstore.get(self.store, "_delta_log/_last_checkpoint").bytes()
-            checkpoint = int(json.loads(bytes(found))["version"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            found = bytes(obstore.get(self.store, "_delta_log/_last_checkpoint").bytes())
+        except FileNotFoundError:
             return False
-        if version > checkpoint:
+        if version > version_named(found):
             return False
         try:
-            obstore.head(self.store, f"_delta_log/{version:020d}.json")
+            obstore.head(self.store, _entry_key(version))
         except FileNotFoundError:
             return True
         return False
+
+
+def _entry_key(version: int) -> str:
+    """The object key of ``version``'s log entry, under a table's folder."""
+    return f"_delta_log/{version:020d}.json"
 
 
 class LogAppender:
@@ -422,8 +433,8 @@ class LogAppender:
         """Pass the versions other writers made since, up to the first free one, as a claim would
         (their epochs remembered; :class:`Fenced` or :class:`UnsupportedTable` as there), without
         claiming anything: a standby keeps its position so, and its first commit after a takeover
-        does not read all of them then. A read a version, one when nothing changed (no listing of
-        the log, which a delta-rs handle's catch-up makes)."""
+        does not read all of them then. A read per version, and one when nothing changed (no listing
+        of the log, which a delta-rs handle's catch-up makes)."""
         while (entry := self.entries.read(self.next_version)) is not None:
             self._passed(self.next_version, entry)
             self.next_version += 1
