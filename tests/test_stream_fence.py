@@ -21,9 +21,8 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
-import storage_delta.commit.lease as lease_module
 from storage_delta.commit.append import WriterTable
-from storage_delta.commit.lease import BEATS_DIR, KEEP_EPOCHS, Lease, LocalLease, ObjectStoreLease, open_lease
+from storage_delta.commit.lease import KEEP_EPOCHS, LEASE_DIR, Lease, LocalLease, ObjectStoreLease, open_lease
 from storage_delta.commit.owner import (
     StreamEpochs,
     StreamFenced,
@@ -31,7 +30,7 @@ from storage_delta.commit.owner import (
     stream_of_owner_app,
     stream_owner_app,
 )
-from storage_delta.commit.store import StoreRoot, catch_up
+from storage_delta.commit.store import StoreRoot
 from storage_delta.commit.writer import GroupCommitWriter, MessageTable, StoredMessage
 from storage_delta.tables.acklog import AckLogTable, AckLogWriter, AckRecord
 from storage_delta.tables.catalog import CatalogChange, CatalogTable
@@ -495,43 +494,39 @@ def test_the_stream_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: st
     assert b.stream_current("S") == 0
     assert a.claim_stream("S", 1, "a")
     assert not b.claim_stream("S", 1, "b")
+    assert not a.claim_stream("S", 1, "a")  # a claim again, not a retried PUT: not this call's
     assert (b.stream_current("S"), b.stream_holder("S", 1)) == (1, "a")
     assert b.claim_stream("S", 2, "b")
     assert a.stream_holder("S", 2) == "b"
     assert a.current() == 0
     fs, base = root.filesystem()
-    folder = f"{base}/{BEATS_DIR}/streams/S"
+    folder = f"{base}/{LEASE_DIR}/streams/S"
     check_claims_pruned(a, lambda: [i.base_name for i in fs.get_file_info(pafs.FileSelector(folder))])
 
 
-def test_streams_claimed_together_on_s3_get_each_epoch_once(
-    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_streams_claimed_together_get_each_epoch_once(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """A takeover claims its streams in one commit of the claims table: those another gateway
-    claimed first are left out, and when another claim lands between the read of the epochs and
-    the commit (delta-rs refuses the commit then), each is claimed alone; every epoch goes to one
-    claimant and names it. As a takeover does, the epochs are read (``streams_current``) before
-    the claim, which checks them against what that read brought in and reads nothing again."""
-    root = StoreRoot("s3://lake/perstream-lease-many", s3_options(s3_endpoint))
-    a, b = ObjectStoreLease(root), ObjectStoreLease(root)
+    """A takeover claims its streams together: those another gateway claimed first are left
+    out, also when its claim lands between the read of the epochs and the claims; every epoch
+    goes to one claimant and names it."""
+    a: Lease
+    b: Lease
+    if store == "s3":
+        root = StoreRoot("s3://lake/perstream-lease-many", s3_options(request.getfixturevalue("s3_endpoint")))
+        a, b = ObjectStoreLease(root), ObjectStoreLease(root)
+    else:
+        a, b = LocalLease(str(tmp_path)), LocalLease(str(tmp_path))
     assert b.claim_stream("T", 1, "b")
     assert a.streams_current("STU") == {"S": 0, "T": 1, "U": 0}
     assert a.claim_streams({"S": 1, "T": 1, "U": 1}, "a") == {"S", "U"}
     assert [b.stream_holder(s, 1) for s in "STU"] == ["a", "b", "a"]
 
-    # b claims V right after a read the epochs: a's one commit is refused, V is left to b
-    real = catch_up
-    raced: list[bool] = []
-
-    def catch_up_then_b_claims(dt: DeltaTable) -> None:
-        real(dt)
-        if dt is a._claims and not raced:
-            raced.append(b.claim_stream("V", 1, "b"))
-
-    monkeypatch.setattr(lease_module, "catch_up", catch_up_then_b_claims)
+    # b claims V right after a read the epochs: V is left to b
     assert a.streams_current("SVW") == {"S": 1, "V": 0, "W": 0}
+    assert b.claim_stream("V", 1, "b")
     assert a.claim_streams({"S": 2, "V": 1, "W": 1}, "a") == {"S", "W"}
-    assert raced == [True]
     assert [(b.stream_current(s), b.stream_holder(s, b.stream_current(s))) for s in "SVW"] == [
         (2, "a"),
         (1, "b"),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import unquote
 
+import obstore.store
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
-from obstore.store import S3Store
+from obstore.store import ObjectStore, S3Store
 
 from storage_delta.commit.deltalog import (
     LocalLogEntries,
@@ -124,10 +125,17 @@ class StoreRoot:
         if local is not None:
             return LocalLogEntries(os.path.join(local, table), self.fsync, self.unsynced)
         if self.uri.startswith("s3://"):
-            bucket, _, prefix = self.table_uri(table)[len("s3://") :].partition("/")
-            options = tuple(sorted((self.storage_options or {}).items()))
-            return ObjectLogEntries(_s3_store(bucket, prefix, options), self.log_retention_s)
+            return ObjectLogEntries(self.objects(table), self.log_retention_s)
         return None
+
+    def objects(self, folder: str) -> ObjectStore:
+        """A client of the object store rooted at ``folder`` of this root (an object-store root),
+        for conditional writes, which neither pyarrow's filesystems nor delta-rs's API offer."""
+        options = tuple(sorted((self.storage_options or {}).items()))
+        if self.uri.startswith("s3://"):
+            bucket, _, prefix = self.table_uri(folder)[len("s3://") :].partition("/")
+            return _s3_store(bucket, prefix, options)
+        return _store_at(self.table_uri(folder), options)
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path within it, for writing parquet ourselves."""
@@ -159,6 +167,13 @@ def _s3_store(bucket: str, prefix: str, options: tuple[tuple[str, str], ...]) ->
     config = {k.lower(): v for k, v in options if k.upper() != "AWS_ALLOW_HTTP"}
     allow_http = dict(options).get("AWS_ALLOW_HTTP", "false").lower() == "true"
     return S3Store(bucket, prefix=prefix, config=config, client_options={"allow_http": allow_http})  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=64)
+def _store_at(url: str, options: tuple[tuple[str, str], ...]) -> ObjectStore:
+    """Any other object store obstore knows (GCS, Azure), configured as :func:`_s3_store`."""
+    store: ObjectStore = obstore.store.from_url(url, config={k.lower(): v for k, v in options})  # type: ignore[call-overload]
+    return store
 
 
 T = TypeVar("T")
