@@ -151,6 +151,23 @@ def test_readers_see_new_commits_and_sealed_blocks(store: StoreRoot) -> None:
     assert rows == [("ORDERS", 46, 1, 46, 46), ("OTHER", 12, 1, 12, 12)]
 
 
+def test_a_listing_as_of_a_version_is_brought_forward_only_when_behind_it(store: StoreRoot) -> None:
+    """A takeover's reads ask for the files as of the version read after its fences
+    (``at_least``): a handle at or past it lists what it holds, one behind it catches up."""
+    reader = MessageReader(store)
+    at = reader.version()
+    files = reader.stream_files("ORDERS")
+    table = MessageTable(store)
+    table.commit([message("ORDERS", 46)], table.last_txn_version() + 1)
+    assert reader.stream_files("ORDERS", at) == files
+    assert reader.stored_index("ORDERS", at_least=at).seq.tolist() == list(range(1, 46))
+    table.commit([message("ORDERS", 47)], table.last_txn_version() + 1)
+    table.close()
+    assert reader.stored_index("ORDERS", at_least=at + 1).seq.tolist() == list(range(1, 48))
+    assert reader.version() == at + 2
+    assert len(reader.stream_files("ORDERS", at)) == len(files) + 2
+
+
 def test_stored_index_is_what_the_rows_say(tmp_path: Path) -> None:
     """The recovery index: sequences in order, stored sizes as the file store counts them, the
     header blocks from a time on, rows of an earlier stream of the same name left out; sealing

@@ -679,7 +679,9 @@ class Gateway:
         # the streams' files read side by side (a takeover of five streams on S3 read them one
         # stream after another: 0.8 to 1.2 s), then each restored in the catalog's order
         now = now_ns()
-        reads = await asyncio.gather(*(self._read_stream(stream, now) for stream in installed))
+        # one listing for all of them, not a newer one for each read (``MessageReader.stream_files``)
+        at_least = await asyncio.get_running_loop().run_in_executor(self.executor, self.reader.version)
+        reads = await asyncio.gather(*(self._read_stream(stream, now, at_least) for stream in installed))
         for stream, (stored, through, damage, lost) in zip(installed, reads, strict=True):
             stream.restore_stored(stored)
             snapshots.restored(stream, through, damage)
@@ -713,12 +715,12 @@ class Gateway:
         return installed
 
     async def _read_stream(
-        self, stream: Stream, now: int
+        self, stream: Stream, now: int, at_least: int
     ) -> tuple[StoredIndex, int, DamagedSnapshot | None, list[FileDamage]]:
         """What recovery reads of ``stream``: its index (snapshot and the files above it), and its
         damaged files, whose messages are lost as JetStream's file store loses the records of a
         corrupt block (``Stream.restore_lost``): the files below the snapshot are checked here
-        (the scan checked the others)."""
+        (the scan checked the others). Both as of version ``at_least`` of the table or newer."""
         loop = asyncio.get_running_loop()
         since = headers_since(stream.config, stream.created_ns, now)
         stored, through, damage = await loop.run_in_executor(
@@ -730,8 +732,9 @@ class Gateway:
             stream.created_ns,
             since,
             stream.record_overhead,
+            at_least,
         )
-        lost = await loop.run_in_executor(self.executor, self.reader.verify, stream.name)
+        lost = await loop.run_in_executor(self.executor, self.reader.verify, stream.name, at_least)
         return stored, through, damage, lost
 
     def _gateways(self) -> Gateways:

@@ -182,9 +182,11 @@ def load_index(
     created: int,
     headers_since: int,
     overhead: tuple[int, int],
+    at_least: int | None = None,
 ) -> tuple[StoredIndex, int, DamagedSnapshot | None]:
     """Recovery's index of a stream: its snapshot and the files above it (every file without
-    one, or with a damaged one); how far the snapshot went (0 without one); and the snapshot's
+    one, or with a damaged one) as of version ``at_least`` of the table or a newer one
+    (``MessageReader.stream_files``); how far the snapshot went (0 without one); and the snapshot's
     damage, to report. Sizes count ``overhead`` (the stream's ``RECORD_OVERHEAD``; the snapshot
     holds the sizes the stream counted). Blocks: belongs on a worker thread."""
     try:
@@ -193,7 +195,7 @@ def load_index(
         log.error("%s; recovering from the message files", exc)
         snapshot, damage = None, exc
     through = snapshot.through if snapshot is not None else 0
-    tail = reader.stored_index(stream, created, headers_since, after=through, overhead=overhead)
+    tail = reader.stored_index(stream, created, headers_since, through, overhead, at_least)
     return (snapshot.index.after(tail) if snapshot is not None else tail), through, damage
 
 

@@ -76,17 +76,28 @@ class MessageReader:
 
     # ---- table state ----------------------------------------------------------------------------
 
-    def _table(self) -> DeltaTable | None:
+    def _table(self, at_least: int | None) -> DeltaTable | None:
         if self._dt is None:
             self._dt = open_existing(self.root, sch.MESSAGES)
-        else:
+        elif at_least is None or self._dt.version() < at_least:
             catch_up(self._dt)
         return self._dt
 
-    def stream_files(self, stream: str) -> list[DataFile]:
-        """The stream's live files in sequence order (cached per table version)."""
+    def version(self) -> int:
+        """The table's newest version, the handle brought forward to it (-1: no table yet): a
+        takeover's reads then ask for no newer listing than this (``at_least``)."""
         with self._listing:
-            dt = self._table()
+            dt = self._table(None)
+            return -1 if dt is None else dt.version()
+
+    def stream_files(self, stream: str, at_least: int | None = None) -> list[DataFile]:
+        """The stream's live files in sequence order (cached per table version), as of the newest
+        version or, given ``at_least``, of any version from that on: a takeover's reads of the
+        streams it claimed need the files their fences found and nothing newer (no one else
+        writes those streams now), where a newer listing is, on an object store, a listing of
+        the log and a read of every entry another gateway committed since, per stream read."""
+        with self._listing:
+            dt = self._table(at_least)
             if dt is None:
                 return []
             if dt.version() != self._files_version:
@@ -135,13 +146,14 @@ class MessageReader:
             reason,
         )
 
-    def verify(self, stream: str) -> list[FileDamage]:
+    def verify(self, stream: str, at_least: int | None = None) -> list[FileDamage]:
         """Check every live file of ``stream`` not checked yet (its CRC-32 only: the pages are
         checked when a read decodes them); returns the stream's damaged files. Recovery calls it for
-        the files below an index snapshot, which it does not read."""
+        the files below an index snapshot, which it does not read (``at_least``: as
+        :meth:`stream_files`)."""
         wanted = {
             f"{self._base}/{f.path}": f
-            for f in self.stream_files(stream)
+            for f in self.stream_files(stream, at_least)
             if f.path not in self._verified and f.path not in self.damaged
         }
         # fetched side by side on an object store: a takeover checks every file of each stream
@@ -221,6 +233,7 @@ class MessageReader:
         headers_since: int | None = None,
         after: int = 0,
         overhead: tuple[int, int] = sch.FILE_RECORD,
+        at_least: int | None = None,
     ) -> StoredIndex:
         """The index of the stored messages of a stream above sequence ``after`` stored at or after
         ``min_ts`` (its incarnation), in sequence order, as arrays: what the gateway rebuilds its
@@ -229,8 +242,8 @@ class MessageReader:
         With ``headers_since``, the header blocks of every message stored since then that has one
         come along (also below ``after``): from the same scan, and from the older files whose
         statistics say they hold a header block at all. ``overhead`` is the stream's storage's
-        ``schema.RECORD_OVERHEAD``, which sizes count."""
-        files = [f for f in self.stream_files(stream) if f.max_ts >= min_ts]
+        ``schema.RECORD_OVERHEAD``, which sizes count; ``at_least`` as :meth:`stream_files`."""
+        files = [f for f in self.stream_files(stream, at_least) if f.max_ts >= min_ts]
         tail = [f for f in files if f.max_seq > after]
         table, data_len = self._index_rows(tail, min_ts, after)
         headers = []
