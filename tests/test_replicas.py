@@ -35,11 +35,16 @@ def test_gateways_announce_themselves_beside_the_lease(tmp_path: Path) -> None:
     a, b = LocalLease(str(tmp_path)), LocalLease(str(tmp_path))
     a.announce("a")
     b.announce("b")
+    seen = a.members()
+    assert sorted(seen) == ["a", "b"]
+    assert a.members() == seen  # no announcement since: the same tags
     b.announce("b")
-    assert a.members() == {"a": 1, "b": 2}
+    again = a.members()
+    assert (again["a"], again["b"] != seen["b"]) == (seen["a"], True)
+    assert a.gone_members() == frozenset()  # both processes (this one) live
     b.withdraw("b")
     b.withdraw("b")  # gone already: nothing to do
-    assert a.members() == {"a": 1}
+    assert list(a.members()) == ["a"]
 
 
 async def test_the_owner_counts_a_gateway_live_while_its_announcement_changes(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -311,6 +312,29 @@ def test_the_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> N
     for kind in ("epoch", "beat"):
         kept = sorted(int(n.partition("-")[2]) for n in names if n.startswith(f"{kind}-"))
         assert kept == list(range(20 - KEEP_EPOCHS, 21)), kind
+
+
+def test_gateways_are_judged_by_their_records_tags_on_s3(s3_endpoint: str) -> None:
+    """Live while a member record's tag changes (no read of the records); a record naming a
+    process of this host that is gone is read once and found gone."""
+    root = s3_root(s3_endpoint, "members")
+    a, b, dead = ObjectStoreLease(root), ObjectStoreLease(root), ObjectStoreLease(root)
+    a.announce("a")
+    b.announce("b")
+    seen = a.members()
+    assert sorted(seen) == ["a", "b"]
+    assert a.members() == seen
+    b.announce("b")
+    assert a.members()["b"] != seen["b"]
+    assert a.members()["a"] == seen["a"]
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead.pid = gone.pid
+    dead.announce("c")
+    assert a.gone_members() == {"c"}
+    dead.withdraw("c")
+    assert a.gone_members() == frozenset()
+    assert sorted(a.members()) == ["a", "b"]
 
 
 @pytest.mark.slow

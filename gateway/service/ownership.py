@@ -59,8 +59,9 @@ class Ownership:
         self.lease_s = lease_s
         #: This gateway's name among the store's gateways (the ``leader`` of the streams it owns).
         self.name = f"{prefix}-{lease.host}-{lease.pid}"
-        #: Other gateways' last announced count, and when (monotonic) it was seen to change.
-        self._heard: dict[str, tuple[int, float]] = {}
+        #: Other gateways' announcements as last seen (``Lease.members``: a tag that changes with
+        #: each), and when (monotonic) each was seen to change.
+        self._heard: dict[str, tuple[str, float]] = {}
         #: The epoch held (0: none yet).
         self.epoch = 0
         #: Set when the store lease was lost (a newer epoch found by :meth:`hold`): its holder is no
@@ -173,22 +174,22 @@ class Ownership:
     async def listen(self) -> None:
         """Note which gateways' announcements changed; remove those silent for long. Every tick
         (:meth:`announce`), and at once when a per-stream gateway takes the store (placement)."""
-        counts = await asyncio.to_thread(self.lease.members)
+        tags = await asyncio.to_thread(self.lease.members)
         now = time.monotonic()
-        for name, count in counts.items():
+        for name, tag in tags.items():
             if name == self.name:
                 continue
             heard = self._heard.get(name)
             if heard is None:  # first seen: live only once it is seen to change
-                self._heard[name] = (count, now - self.lease_s)
-            elif heard[0] != count:
-                self._heard[name] = (count, now)
+                self._heard[name] = (tag, now - self.lease_s)
+            elif heard[0] != tag:
+                self._heard[name] = (tag, now)
             elif now - heard[1] > FORGET_LEASES * self.lease_s:
                 del self._heard[name]
                 await asyncio.to_thread(self.lease.withdraw, name)
-        for name in self._heard.keys() - counts.keys():
+        for name in self._heard.keys() - tags.keys():
             del self._heard[name]
-        self._left &= counts.keys()
+        self._left &= tags.keys()
 
     def gateways(self) -> Gateways:
         """This gateway and the live standbys, by name."""

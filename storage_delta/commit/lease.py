@@ -121,6 +121,9 @@ class Lease(ABC):
         self.pid = os.getpid()
         self._count = 0
         self._announced = 0
+        #: The host and pid of each member record read so far, by name (they never change: a
+        #: gateway's name ends with its host and pid).
+        self._whom: dict[str, tuple[str, int]] = {}
 
     @abstractmethod
     def _create(self, records: Mapping[str, bytes]) -> frozenset[str]:
@@ -141,6 +144,11 @@ class Lease(ABC):
     @abstractmethod
     def _delete(self, name: str) -> None:
         """Remove the record ``name`` if it is there."""
+
+    @abstractmethod
+    def _tags(self, prefix: str) -> dict[str, str]:
+        """The lease's records whose name starts with ``prefix``, each with a tag that changes
+        whenever the record is replaced by other content (an object's ETag), from one listing."""
 
     def _each(self, work: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """``work`` of every item, in order (an object store's lease overlaps the round trips)."""
@@ -209,26 +217,28 @@ class Lease(ABC):
         body = {"name": name, "host": self.host, "pid": self.pid, "count": self._announced}
         self._put(MEMBER + name, json.dumps(body).encode())
 
-    def members(self) -> dict[str, int]:
-        """Every gateway's announced count by name (unreadable records left out)."""
-        return {name: count for name, (count, _host, _pid) in self._members().items()}
+    def members(self) -> dict[str, str]:
+        """Every gateway's record by name, with a tag that changes each time it announces (its
+        count grows): whether a gateway is live is judged by the change, from one listing and no
+        read of the records, where reading them was a GET per gateway every tick of every
+        gateway that listens (a quarter of an idle pair's requests to an object store)."""
+        return {name[len(MEMBER) :]: tag for name, tag in self._tags(MEMBER).items()}
 
     def gone_members(self) -> frozenset[str]:
         """The gateways whose record names a process of this host that no longer exists (``kill
-        -9`` on one machine): gone now, not a lease of silence from now."""
-        return frozenset(n for n, (_c, host, pid) in self._members().items() if self._process_gone(host, pid))
-
-    def _members(self) -> dict[str, tuple[int, str, int]]:
-        """Read side by side on an object store: a new meta owner reads them all before it
-        places, one round trip each (and the records of gateways killed lately are still there)."""
-        found: dict[str, tuple[int, str, int]] = {}
-        names = [n for n in self._names("") if n.startswith(MEMBER)]
-        for raw in self._each(self._get, names):
+        -9`` on one machine): gone now, not a lease of silence from now. A record is read once,
+        the first time its name is seen (side by side on an object store: a new meta owner
+        reads them all before it places, and the records of gateways killed lately are still
+        there)."""
+        names = list(self.members())
+        unread = [name for name in names if name not in self._whom]
+        for name, raw in zip(unread, self._each(lambda n: self._get(MEMBER + n), unread), strict=True):
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 if raw is not None:  # None: withdrawn since the listing
                     body = json.loads(raw)
-                    found[str(body["name"])] = (int(body["count"]), str(body["host"]), int(body["pid"]))
-        return found
+                    self._whom[name] = (str(body["host"]), int(body["pid"]))
+        self._whom = {name: whom for name, whom in self._whom.items() if name in names}
+        return frozenset(name for name, (host, pid) in self._whom.items() if self._process_gone(host, pid))
 
     def withdraw(self, name: str) -> None:
         """Remove the record of gateway ``name``: it stopped, or has been silent for long."""
@@ -363,6 +373,16 @@ class LocalLease(Lease):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.dir, name))
 
+    def _tags(self, prefix: str) -> dict[str, str]:
+        """A file's modification time, inode and size: a replacement is a new file."""
+        tags = {}
+        for name in self._names(""):
+            if name.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):  # withdrawn since the listing
+                    st = os.stat(os.path.join(self.dir, name))
+                    tags[name] = f"{st.st_mtime_ns}:{st.st_ino}:{st.st_size}"
+        return tags
+
 
 class ObjectStoreLease(Lease):
     """Records are objects under ``<root>/_jetlake_owner/``: a claim a PUT that fails on an
@@ -405,6 +425,10 @@ class ObjectStoreLease(Lease):
         prefix = f"{folder}/" if folder else ""
         listing = obstore.list_with_delimiter(self.store, prefix or None)
         return [str(o["path"])[len(prefix) :] for o in listing["objects"]]
+
+    def _tags(self, prefix: str) -> dict[str, str]:
+        objects = obstore.list_with_delimiter(self.store, None)["objects"]
+        return {str(o["path"]): str(o["e_tag"]) for o in objects if str(o["path"]).startswith(prefix)}
 
     def _delete(self, name: str) -> None:
         obstore.delete(self.store, name)
