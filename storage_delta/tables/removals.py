@@ -15,13 +15,13 @@ The gateway appends a file every few seconds, so the table is compacted by a job
 from __future__ import annotations
 
 import json
-import os
+import math
 import threading
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -30,7 +30,7 @@ from deltalake.transaction import RemoveAction
 
 from storage_delta.commit.append import TableSpec, WriterTable
 from storage_delta.commit.checkpoint import checkpoint_table
-from storage_delta.commit.deltalog import checkpointed_version, commit_path
+from storage_delta.commit.deltalog import LogEntries, commit_path
 from storage_delta.commit.owner import StreamEpochs, commit_without_fenced
 from storage_delta.commit.store import (
     StoreRoot,
@@ -204,6 +204,10 @@ class StreamReplicas:
         self._newest: dict[str, tuple[int, bool, str]] = {}
         self._replicas: dict[str, PlacedStream] = {}
         self._lock = threading.Lock()  # the meta owner's ticks and the follower's
+        #: The catalog's log entries (False: an object store whose commits delta-rs makes).
+        self._entries: LogEntries | Literal[False] | None = None
+        #: When (monotonic) the log was last looked at for the version after this view's.
+        self._looked_at = -math.inf
 
     def read(self) -> dict[str, PlacedStream]:
         with self._lock:
@@ -238,23 +242,22 @@ class StreamReplicas:
         return self._fold(fresh, dt.version(), files, reset)
 
     def _follow_log(self) -> tuple[int, list[dict[str, Any]]] | None:
-        """Locally, after a first read: the newest version and the files its commits since this
-        view's added, from the log's entries themselves, one small file each; None when the
-        snapshot must be read (an object store, a file removed, the log trimmed past this view's
-        version). A delta-rs handle brought up to date replayed the log from its checkpoint:
-        90 ms a tick with 10,000 files (#23)."""
-        local = self.root.local_path()
-        if local is None or self._version < 0:
+        """After a first read: the newest version and the files its commits since this view's
+        added, from the log's entries themselves, a read of each and one of the next version
+        (:meth:`StoreRoot.log_entries`); None when the snapshot must be read (an object store
+        without jetlake's own commit, a file removed, the log trimmed past this view's version).
+        A delta-rs handle brought up to date replayed the log from its checkpoint, 90 ms a tick
+        with 10,000 files (#23), and on an object store listed the log and read its
+        ``_last_checkpoint`` every tick of every gateway."""
+        if self._version < 0:
             return None
-        log_dir = os.path.join(local, sch.CATALOG, "_delta_log")
+        if self._entries is None:
+            self._entries = self.root.log_entries(sch.CATALOG) or False
+        if self._entries is False:
+            return None
         version, adds = self._version, []
-        while True:
-            try:
-                with open(commit_path(log_dir, version + 1), "rb") as fh:
-                    lines = fh.read().splitlines()
-            except FileNotFoundError:
-                break
-            for line in lines:
+        while (entry := self._entries.read(version + 1)) is not None:
+            for line in entry.splitlines():
                 try:
                     action = json.loads(line) if line.strip() else {}
                 except ValueError:  # a damaged entry: delta-rs's load says what it makes of it
@@ -264,10 +267,17 @@ class StreamReplicas:
                 if (add := action.get("add")) is not None:
                     adds.append({**add, "path": unquote(add["path"])})
             version += 1
-        # entries are only ever trimmed from the oldest up to a checkpoint: none after this
-        # view's version and a newer checkpoint means they were, not that nothing landed
-        if version == self._version and checkpointed_version(log_dir) > version:
+        # entries are only ever trimmed from the oldest up to a checkpoint, those older than the
+        # retention: none after this view's version may mean they were, not that nothing landed,
+        # unless that entry was missing at the last look too, less than a retention ago
+        now = time.monotonic()
+        if (
+            version == self._version
+            and now - self._looked_at >= self.root.log_retention_s
+            and self._entries.trimmed(version + 1)
+        ):
             return None
+        self._looked_at = now
         return version, adds
 
     def _fold(
