@@ -45,6 +45,12 @@ def test_gateways_announce_themselves_beside_the_lease(tmp_path: Path) -> None:
     b.withdraw("b")
     b.withdraw("b")  # gone already: nothing to do
     assert list(a.members()) == ["a"]
+    # a power cut kept a record's name but not its bytes: not a member (a meta owner's first
+    # lease would place streams on it) until its gateway writes it again
+    (tmp_path / "_jetlake_owner" / "member-torn").write_bytes(b"")
+    assert list(a.members()) == ["a"]
+    b.announce("torn")
+    assert sorted(a.members()) == ["a", "torn"]
 
 
 async def test_the_owner_counts_a_gateway_live_while_its_announcement_changes(tmp_path: Path) -> None:

@@ -219,25 +219,28 @@ class Lease(ABC):
 
     def members(self) -> dict[str, str]:
         """Every gateway's record by name, with a tag that changes each time it announces (its
-        count grows): whether a gateway is live is judged by the change, from one listing and no
-        read of the records, where reading them was a GET per gateway every tick of every
-        gateway that listens (a quarter of an idle pair's requests to an object store)."""
-        return {name[len(MEMBER) :]: tag for name, tag in self._tags(MEMBER).items()}
-
-    def gone_members(self) -> frozenset[str]:
-        """The gateways whose record names a process of this host that no longer exists (``kill
-        -9`` on one machine): gone now, not a lease of silence from now. A record is read once,
-        the first time its name is seen (side by side on an object store: a new meta owner
-        reads them all before it places, and the records of gateways killed lately are still
-        there)."""
-        names = list(self.members())
-        unread = [name for name in names if name not in self._whom]
+        count grows): whether a gateway is live is judged by the change, from one listing,
+        where reading every record was a GET per gateway every tick of every gateway that
+        listens (a quarter of an idle pair's requests to an object store). A record is read the
+        first time its name is seen, for the host and pid :meth:`gone_members` checks (side by
+        side on an object store: a new meta owner meets them all at once, and the records of
+        gateways killed lately are still there); one that cannot be read (a power cut kept its
+        name but not its bytes) is left out, and read again next time."""
+        tags = {name[len(MEMBER) :]: tag for name, tag in self._tags(MEMBER).items()}
+        known = {name: whom for name, whom in self._whom.items() if name in tags}
+        unread = [name for name in tags if name not in known]
         for name, raw in zip(unread, self._each(lambda n: self._get(MEMBER + n), unread), strict=True):
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 if raw is not None:  # None: withdrawn since the listing
                     body = json.loads(raw)
-                    self._whom[name] = (str(body["host"]), int(body["pid"]))
-        self._whom = {name: whom for name, whom in self._whom.items() if name in names}
+                    known[name] = (str(body["host"]), int(body["pid"]))
+        self._whom = known  # one swap: the placing loop and the listening one both call this
+        return {name: tag for name, tag in tags.items() if name in known}
+
+    def gone_members(self) -> frozenset[str]:
+        """The gateways whose record names a process of this host that no longer exists (``kill
+        -9`` on one machine): gone now, not a lease of silence from now."""
+        self.members()
         return frozenset(name for name, (host, pid) in self._whom.items() if self._process_gone(host, pid))
 
     def withdraw(self, name: str) -> None:
