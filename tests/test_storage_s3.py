@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from storage_delta.commit.deltalog import ObjectLogEntries
-from storage_delta.commit.lease import KEEP_EPOCHS, LEASE_DIR, ObjectStoreLease
+from storage_delta.commit.lease import KEEP_EPOCHS, LEASE_DIR, ObjectStoreLease, epoch_name
 from storage_delta.commit.owner import Fenced
 from storage_delta.commit.store import StoreRoot, open_existing
 from storage_delta.commit.writer import APP_ID, MessageTable, StoredMessage
@@ -301,8 +301,8 @@ def test_the_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> N
     assert beat.count == 1
     # a claim's PUT sent again after its answer was lost finds its own bytes: it is a's claim
     record = a._claimant()
-    assert a._create({"epoch-00000000000000000003": record}) == {"epoch-00000000000000000003"}
-    assert a._create({"epoch-00000000000000000003": record}) == {"epoch-00000000000000000003"}
+    assert a._create({epoch_name(3): record}) == {epoch_name(3)}
+    assert a._create({epoch_name(3): record}) == {epoch_name(3)}
     assert not b.claim(3)
     # the claims and beats of epochs long superseded go; the newest stay
     for epoch in range(4, 21):

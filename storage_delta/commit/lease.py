@@ -114,7 +114,7 @@ def superseded(names: Iterable[str], epoch: int, kinds: tuple[str, ...] = ("epoc
 
 class Lease(ABC):
     """The claims and beats of one store root, as one gateway process sees them: the protocol,
-    over five operations on the records of the lease's folder that each kind of root provides."""
+    over six operations on the records of the lease's folder that each kind of root provides."""
 
     def __init__(self) -> None:
         self.host = socket.gethostname()

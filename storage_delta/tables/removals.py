@@ -206,8 +206,9 @@ class StreamReplicas:
         self._lock = threading.Lock()  # the meta owner's ticks and the follower's
         #: The catalog's log entries (False: an object store whose commits delta-rs makes).
         self._entries: LogEntries | Literal[False] | None = None
-        #: When (monotonic) the log was last looked at for the version after this view's.
-        self._looked_at = -math.inf
+        #: The version whose next entry was missing at the last look of the log, and when
+        #: (monotonic): a view that did not take that version in (its fold failed) looks again.
+        self._looked: tuple[int, float] = (-1, -math.inf)
 
     def read(self) -> dict[str, PlacedStream]:
         with self._lock:
@@ -273,11 +274,11 @@ class StreamReplicas:
         now = time.monotonic()
         if (
             version == self._version
-            and now - self._looked_at >= self.root.log_retention_s
+            and (self._looked[0] != version or now - self._looked[1] >= self.root.log_retention_s)
             and self._entries.trimmed(version + 1)
         ):
             return None
-        self._looked_at = now
+        self._looked = (version, now)
         return version, adds
 
     def _fold(
