@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import obstore
 import pyarrow.fs as pafs
 import pytest
 
@@ -105,11 +106,11 @@ def test_an_entry_put_again_after_its_answer_was_lost_is_known_as_its_writers_on
     entries = root.log_entries(sch.MESSAGES)
     assert isinstance(entries, ObjectLogEntries)
     with entries.staged(lambda: b'{"commitInfo":{"n":1}}\n', ()) as claim:
-        assert claim(1)
-        assert claim(1)  # the retry
+        assert claim(1) is None
+        assert claim(1) is None  # the retry
     with entries.staged(lambda: b'{"commitInfo":{"n":2}}\n', ()) as claim:
-        assert not claim(1)
-        assert claim(2)
+        assert claim(1) == b'{"commitInfo":{"n":1}}\n'
+        assert claim(2) is None
     assert entries.read(1) == b'{"commitInfo":{"n":1}}\n'
 
 
@@ -285,6 +286,60 @@ def test_a_writer_following_the_log_on_s3_passes_others_commits_and_meets_a_fenc
         standby.commit([message("B", 2)], 2)
     active.close()
     standby.close()
+
+
+def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that lost a version to a busy writer passes every version taken since as one
+    listing shows them, read side by side, and claims the next free one: two PUTs, and no look
+    for a trim there. Version by version (a PUT refused, a GET and a look for a trim each) it fell
+    further behind a writer committing more often than that: a stream's fence took 11 s on moto
+    while the other gateway's sync publishers committed (#19). The versions passed still count:
+    a fence among them stops it."""
+    root = s3_root(s3_endpoint, "behind")
+    behind = MessageTable(replace(root, epoch=1))
+    busy = type("Busy", (MessageTable,), {"APP_ID": "busy"})(replace(root, epoch=1))
+    for seq in range(1, 31):
+        busy.commit([message("A", seq)], seq)
+    newest = open_existing(root, sch.MESSAGES)
+    assert newest is not None
+    assert behind._appender._log is not None
+    start = behind._appender._log.next_version
+    puts: list[str] = []
+    gets: list[str] = []
+    put, get = obstore.put, obstore.get
+
+    def counted_put(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        puts.append(path)
+        return put(store, path, *args, **kwargs)
+
+    def counted_get(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        gets.append(path)
+        return get(store, path, *args, **kwargs)
+
+    monkeypatch.setattr(obstore, "put", counted_put)  # the log's requests, counted
+    monkeypatch.setattr(obstore, "get", counted_get)
+    behind.commit([message("B", 1)], 1)
+    # the version it stood at, lost; then the one after the newest (the data file is pyarrow's)
+    assert puts == [f"_delta_log/{v:020d}.json" for v in (start, newest.version() + 1)], puts
+    assert gets.count("_delta_log/_last_checkpoint") <= 1, gets  # only before the first claim
+    after = open_existing(root, sch.MESSAGES)
+    assert after is not None
+    assert after.version() == newest.version() + 1
+    assert after.transaction_version(APP_ID) == 1
+    gets.clear()
+    busy.commit([message("A", 31)], 31)
+    behind.commit([message("B", 2)], 2)  # one version lost: nor then a look for a trim
+    assert "_delta_log/_last_checkpoint" not in gets, gets
+    monkeypatch.undo()
+    for seq in range(32, 42):
+        busy.commit([message("A", seq)], seq)
+    MessageTable(replace(root, epoch=2)).close()  # a newer owner's fence, after ten more versions
+    with pytest.raises(Fenced):
+        behind.commit([message("B", 3)], 3)
+    busy.close()
+    behind.close()
 
 
 def test_the_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> None:

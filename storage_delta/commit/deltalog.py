@@ -25,8 +25,10 @@ commit, see :meth:`storage_delta.commit.store.StoreRoot.log_entries`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -47,7 +49,7 @@ from storage_delta.commit.owner import (
     check_epoch,
     stream_of_owner_app,
 )
-from storage_delta.format.integrity import LINES_KEY, lines_digest
+from storage_delta.format.integrity import LINES_KEY, lines_digest, side_by_side
 
 #: The ``commitInfo`` key of an entry's nonce: what makes an entry its writer's alone.
 NONCE_KEY = "jetlakeNonce"
@@ -139,20 +141,37 @@ class LogEntries(ABC):
     @abstractmethod
     def staged(
         self, encode: Callable[[], bytes], unsynced: Sequence[str]
-    ) -> AbstractContextManager[Callable[[int], bool]]:
+    ) -> AbstractContextManager[Callable[[int], bytes | None]]:
         """The entry ``encode`` makes, ready to be claimed: the context gives ``claim(version)``,
-        True once the entry holds that version (and is durable), False when another writer's entry
-        holds it. ``unsynced``: local files the entry names, on stable storage before it can be
-        claimed (a root that syncs)."""
+        None once the entry holds that version (and is durable), else the entry of the other writer
+        that holds it (:class:`BelowTrim` when it was trimmed before it could be read).
+        ``unsynced``: local files the entry names, on stable storage before it can be claimed (a
+        root that syncs)."""
 
     @abstractmethod
     def read(self, version: int) -> bytes | None:
         """The entry of ``version``; None when there is none."""
 
+    def taken_from(self, version: int) -> list[tuple[int, bytes]]:
+        """The versions taken from ``version`` on, up to the first free one as one look finds
+        them (others may be taken meanwhile), each with its entry, in order."""
+        taken = []
+        while (entry := self.read(version)) is not None:
+            taken.append((version, entry))
+            version += 1
+        return taken
+
     @abstractmethod
     def trimmed(self, version: int) -> bool:
         """Whether ``version`` is at or below the newest checkpoint and its entry is gone: a free
         name that is not a free version (:class:`BelowTrim`)."""
+
+
+def _held(version: int, entry: bytes | None) -> bytes:
+    """The entry found holding ``version`` when a claim of it failed: gone means trimmed since."""
+    if entry is None:
+        raise BelowTrim(f"version {version} was trimmed while this writer passed it")
+    return entry
 
 
 class LocalLogEntries(LogEntries):
@@ -172,7 +191,9 @@ class LocalLogEntries(LogEntries):
         os.makedirs(self.staging_dir, exist_ok=True)
 
     @contextmanager
-    def staged(self, encode: Callable[[], bytes], unsynced: Sequence[str]) -> Iterator[Callable[[int], bool]]:
+    def staged(
+        self, encode: Callable[[], bytes], unsynced: Sequence[str]
+    ) -> Iterator[Callable[[int], bytes | None]]:
         tmp = os.path.join(self.staging_dir, f"{uuid.uuid4().hex}.json")
         # the entry's bytes, and the files it names, are down before its name can be (the files'
         # syncs start first and run while the entry is encoded and written)
@@ -183,16 +204,16 @@ class LocalLogEntries(LogEntries):
             if self.sync:
                 fsync_path(tmp)
 
-        def claim(version: int) -> bool:
+        def claim(version: int) -> bytes | None:
             try:
                 os.link(tmp, commit_path(self.log_dir, version))
             except FileExistsError:
-                return False
+                return _held(version, self.read(version))
             if self.sync:
                 fsync_path(self.log_dir)  # the new name: now the commit survives a power cut
             elif self.unsynced is not None:
                 self.unsynced.log([commit_path(self.log_dir, version)], self.log_dir)
-            return True
+            return None
 
         try:
             yield claim
@@ -231,18 +252,21 @@ class ObjectLogEntries(LogEntries):
         self._untrimmed: tuple[int, float] = (-1, 0.0)
 
     @contextmanager
-    def staged(self, encode: Callable[[], bytes], unsynced: Sequence[str]) -> Iterator[Callable[[int], bool]]:
+    def staged(
+        self, encode: Callable[[], bytes], unsynced: Sequence[str]
+    ) -> Iterator[Callable[[int], bytes | None]]:
         assert not unsynced, "nothing to sync on an object store"
         body = encode()
 
-        def claim(version: int) -> bool:
+        def claim(version: int) -> bytes | None:
             try:
                 obstore.put(self.store, _entry_key(version), body, mode="create")
             except AlreadyExistsError:
-                if self.read(version) != body:
-                    return False
+                held = _held(version, self.read(version))
+                if held != body:
+                    return held
             self._untrimmed = (version + 1, time.monotonic() + self.retention_s / 2)
-            return True
+            return None
 
         yield claim
 
@@ -251,6 +275,34 @@ class ObjectLogEntries(LogEntries):
             return bytes(obstore.get(self.store, _entry_key(version)).bytes())
         except FileNotFoundError:
             return None
+
+    def taken_from(self, version: int) -> list[tuple[int, bytes]]:
+        """One listing of the log from ``version`` on, then the entries it shows read side by
+        side. A writer that lost a version to a busy one read the versions one after another
+        (a PUT refused, a GET, a look for a trim: 0.1 s each on a loaded moto) and fell further
+        behind a writer committing more often than that: a stream's fence took 11 s while the
+        other gateway's sync publishers committed (bench.several_gateways on S3, #19). The
+        version after the newest listed one (or after ``version - 1``) was free at the listing;
+        when that entry is younger than half the log retention, no trim can have removed a later
+        one, so :meth:`trimmed` need not look for it."""
+        versions: dict[int, float] = {}  # version -> its entry's age (s)
+        # from the version before on (not read again): its age counts when none is taken after it
+        now, after = time.time(), _entry_key(version - 2) if version > 1 else None
+        for page in obstore.list(self.store, "_delta_log/", offset=after):
+            for meta in page:
+                name = str(meta["path"]).rpartition("/")[2]
+                if _ENTRY.fullmatch(name) is not None and int(name[:20]) >= version - 1:
+                    versions[int(name[:20])] = now - meta["last_modified"].timestamp()
+        run = list(itertools.takewhile(lambda v: v in versions, itertools.count(version)))
+        newest = run[-1] if run else version - 1
+        if newest in versions and versions[newest] < self.retention_s / 2:
+            self._untrimmed = (newest + 1, time.monotonic() + self.retention_s / 2 - versions[newest])
+        taken = []
+        for v, entry in zip(run, side_by_side(self.read, run), strict=True):
+            if entry is None:  # trimmed since the listing: a claim of it finds out
+                break
+            taken.append((v, entry))
+        return taken
 
     def trimmed(self, version: int) -> bool:
         """Without a request for the version after this writer's last claim, for half the
@@ -271,6 +323,10 @@ class ObjectLogEntries(LogEntries):
         except FileNotFoundError:
             return True
         return False
+
+
+#: The name of a log entry (a version's JSON) in ``_delta_log``.
+_ENTRY = re.compile(r"\d{20}\.json")
 
 
 def _entry_key(version: int) -> str:
@@ -343,7 +399,7 @@ class LogAppender:
             ),
             *(add_line(a) for a in adds),
         ]
-        return self._claim(lines, lambda version: self._landed_or_check(version, txn, streams), unsynced)
+        return self._claim(lines, lambda v, entry: self._landed_or_check(v, entry, txn, streams), unsynced)
 
     def _epoch_in_table(self, stream: str) -> int:
         base = self.table_epoch(stream) if self.table_epoch is not None else 0
@@ -372,13 +428,18 @@ class LogAppender:
             *(remove_line(r) for r in removes),
             *(add_line(a) for a in adds),
         ]
-        return self._claim(lines, lambda version: self._check_removals(version, gone))
+        return self._claim(lines, lambda v, entry: self._check_removals(v, entry, gone))
 
     def _claim(
-        self, lines: list[dict[str, Any]], landed: Callable[[int], bool], unsynced: Sequence[str] = ()
+        self,
+        lines: list[dict[str, Any]],
+        landed: Callable[[int, bytes], bool],
+        unsynced: Sequence[str] = (),
     ) -> int:
-        """Claim the first free version for the commit; ``landed(v)`` judges a version taken by
-        another writer (True: our commit is already there)."""
+        """Claim the first free version for the commit; ``landed(v, entry)`` judges a version
+        taken by another writer (True: our commit is already there). After a version lost, the
+        ones taken after it are passed as one look finds them (:meth:`LogEntries.taken_from`)
+        before the next claim."""
         check_epoch(self.owner_seen, self.owner)
 
         def encode() -> bytes:
@@ -395,20 +456,14 @@ class LogAppender:
                 version = self.next_version
                 if self.entries.trimmed(version):
                     raise BelowTrim(f"version {version} is below the newest checkpoint and trimmed")
-                if not claim(version):
-                    self.next_version += 1
-                    if landed(version):
-                        return version
-                    continue
+                held = claim(version)
                 self.next_version = version + 1
-                return version
-
-    def _actions(self, version: int) -> list[dict[str, Any]]:
-        """Another writer's commit (a version found taken), action by action (:meth:`_passed`)."""
-        entry = self.entries.read(version)
-        if entry is None:  # taken a moment ago and gone: trimmed below a checkpoint meanwhile
-            raise BelowTrim(f"version {version} was trimmed while this writer passed it")
-        return self._passed(version, entry)
+                if held is None:
+                    return version
+                for taken, entry in [(version, held), *self.entries.taken_from(version + 1)]:
+                    self.next_version = taken + 1
+                    if landed(taken, entry):
+                        return taken
 
     def _passed(self, version: int, entry: bytes) -> list[dict[str, Any]]:
         """The actions of another writer's commit; a protocol or metadata change stops us, and so
@@ -433,17 +488,24 @@ class LogAppender:
         """Pass the versions other writers made since, up to the first free one, as a claim would
         (their epochs remembered; :class:`Fenced` or :class:`UnsupportedTable` as there), without
         claiming anything: a standby keeps its position so, and its first commit after a takeover
-        does not read all of them then. A read per version, and one when nothing changed (no listing
-        of the log, which a delta-rs handle's catch-up makes)."""
-        while (entry := self.entries.read(self.next_version)) is not None:
-            self._passed(self.next_version, entry)
-            self.next_version += 1
+        does not read all of them then. One read when nothing changed; else the versions taken as
+        one look finds them (:meth:`LogEntries.taken_from`: on an object store one listing from
+        there, not a delta-rs handle's catch-up, which lists the whole log)."""
+        first = self.next_version
+        entry = self.entries.read(first)  # what a quiet table costs: this one request
+        if entry is None:
+            return
+        for version, taken in [(first, entry), *self.entries.taken_from(first + 1)]:
+            self._passed(version, taken)
+            self.next_version = version + 1
 
-    def _landed_or_check(self, version: int, txn: tuple[str, int], streams: Collection[str] = ()) -> bool:
+    def _landed_or_check(
+        self, version: int, entry: bytes, txn: tuple[str, int], streams: Collection[str] = ()
+    ) -> bool:
         """True when another writer's commit holds our ``txn`` (so ours is already committed);
         :class:`StreamFenced` when it fenced a stream of ``streams`` (the epochs are looked at
         first: a new owner's txn versions are not ours)."""
-        actions = self._actions(version)
+        actions = self._passed(version, entry)
         if self.streams is not None and streams:
             self._check_streams(streams)
         for action in actions:
@@ -452,8 +514,8 @@ class LogAppender:
                 return True
         return False
 
-    def _check_removals(self, version: int, gone: set[str]) -> bool:
-        for action in self._actions(version):
+    def _check_removals(self, version: int, entry: bytes, gone: set[str]) -> bool:
+        for action in self._passed(version, entry):
             r = action.get("remove")
             if r is not None and r.get("path") in gone:
                 raise ConcurrentRemoval(f"version {version} removed {r.get('path')} first")

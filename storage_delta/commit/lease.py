@@ -40,7 +40,6 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -50,7 +49,7 @@ from obstore.exceptions import AlreadyExistsError
 
 from storage_delta.commit.durable import make_dirs, sync_together
 from storage_delta.commit.store import StoreRoot, open_existing, read_checked
-from storage_delta.format.integrity import FETCH_AHEAD
+from storage_delta.format.integrity import side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -398,10 +397,7 @@ class ObjectStoreLease(Lease):
         self.store = root.objects(LEASE_DIR)
 
     def _each(self, work: Callable[[T], R], items: Sequence[T]) -> list[R]:
-        if len(items) < 2:
-            return [work(item) for item in items]
-        with ThreadPoolExecutor(min(len(items), FETCH_AHEAD), thread_name_prefix="jetlake-lease") as pool:
-            return list(pool.map(work, items))
+        return side_by_side(work, items)
 
     def _create(self, records: Mapping[str, bytes]) -> frozenset[str]:
         def create(item: tuple[str, bytes]) -> bool:

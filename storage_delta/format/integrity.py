@@ -24,10 +24,10 @@ import re
 import zlib
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -135,6 +135,18 @@ class RowBounds:
 
 #: Files fetched side by side from an object store (each a round trip or two of its own).
 FETCH_AHEAD = 8
+
+Item = TypeVar("Item")
+Done = TypeVar("Done")
+
+
+def side_by_side(work: Callable[[Item], Done], items: Sequence[Item]) -> list[Done]:
+    """``work`` of every item, in order, up to ``FETCH_AHEAD`` at once: for round trips to an object
+    store, which overlap (one after another, each waits out the others' latency)."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(len(items), FETCH_AHEAD), thread_name_prefix="jetlake-fetch") as pool:
+        return list(pool.map(work, items))
 
 
 def fetched_ahead(
