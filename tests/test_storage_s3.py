@@ -15,6 +15,7 @@ import obstore
 import pyarrow.fs as pafs
 import pytest
 
+from storage_delta.commit import deltalog
 from storage_delta.commit.deltalog import ObjectLogEntries
 from storage_delta.commit.lease import KEEP_EPOCHS, LEASE_DIR, ObjectStoreLease, epoch_name
 from storage_delta.commit.owner import Fenced
@@ -340,6 +341,42 @@ def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
         behind.commit([message("B", 3)], 3)
     busy.close()
     behind.close()
+
+
+def test_a_writer_far_behind_passes_the_versions_a_bounded_look_at_a_time_on_s3(
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One look reads at most ``TAKEN_AT_ONCE`` entries (a writer far behind holds no more at
+    once); following the log and claiming go on look after look to the first free version."""
+    monkeypatch.setattr(deltalog, "TAKEN_AT_ONCE", 4)
+    root = s3_root(s3_endpoint, "far")
+    follower, claimer = MessageTable(replace(root, epoch=1)), MessageTable(replace(root, epoch=1))
+    busy = type("Busy", (MessageTable,), {"APP_ID": "busy"})(replace(root, epoch=1))
+    for seq in range(1, 19):
+        busy.commit([message("A", seq)], seq)
+    newest = open_existing(root, sch.MESSAGES)
+    assert newest is not None
+    looks: list[int] = []
+    entries = follower._appender._log.entries if follower._appender._log is not None else None
+    assert isinstance(entries, ObjectLogEntries)
+    taken_from = entries.taken_from
+
+    def looked(version: int) -> list[tuple[int, bytes]]:
+        looks.append(version)
+        return taken_from(version)
+
+    monkeypatch.setattr(entries, "taken_from", looked)
+    follower._appender.follow()
+    assert follower._appender._log is not None
+    assert follower._appender._log.next_version == newest.version() + 1
+    assert len(looks) >= 18 // 4  # bounded looks, one after another
+    claimer.commit([message("B", 1)], 1)
+    after = open_existing(root, sch.MESSAGES)
+    assert after is not None
+    assert after.version() == newest.version() + 1
+    assert after.transaction_version(APP_ID) == 1
+    for table in (busy, follower, claimer):
+        table.close()
 
 
 def test_the_lease_gives_each_epoch_to_one_claimant_on_s3(s3_endpoint: str) -> None:

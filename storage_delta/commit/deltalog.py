@@ -293,7 +293,9 @@ class ObjectLogEntries(LogEntries):
                 name = str(meta["path"]).rpartition("/")[2]
                 if _ENTRY.fullmatch(name) is not None and int(name[:20]) >= version - 1:
                     versions[int(name[:20])] = now - meta["last_modified"].timestamp()
-        run = list(itertools.takewhile(lambda v: v in versions, itertools.count(version)))
+            if len(versions) > TAKEN_AT_ONCE:  # a writer far behind: the rest at the next look
+                break
+        run = list(itertools.takewhile(lambda v: v in versions, range(version, version + TAKEN_AT_ONCE)))
         newest = run[-1] if run else version - 1
         if newest in versions and versions[newest] < self.retention_s / 2:
             self._untrimmed = (newest + 1, time.monotonic() + self.retention_s / 2 - versions[newest])
@@ -324,6 +326,10 @@ class ObjectLogEntries(LogEntries):
             return True
         return False
 
+
+#: Versions another writer took that one look (:meth:`ObjectLogEntries.taken_from`) reads at most:
+#: a writer far behind holds no more entries than these at once.
+TAKEN_AT_ONCE = 1000
 
 #: The name of a log entry (a version's JSON) in ``_delta_log``.
 _ENTRY = re.compile(r"\d{20}\.json")
@@ -491,13 +497,13 @@ class LogAppender:
         does not read all of them then. One read when nothing changed; else the versions taken as
         one look finds them (:meth:`LogEntries.taken_from`: on an object store one listing from
         there, not a delta-rs handle's catch-up, which lists the whole log)."""
-        first = self.next_version
-        entry = self.entries.read(first)  # what a quiet table costs: this one request
-        if entry is None:
-            return
-        for version, taken in [(first, entry), *self.entries.taken_from(first + 1)]:
-            self._passed(version, taken)
-            self.next_version = version + 1
+        entry = self.entries.read(self.next_version)  # what a quiet table costs: this one request
+        taken = [] if entry is None else [(self.next_version, entry)]
+        while taken:
+            for version, passed in taken:
+                self._passed(version, passed)
+                self.next_version = version + 1
+            taken = self.entries.taken_from(self.next_version)
 
     def _landed_or_check(
         self, version: int, entry: bytes, txn: tuple[str, int], streams: Collection[str] = ()
