@@ -292,9 +292,9 @@ def test_a_writer_following_the_log_on_s3_passes_others_commits_and_meets_a_fenc
 def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
     s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A writer that lost a version to a busy writer passes every version taken since as one
-    listing shows them, read side by side, and claims the next free one: two PUTs, and no look
-    for a trim there. Version by version (a PUT refused, a GET and a look for a trim each) it fell
+    """A writer that lost two versions in a row to a busy writer passes every version taken since
+    as one listing shows them, read side by side, and claims the next free one: three PUTs, and
+    no look for a trim there. Version by version (a PUT refused, a GET and a look for a trim each) it fell
     further behind a writer committing more often than that: a stream's fence took 11 s on moto
     while the other gateway's sync publishers committed (#19). The versions passed still count:
     a fence among them stops it."""
@@ -309,7 +309,8 @@ def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
     start = behind._appender._log.next_version
     puts: list[str] = []
     gets: list[str] = []
-    put, get = obstore.put, obstore.get
+    lists: list[str | None] = []
+    put, get, listing = obstore.put, obstore.get, obstore.list
 
     def counted_put(store: Any, path: str, *args: Any, **kwargs: Any) -> Any:
         puts.append(path)
@@ -319,20 +320,30 @@ def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
         gets.append(path)
         return get(store, path, *args, **kwargs)
 
+    def counted_list(store: Any, prefix: str | None = None, **kwargs: Any) -> Any:
+        lists.append(prefix)
+        return listing(store, prefix, **kwargs)
+
+    monkeypatch.setattr(obstore, "list", counted_list)
     monkeypatch.setattr(obstore, "put", counted_put)  # the log's requests, counted
     monkeypatch.setattr(obstore, "get", counted_get)
     behind.commit([message("B", 1)], 1)
-    # the version it stood at, lost; then the one after the newest (the data file is pyarrow's)
-    assert puts == [f"_delta_log/{v:020d}.json" for v in (start, newest.version() + 1)], puts
+    # the version it stood at and the next, lost; then the one after the newest (the data file
+    # is pyarrow's)
+    assert puts == [f"_delta_log/{v:020d}.json" for v in (start, start + 1, newest.version() + 1)], puts
     assert gets.count("_delta_log/_last_checkpoint") <= 1, gets  # only before the first claim
+    assert lists == ["_delta_log/"]
     after = open_existing(root, sch.MESSAGES)
     assert after is not None
     assert after.version() == newest.version() + 1
     assert after.transaction_version(APP_ID) == 1
     gets.clear()
     busy.commit([message("A", 31)], 31)
-    behind.commit([message("B", 2)], 2)  # one version lost: nor then a look for a trim
+    puts.clear()
+    lists.clear()
+    behind.commit([message("B", 2)], 2)  # one version lost: a GET of it, no listing nor trim look
     assert "_delta_log/_last_checkpoint" not in gets, gets
+    assert (len(puts), lists) == (2, [])
     monkeypatch.undo()
     for seq in range(32, 42):
         busy.commit([message("A", seq)], seq)
@@ -432,7 +443,7 @@ def test_gateways_are_judged_by_their_records_tags_on_s3(s3_endpoint: str) -> No
 @pytest.mark.slow
 @pytest.mark.alone  # a handover: its waits are wall-clock bounds
 def test_a_standby_takes_an_s3_root_over_after_kill_9(s3_endpoint: str, tmp_path: Path) -> None:
-    """Two gateways on one s3:// root (the lease's claims a Delta table, its beats objects): kill -9
+    """Two gateways on one s3:// root (the lease's records objects): kill -9
     of the owner under retrying publishers and an acking consumer, the standby takes over, every
     acknowledged message is stored once and nothing acked before the kill comes again (#19). The
     handover is printed, not bounded: against moto on a shared machine the fences and the loads of

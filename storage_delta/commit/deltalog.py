@@ -34,7 +34,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import obstore
 from deltalake.transaction import AddAction, RemoveAction
@@ -50,6 +50,8 @@ from storage_delta.commit.owner import (
     stream_of_owner_app,
 )
 from storage_delta.format.integrity import LINES_KEY, lines_digest, side_by_side
+
+Found = TypeVar("Found")
 
 #: The ``commitInfo`` key of an entry's nonce: what makes an entry its writer's alone.
 NONCE_KEY = "jetlakeNonce"
@@ -167,7 +169,7 @@ class LogEntries(ABC):
         name that is not a free version (:class:`BelowTrim`)."""
 
 
-def _held(version: int, entry: bytes | None) -> bytes:
+def _held(version: int, entry: Found | None) -> Found:
     """The entry found holding ``version`` when a claim of it failed: gone means trimmed since."""
     if entry is None:
         raise BelowTrim(f"version {version} was trimmed while this writer passed it")
@@ -262,43 +264,54 @@ class ObjectLogEntries(LogEntries):
             try:
                 obstore.put(self.store, _entry_key(version), body, mode="create")
             except AlreadyExistsError:
-                held = _held(version, self.read(version))
+                held, age = _held(version, self._read_aged(version))
                 if held != body:
+                    self._young(version, age)
                     return held
-            self._untrimmed = (version + 1, time.monotonic() + self.retention_s / 2)
+            self._young(version, 0.0)
             return None
 
         yield claim
 
     def read(self, version: int) -> bytes | None:
+        found = self._read_aged(version)
+        return None if found is None else found[0]
+
+    def _read_aged(self, version: int) -> tuple[bytes, float] | None:
+        """The entry of ``version`` and its age in seconds (by the store's clock against ours)."""
         try:
-            return bytes(obstore.get(self.store, _entry_key(version)).bytes())
+            got = obstore.get(self.store, _entry_key(version))
         except FileNotFoundError:
             return None
+        return bytes(got.bytes()), time.time() - got.meta["last_modified"].timestamp()
+
+    def _young(self, version: int, age: float) -> None:
+        """``version``'s entry is ``age`` seconds old: every later entry is younger, so for half
+        the log retention less that age none of them can have been trimmed, and the claim of the
+        next version need not look (:meth:`trimmed`)."""
+        if age < self.retention_s / 2:
+            self._untrimmed = (version + 1, time.monotonic() + self.retention_s / 2 - age)
 
     def taken_from(self, version: int) -> list[tuple[int, bytes]]:
         """One listing of the log from ``version`` on, then the entries it shows read side by
         side. A writer that lost a version to a busy one read the versions one after another
         (a PUT refused, a GET, a look for a trim: 0.1 s each on a loaded moto) and fell further
         behind a writer committing more often than that: a stream's fence took 11 s while the
-        other gateway's sync publishers committed (bench.several_gateways on S3, #19). The
-        version after the newest listed one (or after ``version - 1``) was free at the listing;
-        when that entry is younger than half the log retention, no trim can have removed a later
-        one, so :meth:`trimmed` need not look for it."""
-        versions: dict[int, float] = {}  # version -> its entry's age (s)
-        # from the version before on (not read again): its age counts when none is taken after it
-        now, after = time.time(), _entry_key(version - 2) if version > 1 else None
-        for page in obstore.list(self.store, "_delta_log/", offset=after):
+        other gateway's sync publishers committed (bench.several_gateways on S3, #19)."""
+        ages: dict[int, float] = {}
+        now = time.time()
+        for page in obstore.list(
+            self.store, "_delta_log/", offset=_entry_key(version - 1) if version else None
+        ):
             for meta in page:
                 name = str(meta["path"]).rpartition("/")[2]
-                if _ENTRY.fullmatch(name) is not None and int(name[:20]) >= version - 1:
-                    versions[int(name[:20])] = now - meta["last_modified"].timestamp()
-            if len(versions) > TAKEN_AT_ONCE:  # a writer far behind: the rest at the next look
+                if _ENTRY.fullmatch(name) is not None and int(name[:20]) >= version:
+                    ages[int(name[:20])] = now - meta["last_modified"].timestamp()
+            if len(ages) > TAKEN_AT_ONCE:  # a writer far behind: the rest at the next look
                 break
-        run = list(itertools.takewhile(lambda v: v in versions, range(version, version + TAKEN_AT_ONCE)))
-        newest = run[-1] if run else version - 1
-        if newest in versions and versions[newest] < self.retention_s / 2:
-            self._untrimmed = (newest + 1, time.monotonic() + self.retention_s / 2 - versions[newest])
+        run = list(itertools.takewhile(lambda v: v in ages, range(version, version + TAKEN_AT_ONCE)))
+        if run:
+            self._young(run[-1], ages[run[-1]])
         taken = []
         for v, entry in zip(run, side_by_side(self.read, run), strict=True):
             if entry is None:  # trimmed since the listing: a claim of it finds out
@@ -443,9 +456,11 @@ class LogAppender:
         unsynced: Sequence[str] = (),
     ) -> int:
         """Claim the first free version for the commit; ``landed(v, entry)`` judges a version
-        taken by another writer (True: our commit is already there). After a version lost, the
-        ones taken after it are passed as one look finds them (:meth:`LogEntries.taken_from`)
-        before the next claim."""
+        taken by another writer (True: our commit is already there). After two versions lost in a
+        row, the ones taken after them are passed as one look finds them
+        (:meth:`LogEntries.taken_from`) before the next claim: one lost version (two writers
+        committing side by side) costs a refused PUT and a GET, a writer behind a busy one a
+        listing for all it missed."""
         check_epoch(self.owner_seen, self.owner)
 
         def encode() -> bytes:
@@ -457,6 +472,7 @@ class LogAppender:
             head = {"commitInfo": info}
             return b"\n".join([json.dumps(head, separators=(",", ":")).encode(), *rest]) + b"\n"
 
+        lost = 0  # versions lost in a row: one is the usual race, more a writer behind
         with self.entries.staged(encode, unsynced) as claim:
             while True:
                 version = self.next_version
@@ -466,7 +482,11 @@ class LogAppender:
                 self.next_version = version + 1
                 if held is None:
                     return version
-                for taken, entry in [(version, held), *self.entries.taken_from(version + 1)]:
+                passed = [(version, held)]
+                if lost:  # behind by more than one version: the rest as one look finds them
+                    passed += self.entries.taken_from(version + 1)
+                lost += 1
+                for taken, entry in passed:
                     self.next_version = taken + 1
                     if landed(taken, entry):
                         return taken
