@@ -294,10 +294,10 @@ def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
 ) -> None:
     """A writer that lost two versions in a row to a busy writer passes every version taken since
     as one listing shows them, read side by side, and claims the next free one: three PUTs, and
-    no look for a trim there. Version by version (a PUT refused, a GET and a look for a trim each) it fell
-    further behind a writer committing more often than that: a stream's fence took 11 s on moto
-    while the other gateway's sync publishers committed (#19). The versions passed still count:
-    a fence among them stops it."""
+    no look for a trim there. Version by version (a PUT refused, a GET and a look for a trim
+    each) it fell further behind a writer committing more often than that: a stream's fence took
+    11 s on moto while the other gateway's sync publishers committed (#19). The versions passed
+    still count: a fence among them stops it."""
     root = s3_root(s3_endpoint, "behind")
     behind = MessageTable(replace(root, epoch=1))
     busy = type("Busy", (MessageTable,), {"APP_ID": "busy"})(replace(root, epoch=1))
@@ -350,8 +350,8 @@ def test_a_writer_behind_a_busy_one_passes_its_versions_with_one_listing_on_s3(
     MessageTable(replace(root, epoch=2)).close()  # a newer owner's fence, after ten more versions
     with pytest.raises(Fenced):
         behind.commit([message("B", 3)], 3)
-    busy.close()
-    behind.close()
+    for table in (busy, behind):
+        table.close()
 
 
 def test_a_writer_far_behind_passes_the_versions_a_bounded_look_at_a_time_on_s3(
