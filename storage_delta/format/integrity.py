@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,7 +60,14 @@ def digest_of(path: str) -> str | None:
     return match.group(1) if match else None
 
 
-def verified_bytes(fs: pafs.FileSystem, full: str) -> pa.Buffer:
+class ReadFiles(Protocol):
+    """Where whole files are read from: a pyarrow filesystem, or on S3 one GET a file
+    (``storage_delta.commit.store.ObjectFiles``)."""
+
+    def open_input_file(self, path: str) -> Any: ...
+
+
+def verified_bytes(fs: ReadFiles, full: str) -> pa.Buffer:
     """A data file's bytes, checked against the CRC-32 in its name; raises :class:`DamagedFile`."""
     try:
         with fs.open_input_file(full) as fh:
@@ -150,7 +157,7 @@ def side_by_side(work: Callable[[Item], Done], items: Sequence[Item]) -> list[Do
 
 
 def fetched_ahead(
-    fs: pafs.FileSystem, paths: list[str], ahead: int
+    fs: ReadFiles, paths: list[str], ahead: int
 ) -> Iterator[tuple[str, pa.Buffer | DamagedFile]]:
     """Each of ``paths`` with its verified bytes (:func:`verified_bytes`), or the
     :class:`DamagedFile` that says why not, in order; up to ``ahead`` fetched side by side, so an

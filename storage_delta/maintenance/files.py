@@ -124,7 +124,7 @@ def rewrite_files(
     rewritten blocks at once. Returns whether anything was left out (when nothing was and the
     rewrite removes rows, ``(False, None)``: statistics only showed the files *might* hold removed
     sequences) and the new file (``None`` when no row is left)."""
-    fs, base = root.filesystem()
+    fs, base = root.files()
     full = [f"{base}/{sch.MESSAGES}/{p}" for p in paths]
     # Each file checked (DamagedFile stops the job: a rewrite would give damaged rows a fresh
     # digest), then decoded from the bytes the check read, on this thread: the gateway's compaction

@@ -62,7 +62,7 @@ class MessageReader:
     def __init__(self, root: StoreRoot) -> None:
         self.root = root
         self._dt: DeltaTable | None = None
-        self._fs, base = root.filesystem()
+        self._fs, base = root.files()
         self._base = f"{base}/{sch.MESSAGES}"
         self._files: dict[str, list[DataFile]] = {}
         self._files_version = -1
