@@ -518,12 +518,17 @@ class LogAppender:
         one look finds them (:meth:`LogEntries.taken_from`: on an object store one listing from
         there, not a delta-rs handle's catch-up, which lists the whole log)."""
         entry = self.entries.read(self.next_version)  # what a quiet table costs: this one request
-        taken = [] if entry is None else [(self.next_version, entry)]
-        while taken:
+        if entry is None:
+            return
+        self._passed(self.next_version, entry)
+        self.next_version += 1
+        while True:  # another look only after one that stopped at its bound, not to confirm the end
+            taken = self.entries.taken_from(self.next_version)
             for version, passed in taken:
                 self._passed(version, passed)
                 self.next_version = version + 1
-            taken = self.entries.taken_from(self.next_version)
+            if len(taken) < TAKEN_AT_ONCE:
+                return
 
     def _landed_or_check(
         self, version: int, entry: bytes, txn: tuple[str, int], streams: Collection[str] = ()
