@@ -9,9 +9,10 @@ from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.store import ACTIVE_MERGE_PARQUET, SEALED_PARQUET, StoreRoot, encode_parquet
 from storage_delta.commit.writer import MessageTable, StoredMessage
 from storage_delta.format import schema as sch
 from storage_delta.maintenance import recent
@@ -257,3 +258,27 @@ def test_a_trickle_into_an_idle_stream_grows_its_largest_file_by_a_share_at_a_ti
     assert len(files) <= 4, [f.rows for f in files]
     assert_no_overlap(files)
     assert seqs_in_table(root) == {"S": list(range(1, 241))}
+
+
+def test_merges_in_the_active_block_are_encoded_fast_and_full_blocks_sealed(root: StoreRoot) -> None:
+    """A merged file of the active block will be merged again, so it is written with zstd's
+    fastest level; a full block's file is its final form, written with the sealed encoding. Each
+    merged file's bytes are what its rows give with one encoding and not with the other."""
+    table = MessageTable(root)
+    for seq in range(1, 151):  # blocks of 100: block 0 full, block 1 active
+        body = b'{"order": %d, "customer": "c-%d", "amount": %d.%02d, "status": "pending"}' % (
+            seq,
+            seq % 17,
+            seq * 7,
+            seq % 100,
+        )
+        table.commit([StoredMessage("S", 100, seq, TS0 + seq, f"s.{seq % 3}", None, body)], seq)
+    table.close()
+    assert Compaction(root).round({"S": TS0}, 16, 1 << 30)[0] == 150  # block 0 whole, block 1's tier-0 run
+    merged = live_files(root, "S")
+    assert sorted((f.block, f.rows) for f in merged) == [(0, 99), (1, 51)]
+    for f in merged:
+        rows = pq.read_table(os.path.join(root.uri, sch.MESSAGES, f.path))
+        fast, sealed = (encode_parquet(rows, e).size for e in (ACTIVE_MERGE_PARQUET, SEALED_PARQUET))
+        assert fast != sealed  # the two encodings tell apart on these rows
+        assert f.size == (fast if f.block == 1 else sealed), (f.block, f.size, fast, sealed)

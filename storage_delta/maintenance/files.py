@@ -21,9 +21,10 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -41,6 +42,7 @@ from storage_delta.commit.deltalog import (
 )
 from storage_delta.commit.owner import OWNER_APP, check_epoch
 from storage_delta.commit.store import (
+    SEALED_PARQUET,
     CommitConflict,
     StoreRoot,
     blind_appends_allowed,
@@ -117,13 +119,15 @@ def rewrite_files(
     drop: Sequence[tuple[int, int]] = (),
     created: int = 0,
     data_change: bool = False,
+    encoding: Mapping[str, Any] = SEALED_PARQUET,
 ) -> tuple[bool, AddAction | None]:
-    """Merge files of one block into one sequence-sorted file with the sealed encoding, leaving out
-    the sequence ranges ``drop`` (inclusive) and rows stored before ``created`` (an earlier
-    incarnation of the stream). Runs on a Spark executor and commits nothing: the driver swaps all
-    rewritten blocks at once. Returns whether anything was left out (when nothing was and the
-    rewrite removes rows, ``(False, None)``: statistics only showed the files *might* hold removed
-    sequences) and the new file (``None`` when no row is left)."""
+    """Merge files of one block into one sequence-sorted file (``encoding``: the sealed one but for
+    the compaction's merges in an active block), leaving out the sequence ranges ``drop``
+    (inclusive) and rows stored before ``created`` (an earlier incarnation of the stream). Runs on a
+    Spark executor and commits nothing: the driver swaps all rewritten blocks at once. Returns
+    whether anything was left out (when nothing was and the rewrite removes rows, ``(False,
+    None)``: statistics only showed the files *might* hold removed sequences) and the new file
+    (``None`` when no row is left)."""
     fs, base = root.files()
     full = [f"{base}/{sch.MESSAGES}/{p}" for p in paths]
     # Each file checked (DamagedFile stops the job: a rewrite would give damaged rows a fresh
@@ -146,7 +150,7 @@ def rewrite_files(
     if kept.num_rows == 0 or (data_change and not changed):
         return changed, None
     add = write_data_file(
-        root, sch.MESSAGES, {"stream": stream, "block": str(block)}, kept.sort_by("seq"), sealed=True
+        root, sch.MESSAGES, {"stream": stream, "block": str(block)}, kept.sort_by("seq"), encoding
     )
     return changed, replace(add, data_change=data_change)
 

@@ -9,7 +9,9 @@ log merge policy do: a file's *tier* is how many times ``fanout`` divides its ro
 of at least ``fanout`` files of one tier that lie side by side (in sequence order) becomes one file
 of a higher tier. So each message is rewritten about log(block size) / log(fanout) times and a
 block holds fewer than ``fanout`` files per tier. A full block (one below the stream's highest:
-nothing more arrives there) is merged whole as soon as it has two small files, as sealing would.
+nothing more arrives there) is merged whole as soon as it has two small files, as sealing would, and
+written with the sealed encoding; a merge in the active block, whose file will be merged again, is
+written with zstd's fastest level (``ACTIVE_MERGE_PARQUET``).
 Once a stream is idle (the gateway's ``compact_idle_ms`` without a commit), its active block is
 merged further, round after round until nothing is left to do: a stretch of files side by side
 becomes one file once the files besides its largest hold at least 1/``fanout`` of the largest's
@@ -32,7 +34,7 @@ jobs' do, so a reader that planned on an older version still finds them.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -74,21 +76,30 @@ def plan_recent(
     """The runs to merge among ``files``, for the streams in ``created`` (name → incarnation);
     ``idle``: those streams are idle, their active blocks are planned by :func:`_idle_runs`."""
     by_block: dict[tuple[str, int], list[LiveFile]] = defaultdict(list)
-    top: dict[str, int] = {}
     for f in files:
         if f.stream in created:
             by_block[(f.stream, f.block)].append(f)
-            top[f.stream] = max(top.get(f.stream, f.block), f.block)
+    active = active_blocks(files, created)
     runs: list[list[LiveFile]] = []
     for (stream, block), block_files in sorted(by_block.items()):
         block_files.sort(key=lambda f: (f.min_seq or 0, f.log_path))
-        full = block < top[stream]
+        full = (stream, block) not in active
         if idle and not full:
             runs.extend(_idle_runs(block_files, created[stream], fanout, max_file_bytes))
             continue
         for run in _runs(block_files, created[stream], fanout, max_file_bytes, full):
             runs.extend(_within(run, max_file_bytes, 2 if full else fanout))
     return runs
+
+
+def active_blocks(files: Iterable[LiveFile], streams: Collection[str]) -> set[tuple[str, int]]:
+    """(stream, block) of each of ``streams``' highest block among ``files``: where its messages
+    still arrive, so what is merged there will be merged again; every block below it is full."""
+    top: dict[str, int] = {}
+    for f in files:
+        if f.stream in streams:
+            top[f.stream] = max(top.get(f.stream, f.block), f.block)
+    return set(top.items())
 
 
 def _idle_runs(
@@ -184,13 +195,14 @@ class Compaction:
                 catch_up(self._dt)
             if self._dt is None:
                 return 0, False
-            planned = plan_recent(live_files_of(self._dt), created, fanout, max_file_bytes, idle)
+            live = live_files_of(self._dt)
+            planned = plan_recent(live, created, fanout, max_file_bytes, idle)
             runs: list[list[LiveFile]] = []
             for run in planned:
                 if sum(map(len, runs)) + len(run) > ROUND_FILES:
                     break
                 runs.append(run)
-            merged = merge_runs(self.root, runs, self._dt)
+            merged = merge_runs(self.root, runs, self._dt, active_blocks(live, created))
         # a damaged file (reported by the reader, dropped by `jetlake repair`) holds its run back
         except (OSError, pa.ArrowException, DeltaError, CommitConflict, DamagedFile) as exc:
             raise RoundFailed(str(exc)) from exc

@@ -11,12 +11,12 @@ not change (the same rows, the same sequences); what it costs to store and to sc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from itertools import groupby
 
 from deltalake import DeltaTable
 
-from storage_delta.commit.store import StoreRoot
+from storage_delta.commit.store import ACTIVE_MERGE_PARQUET, SEALED_PARQUET, StoreRoot
 from storage_delta.maintenance.files import (
     LiveFile,
     delete_unreferenced,
@@ -40,17 +40,26 @@ def seal_stream(root: StoreRoot, stream: str, min_files: int = 2) -> int:
     return merge_runs(root, [fs for fs in blocks if len(fs) >= min_files])
 
 
-def merge_runs(root: StoreRoot, runs: Sequence[Sequence[LiveFile]], dt: DeltaTable | None = None) -> int:
+def merge_runs(
+    root: StoreRoot,
+    runs: Sequence[Sequence[LiveFile]],
+    dt: DeltaTable | None = None,
+    active: Collection[tuple[str, int]] = (),
+) -> int:
     """Merge each run (files of one stream and block, side by side in sequence order, so the merged
     file overlaps no other) into one sequence-sorted file, and swap all of them in one commit that
     changes no reader's answer (``dataChange`` false), through ``dt`` when given (see
-    :func:`~storage_delta.maintenance.files.swap_actions`). Returns how many runs were merged: 0 when
-    another job removed one of the files first, and then the new files are deleted."""
+    :func:`~storage_delta.maintenance.files.swap_actions`). A run in one of the ``active`` blocks
+    (stream, block) is written with :data:`ACTIVE_MERGE_PARQUET` (it will be merged again), any
+    other sealed. Returns how many runs were merged: 0 when another job removed one of the files
+    first, and then the new files are deleted."""
     if not runs:
         return 0
     adds = []
     for run in runs:
-        _, add = rewrite_files(root, run[0].stream, run[0].block, [f.path for f in run])
+        stream, block = run[0].stream, run[0].block
+        encoding = ACTIVE_MERGE_PARQUET if (stream, block) in active else SEALED_PARQUET
+        _, add = rewrite_files(root, stream, block, [f.path for f in run], encoding=encoding)
         if add is not None:
             adds.append(add)
     if not swap_files(root, [f for run in runs for f in run], adds, data_change=False, dt=dt):
