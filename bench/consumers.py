@@ -12,7 +12,7 @@ from typing import Any
 from bench import pyconsume
 from bench.stored import write_messages
 from bench.targets import Target, add_stream, barrier, loadgen, wait_stream_messages
-from bench.workloads import profiled
+from bench.workloads import profiled, ratio_cores_allow
 from storage_delta.commit.store import StoreRoot
 from tests.harness import Jetlake
 
@@ -49,6 +49,7 @@ def consume(
         )
         out[t.name] = profiled(t, profile, run)
     out["ratio"] = _ratio(out)
+    out["ratio_cores_allow"] = ratio_cores_allow(out, "consumed_per_s")
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -42,10 +43,12 @@ def sync_publish(targets: list[Target], count: int) -> Result:
 
 def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Result:
     """Run a workload step: with the CPU time each of the server's processes spent in it, in µs
-    per message (``cpu_us_per_msg``: a cost that a busy machine disturbs far less than a rate), and
+    per message (``cpu_us_per_msg``: a cost that a busy machine disturbs far less than a rate), the
+    client's too (``client_cpu_us_per_msg``: the load generator, or this process for nats-py), and
     with py-spy on jetlake's gateway when ``profile`` names a directory."""
     pids = t.processes()
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+    client_before = client_cpu_seconds()
     threads_before = thread_cpu_seconds(t.pid()) if t.name == "jetlake" else {}
     if profile is None:
         res = run()
@@ -57,11 +60,13 @@ def profiled(t: Target, profile: Path | None, run: Callable[[], Result]) -> Resu
         if t.name == "jetlake":
             res["profile"] = summarize(raw)
         res["server_profile" if t.name == "jetstream" else "hub_profile"] = go_summarize(go)
+    client = client_cpu_seconds() - client_before
     messages = res.get("messages") or res.get("acked") or res.get("sent")
     if messages:
         res["cpu_us_per_msg"] = {
             role: round((cpu_seconds(pid) - before[role]) * 1e6 / messages, 1) for role, pid in pids.items()
         }
+        res["client_cpu_us_per_msg"] = round(client * 1e6 / messages, 1)
         if threads_before:
             res["gateway_threads_us_per_msg"] = per_thread_kind(
                 threads_before, thread_cpu_seconds(t.pid()), res["cpu_us_per_msg"]["gateway"], messages
@@ -99,6 +104,27 @@ def per_thread_kind(
     return out
 
 
+def client_cpu_seconds() -> float:
+    """CPU time of the clients a workload runs: this process (nats-py runs in it) and the children
+    that ended (the nats.js load generator, its start of about 0.1 s included: at ``--quick``
+    sizes that start outweighs the messages; the servers, also children, are still running)."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ended.ru_utime + ended.ru_stime
+
+
+def ratio_cores_allow(out: Result, rate: str) -> float | None:
+    """The highest ratio to JetStream's measured ``rate`` that this machine's cores allow jetlake at
+    the CPU one message cost every process of its step (the client, the hub, the gateway): a bound
+    no scheduling can pass. When it is below a goal, the goal is out of reach on this machine
+    unless those costs fall (#23). Each target's ``cores_allow_per_s`` is the rate itself."""
+    for t in ("jetstream", "jetlake"):
+        res = out[t]
+        per_msg = res.get("client_cpu_us_per_msg", 0.0) + sum(res.get("cpu_us_per_msg", {}).values())
+        res["cores_allow_per_s"] = round((os.cpu_count() or 1) * 1e6 / per_msg) if per_msg else None
+    allowed, ref = out["jetlake"]["cores_allow_per_s"], out["jetstream"][rate]
+    return round(allowed / ref, 3) if allowed and ref else None
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time a process (all its threads) has used, from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -114,6 +140,7 @@ def pipelined_publish(targets: list[Target], count: int, window: int, profile: P
             t, profile, partial(loadgen, "pipelined", t.url, "bpipe", count, "json", window)
         )
     out["ratio"] = _ratio(out["jetlake"]["acked_per_s"], out["jetstream"]["acked_per_s"])
+    out["ratio_cores_allow"] = ratio_cores_allow(out, "acked_per_s")
     return out
 
 
