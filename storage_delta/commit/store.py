@@ -440,8 +440,9 @@ SEALED_PARQUET: dict[str, Any] = {
 #: Parquet settings of a merge in a stream's active block (the gateway's continuous compaction): the
 #: sealed layout with zstd at its fastest level. Such a file is rewritten again, a tier up or with
 #: its whole block once the block is full, so level 9's CPU would be paid on every tier: on the
-#: bench's JSON messages 0.5 µs a message against 4.0, for 11% more bytes (32 against 29 a message)
-#: until the block is sealed (#23).
+#: bench's JSON messages 0.5 µs a message against 4.0, for 11% more bytes (32 against 29 a message;
+#: bench/RESULTS.md, 2026-11-29) until the block is sealed. A block that fills while it is one such
+#: file keeps it: sealing merges blocks of two files or more (#23).
 ACTIVE_MERGE_PARQUET: dict[str, Any] = {**SEALED_PARQUET, "compression_level": 1}
 
 
